@@ -1,0 +1,162 @@
+//! Bundles on OpenFlow 1.3: the ONF extension (EXT-230) that OVS implements as experimenter
+//! messages 2300 (BUNDLE_CONTROL) and 2301 (BUNDLE_ADD_MESSAGE), carrying OF1.4's bundle bodies.
+//!
+//! OVS rules worth knowing (wire reference §9): the inner message's xid must equal the outer xid
+//! (else OFPBFC_MSG_BAD_XID); a message that fails validation when *added* is left out while the
+//! bundle stays open, so clients barrier and check errors before COMMIT; flags must be the same
+//! on every message of a bundle (else OFPBFC_BAD_FLAGS, which destroys the bundle).
+
+use bitflags::bitflags;
+use bytes::{BufMut, Bytes};
+
+use crate::error::{DecodeError, EncodeError};
+use crate::msg::{FlowMod, Message, OfMessage, ONFT_BUNDLE_ADD_MESSAGE, ONFT_BUNDLE_CONTROL};
+use crate::wire::Reader;
+use crate::ONF_VENDOR_ID;
+
+bitflags! {
+    /// OFPBF_* flags. Unknown bits are kept.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct BundleFlags: u16 {
+        const ATOMIC = 1;
+        const ORDERED = 2;
+        const _ = !0;
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BundleCtrlType {
+    OpenRequest,
+    OpenReply,
+    CloseRequest,
+    CloseReply,
+    CommitRequest,
+    CommitReply,
+    DiscardRequest,
+    DiscardReply,
+    Unknown(u16),
+}
+
+impl BundleCtrlType {
+    pub fn to_u16(self) -> u16 {
+        match self {
+            BundleCtrlType::OpenRequest => 0,
+            BundleCtrlType::OpenReply => 1,
+            BundleCtrlType::CloseRequest => 2,
+            BundleCtrlType::CloseReply => 3,
+            BundleCtrlType::CommitRequest => 4,
+            BundleCtrlType::CommitReply => 5,
+            BundleCtrlType::DiscardRequest => 6,
+            BundleCtrlType::DiscardReply => 7,
+            BundleCtrlType::Unknown(n) => n,
+        }
+    }
+    pub fn from_u16(n: u16) -> BundleCtrlType {
+        match n {
+            0 => BundleCtrlType::OpenRequest,
+            1 => BundleCtrlType::OpenReply,
+            2 => BundleCtrlType::CloseRequest,
+            3 => BundleCtrlType::CloseReply,
+            4 => BundleCtrlType::CommitRequest,
+            5 => BundleCtrlType::CommitReply,
+            6 => BundleCtrlType::DiscardRequest,
+            7 => BundleCtrlType::DiscardReply,
+            n => BundleCtrlType::Unknown(n),
+        }
+    }
+}
+
+/// ONFT_BUNDLE_CONTROL body (after the experimenter header).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleControl {
+    pub bundle_id: u32,
+    pub ctrl_type: BundleCtrlType,
+    pub flags: BundleFlags,
+    /// Bundle properties, verbatim (OVS sends none).
+    pub properties: Bytes,
+}
+
+impl BundleControl {
+    pub fn new(bundle_id: u32, ctrl_type: BundleCtrlType, flags: BundleFlags) -> BundleControl {
+        BundleControl { bundle_id, ctrl_type, flags, properties: Bytes::new() }
+    }
+
+    /// Length after `ofp_header`, including the 8-byte experimenter header.
+    pub fn encoded_len(&self) -> usize {
+        8 + 8 + self.properties.len()
+    }
+
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        buf.put_u32(ONF_VENDOR_ID);
+        buf.put_u32(ONFT_BUNDLE_CONTROL);
+        buf.put_u32(self.bundle_id);
+        buf.put_u16(self.ctrl_type.to_u16());
+        buf.put_u16(self.flags.bits());
+        buf.put_slice(&self.properties);
+    }
+
+    /// Decodes the part after the experimenter header.
+    pub fn decode(body: &[u8]) -> Result<BundleControl, DecodeError> {
+        let mut r = Reader::new(body, "BUNDLE_CONTROL");
+        Ok(BundleControl {
+            bundle_id: r.u32()?,
+            ctrl_type: BundleCtrlType::from_u16(r.u16()?),
+            flags: BundleFlags::from_bits_retain(r.u16()?),
+            properties: r.take_rest(),
+        })
+    }
+}
+
+/// ONFT_BUNDLE_ADD_MESSAGE body: a whole inner message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BundleAdd {
+    pub bundle_id: u32,
+    pub flags: BundleFlags,
+    /// The wrapped message; OVS requires its xid and version to equal the outer ones.
+    pub message: Box<OfMessage>,
+    /// Padding and properties after the inner message, verbatim (OVS sends none).
+    pub trailer: Bytes,
+}
+
+impl BundleAdd {
+    /// Wraps a FLOW_MOD; the returned message's xid and the inner xid are both `xid`.
+    pub fn flow_mod(xid: u32, bundle_id: u32, flags: BundleFlags, fm: FlowMod) -> OfMessage {
+        let inner = OfMessage::new(xid, Message::FlowMod(fm));
+        OfMessage::new(
+            xid,
+            Message::BundleAdd(BundleAdd { bundle_id, flags, message: Box::new(inner), trailer: Bytes::new() }),
+        )
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        8 + 8 + self.message.encoded_len() + self.trailer.len()
+    }
+
+    pub fn encode(&self, buf: &mut impl BufMut) -> Result<(), EncodeError> {
+        buf.put_u32(ONF_VENDOR_ID);
+        buf.put_u32(ONFT_BUNDLE_ADD_MESSAGE);
+        buf.put_u32(self.bundle_id);
+        buf.put_u16(0);
+        buf.put_u16(self.flags.bits());
+        self.message.encode(buf)?;
+        buf.put_slice(&self.trailer);
+        Ok(())
+    }
+
+    /// Decodes the part after the experimenter header.
+    pub fn decode(body: &[u8]) -> Result<BundleAdd, DecodeError> {
+        let mut r = Reader::new(body, "BUNDLE_ADD_MESSAGE");
+        let bundle_id = r.u32()?;
+        r.skip(2)?;
+        let flags = BundleFlags::from_bits_retain(r.u16()?);
+        let inner = r.rest();
+        let h = crate::msg::Header::decode(inner)?;
+        let inner_len = h.length as usize;
+        if inner_len < crate::msg::HEADER_LEN {
+            return Err(DecodeError::BadLength { what: "bundled message", len: inner_len });
+        }
+        let inner = r.bytes(inner_len)?;
+        let message = Box::new(OfMessage::decode(inner)?);
+        Ok(BundleAdd { bundle_id, flags, message, trailer: r.take_rest() })
+    }
+}

@@ -1,0 +1,538 @@
+//! The text form `ovs-ofctl -O OpenFlow13 dump-flows` prints, via `Display`.
+//!
+//! Field order, names and number formats follow OVS 3.1's `match_format` (lib/match.c),
+//! `ofpacts_format` (lib/ofp-actions.c) and `ofputil_flow_stats_format` (lib/ofp-flow.c): e.g.
+//! registers print as `reg0=0x5` but `reg1=0` (C's `%#x`), a CIDR mask as `/14`, ARP addresses
+//! as `arp_spa`/`arp_tpa`, L4 ports as `tp_dst`, and `ip_frag` as `nw_frag`.
+
+use std::fmt::{self, Display, Formatter, Write};
+use std::net::Ipv4Addr;
+
+use crate::action::{Action, SetField, Subfield};
+use crate::flow_match::{EthMatch, IpFrag, IpProto, MacAddr, Masked, Match, RawOxm};
+use crate::instruction::Instruction;
+use crate::msg::{FlowMod, FlowModFlags, FlowStats, OFP_DEFAULT_PRIORITY};
+use crate::port::PortNo;
+
+/// C's `%#x`: `0` for zero, `0x..` otherwise.
+struct AltHex(u64);
+impl Display for AltHex {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            f.write_str("0")
+        } else {
+            write!(f, "{:#x}", self.0)
+        }
+    }
+}
+
+/// Comma-separated `name=value` items, with OVS's "chomp the trailing comma".
+struct Items<'a, 'b> {
+    f: &'a mut Formatter<'b>,
+    any: bool,
+}
+
+impl Items<'_, '_> {
+    fn item(&mut self, args: fmt::Arguments<'_>) -> fmt::Result {
+        if self.any {
+            self.f.write_char(',')?;
+        }
+        self.any = true;
+        self.f.write_fmt(args)
+    }
+}
+
+fn ip_masked(m: &Masked<Ipv4Addr>) -> String {
+    if m.is_exact() {
+        m.value().to_string()
+    } else if let Some(p) = m.prefix_len() {
+        format!("{}/{}", m.value(), p)
+    } else {
+        format!("{}/{}", m.value(), m.mask())
+    }
+}
+
+fn mac_masked(m: &Masked<MacAddr>) -> String {
+    if m.is_exact() {
+        m.value().to_string()
+    } else {
+        format!("{}/{}", m.value(), m.mask())
+    }
+}
+
+fn hex_masked<T: Into<u64> + crate::flow_match::MaskBits>(m: &Masked<T>) -> String {
+    if m.is_exact() {
+        AltHex(m.value().into()).to_string()
+    } else {
+        format!("{}/{}", AltHex(m.value().into()), AltHex(m.mask().into()))
+    }
+}
+
+fn port_masked(m: &Masked<u16>) -> String {
+    if m.is_exact() {
+        m.value().to_string()
+    } else {
+        format!("0x{:x}/0x{:x}", m.value(), m.mask())
+    }
+}
+
+fn raw_oxm(r: &RawOxm) -> String {
+    let mut s = format!("oxm:{:08x}=0x", r.header);
+    for b in r.payload.iter() {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn ip_proto_name(p: &IpProto) -> Option<&'static str> {
+    match p {
+        IpProto::Tcp { .. } => Some("tcp"),
+        IpProto::Udp { .. } => Some("udp"),
+        IpProto::Other(1) => Some("icmp"),
+        IpProto::Other(2) => Some("igmp"),
+        IpProto::Other(132) => Some("sctp"),
+        IpProto::Other(_) => None,
+    }
+}
+
+fn eth_type_name(t: u16) -> Option<&'static str> {
+    match t {
+        0x86dd => Some("ipv6"),
+        0x8035 => Some("rarp"),
+        0x8847 => Some("mpls"),
+        0x8848 => Some("mplsm"),
+        _ => None,
+    }
+}
+
+fn frag_text(f: IpFrag) -> Option<&'static str> {
+    let (v, m) = f.value_mask();
+    match m {
+        3 => Some(match (v & 1 != 0, v & 2 != 0) {
+            (true, true) => "later",
+            (true, false) => "first",
+            (false, true) => "<error>",
+            (false, false) => "no",
+        }),
+        1 => Some(if v & 1 != 0 { "yes" } else { "no" }),
+        2 => Some(if v & 2 != 0 { "later" } else { "not_later" }),
+        _ => None,
+    }
+}
+
+/// Writes a match as `match_format` does, with `priority=N` first unless it is the default.
+pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> fmt::Result {
+    let mut it = Items { f, any: false };
+    if let Some(p) = priority.filter(|&p| p != OFP_DEFAULT_PRIORITY) {
+        it.item(format_args!("priority={p}"))?;
+    }
+    match &m.eth {
+        EthMatch::Ipv4(ip) => {
+            it.item(format_args!("{}", ip.proto.as_ref().and_then(ip_proto_name).unwrap_or("ip")))?
+        }
+        EthMatch::Arp(_) => it.item(format_args!("arp"))?,
+        EthMatch::Other(t) => {
+            if let Some(n) = eth_type_name(*t) {
+                it.item(format_args!("{n}"))?
+            }
+        }
+        EthMatch::Any => {}
+    }
+    for (i, r) in m.regs.iter().enumerate() {
+        if let Some(r) = r {
+            it.item(format_args!("reg{i}={}", hex_masked(r)))?;
+        }
+    }
+    if let Some(t) = &m.tun_id {
+        it.item(format_args!("tun_id={}", hex_masked(t)))?;
+    }
+    if let Some(t) = &m.tun_src {
+        it.item(format_args!("tun_src={}", ip_masked(t)))?;
+    }
+    if let Some(t) = &m.tun_dst {
+        it.item(format_args!("tun_dst={}", ip_masked(t)))?;
+    }
+    if let Some(p) = m.in_port {
+        it.item(format_args!("in_port={p}"))?;
+    }
+    if let EthMatch::Other(t) = m.eth {
+        if eth_type_name(t).is_none() {
+            it.item(format_args!("dl_type=0x{t:04x}"))?;
+        }
+    }
+    match &m.eth {
+        EthMatch::Ipv4(ip) => {
+            if let Some(s) = &ip.src {
+                it.item(format_args!("nw_src={}", ip_masked(s)))?;
+            }
+            if let Some(d) = &ip.dst {
+                it.item(format_args!("nw_dst={}", ip_masked(d)))?;
+            }
+            if let Some(p) = ip.proto.as_ref().filter(|p| ip_proto_name(p).is_none()) {
+                it.item(format_args!("nw_proto={}", p.number()))?;
+            }
+            if let Some(t) = ip.frag.and_then(frag_text) {
+                it.item(format_args!("nw_frag={t}"))?;
+            }
+            match &ip.proto {
+                Some(IpProto::Tcp { dst: Some(d) }) | Some(IpProto::Udp { dst: Some(d) }) => {
+                    it.item(format_args!("tp_dst={}", port_masked(d)))?
+                }
+                _ => {}
+            }
+        }
+        EthMatch::Arp(a) => {
+            if let Some(s) = &a.spa {
+                it.item(format_args!("arp_spa={}", ip_masked(s)))?;
+            }
+            if let Some(t) = &a.tpa {
+                it.item(format_args!("arp_tpa={}", ip_masked(t)))?;
+            }
+            if let Some(op) = a.op {
+                it.item(format_args!("arp_op={op}"))?;
+            }
+            if let Some(s) = &a.sha {
+                it.item(format_args!("arp_sha={}", mac_masked(s)))?;
+            }
+            if let Some(t) = &a.tha {
+                it.item(format_args!("arp_tha={}", mac_masked(t)))?;
+            }
+        }
+        EthMatch::Any | EthMatch::Other(_) => {}
+    }
+    for r in &m.other {
+        it.item(format_args!("{}", raw_oxm(r)))?;
+    }
+    Ok(())
+}
+
+impl Display for Match {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write_match(f, self, None)
+    }
+}
+
+impl Display for Subfield {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.field())?;
+        if self.is_whole() {
+            f.write_str("[]")
+        } else if self.n_bits() == 1 {
+            write!(f, "[{}]", self.ofs())
+        } else {
+            write!(f, "[{}..{}]", self.ofs(), self.ofs() + self.n_bits() - 1)
+        }
+    }
+}
+
+impl Display for Action {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        match self {
+            Action::Output { port, max_len } => {
+                if port.is_regular() {
+                    write!(f, "output:{}", port.0)
+                } else if *port == PortNo::CONTROLLER {
+                    write!(f, "CONTROLLER:{max_len}")
+                } else {
+                    write!(f, "{port}")
+                }
+            }
+            Action::SetField(sf) => match sf {
+                SetField::TunDst(a) => write!(f, "set_field:{a}->tun_dst"),
+                SetField::TunSrc(a) => write!(f, "set_field:{a}->tun_src"),
+                SetField::TunId(v) => write!(f, "set_field:{}->tun_id", AltHex(*v)),
+                SetField::Reg(n, v) => write!(f, "set_field:{}->reg{n}", AltHex(*v as u64)),
+                SetField::Other(r) => write!(f, "set_field:{}", raw_oxm(r)),
+            },
+            Action::RegLoad { dst, value } => write!(f, "load:{}->{dst}", AltHex(*value)),
+            Action::RegMove(m) => write!(f, "move:{}->{}", m.src(), m.dst()),
+            Action::OutputReg { src, .. } => write!(f, "output:{src}"),
+            Action::Note(n) => {
+                f.write_str("note:")?;
+                for (i, b) in n.bytes().iter().enumerate() {
+                    if i > 0 {
+                        f.write_char('.')?;
+                    }
+                    write!(f, "{b:02x}")?;
+                }
+                Ok(())
+            }
+            Action::ResubmitTable { in_port, table } => {
+                if *in_port == 0xfff8 {
+                    write!(f, "resubmit(,{table})")
+                } else {
+                    write!(f, "resubmit({in_port},{table})")
+                }
+            }
+            Action::Unknown(raw) => {
+                f.write_str("unknown_action(0x")?;
+                for b in raw.iter() {
+                    write!(f, "{b:02x}")?;
+                }
+                f.write_char(')')
+            }
+        }
+    }
+}
+
+/// Writes the `actions=` part: instructions in OVS's canonical order, `drop` if nothing.
+pub fn write_instructions(f: &mut Formatter<'_>, ins: &[Instruction]) -> fmt::Result {
+    let mut sorted: Vec<&Instruction> = ins.iter().collect();
+    sorted.sort_by_key(|i| i.canonical_rank());
+    let mut it = Items { f, any: false };
+    for i in sorted {
+        match i {
+            Instruction::Meter(m) => it.item(format_args!("meter:{m}"))?,
+            Instruction::ApplyActions(acts) => {
+                for a in acts {
+                    it.item(format_args!("{a}"))?;
+                }
+            }
+            Instruction::ClearActions => it.item(format_args!("clear_actions"))?,
+            Instruction::WriteActions(acts) if acts.is_empty() => {}
+            Instruction::WriteActions(acts) => {
+                let inner: Vec<String> = acts.iter().map(|a| a.to_string()).collect();
+                it.item(format_args!("write_actions({})", inner.join(",")))?
+            }
+            Instruction::WriteMetadata { metadata, mask } => {
+                if *mask == u64::MAX {
+                    it.item(format_args!("write_metadata:{}", AltHex(*metadata)))?
+                } else {
+                    it.item(format_args!("write_metadata:{}/{}", AltHex(*metadata), AltHex(*mask)))?
+                }
+            }
+            Instruction::GotoTable(t) => it.item(format_args!("goto_table:{t}"))?,
+            Instruction::Unknown(raw) => it.item(format_args!("unknown_instruction({} bytes)", raw.len()))?,
+        }
+    }
+    if !it.any {
+        it.f.write_str("drop")?;
+    }
+    Ok(())
+}
+
+/// Wraps instructions for `Display`.
+pub struct InstructionsText<'a>(pub &'a [Instruction]);
+impl Display for InstructionsText<'_> {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write_instructions(f, self.0)
+    }
+}
+
+fn write_flags(f: &mut Formatter<'_>, flags: FlowModFlags) -> fmt::Result {
+    for (flag, name) in [
+        (FlowModFlags::SEND_FLOW_REM, "send_flow_rem "),
+        (FlowModFlags::CHECK_OVERLAP, "check_overlap "),
+        (FlowModFlags::RESET_COUNTS, "reset_counts "),
+        (FlowModFlags::NO_PKT_COUNTS, "no_packet_counts "),
+        (FlowModFlags::NO_BYT_COUNTS, "no_byte_counts "),
+    ] {
+        if flags.contains(flag) {
+            f.write_str(name)?;
+        }
+    }
+    Ok(())
+}
+
+/// The common tail of a flow line: timeouts, flags, match, `actions=`.
+fn write_flow_tail(
+    f: &mut Formatter<'_>,
+    idle: u16,
+    hard: u16,
+    flags: FlowModFlags,
+    m: &Match,
+    priority: u16,
+    ins: &[Instruction],
+) -> fmt::Result {
+    if idle != 0 {
+        write!(f, "idle_timeout={idle}, ")?;
+    }
+    if hard != 0 {
+        write!(f, "hard_timeout={hard}, ")?;
+    }
+    write_flags(f, flags)?;
+    let mut s = String::new();
+    {
+        struct M<'a>(&'a Match, u16);
+        impl Display for M<'_> {
+            fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+                write_match(f, self.0, Some(self.1))
+            }
+        }
+        let _ = write!(s, "{}", M(m, priority));
+    }
+    if !s.is_empty() {
+        f.write_str(&s)?;
+        f.write_char(' ')?;
+    }
+    f.write_str("actions=")?;
+    write_instructions(f, ins)
+}
+
+/// A FLOW_MOD as the flow it installs, in `dump-flows --no-stats` form:
+/// `cookie=0x5, table=20, priority=100,ip,in_port=3,nw_src=10.128.2.5 actions=...` (cookie and
+/// table only when non-zero).
+impl Display for FlowMod {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        if self.cookie != 0 {
+            write!(f, "cookie={:#x}, ", self.cookie)?;
+        }
+        if self.table_id != 0 {
+            write!(f, "table={}, ", self.table_id)?;
+        }
+        write_flow_tail(f, self.idle_timeout, self.hard_timeout, self.flags, &self.match_, self.priority, &self.instructions)
+    }
+}
+
+fn write_duration(f: &mut Formatter<'_>, sec: u32, nsec: u32) -> fmt::Result {
+    write!(f, "{sec}")?;
+    if nsec > 0 {
+        if nsec % 1_000_000 == 0 {
+            write!(f, ".{:03}", nsec / 1_000_000)?;
+        } else {
+            let frac = format!("{nsec:09}");
+            f.write_str(".")?;
+            f.write_str(frac.trim_end_matches('0'))?;
+        }
+    }
+    f.write_char('s')
+}
+
+fn write_count(f: &mut Formatter<'_>, v: u64) -> fmt::Result {
+    if v == u64::MAX {
+        f.write_char('?')
+    } else {
+        write!(f, "{v}")
+    }
+}
+
+/// A flow-stats entry as one `dump-flows` line (without the leading space), with statistics.
+impl Display for FlowStats {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        write!(f, "cookie=0x{:x}, duration=", self.cookie)?;
+        write_duration(f, self.duration_sec, self.duration_nsec)?;
+        write!(f, ", table={}, n_packets=", self.table_id)?;
+        write_count(f, self.packet_count)?;
+        f.write_str(", n_bytes=")?;
+        write_count(f, self.byte_count)?;
+        f.write_str(", ")?;
+        write_flow_tail(f, self.idle_timeout, self.hard_timeout, self.flags, &self.match_, self.priority, &self.instructions)
+    }
+}
+
+/// `dump-flows --no-stats` form of a flow-stats entry.
+pub struct NoStats<'a>(pub &'a FlowStats);
+
+impl FlowStats {
+    pub fn no_stats(&self) -> NoStats<'_> {
+        NoStats(self)
+    }
+}
+
+impl Display for NoStats<'_> {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let s = self.0;
+        if s.cookie != 0 {
+            write!(f, "cookie=0x{:x}, ", s.cookie)?;
+        }
+        if s.table_id != 0 {
+            write!(f, "table={}, ", s.table_id)?;
+        }
+        write_flow_tail(f, s.idle_timeout, s.hard_timeout, s.flags, &s.match_, s.priority, &s.instructions)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::action::RegMove;
+    use crate::field::NxmField;
+    use crate::flow_match::{ArpMatch, Ipv4Match};
+    use crate::msg::{FlowModCommand, OfMessage};
+    use crate::wire::hex;
+
+    #[test]
+    fn e24_text() {
+        // Wire reference §5.4 / §11.2: decode the captured bytes, print them as dump-flows does.
+        let bytes = hex(
+            "040e0108 00000002 0000000000000abc 0000000000000000 09 00 0000 0000 0005 ffffffff ffffffff ffffffff 0000 0000
+             0001 0059 80000004 00000007 80000a02 0800 80001708 0a000000 ff000000 80001804 0a010101 80001401 11
+             80002002 12b5 80004c08 0000000000000005 00013e04 01010101 00014004 02020202 00010708 00000001 00000001
+             00000000000000
+             0004 0070 00000000
+             0019 0010 00014004 03030303 00000000
+             ffff 0018 00002320 0006 0020 0000 0000 00012008 00010004
+             ffff 0018 00002320 0007 001f 00010004 0000000000000005
+             ffff 0018 00002320 000f 001f 00010404 ffff 000000000000
+             ffff 0010 00002320 0008 0003 00000000
+             0001 0008 0a 000000",
+        );
+        let m = OfMessage::decode(&bytes).unwrap();
+        let crate::msg::Message::FlowMod(fm) = &m.msg else { panic!("{m:?}") };
+        assert_eq!(
+            fm.to_string(),
+            "cookie=0xabc, table=9, priority=5,udp,reg3=0x1/0x1,tun_id=0x5,tun_src=1.1.1.1,tun_dst=2.2.2.2,\
+             in_port=7,nw_src=10.0.0.0/8,nw_dst=10.1.1.1,tp_dst=4789 actions=set_field:3.3.3.3->tun_dst,\
+             move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[],load:0x5->NXM_NX_REG0[],output:NXM_NX_REG2[],\
+             note:00.03.00.00.00.00,goto_table:10"
+        );
+        assert_eq!(m.to_bytes().unwrap(), bytes, "re-encodes byte for byte");
+    }
+
+    #[test]
+    fn seed_shapes() {
+        let pod = FlowMod::add(
+            20,
+            100,
+            Match::any().in_port(3).arp(ArpMatch {
+                spa: Some(Masked::exact(Ipv4Addr::new(10, 128, 2, 5))),
+                sha: Some(Masked::exact("0a:58:0a:80:02:05".parse().unwrap())),
+                ..Default::default()
+            }),
+            vec![Action::load_reg(0, 0), Action::note([0xab, 0xcd])],
+            Some(21),
+        );
+        assert_eq!(
+            pod.to_string(),
+            "table=20, priority=100,arp,in_port=3,arp_spa=10.128.2.5,arp_sha=0a:58:0a:80:02:05 \
+             actions=load:0->NXM_NX_REG0[],note:ab.cd.00.00.00.00,goto_table:21"
+        );
+        let drop = FlowMod::add(0, 0, Match::any(), vec![], None);
+        assert_eq!(drop.to_string(), "priority=0 actions=drop");
+        let note = FlowMod::add(253, OFP_DEFAULT_PRIORITY, Match::any(), vec![Action::note([1, 3])], None);
+        assert_eq!(note.to_string(), "table=253, actions=note:01.03.00.00.00.00");
+        let svc = FlowMod::add(
+            60,
+            100,
+            Match::any().ipv4(Ipv4Match {
+                dst: Some(Masked::exact(Ipv4Addr::new(172, 30, 0, 10))),
+                frag: Some(IpFrag::Later),
+                ..Default::default()
+            }),
+            vec![],
+            Some(80),
+        );
+        assert_eq!(svc.to_string(), "table=60, priority=100,ip,nw_dst=172.30.0.10,nw_frag=later actions=goto_table:80");
+        let mv = Action::RegMove(
+            RegMove::new(Subfield::whole(NxmField::Reg(0)), Subfield::bits(NxmField::TunId, 0, 31).unwrap()).unwrap(),
+        );
+        assert_eq!(mv.to_string(), "move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31]");
+        let m = Match::any().reg(1, 0).reg(0, 7);
+        assert_eq!(m.to_string(), "reg0=0x7,reg1=0");
+        let del = FlowMod::new(FlowModCommand::DeleteStrict, 0, OFP_DEFAULT_PRIORITY, Match::any());
+        assert_eq!(del.to_string(), "actions=drop");
+    }
+
+    #[test]
+    fn durations() {
+        struct D(u32, u32);
+        impl Display for D {
+            fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+                write_duration(f, self.0, self.1)
+            }
+        }
+        assert_eq!(D(148, 857_000_000).to_string(), "148.857s");
+        assert_eq!(D(3, 0).to_string(), "3s");
+        assert_eq!(D(3, 120_500_000).to_string(), "3.1205s");
+    }
+}
