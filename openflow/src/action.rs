@@ -54,7 +54,7 @@ impl Subfield {
     /// `n_bits - 1` encoding of `ofs_nbits`.
     pub fn new(field: NxmField, ofs: u16, n_bits: u16) -> Option<Subfield> {
         let end = ofs.checked_add(n_bits)?;
-        (n_bits >= 1 && n_bits <= 64 && end <= field.bits() && ofs < 1024).then_some(Subfield { field, ofs, n_bits })
+        ((1..=64).contains(&n_bits) && end <= field.bits() && ofs < 1024).then_some(Subfield { field, ofs, n_bits })
     }
 
     pub fn field(&self) -> NxmField {

@@ -9,7 +9,7 @@ use std::fmt::{self, Display, Formatter, Write};
 use std::net::Ipv4Addr;
 
 use crate::action::{Action, SetField, Subfield};
-use crate::flow_match::{EthMatch, IpFrag, IpProto, MacAddr, Masked, Match, RawOxm};
+use crate::flow_match::{EthMatch, IpFrag, IpProto, MacAddr, MaskBits, Masked, Match, RawOxm};
 use crate::instruction::Instruction;
 use crate::msg::{FlowMod, FlowModFlags, FlowStats, OFP_DEFAULT_PRIORITY};
 use crate::port::PortNo;
@@ -60,7 +60,7 @@ fn mac_masked(m: &Masked<MacAddr>) -> String {
     }
 }
 
-fn hex_masked<T: Into<u64> + crate::flow_match::MaskBits>(m: &Masked<T>) -> String {
+fn hex_masked<T: Into<u64> + MaskBits>(m: &Masked<T>) -> String {
     if m.is_exact() {
         AltHex(m.value().into()).to_string()
     } else {
@@ -120,6 +120,12 @@ fn frag_text(f: IpFrag) -> Option<&'static str> {
     }
 }
 
+/// A field with an all-zero mask matches everything: OVS stores it as a wildcard and
+/// `match_format` prints nothing for it (`ip,nw_dst=0.0.0.0/0` prints as `ip`).
+fn shown<T: MaskBits>(m: &Option<Masked<T>>) -> Option<&Masked<T>> {
+    m.as_ref().filter(|m| m.mask() != T::ZERO)
+}
+
 /// Writes a match as `match_format` does, with `priority=N` first unless it is the default.
 pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> fmt::Result {
     let mut it = Items { f, any: false };
@@ -139,17 +145,17 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
         EthMatch::Any => {}
     }
     for (i, r) in m.regs.iter().enumerate() {
-        if let Some(r) = r {
+        if let Some(r) = shown(r) {
             it.item(format_args!("reg{i}={}", hex_masked(r)))?;
         }
     }
-    if let Some(t) = &m.tun_id {
+    if let Some(t) = shown(&m.tun_id) {
         it.item(format_args!("tun_id={}", hex_masked(t)))?;
     }
-    if let Some(t) = &m.tun_src {
+    if let Some(t) = shown(&m.tun_src) {
         it.item(format_args!("tun_src={}", ip_masked(t)))?;
     }
-    if let Some(t) = &m.tun_dst {
+    if let Some(t) = shown(&m.tun_dst) {
         it.item(format_args!("tun_dst={}", ip_masked(t)))?;
     }
     if let Some(p) = m.in_port {
@@ -162,10 +168,10 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
     }
     match &m.eth {
         EthMatch::Ipv4(ip) => {
-            if let Some(s) = &ip.src {
+            if let Some(s) = shown(&ip.src) {
                 it.item(format_args!("nw_src={}", ip_masked(s)))?;
             }
-            if let Some(d) = &ip.dst {
+            if let Some(d) = shown(&ip.dst) {
                 it.item(format_args!("nw_dst={}", ip_masked(d)))?;
             }
             if let Some(p) = ip.proto.as_ref().filter(|p| ip_proto_name(p).is_none()) {
@@ -175,26 +181,26 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
                 it.item(format_args!("nw_frag={t}"))?;
             }
             match &ip.proto {
-                Some(IpProto::Tcp { dst: Some(d) }) | Some(IpProto::Udp { dst: Some(d) }) => {
+                Some(IpProto::Tcp { dst: Some(d) }) | Some(IpProto::Udp { dst: Some(d) }) if d.mask() != 0 => {
                     it.item(format_args!("tp_dst={}", port_masked(d)))?
                 }
                 _ => {}
             }
         }
         EthMatch::Arp(a) => {
-            if let Some(s) = &a.spa {
+            if let Some(s) = shown(&a.spa) {
                 it.item(format_args!("arp_spa={}", ip_masked(s)))?;
             }
-            if let Some(t) = &a.tpa {
+            if let Some(t) = shown(&a.tpa) {
                 it.item(format_args!("arp_tpa={}", ip_masked(t)))?;
             }
             if let Some(op) = a.op {
                 it.item(format_args!("arp_op={op}"))?;
             }
-            if let Some(s) = &a.sha {
+            if let Some(s) = shown(&a.sha) {
                 it.item(format_args!("arp_sha={}", mac_masked(s)))?;
             }
-            if let Some(t) = &a.tha {
+            if let Some(t) = shown(&a.tha) {
                 it.item(format_args!("arp_tha={}", mac_masked(t)))?;
             }
         }
@@ -387,7 +393,7 @@ impl Display for FlowMod {
 fn write_duration(f: &mut Formatter<'_>, sec: u32, nsec: u32) -> fmt::Result {
     write!(f, "{sec}")?;
     if nsec > 0 {
-        if nsec % 1_000_000 == 0 {
+        if nsec.is_multiple_of(1_000_000) {
             write!(f, ".{:03}", nsec / 1_000_000)?;
         } else {
             let frac = format!("{nsec:09}");
@@ -521,6 +527,31 @@ mod tests {
         assert_eq!(m.to_string(), "reg0=0x7,reg1=0");
         let del = FlowMod::new(FlowModCommand::DeleteStrict, 0, OFP_DEFAULT_PRIORITY, Match::any());
         assert_eq!(del.to_string(), "actions=drop");
+    }
+
+    #[test]
+    fn zero_masks_print_nothing() {
+        // `ovs-ofctl ofp-parse` of such a match prints only what is left (found by the
+        // ofp_parse oracle suite): `ip,nw_dst=0.0.0.0/0,tcp,tp_dst=0/0,reg3=0/0` prints as `tcp`.
+        let mut m = Match::any().ipv4(Ipv4Match {
+            src: Masked::cidr(Ipv4Addr::new(10, 0, 0, 0), 8),
+            dst: Masked::cidr(Ipv4Addr::new(10, 1, 2, 3), 0),
+            proto: Some(IpProto::Tcp { dst: Some(Masked::new(80, 0)) }),
+            ..Default::default()
+        });
+        m.regs[3] = Some(Masked::new(5, 0));
+        m.tun_id = Some(Masked::new(1, 0));
+        m.tun_src = Some(Masked::new(Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::UNSPECIFIED));
+        m.tun_dst = Some(Masked::new(Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::UNSPECIFIED));
+        assert_eq!(m.to_string(), "tcp,nw_src=10.0.0.0/8");
+        let arp = Match::any().arp(ArpMatch {
+            spa: Masked::cidr(Ipv4Addr::new(10, 0, 0, 1), 0),
+            tpa: Some(Masked::exact(Ipv4Addr::new(10, 0, 0, 2))),
+            sha: Some(Masked::new(MacAddr([1; 6]), MacAddr([0; 6]))),
+            tha: Some(Masked::new(MacAddr([1; 6]), MacAddr([0; 6]))),
+            op: None,
+        });
+        assert_eq!(arp.to_string(), "arp,arp_tpa=10.0.0.2");
     }
 
     #[test]

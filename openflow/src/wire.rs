@@ -92,7 +92,7 @@ pub fn len_u16(what: &'static str, len: usize) -> Result<u16, EncodeError> {
 
 /// Checks a TLV length that must be a multiple of 8 and at least `min`, and fits in `avail`.
 pub fn check_len8(what: &'static str, len: usize, min: usize, avail: usize) -> Result<(), DecodeError> {
-    if len < min || len % 8 != 0 || len > avail {
+    if len < min || !len.is_multiple_of(8) || len > avail {
         return Err(DecodeError::BadLength { what, len });
     }
     Ok(())

@@ -156,7 +156,55 @@ impl BundleAdd {
             return Err(DecodeError::BadLength { what: "bundled message", len: inner_len });
         }
         let inner = r.bytes(inner_len)?;
+        // A BUNDLE_ADD cannot carry another BUNDLE_ADD (OVS answers OFPBFC_MSG_UNSUP). Refusing
+        // it here also bounds the recursion: each level costs only 24 bytes, so a 64 KiB frame
+        // could otherwise nest ~2700 levels deep and overflow the stack.
+        let mut exp = Reader::new(inner.get(8..).unwrap_or_default(), "bundled message");
+        if h.version == crate::OFP_VERSION
+            && h.msg_type == crate::msg::OFPT_EXPERIMENTER
+            && exp.u32() == Ok(ONF_VENDOR_ID)
+            && exp.u32() == Ok(ONFT_BUNDLE_ADD_MESSAGE)
+        {
+            return Err(DecodeError::BadValue { what: "bundled message type", value: ONFT_BUNDLE_ADD_MESSAGE as u64 });
+        }
         let message = Box::new(OfMessage::decode(inner)?);
         Ok(BundleAdd { bundle_id, flags, message, trailer: r.take_rest() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::OfMessage;
+
+    /// Regression: nested BUNDLE_ADDs recursed once per 24 bytes, so a hostile 64 KiB frame
+    /// overflowed the stack (found by openflow/tests/roundtrip.rs).
+    #[test]
+    fn nested_bundle_add_is_rejected_without_recursion() {
+        let mut inner = OfMessage::new(1, Message::BarrierRequest).to_bytes().unwrap().to_vec();
+        let mut depth = 0;
+        while inner.len() + 24 <= 0xffff {
+            let mut b = vec![crate::OFP_VERSION, crate::msg::OFPT_EXPERIMENTER];
+            b.extend_from_slice(&((inner.len() + 24) as u16).to_be_bytes());
+            b.extend_from_slice(&1u32.to_be_bytes());
+            b.extend_from_slice(&ONF_VENDOR_ID.to_be_bytes());
+            b.extend_from_slice(&ONFT_BUNDLE_ADD_MESSAGE.to_be_bytes());
+            b.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 3]);
+            b.extend_from_slice(&inner);
+            inner = b;
+            depth += 1;
+            if depth == 1 {
+                // One level is fine.
+                assert!(matches!(OfMessage::decode(&inner).unwrap().msg, Message::BundleAdd(_)));
+            }
+        }
+        let err = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || OfMessage::decode(&inner))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(err, DecodeError::BadValue { what: "bundled message type", value: 2301 });
     }
 }

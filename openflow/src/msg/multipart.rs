@@ -189,7 +189,7 @@ impl FlowStats {
     /// Decodes one entry; `r` is positioned at its length field.
     pub fn decode(r: &mut Reader<'_>) -> Result<FlowStats, DecodeError> {
         let len = Reader::new(r.rest(), "ofp_flow_stats").u16()? as usize;
-        if len < Self::FIXED_LEN + 8 || len % 8 != 0 {
+        if len < Self::FIXED_LEN + 8 || !len.is_multiple_of(8) {
             return Err(DecodeError::BadLength { what: "ofp_flow_stats", len });
         }
         let mut e = Reader::new(r.bytes(len)?, "ofp_flow_stats");
@@ -381,7 +381,7 @@ impl MultipartReply {
                 MultipartReplyBody::Aggregate(a)
             }
             OFPMP_PORT_DESC => {
-                if r.remaining() % Port::LEN != 0 {
+                if !r.remaining().is_multiple_of(Port::LEN) {
                     return Err(DecodeError::BadLength { what: "port desc reply", len: body.len() + 8 });
                 }
                 let mut v = Vec::with_capacity(r.remaining() / Port::LEN);

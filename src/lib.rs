@@ -1,0 +1,3 @@
+pub mod ovsdb;
+pub mod sandbox;
+pub mod switch;

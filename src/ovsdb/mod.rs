@@ -1,0 +1,84 @@
+//! Native OVSDB client (RFC 7047, JSON-RPC 1.0) used to configure Open vSwitch.
+//!
+//! The agent must not exec `ovs-vsctl`: besides the fork/exec cost per pod,
+//! `ovs-vsctl` cannot wait for an interface's `ofport` without polling and
+//! cannot express "change this only if nobody else did". Talking OVSDB
+//! directly gives us single atomic transactions with `wait` guards and
+//! monitors that push changes to us.
+//!
+//! * [`framing`]: splitting the byte stream into JSON messages.
+//! * [`client`]: the JSON-RPC connection (requests, echo, monitors).
+//! * [`types`]: wire encoding of atoms/sets/maps and checked row accessors.
+//! * [`txn`]: builders for transaction operations and their results.
+//! * [`bridge`]: idempotent, race-safe operations on the `Open_vSwitch` DB.
+
+pub mod bridge;
+pub mod client;
+pub mod framing;
+pub mod txn;
+pub mod types;
+
+pub use bridge::{BridgeOptions, Ovs, PortSpec};
+pub use client::{
+    ClientOptions, Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, OvsdbClient,
+    RowUpdate, RowUpdate2, TableUpdates, TableUpdates2,
+};
+pub use framing::{FramingError, JsonCodec};
+pub use txn::OperationResult;
+pub use types::Row;
+
+use serde_json::Value;
+
+/// Name of the database Open vSwitch keeps its configuration in.
+pub const VSWITCH_DB: &str = "Open_vSwitch";
+
+/// Everything that can go wrong talking to ovsdb-server.
+#[derive(Debug, thiserror::Error)]
+pub enum OvsdbError {
+    #[error("invalid OVSDB address {0:?} (expected unix:PATH or tcp:HOST:PORT)")]
+    InvalidAddress(String),
+    #[error("cannot connect to {address}: {source}")]
+    Connect {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Framing(#[from] FramingError),
+    #[error("connection to ovsdb-server closed")]
+    Disconnected,
+    /// The server sent something that does not follow the protocol/schema.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A JSON-RPC request was answered with a non-null `error`.
+    #[error("{method} failed: {error}")]
+    Rpc { method: String, error: Value },
+    /// A transaction was rejected; `index` is the failing operation (an index
+    /// equal to the number of operations means the commit itself failed, e.g.
+    /// a constraint or referential-integrity violation).
+    #[error("transaction failed at operation {index} ({op}): {error}{}", details.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    TransactionFailed {
+        index: usize,
+        op: String,
+        error: String,
+        details: Option<String>,
+    },
+    /// Optimistic concurrency gave up after repeated `wait` conflicts.
+    #[error("{what}: database kept changing, gave up after {attempts} attempts")]
+    Conflict { what: String, attempts: u32 },
+    #[error("{table} {name:?} not found")]
+    NotFound { table: &'static str, name: String },
+    /// Open vSwitch could not create the interface (`Interface.error`).
+    #[error("interface {name:?} failed: {error}")]
+    InterfaceError { name: String, error: String },
+    #[error("timed out: {0}")]
+    Timeout(String),
+}
+
+impl OvsdbError {
+    /// True when a transaction failed only because a `wait` guard did not
+    /// hold, i.e. someone else changed the rows we had read: retry it.
+    pub fn is_wait_conflict(&self) -> bool {
+        matches!(self, OvsdbError::TransactionFailed { op, error, .. } if op == "wait" && error == "timed out")
+    }
+}

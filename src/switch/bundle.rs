@@ -1,0 +1,164 @@
+//! Atomic bundles (ONF EXT-230 on OpenFlow 1.3).
+//!
+//! `commit` follows the only safe sequence with OVS 3.1 (wire reference §9.6): OPEN, all ADDs and
+//! a BARRIER pipelined together; after the barrier, any error for an ADD means OVS silently left
+//! that message out of the still-open bundle, so we DISCARD and report; otherwise COMMIT, which
+//! either applies everything or (on a commit-time failure: the failing ADD's error, then
+//! OFPBFC_MSG_FAILED) nothing. The bundle is discarded if the commit future is dropped midway.
+
+use openflow::{
+    BundleAdd, BundleControl, BundleCtrlType, BundleFlags, FlowMod, Message, OfMessage,
+};
+
+use super::conn::Outgoing;
+use super::{Rejection, Switch, SwitchError};
+
+/// A set of FLOW_MODs applied all-or-nothing.
+pub struct Bundle {
+    switch: Switch,
+    flags: BundleFlags,
+    flow_mods: Vec<FlowMod>,
+}
+
+/// Sends DISCARD if dropped while armed (the caller gave up between OPEN and the outcome).
+struct DiscardGuard<'a> {
+    switch: &'a Switch,
+    bundle_id: u32,
+    flags: BundleFlags,
+    armed: bool,
+}
+
+impl Drop for DiscardGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let xid = self.switch.alloc_xids(1);
+            let m = ctrl(xid, self.bundle_id, BundleCtrlType::DiscardRequest, self.flags);
+            // Best effort: if the queue is full or closed, OVS discards the bundle itself when
+            // it times out (10 s idle) or when the connection closes.
+            let _ = self.switch.inner.tx.try_send(Outgoing::Msg(Box::new(m)));
+        }
+    }
+}
+
+fn ctrl(xid: u32, bundle_id: u32, t: BundleCtrlType, flags: BundleFlags) -> OfMessage {
+    OfMessage::new(xid, Message::BundleControl(BundleControl::new(bundle_id, t, flags)))
+}
+
+impl Bundle {
+    pub(super) fn new(switch: Switch) -> Bundle {
+        Bundle { switch, flags: BundleFlags::ATOMIC | BundleFlags::ORDERED, flow_mods: Vec::new() }
+    }
+
+    /// Bundle flags (default ATOMIC | ORDERED). OVS applies FLOW_MOD bundles atomically and in
+    /// order either way; the flags are sent for switches that honour them.
+    pub fn with_flags(mut self, flags: BundleFlags) -> Bundle {
+        self.flags = flags;
+        self
+    }
+
+    pub fn add(&mut self, fm: FlowMod) -> &mut Bundle {
+        self.flow_mods.push(fm);
+        self
+    }
+
+    pub fn extend(&mut self, fms: impl IntoIterator<Item = FlowMod>) -> &mut Bundle {
+        self.flow_mods.extend(fms);
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.flow_mods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.flow_mods.is_empty()
+    }
+
+    /// Applies every FLOW_MOD or none. Returns after the switch confirmed the commit. On
+    /// `BundleRejected` the switch is unchanged and each failure names the index of the
+    /// FLOW_MOD in this bundle.
+    pub async fn commit(self) -> Result<(), SwitchError> {
+        let Bundle { switch, flags, flow_mods } = self;
+        if flow_mods.is_empty() {
+            return Ok(());
+        }
+        commit_one(&switch, flags, flow_mods).await
+    }
+
+    /// Applies the FLOW_MODs as consecutive bundles of at most `max` messages: each chunk is
+    /// atomic, the whole is not (use only where a partial application is acceptable, e.g. a
+    /// replay that is retried until it converges). Stops at the first failing chunk.
+    pub async fn commit_chunked(self, max: usize) -> Result<(), SwitchError> {
+        let Bundle { switch, flags, mut flow_mods } = self;
+        let max = max.max(1);
+        while !flow_mods.is_empty() {
+            let rest = flow_mods.split_off(flow_mods.len().min(max));
+            commit_one(&switch, flags, std::mem::replace(&mut flow_mods, rest)).await?;
+        }
+        Ok(())
+    }
+}
+
+async fn commit_one(switch: &Switch, flags: BundleFlags, flow_mods: Vec<FlowMod>) -> Result<(), SwitchError> {
+    let n = u32::try_from(flow_mods.len())
+        .map_err(|_| openflow::EncodeError::TooLong { what: "bundle", len: flow_mods.len(), max: u32::MAX as usize })?;
+    let bundle_id = switch.alloc_bundle_id();
+    // xids: OPEN, n ADDs, BARRIER.
+    let open = switch.alloc_xids(n + 2);
+    let adds = open + 1..open + 1 + n;
+    let barrier = adds.end;
+    let open_msg = std::iter::once((open, Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags))));
+    let add_msgs = flow_mods.into_iter().enumerate().map(|(i, fm)| {
+        let xid = open + 1 + i as u32;
+        let m = BundleAdd::flow_mod(xid, bundle_id, flags, fm);
+        (xid, m.msg)
+    });
+    let chunks = switch.encode_batch(open_msg.chain(add_msgs), barrier)?;
+    // OPEN's own outcome is covered too: an error for it lands in the barrier's list.
+    let mut guard = DiscardGuard { switch, bundle_id, flags, armed: true };
+    let c = switch.pipelined(chunks, open..barrier, barrier).await?;
+    c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))?;
+    if !c.covered.is_empty() {
+        let failures = index_failures(c.covered, open);
+        discard(switch, bundle_id, flags).await;
+        guard.armed = false;
+        return Err(SwitchError::BundleRejected { failures });
+    }
+    let commit = switch.alloc_xids(1);
+    let res = switch
+        .round_trip(Outgoing::Msg(Box::new(ctrl(commit, bundle_id, BundleCtrlType::CommitRequest, flags))), commit, Some(adds), "a bundle commit")
+        .await;
+    // After a COMMIT attempt OVS has discarded the bundle whatever the outcome.
+    guard.armed = !matches!(res, Ok(_) | Err(SwitchError::Disconnected(_)));
+    let c = res?;
+    guard.armed = false;
+    match c.reply {
+        Ok(OfMessage { msg: Message::BundleControl(b), .. }) if b.ctrl_type == BundleCtrlType::CommitReply => Ok(()),
+        Ok(other) => Err(SwitchError::UnexpectedReply { request: "BUNDLE COMMIT", got: other.msg.name() }),
+        Err(commit_err) => {
+            let mut failures = index_failures(c.covered, open);
+            if failures.is_empty() {
+                failures.push((usize::MAX, commit_err));
+            }
+            Err(SwitchError::BundleRejected { failures })
+        }
+    }
+}
+
+/// Maps ADD xids to indexes in the caller's list (the OPEN, xid `open`, maps to `usize::MAX`).
+fn index_failures(rs: Vec<Rejection>, open: u32) -> Vec<(usize, Rejection)> {
+    rs.into_iter()
+        .map(|r| {
+            let i = if r.xid > open { (r.xid - open - 1) as usize } else { usize::MAX };
+            (i, r)
+        })
+        .collect()
+}
+
+async fn discard(switch: &Switch, bundle_id: u32, flags: BundleFlags) {
+    let xid = switch.alloc_xids(1);
+    let m = ctrl(xid, bundle_id, BundleCtrlType::DiscardRequest, flags);
+    if let Err(e) = switch.round_trip(Outgoing::Msg(Box::new(m)), xid, None, "a bundle discard").await {
+        tracing::debug!(error = %e, bundle_id, "bundle discard failed (the switch drops it on its own)");
+    }
+}

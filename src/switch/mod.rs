@@ -1,0 +1,409 @@
+//! The OpenFlow side of the switch: an async connection to a bridge's management socket.
+//!
+//! [`Switch`] is a cheap clonable handle to one connection. Requests are pipelined: many can be
+//! in flight, each completes when its reply (or the OFPT_ERROR naming its xid) arrives. Batches
+//! of FLOW_MODs complete on one BARRIER ([`Switch::send_flow_mods`]); atomic changes go through
+//! [`Bundle`]. [`Supervisor`] keeps a connection up across switch restarts.
+
+mod bundle;
+mod conn;
+mod error;
+mod pending;
+mod supervisor;
+mod transport;
+
+pub use bundle::Bundle;
+pub use error::{CloseReason, Rejection, SwitchError};
+pub use supervisor::{Backoff, SwitchEvent, Supervisor};
+pub use transport::Target;
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use openflow::{
+    FeaturesReply, FlowMod, FlowStats, FlowStatsRequest, FragMode, Message, MultipartAssembler, MultipartReplyBody,
+    MultipartRequest, OfMessage, Port, SwitchConfig,
+};
+use tokio::sync::oneshot;
+
+use conn::{Outgoing, Shared};
+use pending::{Completion, Waiter};
+
+/// Tunables of a connection.
+#[derive(Clone, Debug)]
+pub struct SwitchOptions {
+    /// Messages that may wait in the send queue before senders are made to wait.
+    pub send_queue: usize,
+    /// Deadline for every request's reply (a bundle commit, a dump, a barrier).
+    pub request_timeout: Duration,
+    /// HELLO + FEATURES deadline.
+    pub handshake_timeout: Duration,
+    /// Send an ECHO_REQUEST when nothing arrived for this long; `None` disables keep-alive.
+    pub echo_interval: Option<Duration>,
+    /// The connection is declared dead when an echo is not answered within this.
+    pub echo_timeout: Duration,
+    /// Pipelined batches are split into chunks of this many bytes when queued.
+    pub chunk_bytes: usize,
+}
+
+impl Default for SwitchOptions {
+    fn default() -> Self {
+        SwitchOptions {
+            send_queue: 1024,
+            request_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            echo_interval: Some(Duration::from_secs(5)),
+            echo_timeout: Duration::from_secs(15),
+            chunk_bytes: 256 * 1024,
+        }
+    }
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    tx: tokio::sync::mpsc::Sender<Outgoing>,
+    features: FeaturesReply,
+    target: Target,
+    opts: SwitchOptions,
+    next_xid: AtomicU32,
+    next_bundle: AtomicU32,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.close(CloseReason::Local);
+    }
+}
+
+/// A handle to one OpenFlow 1.3 connection. Clones share the connection; it closes when the
+/// last handle is dropped.
+#[derive(Clone)]
+pub struct Switch {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Switch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Switch").field("target", &self.inner.target.to_string()).finish()
+    }
+}
+
+impl Switch {
+    /// Connects to `unix:PATH` (e.g. `<rundir>/br0.mgmt`) or `tcp:HOST:PORT` and negotiates
+    /// OpenFlow 1.3.
+    pub async fn connect(target: &str, opts: SwitchOptions) -> Result<Switch, SwitchError> {
+        let target = Target::parse(target)?;
+        Self::connect_target(target, opts).await
+    }
+
+    pub async fn connect_target(target: Target, opts: SwitchOptions) -> Result<Switch, SwitchError> {
+        let est = conn::establish(&target, opts.send_queue, opts.handshake_timeout).await?;
+        let sw = Switch {
+            inner: Arc::new(Inner {
+                shared: est.shared,
+                tx: est.tx,
+                features: est.features,
+                target,
+                opts,
+                next_xid: AtomicU32::new(0x100),
+                next_bundle: AtomicU32::new(1),
+            }),
+        };
+        if let Some(interval) = sw.inner.opts.echo_interval {
+            tokio::spawn(keepalive(Arc::downgrade(&sw.inner), interval));
+        }
+        Ok(sw)
+    }
+
+    pub fn features(&self) -> &FeaturesReply {
+        &self.inner.features
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.inner.target
+    }
+
+    pub fn options(&self) -> &SwitchOptions {
+        &self.inner.opts
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.inner.shared.table().closed().is_some()
+    }
+
+    /// Resolves when the connection ends, with the reason.
+    pub async fn closed(&self) -> CloseReason {
+        let mut rx = self.inner.shared.state();
+        loop {
+            if let Some(r) = rx.borrow().clone() {
+                return r;
+            }
+            if rx.changed().await.is_err() {
+                return CloseReason::Local;
+            }
+        }
+    }
+
+    /// Closes the connection; pending requests fail with `Disconnected(Local)`.
+    pub fn close(&self) {
+        self.inner.shared.close(CloseReason::Local);
+    }
+
+    /// Reserves `n` consecutive xids (never 0, never wrapping inside the block).
+    fn alloc_xids(&self, n: u32) -> u32 {
+        let mut cur = self.inner.next_xid.load(Ordering::Relaxed);
+        loop {
+            let start = if cur == 0 || cur.checked_add(n).is_none() { 1 } else { cur };
+            match self.inner.next_xid.compare_exchange_weak(cur, start + n, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return start,
+                Err(c) => cur = c,
+            }
+        }
+    }
+
+    fn alloc_bundle_id(&self) -> u32 {
+        self.inner.next_bundle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    async fn enqueue(&self, item: Outgoing) -> Result<(), SwitchError> {
+        if self.inner.tx.send(item).await.is_err() {
+            return Err(self.disconnected());
+        }
+        Ok(())
+    }
+
+    fn disconnected(&self) -> SwitchError {
+        SwitchError::Disconnected(self.inner.shared.table().closed().cloned().unwrap_or(CloseReason::Local))
+    }
+
+    fn register(&self, xid: u32, waiter: Waiter, cover: Option<Range<u32>>) -> Result<(), SwitchError> {
+        self.inner.shared.table().register(xid, waiter, cover)
+    }
+
+    async fn wait<T>(
+        &self,
+        xid: u32,
+        rx: oneshot::Receiver<Result<T, SwitchError>>,
+        what: &'static str,
+    ) -> Result<T, SwitchError> {
+        let after = self.inner.opts.request_timeout;
+        match tokio::time::timeout(after, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(self.disconnected()),
+            Err(_) => {
+                self.inner.shared.table().forget(xid);
+                Err(SwitchError::Timeout { what, after })
+            }
+        }
+    }
+
+    /// Sends `msg` (already carrying its xid) and waits for the reply with the same xid, also
+    /// collecting errors for `cover`.
+    async fn round_trip(
+        &self,
+        first: Outgoing,
+        xid: u32,
+        cover: Option<Range<u32>>,
+        what: &'static str,
+    ) -> Result<Completion, SwitchError> {
+        let (tx, rx) = oneshot::channel();
+        self.register(xid, Waiter::Reply(tx), cover)?;
+        if let Err(e) = self.enqueue(first).await {
+            self.inner.shared.table().forget(xid);
+            return Err(e);
+        }
+        self.wait(xid, rx, what).await
+    }
+
+    /// Sends a request and returns its reply; an OFPT_ERROR for it becomes `Rejected`.
+    pub async fn request(&self, msg: Message) -> Result<OfMessage, SwitchError> {
+        let xid = self.alloc_xids(1);
+        let what = msg.name();
+        let c = self.round_trip(Outgoing::Msg(Box::new(OfMessage::new(xid, msg))), xid, None, what).await?;
+        c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))
+    }
+
+    /// Sends a message that has no reply (e.g. SET_CONFIG); errors it causes are only logged
+    /// unless a later barrier covers it.
+    pub async fn send(&self, msg: Message) -> Result<u32, SwitchError> {
+        let xid = self.alloc_xids(1);
+        self.enqueue(Outgoing::Msg(Box::new(OfMessage::new(xid, msg)))).await?;
+        Ok(xid)
+    }
+
+    /// Waits until the switch has processed everything sent before.
+    pub async fn barrier(&self) -> Result<(), SwitchError> {
+        match self.request(Message::BarrierRequest).await?.msg {
+            Message::BarrierReply => Ok(()),
+            other => Err(SwitchError::UnexpectedReply { request: "BARRIER_REQUEST", got: other.name() }),
+        }
+    }
+
+    /// Measures one echo round trip.
+    pub async fn echo(&self) -> Result<Duration, SwitchError> {
+        let t = Instant::now();
+        match self.request(Message::EchoRequest(Bytes::from_static(b"sdn-node"))).await?.msg {
+            Message::EchoReply(_) => Ok(t.elapsed()),
+            other => Err(SwitchError::UnexpectedReply { request: "ECHO_REQUEST", got: other.name() }),
+        }
+    }
+
+    /// Encodes `msgs` (whose xids are `start..`) plus a trailing BARRIER into queue chunks.
+    fn encode_batch<'a>(
+        &self,
+        msgs: impl Iterator<Item = (u32, Message)> + 'a,
+        barrier_xid: u32,
+    ) -> Result<Vec<Bytes>, SwitchError> {
+        let limit = self.inner.opts.chunk_bytes.max(1024);
+        let mut chunks = Vec::new();
+        let mut buf = BytesMut::with_capacity(limit);
+        for (xid, m) in msgs {
+            OfMessage::new(xid, m).encode(&mut buf)?;
+            if buf.len() >= limit {
+                chunks.push(buf.split().freeze());
+            }
+        }
+        OfMessage::new(barrier_xid, Message::BarrierRequest).encode(&mut buf)?;
+        chunks.push(buf.freeze());
+        Ok(chunks)
+    }
+
+    /// Pipelines raw pre-encoded chunks, then waits on the barrier that ends them.
+    async fn pipelined(
+        &self,
+        chunks: Vec<Bytes>,
+        cover: Range<u32>,
+        barrier_xid: u32,
+    ) -> Result<Completion, SwitchError> {
+        let (tx, rx) = oneshot::channel();
+        self.register(barrier_xid, Waiter::Reply(tx), Some(cover))?;
+        for c in chunks {
+            if let Err(e) = self.enqueue(Outgoing::Raw(c)).await {
+                self.inner.shared.table().forget(barrier_xid);
+                return Err(e);
+            }
+        }
+        self.wait(barrier_xid, rx, "the barrier after a batch").await
+    }
+
+    /// Sends FLOW_MODs back to back and one BARRIER; completes when the switch has processed
+    /// all of them. Not atomic: on failure, the messages that were not rejected are applied.
+    /// The error lists each rejected message by its index in `flow_mods`.
+    pub async fn send_flow_mods(&self, flow_mods: &[FlowMod]) -> Result<(), SwitchError> {
+        let n = u32::try_from(flow_mods.len()).map_err(|_| openflow::EncodeError::TooLong {
+            what: "batch",
+            len: flow_mods.len(),
+            max: u32::MAX as usize,
+        })?;
+        let start = self.alloc_xids(n + 1);
+        let barrier = start + n;
+        let chunks =
+            self.encode_batch(flow_mods.iter().enumerate().map(|(i, f)| (start + i as u32, Message::FlowMod(f.clone()))), barrier)?;
+        let c = self.pipelined(chunks, start..barrier, barrier).await?;
+        c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))?;
+        if c.covered.is_empty() {
+            return Ok(());
+        }
+        let failures = c.covered.into_iter().map(|r| ((r.xid - start) as usize, r)).collect();
+        Err(SwitchError::Batch { total: flow_mods.len(), failures })
+    }
+
+    /// Writes pre-encoded whole messages as they are and waits for a barrier after them.
+    /// For benchmarks that measure the switch itself (the bytes' xids are not tracked).
+    pub async fn send_raw_and_barrier(&self, chunks: Vec<Bytes>) -> Result<(), SwitchError> {
+        for c in chunks {
+            self.enqueue(Outgoing::Raw(c)).await?;
+        }
+        self.barrier().await
+    }
+
+    async fn multipart(&self, req: MultipartRequest, what: &'static str) -> Result<MultipartReplyBody, SwitchError> {
+        let xid = self.alloc_xids(1);
+        let (tx, rx) = oneshot::channel();
+        self.register(xid, Waiter::Multipart(MultipartAssembler::default(), tx), None)?;
+        if let Err(e) = self.enqueue(Outgoing::Msg(Box::new(OfMessage::new(xid, Message::MultipartRequest(req))))).await {
+            self.inner.shared.table().forget(xid);
+            return Err(e);
+        }
+        self.wait(xid, rx, what).await
+    }
+
+    /// Dumps flows (all parts of the reply, typed).
+    pub async fn dump_flows(&self, req: FlowStatsRequest) -> Result<Vec<FlowStats>, SwitchError> {
+        match self.multipart(MultipartRequest::flows(req), "a flow dump").await? {
+            MultipartReplyBody::Flow(v) => Ok(v),
+            _ => Err(SwitchError::UnexpectedReply { request: "OFPMP_FLOW", got: "another multipart type" }),
+        }
+    }
+
+    /// The switch's ports (OFPMP_PORT_DESC).
+    pub async fn port_desc(&self) -> Result<Vec<Port>, SwitchError> {
+        match self.multipart(MultipartRequest::port_desc(), "port descriptions").await? {
+            MultipartReplyBody::PortDesc(v) => Ok(v),
+            _ => Err(SwitchError::UnexpectedReply { request: "OFPMP_PORT_DESC", got: "another multipart type" }),
+        }
+    }
+
+    pub async fn get_config(&self) -> Result<SwitchConfig, SwitchError> {
+        match self.request(Message::GetConfigRequest).await?.msg {
+            Message::GetConfigReply(c) => Ok(c),
+            other => Err(SwitchError::UnexpectedReply { request: "GET_CONFIG_REQUEST", got: other.name() }),
+        }
+    }
+
+    /// Sets the bridge-wide fragment handling (the seed's `SetFrags("nx-match")`) and reads it
+    /// back: OVS silently ignores modes it does not support.
+    pub async fn set_frag_mode(&self, frag: FragMode) -> Result<(), SwitchError> {
+        let mut cfg = self.get_config().await?;
+        if cfg.frag == frag {
+            return Ok(());
+        }
+        cfg.frag = frag;
+        let xid = self.alloc_xids(2);
+        // SET_CONFIG has no reply: cover it with a barrier so an error for it is not lost.
+        let chunks = self.encode_batch(std::iter::once((xid, Message::SetConfig(cfg))), xid + 1)?;
+        let c = self.pipelined(chunks, xid..xid + 1, xid + 1).await?;
+        if let Some(r) = c.covered.into_iter().next() {
+            return Err(SwitchError::Rejected(Box::new(r)));
+        }
+        let got = self.get_config().await?.frag;
+        if got != frag {
+            return Err(SwitchError::FragModeNotApplied { want: frag.name(), got: got.name() });
+        }
+        Ok(())
+    }
+
+    /// Starts an atomic bundle (see [`Bundle`]).
+    pub fn bundle(&self) -> Bundle {
+        Bundle::new(self.clone())
+    }
+}
+
+/// Sends an echo whenever the connection was idle for `interval`; closes it when the echo is
+/// not answered in time. Holds only a weak reference, so it ends with the connection.
+async fn keepalive(inner: std::sync::Weak<Inner>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner.shared.cancel.is_cancelled() {
+            return;
+        }
+        if inner.shared.idle_for() < interval {
+            continue;
+        }
+        let sw = Switch { inner };
+        let timeout = sw.inner.opts.echo_timeout;
+        match tokio::time::timeout(timeout, sw.echo()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                tracing::warn!(target = %sw.inner.target, ?timeout, "switch did not answer an echo; closing");
+                sw.inner.shared.close(CloseReason::EchoTimeout);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Keeps an OpenFlow connection up: reconnects with capped exponential backoff and reports
+//! every transition, so the agent can resync after the switch restarts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::{CloseReason, Switch, SwitchError, SwitchOptions, Target};
+
+/// Reconnect delays: `initial`, doubled after each failure, at most `max`.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(5) }
+    }
+}
+
+impl Backoff {
+    /// The delay before attempt `n` (0-based) after a failure.
+    pub fn delay(&self, n: u32) -> Duration {
+        let f = 1u32.checked_shl(n.min(31)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(f).min(self.max)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum SwitchEvent {
+    /// A new connection is up (after start or after a disconnect): the switch may have lost or
+    /// changed its flows; resync.
+    Connected(Switch),
+    Disconnected(CloseReason),
+}
+
+/// Owns the reconnect loop; dropping it stops the loop and closes the connection.
+pub struct Supervisor {
+    current: watch::Receiver<Option<Switch>>,
+    events: broadcast::Sender<SwitchEvent>,
+    cancel: CancellationToken,
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+impl Supervisor {
+    /// Starts connecting in the background.
+    pub fn spawn(target: &str, opts: SwitchOptions, backoff: Backoff) -> Result<Supervisor, SwitchError> {
+        let target = Target::parse(target)?;
+        let (cur_tx, current) = watch::channel(None);
+        let (events, _) = broadcast::channel(64);
+        let cancel = CancellationToken::new();
+        tokio::spawn(run(target, opts, backoff, Arc::new(cur_tx), events.clone(), cancel.clone()));
+        Ok(Supervisor { current, events, cancel })
+    }
+
+    /// Subscribe before waiting, to not miss a transition.
+    pub fn subscribe(&self) -> broadcast::Receiver<SwitchEvent> {
+        self.events.subscribe()
+    }
+
+    /// The live connection, if any.
+    pub fn current(&self) -> Option<Switch> {
+        self.current.borrow().clone().filter(|s| !s.is_closed())
+    }
+
+    /// Waits until a connection is up.
+    pub async fn connected(&self) -> Switch {
+        let mut rx = self.current.clone();
+        loop {
+            if let Some(s) = rx.borrow_and_update().clone().filter(|s| !s.is_closed()) {
+                return s;
+            }
+            if rx.changed().await.is_err() {
+                // The loop ended (supervisor dropped); never resolves.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+async fn run(
+    target: Target,
+    opts: SwitchOptions,
+    backoff: Backoff,
+    current: Arc<watch::Sender<Option<Switch>>>,
+    events: broadcast::Sender<SwitchEvent>,
+    cancel: CancellationToken,
+) {
+    let mut failures = 0u32;
+    loop {
+        let attempt = tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = Switch::connect_target(target.clone(), opts.clone()) => r,
+        };
+        match attempt {
+            Ok(sw) => {
+                failures = 0;
+                info!(%target, dpid = format!("{:016x}", sw.features().datapath_id), "connected to the switch");
+                current.send_replace(Some(sw.clone()));
+                let _ = events.send(SwitchEvent::Connected(sw.clone()));
+                let reason = tokio::select! {
+                    _ = cancel.cancelled() => { sw.close(); break }
+                    r = sw.closed() => r,
+                };
+                warn!(%target, %reason, "lost the switch connection; reconnecting");
+                current.send_replace(None);
+                let _ = events.send(SwitchEvent::Disconnected(reason));
+            }
+            Err(e) => {
+                let d = backoff.delay(failures);
+                failures = failures.saturating_add(1);
+                if failures == 1 || failures.is_multiple_of(20) {
+                    warn!(%target, error = %e, retry_in = ?d, "cannot connect to the switch");
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(d) => {}
+                }
+            }
+        }
+    }
+    if let Some(sw) = current.send_replace(None) {
+        sw.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_is_capped() {
+        let b = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(5) };
+        assert_eq!(b.delay(0), Duration::from_millis(100));
+        assert_eq!(b.delay(3), Duration::from_millis(800));
+        assert_eq!(b.delay(10), Duration::from_secs(5));
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(5));
+    }
+}
