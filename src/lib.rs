@@ -1,3 +1,16 @@
+//! sdn-node: programs Open vSwitch for a Kubernetes pod network the way openshift-sdn's node
+//! does, over OpenFlow 1.3 and OVSDB, without exec'ing ovs-ofctl or ovs-vsctl.
+//!
+//! Data flow: a source ([`cluster::state_file`]) gives a validated [`cluster::ClusterState`];
+//! [`cluster::desired`] turns it into flows built by [`pipeline`]; [`store`] diffs them against
+//! what the switch holds; [`switch`] commits the difference as one bundle; [`ovsdb`] manages the
+//! bridge and ports. [`apply`] runs that chain once.
+
+pub mod apply;
+pub mod cluster;
+pub mod model;
 pub mod ovsdb;
+pub mod pipeline;
 pub mod sandbox;
+pub mod store;
 pub mod switch;

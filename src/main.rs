@@ -1,1 +1,155 @@
-fn main() {}
+//! The `sdn-node` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use openflow::FlowStatsRequest;
+use sdn_node::apply::{apply, ApplyOptions};
+use sdn_node::store::Owner;
+use sdn_node::switch::{Switch, SwitchOptions};
+
+#[derive(Parser)]
+#[command(name = "sdn-node", version, about = "Programs Open vSwitch for a Kubernetes pod network (openshift-sdn's pipeline) over OpenFlow 1.3 and OVSDB")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args)]
+struct Ovs {
+    /// Directory with ovsdb-server's db.sock and the bridge's <bridge>.mgmt socket.
+    #[arg(long, default_value = "/var/run/openvswitch", env = "OVS_RUNDIR")]
+    ovs_rundir: PathBuf,
+    /// The integration bridge.
+    #[arg(long, default_value = "br0")]
+    bridge: String,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Converge the switch to a state file once: bridge, ports and flows. Exits 0 when the
+    /// switch holds exactly the desired flows, 2 if some objects were rejected (the rest is
+    /// applied), 1 on failure.
+    Apply {
+        /// The cluster state (YAML), e.g. deploy/examples/cluster.yaml.
+        #[arg(long)]
+        state: PathBuf,
+        #[command(flatten)]
+        ovs: Ovs,
+        /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
+        #[arg(long, default_value = "system")]
+        datapath_type: String,
+        /// Seconds to wait for a pod's port to get an ofport.
+        #[arg(long, default_value_t = 10)]
+        port_timeout: u64,
+    },
+    /// Print the flows the switch holds, as `ovs-ofctl dump-flows --no-stats` prints them.
+    DumpFlows {
+        #[command(flatten)]
+        ovs: Ovs,
+        /// Only this table.
+        #[arg(long)]
+        table: Option<u8>,
+        /// Only the flows of one object: pod/NS/NAME, service/NS/NAME, hostsubnet/HOST,
+        /// egress/VNID, multicast/VNID, vnid/VNID, multicast-vxlan, policy, base, version.
+        #[arg(long)]
+        owner: Option<String>,
+        /// Include duration and packet/byte counters.
+        #[arg(long)]
+        stats: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> ExitCode {
+    match cli.cmd {
+        Cmd::Apply { state, ovs, datapath_type, port_timeout } => {
+            let mut opts = ApplyOptions::new(state, ovs.ovs_rundir);
+            opts.bridge = ovs.bridge;
+            opts.datapath_type = datapath_type;
+            opts.port_timeout = Duration::from_secs(port_timeout);
+            match apply(&opts).await {
+                Ok(r) => {
+                    eprintln!(
+                        "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
+                        r.flows, opts.bridge, r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
+                    );
+                    if r.problems.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        eprintln!("{} object(s) rejected:", r.problems.len());
+                        for p in &r.problems {
+                            eprintln!("  {p}");
+                        }
+                        ExitCode::from(2)
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::DumpFlows { ovs, table, owner, stats } => {
+            let mut req = FlowStatsRequest::default();
+            if let Some(t) = table {
+                req.table_id = t;
+            }
+            if let Some(o) = owner {
+                match Owner::parse(&o) {
+                    Ok(o) => {
+                        req.cookie = o.cookie(0) & Owner::OWNER_MASK;
+                        req.cookie_mask = Owner::OWNER_MASK;
+                    }
+                    Err(e) => {
+                        eprintln!("error: --owner: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            let target = format!("unix:{}", ovs.ovs_rundir.join(format!("{}.mgmt", ovs.bridge)).display());
+            let res = async {
+                let sw = Switch::connect(&target, SwitchOptions::default()).await?;
+                sw.dump_flows(req).await
+            }
+            .await;
+            match res {
+                Ok(mut flows) => {
+                    flows.sort_by(|a, b| {
+                        (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string())
+                            .cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.no_stats().to_string()))
+                    });
+                    for f in flows {
+                        if stats {
+                            println!(" {f}");
+                        } else {
+                            println!(" {}", f.no_stats());
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {target}: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

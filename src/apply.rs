@@ -1,0 +1,243 @@
+//! `sdn-node apply`: converge a switch to a state file, once.
+//!
+//! source (state file) -> validated cluster state -> ports via OVSDB -> desired flows -> diff
+//! against a fresh dump -> one atomic bundle -> verify with another dump.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use openflow::{FlowStatsRequest, FragMode};
+use tracing::{info, warn};
+
+use crate::cluster::desired::desired_state_with_warnings;
+use crate::cluster::{state_file, ClusterState, PodKey, Problem};
+use crate::model::OfPort;
+use crate::ovsdb::{BridgeOptions, Ovs, OvsdbClient, PortSpec};
+use crate::pipeline::egress::{dns_names, DnsAnswers};
+use crate::store::{diff, InstalledState, Plan};
+use crate::switch::{Switch, SwitchOptions};
+
+/// Bridge `external_ids` key holding the flow generation written into cookies.
+pub const GENERATION_KEY: &str = "sdn-node-generation";
+
+#[derive(Clone, Debug)]
+pub struct ApplyOptions {
+    pub state: PathBuf,
+    /// Where ovsdb-server's `db.sock` and the bridge's `<bridge>.mgmt` live.
+    pub ovs_rundir: PathBuf,
+    pub bridge: String,
+    /// `system` (kernel, the default), `netdev` (userspace) or `dummy` (tests).
+    pub datapath_type: String,
+    /// How long to wait for a pod's port to get an ofport.
+    pub port_timeout: Duration,
+    /// How long to wait for a DNS answer for an egress policy's dnsName.
+    pub dns_timeout: Duration,
+}
+
+impl ApplyOptions {
+    pub fn new(state: PathBuf, ovs_rundir: PathBuf) -> ApplyOptions {
+        ApplyOptions {
+            state,
+            ovs_rundir,
+            bridge: "br0".into(),
+            datapath_type: "system".into(),
+            port_timeout: Duration::from_secs(10),
+            dns_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn db_socket(&self) -> String {
+        format!("unix:{}", self.ovs_rundir.join("db.sock").display())
+    }
+
+    pub fn mgmt_socket(&self) -> String {
+        format!("unix:{}", self.ovs_rundir.join(format!("{}.mgmt", self.bridge)).display())
+    }
+}
+
+/// What an apply did.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    /// Objects (or parts) that were rejected; everything else was applied.
+    pub problems: Vec<Problem>,
+    /// Operational conditions (e.g. an unresolvable egress dnsName: that VNID drops all egress).
+    pub warnings: Vec<Problem>,
+    pub adds: usize,
+    pub modifies: usize,
+    pub deletes: usize,
+    /// Flows the switch holds now.
+    pub flows: usize,
+    pub ports_added: usize,
+    pub ports_removed: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("state: {0}")]
+    State(#[from] crate::cluster::Fatal),
+    #[error("OVSDB: {0}")]
+    Ovsdb(#[from] crate::ovsdb::OvsdbError),
+    #[error("OpenFlow: {0}")]
+    Switch(#[from] crate::switch::SwitchError),
+    #[error("after the commit the switch still differs from the desired state ({0}); this is a bug")]
+    NotConverged(String),
+}
+
+/// Applies the state file once.
+pub async fn apply(opts: &ApplyOptions) -> Result<ApplyReport, ApplyError> {
+    let (state, mut problems) = state_file::load(&opts.state)?;
+    for p in &problems {
+        warn!("rejected: {p}");
+    }
+    let mut report = converge(opts, &state).await?;
+    problems.append(&mut report.problems);
+    report.problems = problems;
+    Ok(report)
+}
+
+/// Converges bridge, ports and flows to an already validated state.
+pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<ApplyReport, ApplyError> {
+    let mut report = ApplyReport::default();
+    let ovs = Ovs::new(OvsdbClient::connect(&opts.db_socket()).await?);
+    ovs.init().await?;
+    let bridge_opts = BridgeOptions { datapath_type: opts.datapath_type.clone(), ..Default::default() };
+    ovs.ensure_bridge(&opts.bridge, &bridge_opts).await?;
+    ovs.ensure_port(&opts.bridge, "vxlan0", &PortSpec::vxlan_flow(OfPort::VXLAN.0 as i64)).await?;
+    ovs.ensure_port(&opts.bridge, "tun0", &PortSpec::internal(Some(OfPort::TUN.0 as i64))).await?;
+
+    let ofports = pod_ports(opts, &ovs, state, &mut report).await?;
+    let dns = resolve(state, opts.dns_timeout).await;
+    let (desired, more, warnings) = desired_state_with_warnings(state, &ofports, &dns);
+    for p in &more {
+        warn!("rejected: {p}");
+    }
+    for w in &warnings {
+        warn!("{w}");
+    }
+    report.problems.extend(more);
+    report.warnings = warnings;
+
+    let sw = Switch::connect(&opts.mgmt_socket(), SwitchOptions::default()).await?;
+    sw.set_frag_mode(FragMode::NxMatch).await?;
+    let generation = generation(&ovs, &opts.bridge).await?;
+    let installed = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
+    let plan = diff(&desired, &installed, generation);
+    report.adds = plan.adds;
+    report.modifies = plan.modifies;
+    report.deletes = plan.deletes;
+    if plan.is_empty() {
+        info!(flows = installed.len(), "switch already holds the desired flows; nothing sent");
+    } else {
+        info!(%plan, "committing one atomic bundle");
+        commit(&sw, &plan).await?;
+    }
+    let after = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
+    let left = diff(&desired, &after, generation);
+    if !left.is_empty() {
+        let first = left.flow_mods.first().map(|f| format!("{} {f}", f.command.name())).unwrap_or_default();
+        return Err(ApplyError::NotConverged(format!("{left}; first: {first}")));
+    }
+    report.flows = after.len();
+    Ok(report)
+}
+
+async fn commit(sw: &Switch, plan: &Plan) -> Result<(), ApplyError> {
+    let mut b = sw.bundle();
+    b.extend(plan.flow_mods.iter().cloned());
+    b.commit().await?;
+    Ok(())
+}
+
+/// The generation stored on the bridge (created as 1 on first use).
+async fn generation(ovs: &Ovs, bridge: &str) -> Result<u32, ApplyError> {
+    let ids = ovs.bridge_external_ids(bridge).await?;
+    if let Some(g) = ids.get(GENERATION_KEY).and_then(|v| v.parse::<u32>().ok()).filter(|g| *g <= 0xff_ffff) {
+        return Ok(g);
+    }
+    ovs.set_bridge_external_id(bridge, GENERATION_KEY, "1").await?;
+    Ok(1)
+}
+
+/// Adds every pod's port (waiting for its ofport, a few at a time), sets its bandwidth, and
+/// removes ports of pods that are gone. A pod whose port fails is reported and gets no flows.
+async fn pod_ports(
+    opts: &ApplyOptions,
+    ovs: &Ovs,
+    state: &ClusterState,
+    report: &mut ApplyReport,
+) -> Result<HashMap<PodKey, OfPort>, ApplyError> {
+    let existing = ovs.list_ports(&opts.bridge).await?;
+    let results: Vec<_> = futures::stream::iter(state.pods.iter())
+        .map(|p| async move {
+            let spec = if p.internal { PortSpec::internal(None) } else { PortSpec::system() };
+            let r = async {
+                let ofport = ovs.add_port_and_wait_ofport(&opts.bridge, &p.host_veth, &spec, opts.port_timeout).await?;
+                ovs.set_pod_bandwidth(&p.host_veth, p.ingress_bps, p.egress_bps).await?;
+                Ok::<_, crate::ovsdb::OvsdbError>(ofport)
+            }
+            .await;
+            (p, r)
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let mut ofports = HashMap::new();
+    for (p, r) in results {
+        match r {
+            Ok(port) => {
+                if !existing.contains(&p.host_veth) {
+                    report.ports_added += 1;
+                }
+                ofports.insert(p.key(), OfPort(port));
+            }
+            Err(e) => {
+                let pr = Problem::new(format!("pod {}/{}", p.namespace, p.name), "hostVeth", format!("{:?}: {e}", p.host_veth));
+                warn!("rejected: {pr}");
+                report.problems.push(pr);
+            }
+        }
+    }
+    let keep: std::collections::HashSet<&str> = state
+        .pods
+        .iter()
+        .map(|p| p.host_veth.as_str())
+        .chain([opts.bridge.as_str(), "vxlan0", "tun0"])
+        .collect();
+    for port in existing.iter().filter(|p| !keep.contains(p.as_str())) {
+        // TearDownPod: clear its QoS, then remove the port.
+        ovs.set_pod_bandwidth(port, -1, -1).await?;
+        ovs.delete_port(&opts.bridge, port).await?;
+        report.ports_removed += 1;
+    }
+    Ok(ofports)
+}
+
+/// Resolves the egress policies' DNS names to IPv4 addresses.
+async fn resolve(state: &ClusterState, timeout: Duration) -> DnsAnswers {
+    let names = dns_names(&state.egress_policies);
+    let lookups = names.into_iter().map(|name| async move {
+        let r = match tokio::time::timeout(timeout, tokio::net::lookup_host((name.as_str(), 0))).await {
+            Err(_) => Err(format!("no answer within {timeout:?}")),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok(addrs)) => {
+                let mut v: Vec<std::net::Ipv4Addr> = addrs
+                    .filter_map(|a| match a.ip() {
+                        std::net::IpAddr::V4(v4) => Some(v4),
+                        std::net::IpAddr::V6(_) => None,
+                    })
+                    .collect();
+                v.sort();
+                v.dedup();
+                if v.is_empty() {
+                    Err("no IPv4 address".to_string())
+                } else {
+                    Ok(v)
+                }
+            }
+        };
+        (name, r)
+    });
+    futures::future::join_all(lookups).await.into_iter().collect()
+}

@@ -1,0 +1,257 @@
+//! The cluster state a node programs its switch from, whatever its source (the standalone state
+//! file, or Kubernetes): validated objects, and the problems found in the others.
+
+pub mod desired;
+pub mod state_file;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use openflow::MacAddr;
+
+use crate::model::{ContainerId, Plugin, Vnid};
+use crate::pipeline::egress;
+use crate::pipeline::service::ServicePort;
+
+/// One rejected object (or part of one): which object, which field, why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// e.g. `pod team-a/a1`, `service team-a/web`, `hostsubnet node-b`.
+    pub object: String,
+    /// e.g. `containerID`, `ports[1].protocol`.
+    pub field: String,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(object: impl Into<String>, field: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem { object: object.into(), field: field.into(), message: message.into() }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}: {}", self.object, self.message)
+        } else {
+            write!(f, "{}: field {}: {}", self.object, self.field, self.message)
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostSubnet {
+    pub host: String,
+    pub host_ip: Ipv4Addr,
+    pub subnet: Ipv4Net,
+    pub fixed_vnid: Option<Vnid>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetNamespace {
+    pub name: String,
+    pub vnid: Vnid,
+    pub multicast: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub namespace: String,
+    pub name: String,
+    pub cluster_ip: Ipv4Addr,
+    pub ports: Vec<ServicePort>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub container_id: ContainerId,
+    /// The host side of the pod's veth (an existing device), or the name of an OVS internal
+    /// port to create when `internal` is set.
+    pub host_veth: String,
+    pub ip: Ipv4Addr,
+    pub mac: MacAddr,
+    pub ingress_bps: i64,
+    pub egress_bps: i64,
+    pub internal: bool,
+}
+
+impl Pod {
+    pub fn key(&self) -> PodKey {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+/// (namespace, name).
+pub type PodKey = (String, String);
+
+/// Everything a node needs, already validated object by object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterState {
+    pub node: String,
+    pub plugin: Plugin,
+    pub cluster_network: Ipv4Net,
+    pub service_network: Ipv4Net,
+    pub host_subnets: Vec<HostSubnet>,
+    pub net_namespaces: Vec<NetNamespace>,
+    pub services: Vec<Service>,
+    pub pods: Vec<Pod>,
+    pub egress_policies: Vec<egress::Policy>,
+}
+
+/// The state cannot be used at all (no local subnet, bad cluster network).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Fatal(pub String);
+
+impl ClusterState {
+    /// This node's HostSubnet.
+    pub fn local_subnet(&self) -> Option<&HostSubnet> {
+        self.host_subnets.iter().find(|h| h.host == self.node)
+    }
+
+    /// The VNID traffic of `namespace` carries: its netid in multitenant mode, 0 in subnet mode.
+    pub fn vnid_of(&self, namespace: &str) -> Option<Vnid> {
+        match self.plugin {
+            Plugin::Subnet => Some(Vnid::GLOBAL),
+            Plugin::Multitenant => self.net_namespaces.iter().find(|n| n.name == namespace).map(|n| n.vnid),
+        }
+    }
+
+    /// Cross-object checks: drops every object that conflicts with the cluster or with an
+    /// earlier object, and says why. Fails only if the node itself cannot be set up.
+    pub fn validate(mut self) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+        let mut problems = Vec::new();
+        let cluster = self.cluster_network;
+
+        let mut hosts = BTreeSet::new();
+        let mut subnets: Vec<Ipv4Net> = Vec::new();
+        self.host_subnets.retain(|h| {
+            let obj = format!("hostsubnet {}", h.host);
+            let err = if !hosts.insert(h.host.clone()) {
+                Some(("host", "duplicate HostSubnet for this host".to_string()))
+            } else if !cluster.contains(&h.subnet) {
+                Some(("subnet", format!("{} is outside the cluster network {cluster}", h.subnet)))
+            } else if let Some(o) = subnets.iter().find(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network())) {
+                Some(("subnet", format!("{} overlaps {o} of another node", h.subnet)))
+            } else {
+                None
+            };
+            match err {
+                Some((field, m)) => {
+                    problems.push(Problem::new(obj, field, m));
+                    false
+                }
+                None => {
+                    subnets.push(h.subnet);
+                    true
+                }
+            }
+        });
+        let Some(local) = self.local_subnet().cloned() else {
+            return Err(Fatal(format!("no valid HostSubnet for this node {:?}: the local subnet is unknown", self.node)));
+        };
+
+        let mut names = BTreeSet::new();
+        self.net_namespaces.retain(|n| {
+            if names.insert(n.name.clone()) {
+                true
+            } else {
+                problems.push(Problem::new(format!("netnamespace {}", n.name), "name", "duplicate NetNamespace"));
+                false
+            }
+        });
+        let known = |ns: &str, names: &BTreeSet<String>| names.contains(ns);
+
+        let mut cluster_ips: HashMap<Ipv4Addr, String> = HashMap::new();
+        let service_net = self.service_network;
+        self.services.retain(|s| {
+            let obj = format!("service {}/{}", s.namespace, s.name);
+            let err = if !known(&s.namespace, &names) {
+                Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", s.namespace)))
+            } else if !service_net.contains(&s.cluster_ip) {
+                Some(("clusterIP", format!("{} is outside the service network {service_net}", s.cluster_ip)))
+            } else if let Some(other) = cluster_ips.get(&s.cluster_ip) {
+                Some(("clusterIP", format!("{} is already used by {other}", s.cluster_ip)))
+            } else {
+                None
+            };
+            match err {
+                Some((f, m)) => {
+                    problems.push(Problem::new(obj, f, m));
+                    false
+                }
+                None => {
+                    cluster_ips.insert(s.cluster_ip, obj);
+                    true
+                }
+            }
+        });
+
+        let gateway = Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1));
+        let mut ips: HashMap<Ipv4Addr, String> = HashMap::new();
+        let mut pod_names = BTreeSet::new();
+        let mut veths: HashMap<String, String> = HashMap::new();
+        self.pods.retain(|p| {
+            let obj = format!("pod {}/{}", p.namespace, p.name);
+            let err = if !pod_names.insert(p.key()) {
+                Some(("name", "duplicate pod".to_string()))
+            } else if !known(&p.namespace, &names) {
+                Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
+            } else if !local.subnet.contains(&p.ip) || p.ip == local.subnet.network() || p.ip == local.subnet.broadcast() {
+                Some(("ip", format!("{} is not a host address of this node's subnet {}", p.ip, local.subnet)))
+            } else if p.ip == gateway {
+                Some(("ip", format!("{} is the node's gateway address", p.ip)))
+            } else if let Some(other) = ips.get(&p.ip) {
+                Some(("ip", format!("{} is already used by {other}", p.ip)))
+            } else if let Some(other) = veths.get(&p.host_veth) {
+                Some(("hostVeth", format!("{:?} is already used by {other}", p.host_veth)))
+            } else {
+                None
+            };
+            match err {
+                Some((f, m)) => {
+                    problems.push(Problem::new(obj, f, m));
+                    false
+                }
+                None => {
+                    ips.insert(p.ip, obj.clone());
+                    veths.insert(p.host_veth.clone(), obj);
+                    true
+                }
+            }
+        });
+
+        let mut policy_names = BTreeSet::new();
+        self.egress_policies.retain(|p| {
+            let obj = format!("egressnetworkpolicy {}/{}", p.namespace, p.name);
+            let err = if !policy_names.insert((p.namespace.clone(), p.name.clone())) {
+                Some(("name", "duplicate EgressNetworkPolicy".to_string()))
+            } else if !known(&p.namespace, &names) {
+                Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
+            } else {
+                None
+            };
+            match err {
+                Some((f, m)) => {
+                    problems.push(Problem::new(obj, f, m));
+                    false
+                }
+                None => true,
+            }
+        });
+        Ok((self, problems))
+    }
+
+    /// Namespaces by VNID.
+    pub fn namespaces_by_vnid(&self) -> BTreeMap<Vnid, Vec<&NetNamespace>> {
+        let mut m: BTreeMap<Vnid, Vec<&NetNamespace>> = BTreeMap::new();
+        for n in &self.net_namespaces {
+            m.entry(n.vnid).or_default().push(n);
+        }
+        m
+    }
+}

@@ -1,0 +1,418 @@
+//! The standalone state file: YAML in the spirit of the Kubernetes objects.
+//!
+//! Each object is decoded on its own (through `serde_path_to_error`, so a type error names the
+//! field), then checked; a bad object becomes a [`Problem`] and the rest of the file is used.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use ipnet::Ipv4Net;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{ClusterState, Fatal, HostSubnet, NetNamespace, Pod, Problem, Service};
+use crate::model::{ContainerId, Plugin, Vnid};
+use crate::pipeline::egress::{self, RuleType, Target};
+use crate::pipeline::service::{ServicePort, ServiceProto};
+
+/// The most rules one EgressNetworkPolicy may have (as the OpenShift API limits it).
+pub const MAX_EGRESS_RULES: usize = 10_000;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawFile {
+    node: String,
+    plugin: Plugin,
+    cluster_network: String,
+    service_network: String,
+    #[serde(default)]
+    host_subnets: Vec<Value>,
+    #[serde(default)]
+    net_namespaces: Vec<Value>,
+    #[serde(default)]
+    services: Vec<Value>,
+    #[serde(default)]
+    pods: Vec<Value>,
+    #[serde(default)]
+    egress_network_policies: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHostSubnet {
+    host: String,
+    #[serde(rename = "hostIP")]
+    host_ip: String,
+    subnet: String,
+    #[serde(default, rename = "fixedVNID")]
+    fixed_vnid: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNetNamespace {
+    name: String,
+    netid: u64,
+    #[serde(default)]
+    multicast: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    namespace: String,
+    name: String,
+    #[serde(rename = "clusterIP")]
+    cluster_ip: String,
+    #[serde(default)]
+    ports: Vec<RawServicePort>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServicePort {
+    protocol: String,
+    port: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPod {
+    namespace: String,
+    name: String,
+    #[serde(rename = "containerID")]
+    container_id: String,
+    #[serde(rename = "hostVeth")]
+    host_veth: String,
+    ip: String,
+    mac: String,
+    #[serde(default, rename = "ingressBPS")]
+    ingress_bps: i64,
+    #[serde(default, rename = "egressBPS")]
+    egress_bps: i64,
+    #[serde(default)]
+    internal: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEgressPolicy {
+    namespace: String,
+    name: String,
+    #[serde(default)]
+    egress: Vec<RawEgressRule>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEgressRule {
+    #[serde(rename = "type")]
+    kind: String,
+    to: RawEgressTo,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEgressTo {
+    #[serde(default, rename = "cidrSelector")]
+    cidr_selector: Option<String>,
+    #[serde(default, rename = "dnsName")]
+    dns_name: Option<String>,
+}
+
+/// Reads, decodes and validates a state file.
+pub fn load(path: &Path) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    let text = std::fs::read_to_string(path).map_err(|e| Fatal(format!("reading {}: {e}", path.display())))?;
+    parse(&text).map_err(|Fatal(m)| Fatal(format!("{}: {m}", path.display())))
+}
+
+/// Decodes and validates state file text.
+pub fn parse(text: &str) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    let value: Value = serde_saphyr::from_str(text).map_err(|e| Fatal(format!("not valid YAML: {e}")))?;
+    let raw: RawFile = serde_path_to_error::deserialize(&value).map_err(|e| Fatal(format!("field {}: {}", e.path(), e.inner())))?;
+    let mut problems = Vec::new();
+    let cluster_network = net(&raw.cluster_network).map_err(|e| Fatal(format!("field clusterNetwork: {e}")))?;
+    let service_network = net(&raw.service_network).map_err(|e| Fatal(format!("field serviceNetwork: {e}")))?;
+    if raw.node.is_empty() {
+        return Err(Fatal("field node: must not be empty".into()));
+    }
+    let state = ClusterState {
+        node: raw.node,
+        plugin: raw.plugin,
+        cluster_network,
+        service_network,
+        host_subnets: each(raw.host_subnets, "hostsubnet", &["host"], host_subnet, &mut problems),
+        net_namespaces: each(raw.net_namespaces, "netnamespace", &["name"], net_namespace, &mut problems),
+        services: each(raw.services, "service", &["namespace", "name"], |r, p| service(r, p), &mut problems),
+        pods: each(raw.pods, "pod", &["namespace", "name"], |r, _| pod(r), &mut problems),
+        egress_policies: each(raw.egress_network_policies, "egressnetworkpolicy", &["namespace", "name"], |r, _| egress_policy(r), &mut problems),
+    };
+    let (state, more) = state.validate()?;
+    problems.extend(more);
+    Ok((state, problems))
+}
+
+/// Decodes each object of a list; a failure becomes a problem naming the object (by the
+/// `name_fields` it has, or its index) and the field.
+fn each<R: DeserializeOwned, T>(
+    items: Vec<Value>,
+    kind: &str,
+    name_fields: &[&str],
+    convert: impl Fn(R, &mut Vec<Problem>) -> Result<T, (String, String)>,
+    problems: &mut Vec<Problem>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for (i, v) in items.into_iter().enumerate() {
+        let names: Vec<&str> = name_fields.iter().filter_map(|f| v.get(*f).and_then(Value::as_str)).collect();
+        let obj = if names.len() == name_fields.len() { format!("{kind} {}", names.join("/")) } else { format!("{kind} #{i}") };
+        let raw: R = match serde_path_to_error::deserialize(&v) {
+            Ok(r) => r,
+            Err(e) => {
+                let path = e.path().to_string();
+                problems.push(Problem::new(obj, if path == "." { String::new() } else { path }, e.into_inner().to_string()));
+                continue;
+            }
+        };
+        let mut local = Vec::new();
+        match convert(raw, &mut local) {
+            Ok(t) => out.push(t),
+            Err((field, msg)) => problems.push(Problem::new(obj.clone(), field, msg)),
+        }
+        problems.extend(local.into_iter().map(|mut p| {
+            p.object = obj.clone();
+            p
+        }));
+    }
+    out
+}
+
+fn net(s: &str) -> Result<Ipv4Net, String> {
+    s.parse::<Ipv4Net>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))
+}
+
+fn addr(s: &str) -> Result<Ipv4Addr, String> {
+    s.parse::<Ipv4Addr>().map_err(|_| format!("{s:?} is not an IPv4 address"))
+}
+
+fn vnid(v: u64) -> Result<Vnid, String> {
+    u32::try_from(v).map_err(|_| format!("VNID {v} exceeds the 24-bit maximum")).and_then(Vnid::new)
+}
+
+fn at(field: &str) -> impl Fn(String) -> (String, String) + '_ {
+    move |m| (field.to_string(), m)
+}
+
+fn name(field: &str, s: &str) -> Result<(), (String, String)> {
+    if s.is_empty() {
+        return Err((field.into(), "must not be empty".into()));
+    }
+    Ok(())
+}
+
+fn host_subnet(r: RawHostSubnet, _: &mut Vec<Problem>) -> Result<HostSubnet, (String, String)> {
+    name("host", &r.host)?;
+    Ok(HostSubnet {
+        host: r.host,
+        host_ip: addr(&r.host_ip).map_err(at("hostIP"))?,
+        subnet: net(&r.subnet).map_err(at("subnet"))?,
+        fixed_vnid: r.fixed_vnid.map(vnid).transpose().map_err(at("fixedVNID"))?,
+    })
+}
+
+fn net_namespace(r: RawNetNamespace, _: &mut Vec<Problem>) -> Result<NetNamespace, (String, String)> {
+    name("name", &r.name)?;
+    Ok(NetNamespace { name: r.name, vnid: vnid(r.netid).map_err(at("netid"))?, multicast: r.multicast })
+}
+
+/// A port with an unsupported protocol or number is dropped from the service with a problem;
+/// the service keeps its other ports (the seed logs and skips such a port).
+fn service(r: RawService, problems: &mut Vec<Problem>) -> Result<Service, (String, String)> {
+    name("namespace", &r.namespace)?;
+    name("name", &r.name)?;
+    let cluster_ip = addr(&r.cluster_ip).map_err(at("clusterIP"))?;
+    let mut ports = Vec::new();
+    for (i, p) in r.ports.iter().enumerate() {
+        let proto = match p.protocol.as_str() {
+            "TCP" => ServiceProto::Tcp,
+            "UDP" => ServiceProto::Udp,
+            other => {
+                problems.push(Problem::new("", format!("ports[{i}].protocol"), format!("unhandled protocol {other:?}: only TCP and UDP; this port is skipped")));
+                continue;
+            }
+        };
+        let Ok(port) = u16::try_from(p.port).map_err(|_| ()).and_then(|n| if n == 0 { Err(()) } else { Ok(n) }) else {
+            problems.push(Problem::new("", format!("ports[{i}].port"), format!("{} is not a port number (1..65535); this port is skipped", p.port)));
+            continue;
+        };
+        let sp = ServicePort { proto, port };
+        if !ports.contains(&sp) {
+            ports.push(sp);
+        }
+    }
+    Ok(Service { namespace: r.namespace, name: r.name, cluster_ip, ports })
+}
+
+fn pod(r: RawPod) -> Result<Pod, (String, String)> {
+    name("namespace", &r.namespace)?;
+    name("name", &r.name)?;
+    name("hostVeth", &r.host_veth)?;
+    // IFNAMSIZ - 1: longer names cannot be network devices.
+    if r.host_veth.len() > 15 || r.host_veth.contains(['/', ' ']) {
+        return Err(("hostVeth".into(), format!("{:?} is not a valid interface name (at most 15 characters, no '/' or space)", r.host_veth)));
+    }
+    for (f, v) in [("ingressBPS", r.ingress_bps), ("egressBPS", r.egress_bps)] {
+        if v < 0 {
+            return Err((f.into(), format!("{v} is negative")));
+        }
+    }
+    Ok(Pod {
+        container_id: ContainerId::parse(&r.container_id).map_err(at("containerID"))?,
+        ip: addr(&r.ip).map_err(at("ip"))?,
+        mac: r.mac.parse().map_err(|e: openflow::flow_match::MacParseError| ("mac".to_string(), e.to_string()))?,
+        namespace: r.namespace,
+        name: r.name,
+        host_veth: r.host_veth,
+        ingress_bps: r.ingress_bps,
+        egress_bps: r.egress_bps,
+        internal: r.internal,
+    })
+}
+
+/// A DNS name as RFC 1123 allows it.
+fn valid_dns_name(s: &str) -> bool {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+fn egress_policy(r: RawEgressPolicy) -> Result<egress::Policy, (String, String)> {
+    name("namespace", &r.namespace)?;
+    name("name", &r.name)?;
+    if r.egress.len() > MAX_EGRESS_RULES {
+        return Err(("egress".into(), format!("{} rules exceed the limit of {MAX_EGRESS_RULES}", r.egress.len())));
+    }
+    let mut rules = Vec::with_capacity(r.egress.len());
+    for (i, rule) in r.egress.into_iter().enumerate() {
+        let kind = match rule.kind.as_str() {
+            "Allow" => RuleType::Allow,
+            "Deny" => RuleType::Deny,
+            other => return Err((format!("egress[{i}].type"), format!("{other:?} is neither Allow nor Deny"))),
+        };
+        let to = match (rule.to.cidr_selector, rule.to.dns_name) {
+            (Some(c), None) => Target::Cidr(net(&c).map_err(at(&format!("egress[{i}].to.cidrSelector")))?),
+            (None, Some(d)) if valid_dns_name(&d) => Target::DnsName(d.trim_end_matches('.').to_ascii_lowercase()),
+            (None, Some(d)) => return Err((format!("egress[{i}].to.dnsName"), format!("{d:?} is not a valid DNS name"))),
+            _ => return Err((format!("egress[{i}].to"), "exactly one of cidrSelector and dnsName is required".into())),
+        };
+        rules.push(egress::Rule { kind, to });
+    }
+    Ok(egress::Policy { namespace: r.namespace, name: r.name, rules })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const EXAMPLE: &str = r#"
+node: node-a
+plugin: multitenant
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}
+  - {host: node-b, hostIP: 172.17.0.3, subnet: 10.129.0.0/23}
+  - {host: node-c, hostIP: 172.17.0.4, subnet: 10.130.0.0/23, fixedVNID: 7}
+netNamespaces:
+  - {name: default, netid: 0}
+  - {name: team-a, netid: 11, multicast: true}
+services:
+  - {namespace: team-a, name: web, clusterIP: 172.30.0.10,
+     ports: [{protocol: TCP, port: 80}, {protocol: UDP, port: 53}]}
+pods:
+  - {namespace: team-a, name: a1, containerID: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, hostVeth: veth-a1,
+     ip: 10.128.2.5, mac: "0a:58:0a:80:02:05", ingressBPS: 0, egressBPS: 0}
+egressNetworkPolicies:
+  - namespace: team-a
+    name: default
+    egress:
+      - {type: Allow, to: {cidrSelector: 1.2.3.0/24}}
+      - {type: Allow, to: {dnsName: www.example.com}}
+      - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}
+"#;
+
+    #[test]
+    fn example_parses() {
+        let (s, problems) = parse(EXAMPLE).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(s.host_subnets.len(), 3);
+        assert_eq!(s.host_subnets[2].fixed_vnid, Some(Vnid::new(7).unwrap()));
+        assert_eq!(s.services[0].ports.len(), 2);
+        assert_eq!(s.pods[0].mac.to_string(), "0a:58:0a:80:02:05");
+        assert_eq!(s.egress_policies[0].rules.len(), 3);
+    }
+
+    fn problems_of(extra: &str) -> Vec<String> {
+        let (_, p) = parse(&EXAMPLE.replace("egressNetworkPolicies:", &format!("{extra}\negressNetworkPolicies:"))).unwrap();
+        p.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn bad_objects_are_named_with_their_field() {
+        let pod = |id: &str, ip: &str, veth: &str| {
+            format!("  - {{namespace: team-a, name: p-{veth}, containerID: {id}, hostVeth: {veth}, ip: {ip}, mac: \"0a:58:0a:80:02:09\"}}")
+        };
+        let good_id = "ab".repeat(32);
+        let p = problems_of(&[
+            pod("xyz", "10.128.2.9", "v1"),
+            pod(&good_id, "10.130.0.9", "v2"),
+            pod(&good_id, "10.128.2.5", "v3"),
+            pod(&good_id, "10.128.2.1", "v4"),
+            format!("  - {{namespace: nowhere, name: x, containerID: {good_id}, hostVeth: v5, ip: 10.128.2.7, mac: \"0a:58:0a:80:02:09\"}}"),
+            format!("  - {{namespace: team-a, name: typed, containerID: {good_id}, hostVeth: v6, ip: 10.128.2.8, mac: \"0a:58:0a:80:02:09\", ingressBPS: fast}}"),
+        ].join("\n"));
+        let joined = p.join("\n");
+        assert!(joined.contains("pod team-a/p-v1: field containerID: container ID \"xyz\""), "{joined}");
+        assert!(joined.contains("pod team-a/p-v2: field ip: 10.130.0.9 is not a host address"), "{joined}");
+        assert!(joined.contains("pod team-a/p-v3: field ip: 10.128.2.5 is already used by pod team-a/a1"), "{joined}");
+        assert!(joined.contains("pod team-a/p-v4: field ip: 10.128.2.1 is the node's gateway"), "{joined}");
+        assert!(joined.contains("pod nowhere/x: field namespace: unknown namespace \"nowhere\""), "{joined}");
+        assert!(joined.contains("pod team-a/typed: field ingressBPS: invalid type"), "{joined}");
+    }
+
+    #[test]
+    fn service_ports_are_rejected_one_by_one() {
+        let (s, p) = parse(&EXAMPLE.replace("{protocol: UDP, port: 53}", "{protocol: SCTP, port: 53}, {protocol: TCP, port: 70000}, {protocol: UDP, port: 53}")).unwrap();
+        assert_eq!(s.services[0].ports.len(), 2, "TCP 80 and UDP 53 stay");
+        let t: Vec<String> = p.iter().map(|p| p.to_string()).collect();
+        assert!(t[0].starts_with("service team-a/web: field ports[1].protocol: unhandled protocol \"SCTP\""), "{t:?}");
+        assert!(t[1].starts_with("service team-a/web: field ports[2].port: 70000"), "{t:?}");
+    }
+
+    #[test]
+    fn other_checks() {
+        let t = problems_of("");
+        assert!(t.is_empty());
+        let (_, p) = parse(&EXAMPLE.replace("netid: 11", "netid: 16777216")).unwrap();
+        assert!(p[0].to_string().contains("netnamespace team-a: field netid: VNID 16777216 exceeds"), "{p:?}");
+        let (_, p) = parse(&EXAMPLE.replace("cidrSelector: 1.2.3.0/24", "cidrSelector: 1.2.3.0/33")).unwrap();
+        assert!(p[0].to_string().contains("egressnetworkpolicy team-a/default: field egress[0].to.cidrSelector"), "{p:?}");
+        let (_, p) = parse(&EXAMPLE.replace("subnet: 10.130.0.0/23", "subnet: 10.128.3.0/24")).unwrap();
+        assert!(p[0].to_string().contains("hostsubnet node-c: field subnet: 10.128.3.0/24 overlaps"), "{p:?}");
+        let e = parse(&EXAMPLE.replace("host: node-a,", "host: node-z,")).unwrap_err();
+        assert!(e.0.contains("no valid HostSubnet for this node"), "{e}");
+        let e = parse(&EXAMPLE.replace("plugin: multitenant", "plugin: flat")).unwrap_err();
+        assert!(e.0.contains("plugin"), "{e}");
+        let e = parse("node: [").unwrap_err();
+        assert!(e.0.contains("YAML"), "{e}");
+        let (_, p) = parse(&EXAMPLE.replace("{type: Deny,", "{type: Maybe,")).unwrap();
+        assert!(p[0].to_string().contains("egress[2].type"), "{p:?}");
+    }
+}

@@ -1,0 +1,127 @@
+//! Domain values shared by the pipeline, the state sources and the store.
+
+use std::fmt;
+
+/// A virtual network id (the tenant's `netid`); 24 bits on the wire (VXLAN VNI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Vnid(u32);
+
+impl Vnid {
+    /// The global network: every tenant may reach it and be reached from it.
+    pub const GLOBAL: Vnid = Vnid(0);
+    pub const MAX: u32 = (1 << 24) - 1;
+
+    pub fn new(v: u32) -> Result<Vnid, String> {
+        if v > Self::MAX {
+            return Err(format!("VNID {v} exceeds the 24-bit maximum {}", Self::MAX));
+        }
+        Ok(Vnid(v))
+    }
+
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for Vnid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// An OpenFlow port number of a port on the bridge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OfPort(pub u32);
+
+impl OfPort {
+    /// `vxlan0`, created with ofport_request=1.
+    pub const VXLAN: OfPort = OfPort(1);
+    /// `tun0`, the node's gateway into the pod network, ofport_request=2.
+    pub const TUN: OfPort = OfPort(2);
+}
+
+impl fmt::Display for OfPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl From<OfPort> for openflow::PortNo {
+    fn from(p: OfPort) -> Self {
+        openflow::PortNo(p.0)
+    }
+}
+
+/// A container ID: 32 bytes, written as 64 hex characters. The pod's table-20 flow carries it
+/// as its note, which is how the seed finds a pod's flows again.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ContainerId([u8; 32]);
+
+impl ContainerId {
+    pub fn parse(s: &str) -> Result<ContainerId, String> {
+        if s.len() != 64 {
+            return Err(format!("container ID {s:?} has {} characters; expected 64 hex characters (32 bytes)", s.len()));
+        }
+        if !s.is_ascii() {
+            return Err(format!("container ID {s:?} is not hexadecimal"));
+        }
+        let mut out = [0u8; 32];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| format!("container ID {s:?} is not hexadecimal"))?;
+        }
+        Ok(ContainerId(out))
+    }
+
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Display for ContainerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The openshift-sdn network plugin mode; its number is the first byte of the version note.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Plugin {
+    /// `redhat/openshift-ovs-subnet`: one flat network (every VNID is 0).
+    Subnet,
+    /// `redhat/openshift-ovs-multitenant`: namespaces isolated by VNID.
+    Multitenant,
+}
+
+impl Plugin {
+    pub fn id(self) -> u8 {
+        match self {
+            Plugin::Subnet => 0,
+            Plugin::Multitenant => 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vnid_range() {
+        assert!(Vnid::new(Vnid::MAX).is_ok());
+        assert!(Vnid::new(Vnid::MAX + 1).unwrap_err().contains("24-bit"));
+    }
+
+    #[test]
+    fn container_id() {
+        let s = "0123456789abcdef".repeat(4);
+        assert_eq!(ContainerId::parse(&s).unwrap().to_string(), s);
+        assert!(ContainerId::parse("abc").unwrap_err().contains("64"));
+        assert!(ContainerId::parse(&"zz".repeat(32)).unwrap_err().contains("hexadecimal"));
+        assert!(ContainerId::parse(&format!("{}é", "a".repeat(62))).unwrap_err().contains("hexadecimal"));
+    }
+}

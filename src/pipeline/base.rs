@@ -1,0 +1,135 @@
+//! SetupOVS: the flows every node has, independent of pods and services.
+
+use openflow::{Action, ArpMatch, EthMatch, Ipv4Match, Match, RegMove, Subfield};
+
+use super::{cidr, host, ip, multicast_net, output, output_reg2, tun_id_low32, Flow, NodeConfig, Reg, Table};
+use crate::model::OfPort;
+
+/// `move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[]`: the sender's VNID from the VXLAN header.
+fn tun_id_to_reg0() -> Action {
+    // Both sides are 32 bits wide, so the move is always valid.
+    Action::RegMove(
+        RegMove::new(tun_id_low32(), Subfield::whole(Reg::SrcVnid.field()))
+            .expect("TUN_ID[0..31] and REG0[] are both 32 bits"),
+    )
+}
+
+/// Every base flow of SetupOVS, in the seed's order. The table-111 flow is not here: it is
+/// owned by the VXLAN multicast state ([`super::multicast::vxlan_flow`]), which writes it.
+pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
+    use Table::*;
+    let vxlan = OfPort::VXLAN;
+    let tun = OfPort::TUN;
+    let cluster = cidr(cfg.cluster_network);
+    let local = cidr(cfg.local_subnet);
+    let gw = host(cfg.gateway());
+    let arp = |spa, tpa| EthMatch::Arp(ArpMatch { spa, tpa, ..Default::default() });
+    let ipm = |src, dst| EthMatch::Ipv4(Ipv4Match { src, dst, ..Default::default() });
+    let mcast = cidr(multicast_net());
+    let with = |port: Option<OfPort>, eth: EthMatch| Match { in_port: port.map(Into::into), eth, ..Default::default() };
+    vec![
+        // Table 0: initial dispatch based on in_port. vxlan0:
+        Flow::new(Classify, 200, with(Some(vxlan), arp(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(mcast))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::drop(Classify, 150, Match::any().in_port(vxlan)),
+        // tun0:
+        Flow::drop(Classify, 250, with(Some(tun), ipm(None, Some(mcast)))),
+        Flow::new(Classify, 200, with(Some(tun), arp(Some(gw), Some(cluster))), vec![], Some(Routing)),
+        Flow::new(Classify, 200, with(Some(tun), ipm(None, None)), vec![], Some(Routing)),
+        Flow::drop(Classify, 150, Match::any().in_port(tun)),
+        // else, from a container:
+        Flow::new(Classify, 100, with(None, arp(None, None)), vec![], Some(PodIngress)),
+        Flow::new(Classify, 100, with(None, ipm(None, None)), vec![], Some(PodIngress)),
+        Flow::drop(Classify, 0, Match::any()),
+        // Table 10: VXLAN ingress filtering, filled by host subnets.
+        Flow::drop(VxlanIngress, 0, Match::any()),
+        // Table 20: from a container, filled by pods.
+        Flow::drop(PodIngress, 0, Match::any()),
+        // Table 21: conntrack hook for NetworkPolicy.
+        Flow::new(PolicyConntrack, 0, Match::any(), vec![], Some(Routing)),
+        // Table 30: general routing.
+        Flow::new(Routing, 300, with(None, arp(None, Some(gw))), vec![output(tun)], None),
+        Flow::new(Routing, 200, with(None, arp(None, Some(local))), vec![], Some(ArpLocal)),
+        Flow::new(Routing, 100, with(None, arp(None, Some(cluster))), vec![], Some(ArpRemote)),
+        Flow::new(Routing, 300, with(None, ipm(None, Some(gw))), vec![output(tun)], None),
+        Flow::new(Routing, 100, with(None, ipm(None, Some(cidr(cfg.service_network)))), vec![], Some(ServiceIp)),
+        Flow::new(Routing, 200, with(None, ipm(None, Some(local))), vec![], Some(PodIp)),
+        Flow::new(Routing, 100, with(None, ipm(None, Some(cluster))), vec![], Some(RemoteIp)),
+        // Multicast coming from the VXLAN, and from local pods.
+        Flow::new(Routing, 50, with(Some(vxlan), ipm(None, Some(mcast))), vec![], Some(MulticastLocal)),
+        Flow::new(Routing, 25, with(None, ipm(None, Some(mcast))), vec![], Some(MulticastOut)),
+        Flow::new(Routing, 0, Match::any().ipv4(ip()), vec![], Some(EgressPolicy)),
+        Flow::drop(Routing, 0, with(None, arp(None, None))),
+        // Table 40: ARP to local pods, filled by pods.
+        Flow::drop(ArpLocal, 0, Match::any()),
+        // Table 50: ARP to remote pods, filled by host subnets.
+        Flow::drop(ArpRemote, 0, Match::any()),
+        // Table 60: services; VNID 0 may reach every service.
+        Flow::new(ServiceIp, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output(tun)], None),
+        Flow::drop(ServiceIp, 0, Match::any()),
+        // Table 70: IP to local pods, filled by pods.
+        Flow::drop(PodIp, 0, Match::any()),
+        // Table 80: policy; the gateway may always deliver. The rest comes from the plugin.
+        Flow::new(Policy, 300, with(None, ipm(Some(gw), None)), vec![output_reg2()], None),
+        Flow::drop(Policy, 0, Match::any()),
+        // Table 90: IP to remote pods, filled by host subnets.
+        Flow::drop(RemoteIp, 0, Match::any()),
+        // Table 100: egress policy dispatch; default: out through tun0.
+        Flow::new(EgressPolicy, 0, Match::any(), vec![output(tun)], None),
+        // Table 110: outbound multicast filtering.
+        Flow::drop(MulticastOut, 0, Match::any()),
+        // Table 120: multicast to local pods.
+        Flow::drop(MulticastLocal, 0, Match::any()),
+    ]
+}
+
+/// Table 253: the rule version note `%02X.%02X` (plugin id, VERSION).
+pub fn version_flow(plugin: crate::model::Plugin) -> Flow {
+    Flow::new(Table::Version, super::DEFAULT_PRIORITY, Match::any(), vec![Action::note(version_note(plugin))], None)
+}
+
+/// The note bytes the seed's AlreadySetUp looks for (a prefix of the stored note).
+pub fn version_note(plugin: crate::model::Plugin) -> [u8; 2] {
+    [plugin.id(), super::VERSION]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Plugin;
+
+    fn cfg() -> NodeConfig {
+        NodeConfig {
+            plugin: Plugin::Multitenant,
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            local_subnet: "10.128.2.0/23".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn text_matches_the_seed() {
+        let text: Vec<String> = flows(&cfg()).iter().map(|f| f.to_string()).collect();
+        for want in [
+            "priority=200,arp,in_port=1,arp_spa=10.128.0.0/14,arp_tpa=10.128.2.0/23 actions=move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[],goto_table:10",
+            "priority=250,ip,in_port=2,nw_dst=224.0.0.0/4 actions=drop",
+            "priority=200,arp,in_port=2,arp_spa=10.128.2.1,arp_tpa=10.128.0.0/14 actions=goto_table:30",
+            "priority=0 actions=drop",
+            "table=21, priority=0 actions=goto_table:30",
+            "table=60, priority=200,reg0=0 actions=output:2",
+            "table=80, priority=300,ip,nw_src=10.128.2.1 actions=output:NXM_NX_REG2[]",
+            "table=30, priority=0,ip actions=goto_table:100",
+        ] {
+            assert!(text.iter().any(|t| t == want), "missing {want}\n{}", text.join("\n"));
+        }
+        assert_eq!(version_flow(Plugin::Multitenant).to_string(), "table=253, actions=note:01.03.00.00.00.00");
+    }
+
+    #[test]
+    fn keys_are_unique() {
+        let f = flows(&cfg());
+        let keys: std::collections::HashSet<_> = f.iter().map(Flow::key).collect();
+        assert_eq!(keys.len(), f.len());
+    }
+}

@@ -1,0 +1,219 @@
+//! UpdateEgressNetworkPolicyRules: table 100 for one VNID.
+//!
+//! The seed swaps rules with a temporary priority-65535 drop and cookie tricks; here the whole
+//! new rule set of a VNID is computed up front and the store swaps it in one atomic bundle, so
+//! there is no window where traffic is dropped or leaks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use openflow::{Ipv4Match, Match};
+
+use super::{cidr, host, output, Flow, Reg, Table};
+use crate::model::{OfPort, Vnid};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleType {
+    Allow,
+    Deny,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Cidr(Ipv4Net),
+    DnsName(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub kind: RuleType,
+    pub to: Target,
+}
+
+/// An EgressNetworkPolicy (namespaced).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub namespace: String,
+    pub name: String,
+    pub rules: Vec<Rule>,
+}
+
+/// The answers for the DNS names the policies use, resolved before the flows are built.
+pub type DnsAnswers = BTreeMap<String, Result<Vec<Ipv4Addr>, String>>;
+
+/// The table-100 flows of one VNID, plus what the seed reports as errors and warnings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    pub flows: Vec<Flow>,
+    pub error: Option<String>,
+    /// A DNS name could not be resolved, so the VNID drops all egress traffic (the seed's
+    /// behaviour). An operational condition, not bad input: reported apart from `error`.
+    pub dns_error: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+fn names(policies: &[Policy]) -> String {
+    policies.iter().map(|p| format!("{}:{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ")
+}
+
+fn drop_all(vnid: Vnid) -> Flow {
+    Flow::drop(Table::EgressPolicy, 1, Match::any().reg(Reg::SrcVnid.n(), vnid.get()))
+}
+
+/// The four branches of the seed: no policy; VNID 0 (ignored, error); a shared NetNamespace or
+/// several policies (drop all, error); one policy (its rules in order, first rule highest).
+pub fn flows(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAnswers) -> Outcome {
+    let mut out = Outcome::default();
+    if policies.is_empty() {
+        return out;
+    }
+    if vnid == Vnid::GLOBAL {
+        out.error =
+            Some(format!("EgressNetworkPolicy in global network namespace is not allowed ({}); ignoring", names(policies)));
+        return out;
+    }
+    if namespaces.len() > 1 {
+        out.error = Some(format!(
+            "EgressNetworkPolicy not allowed in shared NetNamespace ({}); dropping all traffic",
+            namespaces.join(", ")
+        ));
+        out.flows.push(drop_all(vnid));
+        return out;
+    }
+    if policies.len() > 1 {
+        out.error = Some(format!(
+            "multiple EgressNetworkPolicies in same network namespace ({}) is not allowed; dropping all traffic",
+            names(policies)
+        ));
+        out.flows.push(drop_all(vnid));
+        return out;
+    }
+    let policy = &policies[0];
+    let n = policy.rules.len();
+    let mut dns_failure = None;
+    for (i, rule) in policy.rules.iter().enumerate() {
+        // n is bounded by validation (at most 10,000 rules), so this fits.
+        let priority = (n - i) as u16;
+        let actions = match rule.kind {
+            RuleType::Allow => vec![output(OfPort::TUN)],
+            RuleType::Deny => vec![],
+        };
+        let mut dsts: Vec<Option<openflow::Masked<Ipv4Addr>>> = Vec::new();
+        match &rule.to {
+            Target::Cidr(net) if net.prefix_len() == 0 => {
+                dsts.push(None);
+            }
+            Target::Cidr(net) if *net == Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 32).unwrap_or_default() => {
+                out.warnings.push(format!(
+                    "Correcting CIDRSelector '0.0.0.0/32' to '0.0.0.0/0' in EgressNetworkPolicy {}:{}",
+                    policy.namespace, policy.name
+                ));
+                dsts.push(None);
+            }
+            Target::Cidr(net) => {
+                dsts.push(Some(cidr(*net)));
+            }
+            Target::DnsName(name) => match dns.get(name) {
+                Some(Ok(ips)) => {
+                    for ip in ips {
+                        if !dsts.contains(&Some(host(*ip))) {
+                            dsts.push(Some(host(*ip)));
+                        }
+                    }
+                }
+                Some(Err(e)) => dns_failure = Some(format!("{name}: {e}")),
+                None => dns_failure = Some(format!("{name}: not resolved")),
+            },
+        }
+        for dst in dsts {
+            out.flows.push(Flow::new(
+                Table::EgressPolicy,
+                priority,
+                Match::any().reg(Reg::SrcVnid.n(), vnid.get()).ipv4(Ipv4Match { dst, ..Default::default() }),
+                actions.clone(),
+                None,
+            ));
+        }
+    }
+    if let Some(e) = dns_failure {
+        let ns = &policy.namespace;
+        out.dns_error = Some(format!("DNS resolver failed: {e}, dropping all traffic for namespace: {ns:?}"));
+        out.flows = vec![drop_all(vnid)];
+    }
+    out
+}
+
+/// The DNS names a set of policies needs resolved.
+pub fn dns_names(policies: &[Policy]) -> BTreeSet<String> {
+    policies
+        .iter()
+        .flat_map(|p| p.rules.iter())
+        .filter_map(|r| match &r.to {
+            Target::DnsName(n) => Some(n.clone()),
+            Target::Cidr(_) => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(rules: Vec<Rule>) -> Policy {
+        Policy { namespace: "team-a".into(), name: "default".into(), rules }
+    }
+    fn allow(to: Target) -> Rule {
+        Rule { kind: RuleType::Allow, to }
+    }
+    fn deny(to: Target) -> Rule {
+        Rule { kind: RuleType::Deny, to }
+    }
+    fn text(o: &Outcome) -> Vec<String> {
+        o.flows.iter().map(|f| f.to_string()).collect()
+    }
+
+    #[test]
+    fn one_policy_in_order() {
+        let v = Vnid::new(11).unwrap();
+        let mut dns = DnsAnswers::new();
+        dns.insert("www.example.com".into(), Ok(vec!["93.184.216.34".parse().unwrap()]));
+        let p = policy(vec![
+            allow(Target::Cidr("1.2.3.0/24".parse().unwrap())),
+            allow(Target::DnsName("www.example.com".into())),
+            deny(Target::Cidr("0.0.0.0/0".parse().unwrap())),
+        ]);
+        let o = flows(v, &[p], &["team-a".into()], &dns);
+        assert_eq!(o.error, None);
+        assert_eq!(
+            text(&o),
+            vec![
+                "table=100, priority=3,ip,reg0=0xb,nw_dst=1.2.3.0/24 actions=output:2",
+                "table=100, priority=2,ip,reg0=0xb,nw_dst=93.184.216.34 actions=output:2",
+                "table=100, priority=1,ip,reg0=0xb actions=drop",
+            ]
+        );
+    }
+
+    #[test]
+    fn branches() {
+        let v = Vnid::new(11).unwrap();
+        let p = policy(vec![deny(Target::Cidr("0.0.0.0/32".parse().unwrap()))]);
+        let dns = DnsAnswers::new();
+        assert_eq!(flows(v, &[], &["team-a".into()], &dns), Outcome::default());
+        let g = flows(Vnid::GLOBAL, std::slice::from_ref(&p), &["default".into()], &dns);
+        assert!(g.flows.is_empty() && g.error.unwrap().contains("global"));
+        let shared = flows(v, std::slice::from_ref(&p), &["a".into(), "b".into()], &dns);
+        assert_eq!(text(&shared), vec!["table=100, priority=1,reg0=0xb actions=drop"]);
+        assert!(shared.error.unwrap().contains("shared NetNamespace (a, b)"));
+        let two = flows(v, &[p.clone(), p.clone()], &["team-a".into()], &dns);
+        assert!(two.error.unwrap().contains("multiple"));
+        let fixed = flows(v, &[p], &["team-a".into()], &dns);
+        assert_eq!(text(&fixed), vec!["table=100, priority=1,ip,reg0=0xb actions=drop"]);
+        assert!(fixed.warnings[0].contains("0.0.0.0/32"));
+        let unresolved = flows(v, &[policy(vec![allow(Target::DnsName("nx.invalid".into()))])], &["team-a".into()], &dns);
+        assert_eq!(text(&unresolved), vec!["table=100, priority=1,reg0=0xb actions=drop"]);
+        assert!(unresolved.dns_error.unwrap().contains("DNS resolver failed"));
+        assert!(unresolved.error.is_none());
+    }
+}

@@ -1,0 +1,214 @@
+//! The openshift-sdn OVS pipeline (VERSION 3) as typed data.
+//!
+//! Each submodule builds the flows of one seed operation of `ovscontroller.go` (SetupOVS,
+//! setupPodFlows, AddHostSubnetRules, AddServiceRules, UpdateEgressNetworkPolicyRules,
+//! UpdateLocalMulticastFlows, UpdateVXLANMulticastFlows) and of the policy plugins' table 80.
+//! Nothing here formats a flow string: flows are [`Flow`] values whose text form comes from the
+//! codec's `Display`, which prints what `ovs-ofctl dump-flows` prints.
+
+pub mod base;
+pub mod egress;
+pub mod multicast;
+pub mod pod;
+pub mod policy;
+pub mod service;
+pub mod subnet;
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use openflow::{Action, FlowMod, Instruction, Ipv4Match, Masked, Match, NxmField, Subfield, OFP_DEFAULT_PRIORITY};
+
+use crate::model::{OfPort, Plugin};
+
+/// The rule version of the pipeline (the seed's `VERSION`).
+pub const VERSION: u8 = 3;
+
+/// The pipeline's tables, named by what they do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Table {
+    /// 0: dispatch on in_port (vxlan0, tun0, or a pod).
+    Classify = 0,
+    /// 10: traffic from VXLAN: accept only known node IPs.
+    VxlanIngress = 10,
+    /// 20: traffic from a pod: check its IP/MAC, load its VNID into reg0.
+    PodIngress = 20,
+    /// 21: connection tracking hook (NetworkPolicy plugin); passes to routing otherwise.
+    PolicyConntrack = 21,
+    /// 30: general routing.
+    Routing = 30,
+    /// 40: ARP to a local pod.
+    ArpLocal = 40,
+    /// 50: ARP to a pod on another node.
+    ArpRemote = 50,
+    /// 60: IP to a service: VNID and port mapping.
+    ServiceIp = 60,
+    /// 70: IP to a local pod: load its VNID (reg1) and port (reg2).
+    PodIp = 70,
+    /// 80: isolation policy.
+    Policy = 80,
+    /// 90: IP to a pod on another node (via VXLAN).
+    RemoteIp = 90,
+    /// 100: egress network policy for traffic leaving the cluster.
+    EgressPolicy = 100,
+    /// 110: outbound multicast filtering.
+    MulticastOut = 110,
+    /// 111: multicast to remote nodes.
+    MulticastVxlan = 111,
+    /// 120: multicast delivery to local pods.
+    MulticastLocal = 120,
+    /// 253: the version note.
+    Version = 253,
+}
+
+impl Table {
+    pub fn id(self) -> u8 {
+        self as u8
+    }
+}
+
+/// The registers the pipeline uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reg {
+    /// reg0: the source VNID.
+    SrcVnid = 0,
+    /// reg1: the destination VNID.
+    DstVnid = 1,
+    /// reg2: the output port.
+    OutPort = 2,
+}
+
+impl Reg {
+    pub fn n(self) -> u8 {
+        self as u8
+    }
+    pub fn field(self) -> NxmField {
+        NxmField::Reg(self.n())
+    }
+}
+
+/// One flow of the pipeline: what identifies it in the switch (table, priority, match) and
+/// what it does.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Flow {
+    pub table: Table,
+    pub priority: u16,
+    pub match_: Match,
+    pub instructions: Vec<Instruction>,
+}
+
+/// The identity of a flow in OVS: a second ADD with the same key replaces the first, and a
+/// DELETE_STRICT with the key removes exactly it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FlowKey {
+    pub table: u8,
+    pub priority: u16,
+    /// The match's encoding (canonical, so equal matches give equal keys).
+    pub match_bytes: Vec<u8>,
+}
+
+impl FlowKey {
+    pub fn new(table: u8, priority: u16, m: &Match) -> FlowKey {
+        let mut match_bytes = Vec::with_capacity(m.encoded_len());
+        m.encode(&mut match_bytes);
+        FlowKey { table, priority, match_bytes }
+    }
+}
+
+impl Flow {
+    /// A flow applying `actions` then going to `goto` (either may be empty).
+    pub fn new(table: Table, priority: u16, match_: Match, actions: Vec<Action>, goto: Option<Table>) -> Flow {
+        Flow { table, priority, match_, instructions: openflow::msg::instructions_for(actions, goto.map(Table::id)) }
+    }
+
+    /// A flow with no actions at all (`actions=drop`).
+    pub fn drop(table: Table, priority: u16, match_: Match) -> Flow {
+        Flow::new(table, priority, match_, vec![], None)
+    }
+
+    pub fn key(&self) -> FlowKey {
+        FlowKey::new(self.table.id(), self.priority, &self.match_)
+    }
+
+    /// The FLOW_MOD that adds this flow with `cookie`.
+    pub fn add(&self, cookie: u64) -> FlowMod {
+        let mut fm = FlowMod::new(openflow::FlowModCommand::Add, self.table.id(), self.priority, self.match_.clone());
+        fm.cookie = cookie;
+        fm.instructions = self.instructions.clone();
+        fm
+    }
+
+    /// The FLOW_MOD that replaces this flow's instructions, keeping its counters.
+    pub fn modify_strict(&self) -> FlowMod {
+        let mut fm =
+            FlowMod::new(openflow::FlowModCommand::ModifyStrict, self.table.id(), self.priority, self.match_.clone());
+        fm.instructions = self.instructions.clone();
+        fm
+    }
+}
+
+impl std::fmt::Display for Flow {
+    /// `dump-flows --no-stats` form (without cookie).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.add(0).fmt(f)
+    }
+}
+
+/// What every node-local flow depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub plugin: Plugin,
+    pub cluster_network: Ipv4Net,
+    pub service_network: Ipv4Net,
+    /// This node's HostSubnet.
+    pub local_subnet: Ipv4Net,
+}
+
+impl NodeConfig {
+    /// The gateway (tun0) address: the first host address of the local subnet.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.local_subnet.network()).wrapping_add(1))
+    }
+}
+
+// Small match/action builders in the seed's vocabulary.
+
+pub(crate) fn cidr(n: Ipv4Net) -> Masked<Ipv4Addr> {
+    // prefix_len() <= 32 always holds for an Ipv4Net.
+    Masked::cidr(n.addr(), n.prefix_len()).unwrap_or(Masked::exact(n.addr()))
+}
+
+pub(crate) fn host(a: Ipv4Addr) -> Masked<Ipv4Addr> {
+    Masked::exact(a)
+}
+
+pub(crate) fn ip() -> Ipv4Match {
+    Ipv4Match::default()
+}
+
+pub(crate) fn multicast_net() -> Ipv4Net {
+    Ipv4Net::new(Ipv4Addr::new(224, 0, 0, 0), 4).unwrap_or_default()
+}
+
+pub(crate) fn output(p: OfPort) -> Action {
+    Action::output(p)
+}
+
+/// `load:value->NXM_NX_REGn[]`.
+pub(crate) fn load(r: Reg, value: u32) -> Action {
+    Action::load_reg(r.n(), value)
+}
+
+/// `output:NXM_NX_REG2[]`.
+pub(crate) fn output_reg2() -> Action {
+    Action::output_reg(Reg::OutPort.n())
+}
+
+/// `NXM_NX_TUN_ID[0..31]`.
+pub(crate) fn tun_id_low32() -> Subfield {
+    Subfield::bits(NxmField::TunId, 0, 31).unwrap_or(Subfield::whole(NxmField::TunId))
+}
+
+/// The default priority (32768), for the seed's flows that give none.
+pub(crate) const DEFAULT_PRIORITY: u16 = OFP_DEFAULT_PRIORITY;

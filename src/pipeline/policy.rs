@@ -1,0 +1,43 @@
+//! Table 80 as openshift-sdn's policy plugins program it.
+
+use openflow::Match;
+
+use super::{output_reg2, Flow, Reg, Table};
+use crate::model::{Plugin, Vnid};
+
+/// The plugin's fixed rules: subnet delivers everything; multitenant delivers from and to
+/// VNID 0 (the global network).
+pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
+    match plugin {
+        Plugin::Subnet => vec![Flow::new(Table::Policy, 200, Match::any(), vec![output_reg2()], None)],
+        Plugin::Multitenant => vec![
+            Flow::new(Table::Policy, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output_reg2()], None),
+            Flow::new(Table::Policy, 200, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
+        ],
+    }
+}
+
+/// EnsureVNIDRules: within one VNID, delivery is allowed. Present exactly while a local pod
+/// or a service uses the VNID (the store derives that set from the model: no dump parsing).
+pub fn vnid_flow(vnid: Vnid) -> Flow {
+    Flow::new(
+        Table::Policy,
+        100,
+        Match::any().reg(Reg::SrcVnid.n(), vnid.get()).reg(Reg::DstVnid.n(), vnid.get()),
+        vec![output_reg2()],
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text() {
+        assert_eq!(plugin_flows(Plugin::Subnet)[0].to_string(), "table=80, priority=200 actions=output:NXM_NX_REG2[]");
+        let m = plugin_flows(Plugin::Multitenant);
+        assert_eq!(m[1].to_string(), "table=80, priority=200,reg1=0 actions=output:NXM_NX_REG2[]");
+        assert_eq!(vnid_flow(Vnid::new(11).unwrap()).to_string(), "table=80, priority=100,reg0=0xb,reg1=0xb actions=output:NXM_NX_REG2[]");
+    }
+}

@@ -1,0 +1,78 @@
+//! AddHostSubnetRules / DeleteHostSubnetRules: reaching pods on another node over VXLAN.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use openflow::{Action, ArpMatch, Ipv4Match, Match, RegMove, SetField, Subfield};
+
+use super::{cidr, output, tun_id_low32, Flow, Reg, Table};
+use crate::model::{OfPort, Vnid};
+
+/// Another node's subnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteSubnet {
+    pub host_ip: Ipv4Addr,
+    pub subnet: Ipv4Net,
+    /// The `pod.network.openshift.io/fixed-vnid-host` annotation: every packet to this node
+    /// carries this VNID instead of the sender's.
+    pub fixed_vnid: Option<Vnid>,
+}
+
+/// The actions that send a packet to `host_ip` through vxlan0 with the right VNID.
+pub(crate) fn to_vxlan(host_ip: Ipv4Addr, fixed: Option<Vnid>) -> Vec<Action> {
+    let set_vnid = match fixed {
+        Some(v) => Action::RegLoad { dst: tun_id_low32(), value: v.get() as u64 },
+        None => move_reg0_to_tun_id(),
+    };
+    vec![set_vnid, Action::SetField(SetField::TunDst(host_ip)), output(OfPort::VXLAN)]
+}
+
+/// `move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31]`.
+pub(crate) fn move_reg0_to_tun_id() -> Action {
+    Action::RegMove(
+        RegMove::new(Subfield::whole(Reg::SrcVnid.field()), tun_id_low32())
+            .expect("REG0[] and TUN_ID[0..31] are both 32 bits"),
+    )
+}
+
+pub fn flows(r: &RemoteSubnet) -> Vec<Flow> {
+    vec![
+        Flow::new(Table::VxlanIngress, 100, Match::any().tun_src(r.host_ip), vec![], Some(Table::Routing)),
+        Flow::new(
+            Table::ArpRemote,
+            100,
+            Match::any().arp(ArpMatch { tpa: Some(cidr(r.subnet)), ..Default::default() }),
+            to_vxlan(r.host_ip, r.fixed_vnid),
+            None,
+        ),
+        Flow::new(
+            Table::RemoteIp,
+            100,
+            Match::any().ipv4(Ipv4Match { dst: Some(cidr(r.subnet)), ..Default::default() }),
+            to_vxlan(r.host_ip, r.fixed_vnid),
+            None,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_variants() {
+        let mut r = RemoteSubnet { host_ip: "172.17.0.3".parse().unwrap(), subnet: "10.129.0.0/23".parse().unwrap(), fixed_vnid: None };
+        let t: Vec<String> = flows(&r).iter().map(|f| f.to_string()).collect();
+        assert_eq!(t[0], "table=10, priority=100,tun_src=172.17.0.3 actions=goto_table:30");
+        assert_eq!(
+            t[2],
+            "table=90, priority=100,ip,nw_dst=10.129.0.0/23 actions=move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31],set_field:172.17.0.3->tun_dst,output:1"
+        );
+        r.fixed_vnid = Some(Vnid::new(7).unwrap());
+        let t: Vec<String> = flows(&r).iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            t[1],
+            "table=50, priority=100,arp,arp_tpa=10.129.0.0/23 actions=load:0x7->NXM_NX_TUN_ID[0..31],set_field:172.17.0.3->tun_dst,output:1"
+        );
+    }
+}
