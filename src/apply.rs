@@ -105,7 +105,10 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     let bridge_opts = BridgeOptions { datapath_type: opts.datapath_type.clone(), ..Default::default() };
     ovs.ensure_bridge(&opts.bridge, &bridge_opts).await?;
     ovs.ensure_port(&opts.bridge, "vxlan0", &PortSpec::vxlan_flow(OfPort::VXLAN.0 as i64)).await?;
-    ovs.ensure_port(&opts.bridge, "tun0", &PortSpec::internal(Some(OfPort::TUN.0 as i64))).await?;
+    // Waiting for tun0's ofport also waits for ovs-vswitchd to have set the bridge up, with its
+    // management socket: connecting before that fails on a bridge created just now.
+    ovs.add_port_and_wait_ofport(&opts.bridge, "tun0", &PortSpec::internal(Some(OfPort::TUN.0 as i64)), opts.port_timeout)
+        .await?;
 
     let ofports = pod_ports(opts, &ovs, state, &mut report).await?;
     let dns = resolve(state, opts.dns_timeout).await;
@@ -169,7 +172,12 @@ async fn pod_ports(
     report: &mut ApplyReport,
 ) -> Result<HashMap<PodKey, OfPort>, ApplyError> {
     let existing = ovs.list_ports(&opts.bridge).await?;
-    let results: Vec<_> = futures::stream::iter(state.pods.iter())
+    // The futures are built before they enter the stream: a `.map(|p| async move ..)` closure
+    // inside the stream makes the whole `converge` future not `Send` (rustc cannot prove the
+    // closure general over the borrow's lifetime), so it could not be `tokio::spawn`ed.
+    let lookups: Vec<_> = state
+        .pods
+        .iter()
         .map(|p| async move {
             let spec = if p.internal { PortSpec::internal(None) } else { PortSpec::system() };
             let r = async {
@@ -180,9 +188,8 @@ async fn pod_ports(
             .await;
             (p, r)
         })
-        .buffer_unordered(16)
-        .collect()
-        .await;
+        .collect();
+    let results: Vec<_> = futures::stream::iter(lookups).buffer_unordered(16).collect().await;
     let mut ofports = HashMap::new();
     for (p, r) in results {
         match r {
@@ -240,4 +247,39 @@ async fn resolve(state: &ClusterState, timeout: Duration) -> DnsAnswers {
         (name, r)
     });
     futures::future::join_all(lookups).await.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// An agent reconverges from a spawned task: `converge`'s future must be `Send`.
+    #[test]
+    fn converge_future_is_send() {
+        let (state, _) = state_file::parse(include_str!("../deploy/examples/cluster.yaml")).unwrap();
+        let opts = ApplyOptions::new(PathBuf::from("cluster.yaml"), PathBuf::from("/nonexistent"));
+        let f = converge(&opts, &state);
+        assert_send(&f);
+        let f = apply(&opts);
+        assert_send(&f);
+    }
+
+    /// Regression: on a bridge converge has just created, the agent must not connect to
+    /// `<bridge>.mgmt` before ovs-vswitchd has created it. With pods, waiting for their ofports
+    /// hid the race; without any, the connect failed with ENOENT now and then.
+    #[tokio::test]
+    async fn converges_a_fresh_bridge_without_pods() {
+        for _ in 0..3 {
+            let sb = crate::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
+            let (mut state, _) = state_file::parse(include_str!("../deploy/examples/cluster.yaml")).unwrap();
+            state.pods.clear();
+            state.egress_policies.clear();
+            let mut opts = ApplyOptions::new(PathBuf::from("cluster.yaml"), sb.dir().to_path_buf());
+            opts.datapath_type = "dummy".into();
+            let r = tokio::time::timeout(Duration::from_secs(60), converge(&opts, &state)).await.expect("in time");
+            assert!(r.is_ok(), "{r:?}");
+        }
+    }
 }

@@ -134,10 +134,10 @@ pub struct DesiredState {
 
 impl DesiredState {
     /// Sets `owner`'s flows (replacing what it had). On a conflict nothing changes.
-    pub fn set(&mut self, owner: Owner, flows: Vec<Flow>) -> Result<(), Conflict> {
+    pub fn set(&mut self, owner: Owner, flows: Vec<Flow>) -> Result<(), Box<Conflict>> {
         for f in &flows {
             if let Some(existing) = self.keys.get(&f.key()).filter(|o| **o != owner) {
-                return Err(Conflict { owner, existing: existing.clone(), flow: f.to_string() });
+                return Err(Box::new(Conflict { owner, existing: existing.clone(), flow: f.to_string() }));
             }
         }
         self.remove(&owner);

@@ -135,10 +135,11 @@ impl ClusterState {
                 Some(("host", "duplicate HostSubnet for this host".to_string()))
             } else if !cluster.contains(&h.subnet) {
                 Some(("subnet", format!("{} is outside the cluster network {cluster}", h.subnet)))
-            } else if let Some(o) = subnets.iter().find(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network())) {
-                Some(("subnet", format!("{} overlaps {o} of another node", h.subnet)))
             } else {
-                None
+                subnets
+                    .iter()
+                    .find(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network()))
+                    .map(|o| ("subnet", format!("{} overlaps {o} of another node", h.subnet)))
             };
             match err {
                 Some((field, m)) => {
@@ -174,10 +175,8 @@ impl ClusterState {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", s.namespace)))
             } else if !service_net.contains(&s.cluster_ip) {
                 Some(("clusterIP", format!("{} is outside the service network {service_net}", s.cluster_ip)))
-            } else if let Some(other) = cluster_ips.get(&s.cluster_ip) {
-                Some(("clusterIP", format!("{} is already used by {other}", s.cluster_ip)))
             } else {
-                None
+                cluster_ips.get(&s.cluster_ip).map(|other| ("clusterIP", format!("{} is already used by {other}", s.cluster_ip)))
             };
             match err {
                 Some((f, m)) => {
@@ -207,10 +206,8 @@ impl ClusterState {
                 Some(("ip", format!("{} is the node's gateway address", p.ip)))
             } else if let Some(other) = ips.get(&p.ip) {
                 Some(("ip", format!("{} is already used by {other}", p.ip)))
-            } else if let Some(other) = veths.get(&p.host_veth) {
-                Some(("hostVeth", format!("{:?} is already used by {other}", p.host_veth)))
             } else {
-                None
+                veths.get(&p.host_veth).map(|other| ("hostVeth", format!("{:?} is already used by {other}", p.host_veth)))
             };
             match err {
                 Some((f, m)) => {

@@ -144,7 +144,7 @@ pub fn parse(text: &str) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         service_network,
         host_subnets: each(raw.host_subnets, "hostsubnet", &["host"], host_subnet, &mut problems),
         net_namespaces: each(raw.net_namespaces, "netnamespace", &["name"], net_namespace, &mut problems),
-        services: each(raw.services, "service", &["namespace", "name"], |r, p| service(r, p), &mut problems),
+        services: each(raw.services, "service", &["namespace", "name"], service, &mut problems),
         pods: each(raw.pods, "pod", &["namespace", "name"], |r, _| pod(r), &mut problems),
         egress_policies: each(raw.egress_network_policies, "egressnetworkpolicy", &["namespace", "name"], |r, _| egress_policy(r), &mut problems),
     };
