@@ -39,9 +39,10 @@ pub struct Subfield {
 }
 
 impl Subfield {
-    /// The whole field (`[]`).
+    /// The whole field (`[]`). A field wider than 64 bits (e.g. an IPv6 address) is cut to its
+    /// low 64 bits, the widest range [`Subfield::new`] accepts and `ofs_nbits` can encode.
     pub fn whole(field: NxmField) -> Subfield {
-        Subfield { field, ofs: 0, n_bits: field.bits().max(1) }
+        Subfield { field, ofs: 0, n_bits: field.bits().clamp(1, 64) }
     }
 
     /// Bits `start..=end` (`[start..end]`), or `None` if the range is empty or past the field.
@@ -513,5 +514,16 @@ mod tests {
         assert!(Subfield::bits(NxmField::Reg(0), 5, 4).is_none());
         assert_eq!(Subfield::bits(NxmField::TunId, 0, 63).unwrap(), Subfield::whole(NxmField::TunId));
         assert!(RegMove::new(Subfield::whole(NxmField::TunId), Subfield::whole(NxmField::Reg(0))).is_none());
+    }
+
+    /// Regression (found by openflow/tests/roundtrip.rs): `whole` of a 128-bit field had
+    /// n_bits 128, which the 6-bit `n_bits - 1` of REG_LOAD silently turned into `[1..64]`.
+    #[test]
+    fn whole_of_a_wide_field_stays_encodable() {
+        let ipv6_src = NxmField::Other(field::header(CLASS_OPENFLOW_BASIC, 26, 16, false));
+        let whole = Subfield::whole(ipv6_src);
+        assert_eq!(Some(whole), Subfield::new(ipv6_src, 0, 64));
+        let a = Action::RegLoad { dst: whole, value: 1 };
+        assert_eq!(Action::decode(&mut Reader::new(&enc(&a), "t")).unwrap(), a);
     }
 }
