@@ -8,6 +8,7 @@
 
 pub mod apply;
 pub mod cluster;
+pub mod engine;
 pub mod model;
 pub mod ovsdb;
 pub mod pipeline;

@@ -321,6 +321,48 @@ pub fn diff(desired: &DesiredState, installed: &InstalledState, generation: u32)
     Plan { flow_mods: deletes, adds: na, modifies: nm, deletes: nd }
 }
 
+/// Diffs only the flows of the owners that changed: `changed` holds each touched owner with the
+/// flows it had before; its new flows are in `desired`. Cost is proportional to the owners'
+/// flows, not to the table.
+pub fn diff_owners(
+    desired: &DesiredState,
+    installed: &InstalledState,
+    changed: &[(Owner, Vec<Flow>)],
+    generation: u32,
+) -> Plan {
+    let mut plan = Plan::default();
+    let mut deletes = Vec::new();
+    let mut modifies = Vec::new();
+    let mut adds = Vec::new();
+    for (owner, old) in changed {
+        let new = desired.flows_of(owner);
+        let cookie = owner.cookie(generation);
+        for flow in new {
+            match installed.get(&flow.key()) {
+                None => adds.push(flow.add(cookie)),
+                Some(i) if i.cookie != cookie => adds.push(flow.add(cookie)),
+                Some(i) if i.instructions != flow.instructions => modifies.push(flow.modify_strict()),
+                Some(_) => {}
+            }
+        }
+        for flow in old {
+            let key = flow.key();
+            if desired.owner_of(&key).is_none() {
+                if let Some(i) = installed.get(&key) {
+                    deletes.push(delete_strict(i));
+                }
+            }
+        }
+    }
+    plan.deletes = deletes.len();
+    plan.modifies = modifies.len();
+    plan.adds = adds.len();
+    deletes.extend(modifies);
+    deletes.extend(adds);
+    plan.flow_mods = deletes;
+    plan
+}
+
 fn delete_strict(i: &InstalledFlow) -> FlowMod {
     // The cookie filter makes the delete a no-op if someone else replaced the flow meanwhile.
     FlowMod::delete_strict(i.table, i.priority, i.match_.clone()).with_cookie(i.cookie, u64::MAX)
@@ -368,6 +410,30 @@ mod tests {
         // Replacing one's own flows is fine.
         d.set(a.clone(), vec![f(2, 9)]).unwrap();
         assert_eq!(d.len(), 1);
+    }
+
+    #[test]
+    fn owner_diff_touches_only_the_owner() {
+        let mut d = DesiredState::default();
+        let a = Owner::Pod { namespace: "ns".into(), name: "a".into() };
+        let b = Owner::Pod { namespace: "ns".into(), name: "b".into() };
+        d.set(a.clone(), vec![f(1, 1), f(2, 1)]).unwrap();
+        d.set(b.clone(), vec![f(3, 1)]).unwrap();
+        let mut inst = InstalledState::default();
+        inst.apply(&diff(&d, &inst, 1));
+        let old = d.flows_of(&a).to_vec();
+        d.set(a.clone(), vec![f(1, 5)]).unwrap();
+        let p = diff_owners(&d, &inst, &[(a.clone(), old)], 1);
+        assert_eq!((p.adds, p.modifies, p.deletes), (0, 1, 1));
+        inst.apply(&p);
+        assert!(diff(&d, &inst, 1).is_empty());
+        // A flow handed from one owner to another is re-added with the new cookie, not deleted.
+        let old_b = d.flows_of(&b).to_vec();
+        let old_a = d.flows_of(&a).to_vec();
+        d.remove(&b);
+        d.set(a.clone(), vec![f(1, 5), f(3, 1)]).unwrap();
+        let p = diff_owners(&d, &inst, &[(b, old_b), (a, old_a)], 1);
+        assert_eq!((p.adds, p.modifies, p.deletes), (1, 0, 0));
     }
 
     #[test]
