@@ -139,7 +139,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     let after = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
     let left = diff(&desired, &after, generation);
     if !left.is_empty() {
-        let first = left.flow_mods.first().map(|f| format!("{} {f}", f.command.name())).unwrap_or_default();
+        let first = left.changes.first().map(|c| format!("{} {}", c.command().name(), c.key().table)).unwrap_or_default();
         return Err(ApplyError::NotConverged(format!("{left}; first: {first}")));
     }
     report.flows = after.len();
@@ -148,7 +148,9 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
 
 async fn commit(sw: &Switch, plan: &Plan) -> Result<(), ApplyError> {
     let mut b = sw.bundle();
-    b.extend(plan.flow_mods.iter().cloned());
+    for body in plan.bodies() {
+        b.add_body(body);
+    }
     b.commit().await?;
     Ok(())
 }

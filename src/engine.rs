@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, warn};
 
 use crate::pipeline::Flow;
-use crate::store::{diff, diff_owners, Conflict, DesiredState, InstalledState, Owner, Plan};
+use crate::store::{diff, diff_owners, Compiled, Conflict, DesiredState, InstalledState, Owner, Plan};
 use crate::switch::{Switch, SwitchError};
 
 /// The most FLOW_MODs one group commit may carry (a single update may exceed it).
@@ -180,8 +180,8 @@ impl State {
 
     /// Applies `u` to the desired state; returns each touched owner's previous flows, or the
     /// conflict (with nothing changed).
-    fn stage(&mut self, u: &Update) -> Result<Vec<(Owner, Vec<Flow>)>, Box<Conflict>> {
-        let mut prev: Vec<(Owner, Vec<Flow>)> = Vec::with_capacity(u.len());
+    fn stage(&mut self, u: &Update) -> Result<Vec<(Owner, Vec<Compiled>)>, Box<Conflict>> {
+        let mut prev: Vec<(Owner, Vec<Compiled>)> = Vec::with_capacity(u.len());
         for (owner, flows) in u {
             let old = self.desired.flows_of(owner).to_vec();
             if let Err(c) = self.desired.set(owner.clone(), flows.clone()) {
@@ -193,10 +193,10 @@ impl State {
         Ok(prev)
     }
 
-    fn unstage(&mut self, prev: Vec<(Owner, Vec<Flow>)>) {
+    fn unstage(&mut self, prev: Vec<(Owner, Vec<Compiled>)>) {
         for (owner, old) in prev.into_iter().rev() {
             // Restoring what was there cannot conflict: it was consistent before.
-            let _ = self.desired.set(owner, old);
+            let _ = self.desired.set_compiled(owner, old);
         }
     }
 
@@ -206,12 +206,14 @@ impl State {
         }
         let t = Instant::now();
         let mut b = self.sw.bundle();
-        b.extend(plan.flow_mods.iter().cloned());
+        for body in plan.bodies() {
+            b.add_body(body);
+        }
         let r = b.commit().await;
         self.stats.bundles += 1;
         match &r {
             Ok(()) => {
-                self.stats.flow_mods += plan.flow_mods.len() as u64;
+                self.stats.flow_mods += plan.len() as u64;
                 self.installed.apply(plan);
                 debug!(%plan, latency = ?t.elapsed(), "bundle committed");
             }
@@ -239,7 +241,7 @@ impl State {
             }
         }
         // Stage every update; a conflicting one fails alone.
-        let mut staged: Vec<(Pending, Vec<(Owner, Vec<Flow>)>)> = Vec::with_capacity(group.len());
+        let mut staged: Vec<(Pending, Vec<(Owner, Vec<Compiled>)>)> = Vec::with_capacity(group.len());
         for (u, reply) in group {
             match self.stage(&u) {
                 Ok(prev) => staged.push(((u, reply), prev)),
@@ -251,7 +253,7 @@ impl State {
         if staged.is_empty() {
             return;
         }
-        let all_prev: Vec<(Owner, Vec<Flow>)> = merge_prev(staged.iter().map(|(_, p)| p));
+        let all_prev: Vec<(Owner, Vec<Compiled>)> = merge_prev(staged.iter().map(|(_, p)| p));
         let plan = diff_owners(&self.desired, &self.installed, &all_prev, self.generation);
         if staged.len() == 1 {
             let ((_, reply), prev) = staged.pop().expect("one staged update");
@@ -301,8 +303,10 @@ impl State {
 
     async fn resync(&mut self) -> Result<Outcome, SwitchError> {
         self.stats.resyncs += 1;
-        let dump = self.sw.dump_flows(FlowStatsRequest::default()).await?;
-        self.installed = InstalledState::from_dump(dump);
+        // Part by part: a large table is never held decoded whole.
+        let mut installed = InstalledState::default();
+        self.sw.dump_flows_each(FlowStatsRequest::default(), |part| installed.extend_from_dump(&part)).await?;
+        self.installed = installed;
         self.dirty = false;
         let plan = diff(&self.desired, &self.installed, self.generation);
         self.commit(&plan).await?;
@@ -312,7 +316,7 @@ impl State {
 
 /// The previous flows of every touched owner, once per owner (the earliest state wins: it is
 /// what the switch had before the group).
-fn merge_prev<'a>(prevs: impl Iterator<Item = &'a Vec<(Owner, Vec<Flow>)>>) -> Vec<(Owner, Vec<Flow>)> {
+fn merge_prev<'a>(prevs: impl Iterator<Item = &'a Vec<(Owner, Vec<Compiled>)>>) -> Vec<(Owner, Vec<Compiled>)> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for p in prevs {
@@ -326,8 +330,7 @@ fn merge_prev<'a>(prevs: impl Iterator<Item = &'a Vec<(Owner, Vec<Flow>)>>) -> V
 }
 
 /// An update's share of a group plan: the FLOW_MODs on keys its owners touched.
-fn share(prev: &[(Owner, Vec<Flow>)], plan: &Plan) -> Outcome {
-    let _ = prev;
+fn share(_prev: &[(Owner, Vec<Compiled>)], plan: &Plan) -> Outcome {
     // Per-update attribution is approximate in a group; report the group totals divided
     // evenly would be misleading, so report what this update's owners' flows changed.
     Outcome::of(plan)

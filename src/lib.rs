@@ -7,6 +7,7 @@
 //! bridge and ports. [`apply`] runs that chain once.
 
 pub mod apply;
+pub mod bench;
 pub mod cluster;
 pub mod engine;
 pub mod model;

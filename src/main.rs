@@ -60,6 +60,35 @@ enum Cmd {
         #[arg(long)]
         stats: bool,
     },
+    /// Benchmarks on a real ovs-vswitchd.
+    Bench {
+        #[command(subcommand)]
+        which: BenchCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Pod churn, bulk resync and egress swaps, each against a baseline measured in the same
+    /// run (ovs-ofctl per transaction, and raw pre-encoded FLOW_MODs = the switch's limit).
+    Churn {
+        /// Pods installed before measuring (M).
+        #[arg(long, default_value_t = 10_000)]
+        base_pods: u32,
+        /// Pod setups (and as many teardowns) per round (K).
+        #[arg(long, default_value_t = 300)]
+        ops: u32,
+        /// Alternating A/B rounds per measurement.
+        #[arg(long, default_value_t = 2)]
+        rounds: u32,
+        /// Attach to a running switch (DIR/db.sock, DIR/br0.mgmt) instead of starting a
+        /// private one.
+        #[arg(long)]
+        ovs_rundir: Option<PathBuf>,
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -81,6 +110,28 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
+        Cmd::Bench { which: BenchCmd::Churn { base_pods, ops, rounds, ovs_rundir, json } } => {
+            let opts = sdn_node::bench::ChurnOptions { base_pods, ops, rounds, ovs_rundir, ..Default::default() };
+            match sdn_node::bench::churn(&opts, |p| eprintln!("== {p}")).await {
+                Ok(r) => {
+                    print!("{}", r.table());
+                    if json {
+                        match serde_json::to_string(&r) {
+                            Ok(j) => println!("{j}"),
+                            Err(e) => {
+                                eprintln!("error: {e}");
+                                return ExitCode::FAILURE;
+                            }
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Apply { state, ovs, datapath_type, port_timeout } => {
             let mut opts = ApplyOptions::new(state, ovs.ovs_rundir);
             opts.bridge = ovs.bridge;

@@ -1,10 +1,12 @@
 //! Desired and installed flows, and the diff between them.
 //!
-//! Every flow belongs to one [`Owner`] (a pod, a host subnet, a service, ...). The desired state
-//! is indexed by owner; the installed state mirrors what the switch holds, keyed by the flow's
-//! identity in OVS (table, priority, match). A change is the difference between the two, as
-//! ADD / MODIFY_STRICT / DELETE_STRICT — never a loose delete, whose cost in ovs-vswitchd grows
-//! with the table.
+//! Every flow belongs to one [`Owner`] (a pod, a host subnet, a service, ...). Flows are kept
+//! *compiled*: their match and instructions encoded once, as the switch stores them
+//! ([`Compiled`]); comparing is comparing bytes, and a FLOW_MOD is a fixed head plus those bytes.
+//! The desired state is indexed by owner; the installed state mirrors what the switch holds,
+//! keyed by the flow's identity in OVS (table, priority, match). A change is the difference
+//! between the two, as ADD / MODIFY_STRICT / DELETE_STRICT — never a loose delete, whose cost in
+//! ovs-vswitchd grows with the table.
 //!
 //! Cookies: `kind (8 bits) | generation (24 bits) | owner hash (32 bits)`. The kind and hash let
 //! `dump-flows --owner` ask the switch for one object's flows with a cookie mask; the generation
@@ -12,8 +14,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
-use openflow::{FlowMod, FlowModCommand, FlowStats, Instruction};
+use bytes::{Bytes, BytesMut};
+use openflow::{FlowMod, FlowModCommand, FlowModHead, FlowStats, Instruction};
 
 use crate::model::Vnid;
 use crate::pipeline::{Flow, FlowKey};
@@ -116,6 +120,61 @@ impl fmt::Display for Owner {
     }
 }
 
+/// A flow with its match and instructions encoded once, exactly as OVS stores and returns
+/// them (our encoding is canonical, and OVS re-encodes canonically in flow-stats replies).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Compiled {
+    pub key: FlowKey,
+    pub instructions: Bytes,
+}
+
+fn encode_instructions(ins: &[Instruction]) -> Bytes {
+    let mut b = Vec::with_capacity(openflow::instruction::instructions_len(ins));
+    // Instruction lists built by the pipeline are small; an encoding error would mean an
+    // action list over 64 KiB, which no pipeline flow has. Keep what was encoded.
+    let _ = openflow::instruction::encode_instructions(ins, &mut b);
+    b.into()
+}
+
+impl Compiled {
+    pub fn compile(f: &Flow) -> Compiled {
+        Compiled { key: f.key(), instructions: encode_instructions(&f.instructions) }
+    }
+
+    /// From a flow the switch reported.
+    pub fn from_stats(s: &FlowStats) -> Compiled {
+        Compiled { key: FlowKey::new(s.table_id, s.priority, &s.match_), instructions: encode_instructions(&s.instructions) }
+    }
+
+    /// A FLOW_MOD body with `head` (whose table and priority are this flow's).
+    fn body(&self, mut head: FlowModHead, with_instructions: bool) -> Bytes {
+        head.table_id = self.key.table;
+        head.priority = self.key.priority;
+        let ins: &[u8] = if with_instructions { &self.instructions } else { &[] };
+        let mut b = BytesMut::with_capacity(FlowMod::FIXED_LEN + self.key.match_bytes.len() + ins.len());
+        head.encode_body(&mut b, &self.key.match_bytes, ins);
+        b.freeze()
+    }
+
+    /// The flow as a typed ADD (for display and tests).
+    pub fn to_flow_mod(&self, cookie: u64) -> Result<FlowMod, openflow::DecodeError> {
+        let mut fm = FlowMod::new(FlowModCommand::Add, self.key.table, self.key.priority, self.key.decode_match()?);
+        fm.cookie = cookie;
+        fm.instructions = openflow::instruction::decode_instructions(&self.instructions)?;
+        Ok(fm)
+    }
+}
+
+impl fmt::Display for Compiled {
+    /// `dump-flows --no-stats` form, without cookie.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.to_flow_mod(0) {
+            Ok(fm) => fm.fmt(f),
+            Err(e) => write!(f, "table={}, priority={}, <undecodable: {e}>", self.key.table, self.key.priority),
+        }
+    }
+}
+
 /// Two owners want the same flow (same table, priority and match).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{owner}: flow `{flow}` is already owned by {existing}")]
@@ -128,48 +187,56 @@ pub struct Conflict {
 /// The flows the switch should hold, by owner.
 #[derive(Clone, Debug, Default)]
 pub struct DesiredState {
-    owners: BTreeMap<Owner, Vec<Flow>>,
-    keys: HashMap<FlowKey, Owner>,
+    owners: BTreeMap<Arc<Owner>, Vec<Compiled>>,
+    keys: HashMap<FlowKey, Arc<Owner>>,
 }
 
 impl DesiredState {
     /// Sets `owner`'s flows (replacing what it had). On a conflict nothing changes.
     pub fn set(&mut self, owner: Owner, flows: Vec<Flow>) -> Result<(), Box<Conflict>> {
+        self.set_compiled(owner, flows.iter().map(Compiled::compile).collect())
+    }
+
+    /// [`DesiredState::set`] for flows compiled already.
+    pub fn set_compiled(&mut self, owner: Owner, flows: Vec<Compiled>) -> Result<(), Box<Conflict>> {
         for f in &flows {
-            if let Some(existing) = self.keys.get(&f.key()).filter(|o| **o != owner) {
-                return Err(Box::new(Conflict { owner, existing: existing.clone(), flow: f.to_string() }));
+            if let Some(existing) = self.keys.get(&f.key).filter(|o| ***o != owner) {
+                return Err(Box::new(Conflict { owner, existing: (**existing).clone(), flow: f.to_string() }));
             }
         }
         self.remove(&owner);
+        if flows.is_empty() {
+            return Ok(());
+        }
+        let owner = Arc::new(owner);
         for f in &flows {
-            self.keys.insert(f.key(), owner.clone());
+            self.keys.insert(f.key.clone(), owner.clone());
         }
-        if !flows.is_empty() {
-            self.owners.insert(owner, flows);
-        }
+        self.owners.insert(owner, flows);
         Ok(())
     }
 
-    pub fn remove(&mut self, owner: &Owner) -> Option<Vec<Flow>> {
+    pub fn remove(&mut self, owner: &Owner) -> Option<Vec<Compiled>> {
         let old = self.owners.remove(owner)?;
         for f in &old {
-            self.keys.remove(&f.key());
+            self.keys.remove(&f.key);
         }
         Some(old)
     }
 
-    pub fn flows_of(&self, owner: &Owner) -> &[Flow] {
+    pub fn flows_of(&self, owner: &Owner) -> &[Compiled] {
         self.owners.get(owner).map(Vec::as_slice).unwrap_or(&[])
     }
 
     pub fn owners(&self) -> impl Iterator<Item = &Owner> {
-        self.owners.keys()
+        self.owners.keys().map(|o| &**o)
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Flow)> {
-        self.owners.iter().flat_map(|(o, fs)| fs.iter().map(move |f| (o, f)))
+    pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Compiled)> {
+        self.owners.iter().flat_map(|(o, fs)| fs.iter().map(move |f| (&**o, f)))
     }
 
+    /// Number of flows.
     pub fn len(&self) -> usize {
         self.keys.len()
     }
@@ -179,18 +246,15 @@ impl DesiredState {
     }
 
     pub fn owner_of(&self, key: &FlowKey) -> Option<&Owner> {
-        self.keys.get(key)
+        self.keys.get(key).map(|o| &**o)
     }
 }
 
-/// A flow as the switch holds it.
+/// A flow as the switch holds it: its cookie and encoded instructions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstalledFlow {
-    pub table: u8,
-    pub priority: u16,
-    pub match_: openflow::Match,
     pub cookie: u64,
-    pub instructions: Vec<Instruction>,
+    pub instructions: Bytes,
 }
 
 /// The mirror of the switch's flow table.
@@ -202,23 +266,18 @@ pub struct InstalledState {
 impl InstalledState {
     /// From a full flow dump.
     pub fn from_dump(stats: Vec<FlowStats>) -> InstalledState {
-        let flows = stats
-            .into_iter()
-            .map(|s| {
-                let key = FlowKey::new(s.table_id, s.priority, &s.match_);
-                (
-                    key,
-                    InstalledFlow {
-                        table: s.table_id,
-                        priority: s.priority,
-                        match_: s.match_,
-                        cookie: s.cookie,
-                        instructions: s.instructions,
-                    },
-                )
-            })
-            .collect();
-        InstalledState { flows }
+        let mut s = InstalledState::default();
+        s.extend_from_dump(&stats);
+        s
+    }
+
+    /// Adds flows from (a part of) a dump.
+    pub fn extend_from_dump(&mut self, stats: &[FlowStats]) {
+        self.flows.reserve(stats.len());
+        for st in stats {
+            let c = Compiled::from_stats(st);
+            self.flows.insert(c.key, InstalledFlow { cookie: st.cookie, instructions: c.instructions });
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -233,34 +292,80 @@ impl InstalledState {
         self.flows.get(key)
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&FlowKey, &InstalledFlow)> {
+        self.flows.iter()
+    }
+
     /// Records that `plan` was committed.
     pub fn apply(&mut self, plan: &Plan) {
-        for fm in &plan.flow_mods {
-            let key = FlowKey::new(fm.table_id, fm.priority, &fm.match_);
-            match fm.command {
-                FlowModCommand::Add => {
-                    self.flows.insert(
-                        key,
-                        InstalledFlow {
-                            table: fm.table_id,
-                            priority: fm.priority,
-                            match_: fm.match_.clone(),
-                            cookie: fm.cookie,
-                            instructions: fm.instructions.clone(),
-                        },
-                    );
+        for c in &plan.changes {
+            match c {
+                Change::Add { flow, cookie } => {
+                    self.flows.insert(flow.key.clone(), InstalledFlow { cookie: *cookie, instructions: flow.instructions.clone() });
                 }
-                FlowModCommand::ModifyStrict => {
-                    if let Some(f) = self.flows.get_mut(&key) {
-                        f.instructions = fm.instructions.clone();
+                Change::Modify { flow } => {
+                    if let Some(f) = self.flows.get_mut(&flow.key) {
+                        f.instructions = flow.instructions.clone();
                     }
                 }
-                FlowModCommand::DeleteStrict => {
-                    self.flows.remove(&key);
+                Change::Delete { key, .. } => {
+                    self.flows.remove(key);
                 }
-                _ => {}
             }
         }
+    }
+}
+
+/// One FLOW_MOD of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Add { flow: Compiled, cookie: u64 },
+    /// MODIFY_STRICT: new instructions, counters kept.
+    Modify { flow: Compiled },
+    /// DELETE_STRICT, filtered by the installed cookie so it is a no-op if someone else replaced
+    /// the flow meanwhile.
+    Delete { key: FlowKey, cookie: u64 },
+}
+
+impl Change {
+    pub fn command(&self) -> FlowModCommand {
+        match self {
+            Change::Add { .. } => FlowModCommand::Add,
+            Change::Modify { .. } => FlowModCommand::ModifyStrict,
+            Change::Delete { .. } => FlowModCommand::DeleteStrict,
+        }
+    }
+
+    pub fn key(&self) -> &FlowKey {
+        match self {
+            Change::Add { flow, .. } | Change::Modify { flow } => &flow.key,
+            Change::Delete { key, .. } => key,
+        }
+    }
+
+    /// The FLOW_MOD body (everything after the OpenFlow header).
+    pub fn body(&self) -> Bytes {
+        match self {
+            Change::Add { flow, cookie } => {
+                let mut h = FlowModHead::new(FlowModCommand::Add, 0, 0);
+                h.cookie = *cookie;
+                flow.body(h, true)
+            }
+            Change::Modify { flow } => flow.body(FlowModHead::new(FlowModCommand::ModifyStrict, 0, 0), true),
+            Change::Delete { key, cookie } => {
+                let mut h = FlowModHead::new(FlowModCommand::DeleteStrict, key.table, key.priority);
+                h.cookie = *cookie;
+                h.cookie_mask = u64::MAX;
+                let mut b = BytesMut::with_capacity(FlowMod::FIXED_LEN + key.match_bytes.len());
+                h.encode_body(&mut b, &key.match_bytes, &[]);
+                b.freeze()
+            }
+        }
+    }
+
+    /// The typed FLOW_MOD (for display and tests).
+    pub fn to_flow_mod(&self) -> Result<FlowMod, openflow::DecodeError> {
+        FlowMod::decode(&self.body())
     }
 }
 
@@ -269,7 +374,7 @@ impl InstalledState {
 pub struct Plan {
     /// Deletes first, then modifies, then adds (one bundle makes the order invisible to
     /// packets; deleting first keeps the table small).
-    pub flow_mods: Vec<FlowMod>,
+    pub changes: Vec<Change>,
     pub adds: usize,
     pub modifies: usize,
     pub deletes: usize,
@@ -277,7 +382,24 @@ pub struct Plan {
 
 impl Plan {
     pub fn is_empty(&self) -> bool {
-        self.flow_mods.is_empty()
+        self.changes.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.changes.len()
+    }
+
+    fn from_parts(deletes: Vec<Change>, modifies: Vec<Change>, adds: Vec<Change>) -> Plan {
+        let (nd, nm, na) = (deletes.len(), modifies.len(), adds.len());
+        let mut changes = deletes;
+        changes.extend(modifies);
+        changes.extend(adds);
+        Plan { changes, adds: na, modifies: nm, deletes: nd }
+    }
+
+    /// The FLOW_MOD bodies, in order.
+    pub fn bodies(&self) -> impl Iterator<Item = Bytes> + '_ {
+        self.changes.iter().map(Change::body)
     }
 }
 
@@ -287,38 +409,44 @@ impl fmt::Display for Plan {
     }
 }
 
+/// What a desired flow needs, given what is installed under its key.
+fn change_for(flow: &Compiled, cookie: u64, installed: Option<&InstalledFlow>) -> Option<Change> {
+    match installed {
+        None => Some(Change::Add { flow: flow.clone(), cookie }),
+        // MODIFY never changes a cookie on OF1.3: re-ADD to move the flow to its new owner or
+        // generation.
+        Some(i) if i.cookie != cookie => Some(Change::Add { flow: flow.clone(), cookie }),
+        Some(i) if i.instructions != flow.instructions => Some(Change::Modify { flow: flow.clone() }),
+        Some(_) => None,
+    }
+}
+
 /// Diffs the whole desired state against the whole installed state.
 pub fn diff(desired: &DesiredState, installed: &InstalledState, generation: u32) -> Plan {
     let mut deletes = Vec::new();
     let mut modifies = Vec::new();
     let mut adds = Vec::new();
-    for (key, inst) in &installed.flows {
+    for (key, inst) in installed.iter() {
         if desired.owner_of(key).is_none() {
-            deletes.push(delete_strict(inst));
+            deletes.push(Change::Delete { key: key.clone(), cookie: inst.cookie });
         }
     }
     for (owner, flow) in desired.iter() {
-        let cookie = owner.cookie(generation);
-        match installed.get(&flow.key()) {
-            None => adds.push(flow.add(cookie)),
-            // MODIFY never changes a cookie on OF1.3: re-ADD to move the flow to its new owner
-            // or generation.
-            Some(i) if i.cookie != cookie => adds.push(flow.add(cookie)),
-            Some(i) if i.instructions != flow.instructions => modifies.push(flow.modify_strict()),
-            Some(_) => {}
+        match change_for(flow, owner.cookie(generation), installed.get(&flow.key)) {
+            Some(c @ Change::Add { .. }) => adds.push(c),
+            Some(c) => modifies.push(c),
+            None => {}
         }
     }
     // Deterministic order (by table, priority, match) makes plans comparable and logs readable.
-    let by_key = |a: &FlowMod, b: &FlowMod| {
-        (a.table_id, std::cmp::Reverse(a.priority), a.to_string()).cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.to_string()))
+    let key = |c: &Change| {
+        let k = c.key();
+        (k.table, std::cmp::Reverse(k.priority), k.match_bytes.clone())
     };
-    deletes.sort_by(by_key);
-    modifies.sort_by(by_key);
-    adds.sort_by(by_key);
-    let (nd, nm, na) = (deletes.len(), modifies.len(), adds.len());
-    deletes.extend(modifies);
-    deletes.extend(adds);
-    Plan { flow_mods: deletes, adds: na, modifies: nm, deletes: nd }
+    deletes.sort_by_cached_key(key);
+    modifies.sort_by_cached_key(key);
+    adds.sort_by_cached_key(key);
+    Plan::from_parts(deletes, modifies, adds)
 }
 
 /// Diffs only the flows of the owners that changed: `changed` holds each touched owner with the
@@ -327,45 +455,30 @@ pub fn diff(desired: &DesiredState, installed: &InstalledState, generation: u32)
 pub fn diff_owners(
     desired: &DesiredState,
     installed: &InstalledState,
-    changed: &[(Owner, Vec<Flow>)],
+    changed: &[(Owner, Vec<Compiled>)],
     generation: u32,
 ) -> Plan {
-    let mut plan = Plan::default();
     let mut deletes = Vec::new();
     let mut modifies = Vec::new();
     let mut adds = Vec::new();
     for (owner, old) in changed {
-        let new = desired.flows_of(owner);
         let cookie = owner.cookie(generation);
-        for flow in new {
-            match installed.get(&flow.key()) {
-                None => adds.push(flow.add(cookie)),
-                Some(i) if i.cookie != cookie => adds.push(flow.add(cookie)),
-                Some(i) if i.instructions != flow.instructions => modifies.push(flow.modify_strict()),
-                Some(_) => {}
+        for flow in desired.flows_of(owner) {
+            match change_for(flow, cookie, installed.get(&flow.key)) {
+                Some(c @ Change::Add { .. }) => adds.push(c),
+                Some(c) => modifies.push(c),
+                None => {}
             }
         }
         for flow in old {
-            let key = flow.key();
-            if desired.owner_of(&key).is_none() {
-                if let Some(i) = installed.get(&key) {
-                    deletes.push(delete_strict(i));
+            if desired.owner_of(&flow.key).is_none() {
+                if let Some(i) = installed.get(&flow.key) {
+                    deletes.push(Change::Delete { key: flow.key.clone(), cookie: i.cookie });
                 }
             }
         }
     }
-    plan.deletes = deletes.len();
-    plan.modifies = modifies.len();
-    plan.adds = adds.len();
-    deletes.extend(modifies);
-    deletes.extend(adds);
-    plan.flow_mods = deletes;
-    plan
-}
-
-fn delete_strict(i: &InstalledFlow) -> FlowMod {
-    // The cookie filter makes the delete a no-op if someone else replaced the flow meanwhile.
-    FlowMod::delete_strict(i.table, i.priority, i.match_.clone()).with_cookie(i.cookie, u64::MAX)
+    Plan::from_parts(deletes, modifies, adds)
 }
 
 #[cfg(test)]
@@ -395,6 +508,18 @@ mod tests {
         assert_eq!(Owner::generation_of(c), 5);
         assert_eq!(c & Owner::OWNER_MASK, o.cookie(9) & Owner::OWNER_MASK);
         assert_ne!(c & Owner::OWNER_MASK, Owner::Pod { namespace: "ns".into(), name: "b".into() }.cookie(5) & Owner::OWNER_MASK);
+    }
+
+    #[test]
+    fn compiled_bodies_equal_typed_flow_mods() {
+        let fl = f(7, 3);
+        let c = Compiled::compile(&fl);
+        let add = Change::Add { flow: c.clone(), cookie: 0x42 };
+        assert_eq!(add.to_flow_mod().unwrap(), fl.add(0x42));
+        assert_eq!(Change::Modify { flow: c.clone() }.to_flow_mod().unwrap(), fl.modify_strict());
+        let del = Change::Delete { key: c.key.clone(), cookie: 9 }.to_flow_mod().unwrap();
+        assert_eq!(del, FlowMod::delete_strict(fl.table.id(), 7, fl.match_.clone()).with_cookie(9, u64::MAX));
+        assert_eq!(c.to_string(), fl.to_string());
     }
 
     #[test]
@@ -449,7 +574,7 @@ mod tests {
         d.set(a.clone(), vec![f(1, 7), f(3, 1)]).unwrap();
         let p = diff(&d, &inst, 1);
         assert_eq!((p.adds, p.modifies, p.deletes), (1, 1, 1));
-        assert_eq!(p.flow_mods[0].command, FlowModCommand::DeleteStrict);
+        assert_eq!(p.changes[0].command(), FlowModCommand::DeleteStrict);
         inst.apply(&p);
         assert!(diff(&d, &inst, 1).is_empty());
         // A new generation re-adds everything (cookies change).

@@ -104,12 +104,24 @@ impl Variant {
     fn of(name: &'static str, s: &ClusterState) -> Variant {
         let (d, problems) = desired_state(s, &HashMap::new(), &DnsAnswers::new());
         assert!(problems.is_empty(), "{problems:?}");
-        let t100: Vec<_> = d.iter().map(|(_, f)| f).filter(|f| f.table == Table::EgressPolicy).collect();
+        let t100: Vec<openflow::FlowMod> = d
+            .iter()
+            .map(|(_, f)| f)
+            .filter(|f| f.key.table == Table::EgressPolicy.id())
+            .map(|f| f.to_flow_mod(0).unwrap())
+            .collect();
         // The policy's rules and SetupOVS's default.
         assert_eq!(t100.len(), ALLOWS + 2);
         Variant {
             name,
-            flows: t100.iter().map(|f| Typed { key: f.key(), instructions: f.instructions.clone(), text: f.to_string() }).collect(),
+            flows: t100
+                .iter()
+                .map(|f| Typed {
+                    key: FlowKey::new(f.table_id, f.priority, &f.match_),
+                    instructions: f.instructions.clone(),
+                    text: f.to_string(),
+                })
+                .collect(),
             text: t100.iter().map(|f| f.to_string()).collect(),
         }
     }

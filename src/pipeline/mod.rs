@@ -104,15 +104,20 @@ pub struct Flow {
 pub struct FlowKey {
     pub table: u8,
     pub priority: u16,
-    /// The match's encoding (canonical, so equal matches give equal keys).
-    pub match_bytes: Vec<u8>,
+    /// The match's encoding (canonical, so equal matches give equal keys), with its padding.
+    pub match_bytes: bytes::Bytes,
 }
 
 impl FlowKey {
     pub fn new(table: u8, priority: u16, m: &Match) -> FlowKey {
         let mut match_bytes = Vec::with_capacity(m.encoded_len());
         m.encode(&mut match_bytes);
-        FlowKey { table, priority, match_bytes }
+        FlowKey { table, priority, match_bytes: match_bytes.into() }
+    }
+
+    /// The match, decoded back from its encoding.
+    pub fn decode_match(&self) -> Result<Match, openflow::DecodeError> {
+        Match::decode(&mut openflow::wire::Reader::new(&self.match_bytes, "flow key"))
     }
 }
 

@@ -6,18 +6,20 @@
 //! either applies everything or (on a commit-time failure: the failing ADD's error, then
 //! OFPBFC_MSG_FAILED) nothing. The bundle is discarded if the commit future is dropped midway.
 
-use openflow::{
-    BundleAdd, BundleControl, BundleCtrlType, BundleFlags, FlowMod, Message, OfMessage,
-};
+use bytes::Bytes;
+use openflow::{BundleControl, BundleCtrlType, BundleFlags, FlowMod, Message, OfMessage};
 
 use super::conn::Outgoing;
-use super::{Rejection, Switch, SwitchError};
+use super::{flow_mod_body, Item, Rejection, Switch, SwitchError};
 
 /// A set of FLOW_MODs applied all-or-nothing.
 pub struct Bundle {
     switch: Switch,
     flags: BundleFlags,
-    flow_mods: Vec<FlowMod>,
+    /// FLOW_MOD bodies, encoded when added.
+    bodies: Vec<Bytes>,
+    /// The first FLOW_MOD that could not be encoded (reported by `commit`).
+    error: Option<SwitchError>,
 }
 
 /// Sends DISCARD if dropped while armed (the caller gave up between OPEN and the outcome).
@@ -46,7 +48,7 @@ fn ctrl(xid: u32, bundle_id: u32, t: BundleCtrlType, flags: BundleFlags) -> OfMe
 
 impl Bundle {
     pub(super) fn new(switch: Switch) -> Bundle {
-        Bundle { switch, flags: BundleFlags::ATOMIC | BundleFlags::ORDERED, flow_mods: Vec::new() }
+        Bundle { switch, flags: BundleFlags::ATOMIC | BundleFlags::ORDERED, bodies: Vec::new(), error: None }
     }
 
     /// Bundle flags (default ATOMIC | ORDERED). OVS applies FLOW_MOD bundles atomically and in
@@ -57,62 +59,81 @@ impl Bundle {
     }
 
     pub fn add(&mut self, fm: FlowMod) -> &mut Bundle {
-        self.flow_mods.push(fm);
+        match flow_mod_body(&fm) {
+            Ok(b) => self.bodies.push(b),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
         self
     }
 
     pub fn extend(&mut self, fms: impl IntoIterator<Item = FlowMod>) -> &mut Bundle {
-        self.flow_mods.extend(fms);
+        for fm in fms {
+            self.add(fm);
+        }
+        self
+    }
+
+    /// Adds a FLOW_MOD body that is already encoded (see [`openflow::FlowModHead::encode_body`]).
+    pub fn add_body(&mut self, body: Bytes) -> &mut Bundle {
+        self.bodies.push(body);
         self
     }
 
     pub fn len(&self) -> usize {
-        self.flow_mods.len()
+        self.bodies.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.flow_mods.is_empty()
+        self.bodies.is_empty()
     }
 
     /// Applies every FLOW_MOD or none. Returns after the switch confirmed the commit. On
     /// `BundleRejected` the switch is unchanged and each failure names the index of the
     /// FLOW_MOD in this bundle.
     pub async fn commit(self) -> Result<(), SwitchError> {
-        let Bundle { switch, flags, flow_mods } = self;
-        if flow_mods.is_empty() {
+        let Bundle { switch, flags, bodies, error } = self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        if bodies.is_empty() {
             return Ok(());
         }
-        commit_one(&switch, flags, flow_mods).await
+        commit_one(&switch, flags, &bodies).await
     }
 
     /// Applies the FLOW_MODs as consecutive bundles of at most `max` messages: each chunk is
     /// atomic, the whole is not (use only where a partial application is acceptable, e.g. a
     /// replay that is retried until it converges). Stops at the first failing chunk.
     pub async fn commit_chunked(self, max: usize) -> Result<(), SwitchError> {
-        let Bundle { switch, flags, mut flow_mods } = self;
-        let max = max.max(1);
-        while !flow_mods.is_empty() {
-            let rest = flow_mods.split_off(flow_mods.len().min(max));
-            commit_one(&switch, flags, std::mem::replace(&mut flow_mods, rest)).await?;
+        let Bundle { switch, flags, bodies, error } = self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        for chunk in bodies.chunks(max.max(1)) {
+            commit_one(&switch, flags, chunk).await?;
         }
         Ok(())
     }
 }
 
-async fn commit_one(switch: &Switch, flags: BundleFlags, flow_mods: Vec<FlowMod>) -> Result<(), SwitchError> {
-    let n = u32::try_from(flow_mods.len())
-        .map_err(|_| openflow::EncodeError::TooLong { what: "bundle", len: flow_mods.len(), max: u32::MAX as usize })?;
+async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Result<(), SwitchError> {
+    let n = u32::try_from(bodies.len())
+        .map_err(|_| openflow::EncodeError::TooLong { what: "bundle", len: bodies.len(), max: u32::MAX as usize })?;
     let bundle_id = switch.alloc_bundle_id();
     // xids: OPEN, n ADDs, BARRIER.
     let open = switch.alloc_xids(n + 2);
     let adds = open + 1..open + 1 + n;
     let barrier = adds.end;
-    let open_msg = std::iter::once((open, Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags))));
-    let add_msgs = flow_mods.into_iter().enumerate().map(|(i, fm)| {
-        let xid = open + 1 + i as u32;
-        let m = BundleAdd::flow_mod(xid, bundle_id, flags, fm);
-        (xid, m.msg)
-    });
+    let open_msg = std::iter::once(Item::Msg(
+        open,
+        Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags)),
+    ));
+    let add_msgs = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| Item::Bundled { xid: open + 1 + i as u32, bundle_id, flags, body });
     let chunks = switch.encode_batch(open_msg.chain(add_msgs), barrier)?;
     // OPEN's own outcome is covered too: an error for it lands in the barrier's list.
     let mut guard = DiscardGuard { switch, bundle_id, flags, armed: true };

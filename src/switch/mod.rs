@@ -251,17 +251,23 @@ impl Switch {
         }
     }
 
-    /// Encodes `msgs` (whose xids are `start..`) plus a trailing BARRIER into queue chunks.
-    fn encode_batch<'a>(
+    /// Encodes `items` plus a trailing BARRIER into queue chunks.
+    pub(crate) fn encode_batch<'a>(
         &self,
-        msgs: impl Iterator<Item = (u32, Message)> + 'a,
+        items: impl Iterator<Item = Item<'a>>,
         barrier_xid: u32,
     ) -> Result<Vec<Bytes>, SwitchError> {
         let limit = self.inner.opts.chunk_bytes.max(1024);
         let mut chunks = Vec::new();
         let mut buf = BytesMut::with_capacity(limit);
-        for (xid, m) in msgs {
-            OfMessage::new(xid, m).encode(&mut buf)?;
+        for item in items {
+            match item {
+                Item::Msg(xid, m) => OfMessage::new(xid, m).encode(&mut buf)?,
+                Item::FlowModBody(xid, body) => openflow::msg::encode_raw(&mut buf, openflow::msg::OFPT_FLOW_MOD, xid, body)?,
+                Item::Bundled { xid, bundle_id, flags, body } => {
+                    openflow::BundleAdd::encode_flow_mod_body(&mut buf, xid, bundle_id, flags, body)?
+                }
+            }
             if buf.len() >= limit {
                 chunks.push(buf.split().freeze());
             }
@@ -293,22 +299,29 @@ impl Switch {
     /// all of them. Not atomic: on failure, the messages that were not rejected are applied.
     /// The error lists each rejected message by its index in `flow_mods`.
     pub async fn send_flow_mods(&self, flow_mods: &[FlowMod]) -> Result<(), SwitchError> {
-        let n = u32::try_from(flow_mods.len()).map_err(|_| openflow::EncodeError::TooLong {
+        let bodies: Vec<Bytes> = flow_mods.iter().map(flow_mod_body).collect::<Result<_, _>>()?;
+        self.send_flow_mod_bodies(&bodies).await
+    }
+
+    /// [`Switch::send_flow_mods`] for FLOW_MOD bodies that are already encoded (see
+    /// [`openflow::FlowModHead::encode_body`]).
+    pub async fn send_flow_mod_bodies(&self, bodies: &[Bytes]) -> Result<(), SwitchError> {
+        let n = u32::try_from(bodies.len()).map_err(|_| openflow::EncodeError::TooLong {
             what: "batch",
-            len: flow_mods.len(),
+            len: bodies.len(),
             max: u32::MAX as usize,
         })?;
         let start = self.alloc_xids(n + 1);
         let barrier = start + n;
         let chunks =
-            self.encode_batch(flow_mods.iter().enumerate().map(|(i, f)| (start + i as u32, Message::FlowMod(f.clone()))), barrier)?;
+            self.encode_batch(bodies.iter().enumerate().map(|(i, b)| Item::FlowModBody(start + i as u32, b)), barrier)?;
         let c = self.pipelined(chunks, start..barrier, barrier).await?;
         c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))?;
         if c.covered.is_empty() {
             return Ok(());
         }
         let failures = c.covered.into_iter().map(|r| ((r.xid - start) as usize, r)).collect();
-        Err(SwitchError::Batch { total: flow_mods.len(), failures })
+        Err(SwitchError::Batch { total: bodies.len(), failures })
     }
 
     /// Writes pre-encoded whole messages as they are and waits for a barrier after them.
@@ -339,6 +352,40 @@ impl Switch {
         }
     }
 
+    /// Dumps flows part by part: `each` gets every reply part as it arrives, so a large table
+    /// never has to be held in memory whole.
+    pub async fn dump_flows_each(
+        &self,
+        req: FlowStatsRequest,
+        mut each: impl FnMut(Vec<FlowStats>),
+    ) -> Result<(), SwitchError> {
+        let xid = self.alloc_xids(1);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        self.register(xid, Waiter::Parts(tx), None)?;
+        let msg = Outgoing::Msg(Box::new(OfMessage::new(xid, Message::MultipartRequest(MultipartRequest::flows(req)))));
+        if let Err(e) = self.enqueue(msg).await {
+            self.inner.shared.table().forget(xid);
+            return Err(e);
+        }
+        let after = self.inner.opts.request_timeout;
+        loop {
+            match tokio::time::timeout(after, rx.recv()).await {
+                // The channel closes after the last part (its sender is dropped then).
+                Ok(None) => return Ok(()),
+                Ok(Some(Ok(MultipartReplyBody::Flow(v)))) => each(v),
+                Ok(Some(Ok(_))) => {
+                    self.inner.shared.table().forget(xid);
+                    return Err(SwitchError::UnexpectedReply { request: "OFPMP_FLOW", got: "another multipart type" });
+                }
+                Ok(Some(Err(e))) => return Err(e),
+                Err(_) => {
+                    self.inner.shared.table().forget(xid);
+                    return Err(SwitchError::Timeout { what: "a flow dump part", after });
+                }
+            }
+        }
+    }
+
     /// The switch's ports (OFPMP_PORT_DESC).
     pub async fn port_desc(&self) -> Result<Vec<Port>, SwitchError> {
         match self.multipart(MultipartRequest::port_desc(), "port descriptions").await? {
@@ -364,7 +411,7 @@ impl Switch {
         cfg.frag = frag;
         let xid = self.alloc_xids(2);
         // SET_CONFIG has no reply: cover it with a barrier so an error for it is not lost.
-        let chunks = self.encode_batch(std::iter::once((xid, Message::SetConfig(cfg))), xid + 1)?;
+        let chunks = self.encode_batch(std::iter::once(Item::Msg(xid, Message::SetConfig(cfg))), xid + 1)?;
         let c = self.pipelined(chunks, xid..xid + 1, xid + 1).await?;
         if let Some(r) = c.covered.into_iter().next() {
             return Err(SwitchError::Rejected(Box::new(r)));
@@ -380,6 +427,20 @@ impl Switch {
     pub fn bundle(&self) -> Bundle {
         Bundle::new(self.clone())
     }
+}
+
+/// One message of a pipelined batch.
+pub(crate) enum Item<'a> {
+    Msg(u32, Message),
+    FlowModBody(u32, &'a [u8]),
+    Bundled { xid: u32, bundle_id: u32, flags: openflow::BundleFlags, body: &'a [u8] },
+}
+
+/// Encodes a FLOW_MOD's body (everything after the OpenFlow header).
+pub fn flow_mod_body(fm: &FlowMod) -> Result<Bytes, SwitchError> {
+    let mut b = BytesMut::with_capacity(fm.encoded_len());
+    fm.encode(&mut b)?;
+    Ok(b.freeze())
 }
 
 /// Sends an echo whenever the connection was idle for `interval`; closes it when the echo is

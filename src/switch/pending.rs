@@ -26,9 +26,13 @@ pub(crate) struct Completion {
 pub(crate) type ReplyTx = oneshot::Sender<Result<Completion, SwitchError>>;
 pub(crate) type MultipartTx = oneshot::Sender<Result<MultipartReplyBody, SwitchError>>;
 
+pub(crate) type PartTx = tokio::sync::mpsc::UnboundedSender<Result<MultipartReplyBody, SwitchError>>;
+
 pub(crate) enum Waiter {
     Reply(ReplyTx),
     Multipart(MultipartAssembler, MultipartTx),
+    /// Every part handed over as it arrives (the channel closes after the last).
+    Parts(PartTx),
 }
 
 struct Pending {
@@ -84,6 +88,9 @@ impl Table {
                 Waiter::Multipart(_, tx) => {
                     let _ = tx.send(Err(SwitchError::Rejected(Box::new(rej))));
                 }
+                Waiter::Parts(tx) => {
+                    let _ = tx.send(Err(SwitchError::Rejected(Box::new(rej))));
+                }
             }
             return true;
         }
@@ -129,6 +136,17 @@ impl Table {
                     }
                 }
             }
+            Waiter::Parts(tx) => {
+                let openflow::Message::MultipartReply(part) = msg.msg else {
+                    let _ = tx.send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
+                    return true;
+                };
+                let more = part.more();
+                let _ = tx.send(Ok(part.body));
+                if more {
+                    self.pending.insert(xid, Pending { waiter: Waiter::Parts(tx), covered: std::mem::take(&mut p.covered), cover });
+                }
+            }
         }
         true
     }
@@ -143,6 +161,9 @@ impl Table {
                 let _ = tx.send(Err(e));
             }
             Waiter::Multipart(_, tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Waiter::Parts(tx) => {
                 let _ = tx.send(Err(e));
             }
         }
@@ -163,6 +184,9 @@ impl Table {
                     let _ = tx.send(Err(e));
                 }
                 Waiter::Multipart(_, tx) => {
+                    let _ = tx.send(Err(e));
+                }
+                Waiter::Parts(tx) => {
                     let _ = tx.send(Err(e));
                 }
             }

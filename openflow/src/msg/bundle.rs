@@ -9,6 +9,7 @@
 use bitflags::bitflags;
 use bytes::{BufMut, Bytes};
 
+
 use crate::error::{DecodeError, EncodeError};
 use crate::msg::{FlowMod, Message, OfMessage, ONFT_BUNDLE_ADD_MESSAGE, ONFT_BUNDLE_CONTROL};
 use crate::wire::Reader;
@@ -132,6 +133,29 @@ impl BundleAdd {
         8 + 8 + self.message.encoded_len() + self.trailer.len()
     }
 
+    /// Writes a whole BUNDLE_ADD_MESSAGE (outer header included) wrapping a FLOW_MOD whose
+    /// body is already encoded; the outer and inner xids are both `xid`.
+    pub fn encode_flow_mod_body(
+        buf: &mut impl BufMut,
+        xid: u32,
+        bundle_id: u32,
+        flags: BundleFlags,
+        flow_mod_body: &[u8],
+    ) -> Result<(), EncodeError> {
+        let inner_len = crate::msg::HEADER_LEN + flow_mod_body.len();
+        let total = crate::wire::len_u16("BUNDLE_ADD_MESSAGE", crate::msg::HEADER_LEN + 16 + inner_len)?;
+        buf.put_u8(crate::OFP_VERSION);
+        buf.put_u8(crate::msg::OFPT_EXPERIMENTER);
+        buf.put_u16(total);
+        buf.put_u32(xid);
+        buf.put_u32(ONF_VENDOR_ID);
+        buf.put_u32(ONFT_BUNDLE_ADD_MESSAGE);
+        buf.put_u32(bundle_id);
+        buf.put_u16(0);
+        buf.put_u16(flags.bits());
+        crate::msg::encode_raw(buf, crate::msg::OFPT_FLOW_MOD, xid, flow_mod_body)
+    }
+
     pub fn encode(&self, buf: &mut impl BufMut) -> Result<(), EncodeError> {
         buf.put_u32(ONF_VENDOR_ID);
         buf.put_u32(ONFT_BUNDLE_ADD_MESSAGE);
@@ -176,6 +200,31 @@ impl BundleAdd {
 mod tests {
     use super::*;
     use crate::msg::OfMessage;
+
+    #[test]
+    fn pre_encoded_flow_mod_body_matches_the_typed_encoding() {
+        let fm = FlowMod::add(
+            20,
+            100,
+            crate::Match::any().in_port(3u32),
+            vec![crate::Action::load_reg(0, 11), crate::Action::note([1, 2])],
+            Some(21),
+        )
+        .with_cookie(0xabc, 0);
+        let typed = BundleAdd::flow_mod(9, 4, BundleFlags::ATOMIC | BundleFlags::ORDERED, fm.clone()).to_bytes().unwrap();
+        let mut m = Vec::new();
+        fm.match_.encode(&mut m);
+        let mut ins = Vec::new();
+        crate::instruction::encode_instructions(&fm.instructions, &mut ins).unwrap();
+        let mut body = Vec::new();
+        fm.head().encode_body(&mut body, &m, &ins);
+        let mut raw = Vec::new();
+        BundleAdd::encode_flow_mod_body(&mut raw, 9, 4, BundleFlags::ATOMIC | BundleFlags::ORDERED, &body).unwrap();
+        assert_eq!(raw, typed.to_vec());
+        let mut plain = Vec::new();
+        crate::msg::encode_raw(&mut plain, crate::msg::OFPT_FLOW_MOD, 9, &body).unwrap();
+        assert_eq!(plain, OfMessage::new(9, Message::FlowMod(fm)).to_bytes().unwrap().to_vec());
+    }
 
     /// Regression: nested BUNDLE_ADDs recursed once per 24 bytes, so a hostile 64 KiB frame
     /// overflowed the stack (found by openflow/tests/roundtrip.rs).

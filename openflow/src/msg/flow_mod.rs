@@ -142,19 +142,25 @@ impl FlowMod {
         Self::FIXED_LEN + self.match_.encoded_len() + instructions_len(&self.instructions)
     }
 
+    /// The fixed part of this FLOW_MOD.
+    pub fn head(&self) -> FlowModHead {
+        FlowModHead {
+            cookie: self.cookie,
+            cookie_mask: self.cookie_mask,
+            table_id: self.table_id,
+            command: self.command,
+            idle_timeout: self.idle_timeout,
+            hard_timeout: self.hard_timeout,
+            priority: self.priority,
+            buffer_id: self.buffer_id,
+            out_port: self.out_port,
+            out_group: self.out_group,
+            flags: self.flags,
+        }
+    }
+
     pub fn encode(&self, buf: &mut impl BufMut) -> Result<(), EncodeError> {
-        buf.put_u64(self.cookie);
-        buf.put_u64(self.cookie_mask);
-        buf.put_u8(self.table_id);
-        buf.put_u8(self.command.to_u8());
-        buf.put_u16(self.idle_timeout);
-        buf.put_u16(self.hard_timeout);
-        buf.put_u16(self.priority);
-        buf.put_u32(self.buffer_id);
-        buf.put_u32(self.out_port.0);
-        buf.put_u32(self.out_group);
-        buf.put_u16(self.flags.bits());
-        buf.put_u16(0);
+        self.head().encode(buf);
         self.match_.encode(buf);
         encode_instructions(&self.instructions, buf)
     }
@@ -190,6 +196,68 @@ impl FlowMod {
             match_,
             instructions,
         })
+    }
+}
+
+/// The fixed 40 bytes of a FLOW_MOD body (everything but the match and the instructions).
+///
+/// For callers that keep flows pre-encoded: a flow store can compile a flow's match and
+/// instructions once and write FLOW_MODs as `head + encoded match + encoded instructions`,
+/// without a typed [`FlowMod`] per message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlowModHead {
+    pub cookie: u64,
+    pub cookie_mask: u64,
+    pub table_id: u8,
+    pub command: FlowModCommand,
+    pub idle_timeout: u16,
+    pub hard_timeout: u16,
+    pub priority: u16,
+    pub buffer_id: u32,
+    pub out_port: PortNo,
+    pub out_group: u32,
+    pub flags: FlowModFlags,
+}
+
+impl FlowModHead {
+    /// A head with every filter and option at its neutral value.
+    pub fn new(command: FlowModCommand, table_id: u8, priority: u16) -> FlowModHead {
+        FlowModHead {
+            cookie: 0,
+            cookie_mask: 0,
+            table_id,
+            command,
+            idle_timeout: 0,
+            hard_timeout: 0,
+            priority,
+            buffer_id: OFP_NO_BUFFER,
+            out_port: PortNo::ANY,
+            out_group: OFPG_ANY,
+            flags: FlowModFlags::empty(),
+        }
+    }
+
+    pub fn encode(&self, buf: &mut impl BufMut) {
+        buf.put_u64(self.cookie);
+        buf.put_u64(self.cookie_mask);
+        buf.put_u8(self.table_id);
+        buf.put_u8(self.command.to_u8());
+        buf.put_u16(self.idle_timeout);
+        buf.put_u16(self.hard_timeout);
+        buf.put_u16(self.priority);
+        buf.put_u32(self.buffer_id);
+        buf.put_u32(self.out_port.0);
+        buf.put_u32(self.out_group);
+        buf.put_u16(self.flags.bits());
+        buf.put_u16(0);
+    }
+
+    /// A whole FLOW_MOD body: this head, an encoded `ofp_match` (with its padding, as
+    /// [`Match::encode`] writes it) and encoded instructions.
+    pub fn encode_body(&self, buf: &mut impl BufMut, encoded_match: &[u8], encoded_instructions: &[u8]) {
+        self.encode(buf);
+        buf.put_slice(encoded_match);
+        buf.put_slice(encoded_instructions);
     }
 }
 

@@ -228,6 +228,17 @@ impl Message {
     }
 }
 
+/// Writes a whole OpenFlow 1.3 message whose body is already encoded.
+pub fn encode_raw(buf: &mut impl BufMut, msg_type: u8, xid: u32, body: &[u8]) -> Result<(), EncodeError> {
+    let len = len_u16("OpenFlow message", HEADER_LEN + body.len())?;
+    buf.put_u8(OFP_VERSION);
+    buf.put_u8(msg_type);
+    buf.put_u16(len);
+    buf.put_u32(xid);
+    buf.put_slice(body);
+    Ok(())
+}
+
 /// A whole message: header fields plus the typed body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OfMessage {

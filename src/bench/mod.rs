@@ -1,0 +1,393 @@
+//! `sdn-node bench churn`: the agent's flow programming measured side by side with the seed's
+//! way (ovs-ofctl per transaction) and with the switch's own limit, on a real ovs-vswitchd, in
+//! one run, alternating A/B rounds.
+
+pub mod baseline;
+pub mod workload;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use openflow::{FlowMod, FlowModCommand, Match, OFPTT_ALL};
+use serde::Serialize;
+
+use crate::engine::{Engine, EngineError};
+use crate::pipeline::Flow;
+use crate::sandbox::{OvsSandbox, SandboxOptions};
+use crate::store::{diff, DesiredState, InstalledState, Owner};
+use crate::switch::{Switch, SwitchError, SwitchOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("switch: {0}")]
+    Switch(#[from] SwitchError),
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("OVSDB: {0}")]
+    Ovsdb(#[from] crate::ovsdb::OvsdbError),
+    #[error("baseline: {0}")]
+    Baseline(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Clone, Debug)]
+pub struct ChurnOptions {
+    pub base_pods: u32,
+    pub ops: u32,
+    pub rounds: u32,
+    /// Attach to a running switch (its `db.sock` and `br0.mgmt`) instead of starting one.
+    pub ovs_rundir: Option<PathBuf>,
+    pub egress_rules: u32,
+    pub egress_swaps: u32,
+}
+
+impl Default for ChurnOptions {
+    fn default() -> Self {
+        ChurnOptions { base_pods: 10_000, ops: 300, rounds: 2, ovs_rundir: None, egress_rules: 1000, egress_swaps: 20 }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Serial {
+    pub agent_tps: f64,
+    pub ofctl_tps: f64,
+    pub ratio: f64,
+    pub agent_p50_us: f64,
+    pub agent_p99_us: f64,
+    pub agent_max_us: f64,
+    pub ofctl_p50_us: f64,
+    pub ofctl_p99_us: f64,
+    pub ofctl_max_us: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Pipelined {
+    pub agent_tps: f64,
+    pub agent_flow_mods_per_s: f64,
+    pub raw_flow_mods_per_s: f64,
+    pub ratio_vs_raw: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Resync {
+    pub flows: usize,
+    pub agent_s: f64,
+    pub ofctl_bundle_s: f64,
+    pub raw_s: f64,
+    pub ratio_vs_raw: f64,
+    pub ratio_vs_ofctl: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Teardown {
+    pub p50_us_at_100: f64,
+    pub p50_us_at_base: f64,
+    pub growth: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EgressSwap {
+    pub rules: u32,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Memory {
+    pub peak_rss_mib: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChurnReport {
+    pub base_pods: u32,
+    pub ops: u32,
+    pub rounds: u32,
+    pub serial: Serial,
+    pub pipelined: Pipelined,
+    pub resync: Resync,
+    pub teardown: Teardown,
+    pub egress_swap: EgressSwap,
+    pub memory: Memory,
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The q-quantile (0..=1) of `v` (sorted in place).
+fn quantile(v: &mut [Duration], q: f64) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    v.sort();
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    quantile(&mut v, 0.5)
+}
+
+/// The process's peak resident set (VmHWM), in MiB.
+pub fn peak_rss_mib() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+struct Bench {
+    _sandbox: Option<OvsSandbox>,
+    env: Vec<(String, String)>,
+    sw: Switch,
+    engine: Engine,
+}
+
+impl Bench {
+    async fn clear(&self) -> Result<(), BenchError> {
+        let del = FlowMod::new(FlowModCommand::Delete, OFPTT_ALL, 0x8000, Match::any());
+        self.sw.send_flow_mods(&[del]).await?;
+        Ok(())
+    }
+
+    async fn set_pods(&self, m: u32) -> Result<(), BenchError> {
+        self.engine.resync(Some(workload::desired(m))).await?;
+        Ok(())
+    }
+}
+
+async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
+    let (sandbox, dir) = match &opts.ovs_rundir {
+        Some(d) => (None, d.clone()),
+        None => {
+            let sb = OvsSandbox::start(SandboxOptions::default()).await?;
+            sb.add_bridge("br0", "dummy").await?;
+            let d = sb.dir().to_path_buf();
+            (Some(sb), d)
+        }
+    };
+    let env = match &sandbox {
+        Some(sb) => sb.ovs_env(),
+        None => ["OVS_RUNDIR", "OVS_LOGDIR", "OVS_DBDIR", "OVS_SYSCONFDIR"]
+            .iter()
+            .map(|k| (k.to_string(), dir.display().to_string()))
+            .collect(),
+    };
+    let sw = Switch::connect(&format!("unix:{}", dir.join("br0.mgmt").display()), SwitchOptions::default()).await?;
+    let engine = Engine::start(sw.clone(), 1);
+    Ok(Bench { _sandbox: sandbox, env, sw, engine })
+}
+
+/// Runs every measurement; `progress` receives a line per phase.
+pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<ChurnReport, BenchError> {
+    let b = setup(opts).await?;
+    let m = opts.base_pods;
+    let k = opts.ops;
+    let rounds = opts.rounds.max(1);
+    let mut r = ChurnReport { base_pods: m, ops: k, rounds, ..Default::default() };
+
+    // 3. Bulk resync into an empty bridge.
+    progress(&format!("resync: {m} pods into an empty bridge, {rounds} rounds"));
+    let plan = diff(&workload::desired(m), &InstalledState::default(), 1);
+    r.resync.flows = plan.len();
+    let file = tempfile::NamedTempFile::new()?;
+    {
+        use std::io::Write;
+        let mut w = std::io::BufWriter::new(file.as_file());
+        for c in &plan.changes {
+            let fm = c.to_flow_mod().map_err(|e| BenchError::Baseline(e.to_string()))?;
+            writeln!(w, "{fm}")?;
+        }
+        w.flush()?;
+    }
+    let raw_chunks = baseline::encode_raw_bodies(plan.bodies())?;
+    drop(plan);
+    let (mut ta, mut to, mut tr) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        b.clear().await?;
+        let t = Instant::now();
+        b.set_pods(m).await?;
+        ta.push(t.elapsed());
+        b.clear().await?;
+        to.push(baseline::ofctl_bundle_file(&b.env, "br0", file.path())?);
+        b.clear().await?;
+        tr.push(baseline::raw(&b.sw, raw_chunks.clone()).await?);
+    }
+    let (a, o, rw) = (median(ta), median(to), median(tr));
+    r.resync.agent_s = a.as_secs_f64();
+    r.resync.ofctl_bundle_s = o.as_secs_f64();
+    r.resync.raw_s = rw.as_secs_f64();
+    r.resync.ratio_vs_raw = rw.as_secs_f64() / a.as_secs_f64();
+    r.resync.ratio_vs_ofctl = o.as_secs_f64() / a.as_secs_f64();
+    drop(raw_chunks);
+    b.set_pods(m).await?;
+
+    // 1. Serial pod churn at M, alternating agent and ovs-ofctl rounds.
+    progress(&format!("serial churn: {k} setups + {k} teardowns per round, {rounds} rounds each"));
+    let (mut lat_a, mut lat_o) = (Vec::new(), Vec::new());
+    let (mut time_a, mut time_o) = (Duration::ZERO, Duration::ZERO);
+    let mut teardown_at_base = Vec::new();
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        for j in 0..k {
+            let (o, f) = workload::pod_flows(m + j);
+            let t = Instant::now();
+            b.engine.update(vec![(o, f)]).await?;
+            lat_a.push(t.elapsed());
+        }
+        for j in 0..k {
+            let (o, _) = workload::pod(m + j);
+            let t = Instant::now();
+            b.engine.update(vec![(o, vec![])]).await?;
+            let d = t.elapsed();
+            lat_a.push(d);
+            teardown_at_base.push(d);
+        }
+        time_a += t0.elapsed();
+        let t0 = Instant::now();
+        for j in 0..k {
+            lat_o.push(baseline::ofctl_transaction(&b.env, "br0", &workload::seed_setup_text(m + j))?);
+        }
+        for j in 0..k {
+            lat_o.push(baseline::ofctl_transaction(&b.env, "br0", &workload::seed_teardown_text(m + j))?);
+        }
+        time_o += t0.elapsed();
+    }
+    let n = (2 * k * rounds) as f64;
+    r.serial.agent_tps = n / time_a.as_secs_f64();
+    r.serial.ofctl_tps = n / time_o.as_secs_f64();
+    r.serial.ratio = r.serial.agent_tps / r.serial.ofctl_tps;
+    r.serial.agent_p50_us = us(quantile(&mut lat_a, 0.5));
+    r.serial.agent_p99_us = us(quantile(&mut lat_a, 0.99));
+    r.serial.agent_max_us = us(quantile(&mut lat_a, 1.0));
+    r.serial.ofctl_p50_us = us(quantile(&mut lat_o, 0.5));
+    r.serial.ofctl_p99_us = us(quantile(&mut lat_o, 0.99));
+    r.serial.ofctl_max_us = us(quantile(&mut lat_o, 1.0));
+    r.teardown.p50_us_at_base = us(quantile(&mut teardown_at_base, 0.5));
+
+    // 2. Pipelined churn: the same transactions submitted concurrently.
+    progress(&format!("pipelined churn: {k} concurrent setups, then {k} concurrent teardowns, {rounds} rounds"));
+    let setup_fms: Vec<FlowMod> = (0..k).flat_map(|j| {
+        let (o, f) = workload::pod_flows(m + j);
+        let c = o.cookie(1);
+        f.into_iter().map(move |fl| fl.add(c))
+    }).collect();
+    let teardown_fms: Vec<FlowMod> = (0..k)
+        .flat_map(|j| {
+            let (o, f) = workload::pod_flows(m + j);
+            let c = o.cookie(1);
+            f.into_iter().map(move |fl| FlowMod::delete_strict(fl.table.id(), fl.priority, fl.match_).with_cookie(c, u64::MAX))
+        })
+        .collect();
+    let raw_fms: Vec<FlowMod> = setup_fms.iter().chain(&teardown_fms).cloned().collect();
+    let raw_chunks = baseline::encode_raw(&raw_fms)?;
+    let (mut pa, mut pr) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        concurrently(&b.engine, (0..k).map(|j| workload::pod_flows(m + j)).collect()).await?;
+        concurrently(&b.engine, (0..k).map(|j| (workload::pod(m + j).0, vec![])).collect()).await?;
+        pa.push(t.elapsed());
+        pr.push(baseline::raw(&b.sw, raw_chunks.clone()).await?);
+    }
+    let (a, rw) = (median(pa), median(pr));
+    let fms = raw_fms.len() as f64;
+    r.pipelined.agent_tps = (2 * k) as f64 / a.as_secs_f64();
+    r.pipelined.agent_flow_mods_per_s = fms / a.as_secs_f64();
+    r.pipelined.raw_flow_mods_per_s = fms / rw.as_secs_f64();
+    r.pipelined.ratio_vs_raw = r.pipelined.agent_flow_mods_per_s / r.pipelined.raw_flow_mods_per_s;
+    drop(raw_chunks);
+
+    // 4. Egress swap: replace a 1000-rule policy with another, atomically.
+    progress(&format!("egress swap: {} rules, {} swaps", opts.egress_rules, opts.egress_swaps));
+    r.egress_swap.rules = opts.egress_rules;
+    let variants = [workload::egress_flows(opts.egress_rules, 20), workload::egress_flows(opts.egress_rules, 21)];
+    b.engine.update(vec![variants[0].clone()]).await?;
+    let mut sw_lat = Vec::new();
+    for s in 0..opts.egress_swaps {
+        let v = variants[(s as usize + 1) % 2].clone();
+        let t = Instant::now();
+        b.engine.update(vec![v]).await?;
+        sw_lat.push(t.elapsed());
+    }
+    r.egress_swap.p50_us = us(quantile(&mut sw_lat, 0.5));
+    r.egress_swap.p99_us = us(quantile(&mut sw_lat, 0.99));
+    b.engine.update(vec![(variants[0].0.clone(), vec![])]).await?;
+
+    // 5. Memory with M pods installed (before shrinking the table).
+    r.memory.peak_rss_mib = peak_rss_mib();
+
+    // Teardown latency at 100 pods, for the growth ratio.
+    progress("teardown at 100 base pods");
+    b.set_pods(100).await?;
+    let mut t100 = Vec::new();
+    for _ in 0..rounds {
+        for j in 0..k {
+            b.engine.update(vec![workload::pod_flows(m + j)]).await?;
+        }
+        for j in 0..k {
+            let t = Instant::now();
+            b.engine.update(vec![(workload::pod(m + j).0, vec![])]).await?;
+            t100.push(t.elapsed());
+        }
+    }
+    r.teardown.p50_us_at_100 = us(quantile(&mut t100, 0.5));
+    r.teardown.growth = r.teardown.p50_us_at_base / r.teardown.p50_us_at_100;
+
+    // The switch must hold exactly the desired state at the end.
+    let (desired, _, _) = b.engine.snapshot().await?;
+    verify(&b.sw, &desired).await?;
+    Ok(r)
+}
+
+/// Submits every update at once and waits for all.
+async fn concurrently(engine: &Engine, updates: Vec<(Owner, Vec<Flow>)>) -> Result<(), BenchError> {
+    let futs = updates.into_iter().map(|u| {
+        let e = engine.clone();
+        tokio::spawn(async move { e.update(vec![u]).await })
+    });
+    for r in futures::future::join_all(futs).await {
+        r.map_err(|e| BenchError::Baseline(format!("task failed: {e}")))??;
+    }
+    Ok(())
+}
+
+async fn verify(sw: &Switch, desired: &DesiredState) -> Result<(), BenchError> {
+    let installed = InstalledState::from_dump(sw.dump_flows(Default::default()).await?);
+    let left = diff(desired, &installed, 1);
+    if !left.is_empty() {
+        return Err(BenchError::Baseline(format!("switch differs from the desired state at the end: {left}")));
+    }
+    Ok(())
+}
+
+impl ChurnReport {
+    /// A human-readable table.
+    pub fn table(&self) -> String {
+        let s = &self.serial;
+        let p = &self.pipelined;
+        let r = &self.resync;
+        format!(
+            "base pods {m}, {k} ops x {rounds} rounds\n\
+             serial churn      agent {:>9.0} tx/s (p50 {:.0} us, p99 {:.0} us, max {:.0} us)\n\
+             \x20                 ovs-ofctl {:>5.0} tx/s (p50 {:.0} us, p99 {:.0} us)   ratio {:.1}x\n\
+             pipelined churn   agent {:>9.0} flow_mods/s ({:.0} tx/s), raw {:.0} flow_mods/s   ratio vs raw {:.2}\n\
+             bulk resync       {} flows: agent {:.3} s, ovs-ofctl --bundle {:.3} s, raw {:.3} s   vs raw {:.2}, vs ofctl {:.2}x\n\
+             teardown p50      {:.0} us at 100 pods, {:.0} us at {m}   growth {:.2}\n\
+             egress swap       {} rules: p50 {:.0} us, p99 {:.0} us\n\
+             peak RSS          {:.1} MiB\n",
+            s.agent_tps, s.agent_p50_us, s.agent_p99_us, s.agent_max_us,
+            s.ofctl_tps, s.ofctl_p50_us, s.ofctl_p99_us, s.ratio,
+            p.agent_flow_mods_per_s, p.agent_tps, p.raw_flow_mods_per_s, p.ratio_vs_raw,
+            r.flows, r.agent_s, r.ofctl_bundle_s, r.raw_s, r.ratio_vs_raw, r.ratio_vs_ofctl,
+            self.teardown.p50_us_at_100, self.teardown.p50_us_at_base, self.teardown.growth,
+            self.egress_swap.rules, self.egress_swap.p50_us, self.egress_swap.p99_us,
+            self.memory.peak_rss_mib,
+            m = self.base_pods, k = self.ops, rounds = self.rounds,
+        )
+    }
+}
