@@ -184,7 +184,7 @@ impl State {
         let mut prev: Vec<(Owner, Vec<Compiled>)> = Vec::with_capacity(u.len());
         for (owner, flows) in u {
             let old = self.desired.flows_of(owner).to_vec();
-            if let Err(c) = self.desired.set(owner.clone(), flows.clone()) {
+            if let Err(c) = self.desired.set_compiled(owner.clone(), flows.iter().map(Compiled::compile).collect()) {
                 self.unstage(prev);
                 return Err(c);
             }

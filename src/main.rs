@@ -98,7 +98,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Runtime::new() {
+    // One thread: the agent's work is I/O-bound and sequential per switch, and on a small node
+    // a second worker mostly adds cross-thread wake-ups on every reply (measured with
+    // `sdn-node bench churn`); ovs-vswitchd keeps the other core.
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
