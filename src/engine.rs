@@ -128,6 +128,8 @@ struct State {
 }
 
 type Pending = (Update, oneshot::Sender<Result<Outcome, EngineError>>);
+/// Each touched owner with the flows it had before an update.
+type Prev = Vec<(Owner, Vec<Compiled>)>;
 
 impl State {
     async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
@@ -241,7 +243,7 @@ impl State {
             }
         }
         // Stage every update; a conflicting one fails alone.
-        let mut staged: Vec<(Pending, Vec<(Owner, Vec<Compiled>)>)> = Vec::with_capacity(group.len());
+        let mut staged: Vec<(Pending, Prev)> = Vec::with_capacity(group.len());
         for (u, reply) in group {
             match self.stage(&u) {
                 Ok(prev) => staged.push(((u, reply), prev)),

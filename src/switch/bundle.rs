@@ -128,7 +128,7 @@ async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Re
     let barrier = adds.end;
     let open_msg = std::iter::once(Item::Msg(
         open,
-        Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags)),
+        Box::new(Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags))),
     ));
     let add_msgs = bodies
         .iter()

@@ -262,7 +262,7 @@ impl Switch {
         let mut buf = BytesMut::with_capacity(limit);
         for item in items {
             match item {
-                Item::Msg(xid, m) => OfMessage::new(xid, m).encode(&mut buf)?,
+                Item::Msg(xid, m) => OfMessage::new(xid, *m).encode(&mut buf)?,
                 Item::FlowModBody(xid, body) => openflow::msg::encode_raw(&mut buf, openflow::msg::OFPT_FLOW_MOD, xid, body)?,
                 Item::Bundled { xid, bundle_id, flags, body } => {
                     openflow::BundleAdd::encode_flow_mod_body(&mut buf, xid, bundle_id, flags, body)?
@@ -411,7 +411,7 @@ impl Switch {
         cfg.frag = frag;
         let xid = self.alloc_xids(2);
         // SET_CONFIG has no reply: cover it with a barrier so an error for it is not lost.
-        let chunks = self.encode_batch(std::iter::once(Item::Msg(xid, Message::SetConfig(cfg))), xid + 1)?;
+        let chunks = self.encode_batch(std::iter::once(Item::Msg(xid, Box::new(Message::SetConfig(cfg)))), xid + 1)?;
         let c = self.pipelined(chunks, xid..xid + 1, xid + 1).await?;
         if let Some(r) = c.covered.into_iter().next() {
             return Err(SwitchError::Rejected(Box::new(r)));
@@ -431,7 +431,7 @@ impl Switch {
 
 /// One message of a pipelined batch.
 pub(crate) enum Item<'a> {
-    Msg(u32, Message),
+    Msg(u32, Box<Message>),
     FlowModBody(u32, &'a [u8]),
     Bundled { xid: u32, bundle_id: u32, flags: openflow::BundleFlags, body: &'a [u8] },
 }
