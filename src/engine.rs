@@ -211,13 +211,14 @@ impl State {
         for body in plan.bodies() {
             b.add_body(body);
         }
+        let encoded = t.elapsed();
         let r = b.commit().await;
         self.stats.bundles += 1;
         match &r {
             Ok(()) => {
                 self.stats.flow_mods += plan.len() as u64;
                 self.installed.apply(plan);
-                debug!(%plan, latency = ?t.elapsed(), "bundle committed");
+                debug!(%plan, ?encoded, latency = ?t.elapsed(), "bundle committed");
             }
             Err(e) => {
                 self.stats.bundle_failures += 1;
@@ -243,6 +244,7 @@ impl State {
             }
         }
         // Stage every update; a conflicting one fails alone.
+        let t_stage = Instant::now();
         let mut staged: Vec<(Pending, Prev)> = Vec::with_capacity(group.len());
         for (u, reply) in group {
             match self.stage(&u) {
@@ -255,8 +257,9 @@ impl State {
         if staged.is_empty() {
             return;
         }
-        let all_prev: Vec<(Owner, Vec<Compiled>)> = merge_prev(staged.iter().map(|(_, p)| p));
-        let plan = diff_owners(&self.desired, &self.installed, &all_prev, self.generation);
+        let touched = staged.iter().flat_map(|(_, p)| p.iter().map(|(o, f)| (o, f.as_slice())));
+        let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
+        debug!(updates = staged.len(), staged_in = ?t_stage.elapsed(), "group staged");
         if staged.len() == 1 {
             let ((_, reply), prev) = staged.pop().expect("one staged update");
             let r = self.commit(&plan).await;
@@ -287,7 +290,8 @@ impl State {
                     let r = match self.stage(&u) {
                         Err(c) => Err(EngineError::Conflict(c)),
                         Ok(prev) => {
-                            let plan = diff_owners(&self.desired, &self.installed, &prev, self.generation);
+                            let touched = prev.iter().map(|(o, f)| (o, f.as_slice()));
+                            let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
                             match self.commit(&plan).await {
                                 Ok(()) => Ok(Outcome::of(&plan)),
                                 Err(e) => {
@@ -314,21 +318,6 @@ impl State {
         self.commit(&plan).await?;
         Ok(Outcome::of(&plan))
     }
-}
-
-/// The previous flows of every touched owner, once per owner (the earliest state wins: it is
-/// what the switch had before the group).
-fn merge_prev<'a>(prevs: impl Iterator<Item = &'a Vec<(Owner, Vec<Compiled>)>>) -> Vec<(Owner, Vec<Compiled>)> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for p in prevs {
-        for (o, f) in p {
-            if seen.insert(o.clone()) {
-                out.push((o.clone(), f.clone()));
-            }
-        }
-    }
-    out
 }
 
 /// An update's share of a group plan: the FLOW_MODs on keys its owners touched.

@@ -89,6 +89,17 @@ enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// (Used by `churn`.) Measure the agent's peak RSS alone: replay M pods into the emptied
+    /// bridge of a running switch, churn K pods, print the peak RSS in MiB.
+    #[command(hide = true)]
+    Rss {
+        #[arg(long)]
+        base_pods: u32,
+        #[arg(long)]
+        ops: u32,
+        #[arg(long)]
+        ovs_rundir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -113,6 +124,18 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
+        Cmd::Bench { which: BenchCmd::Rss { base_pods, ops, ovs_rundir } } => {
+            match sdn_node::bench::rss(&ovs_rundir, base_pods, ops).await {
+                Ok(mib) => {
+                    println!("{mib:.1}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Bench { which: BenchCmd::Churn { base_pods, ops, rounds, ovs_rundir, json } } => {
             let opts = sdn_node::bench::ChurnOptions { base_pods, ops, rounds, ovs_rundir, ..Default::default() };
             match sdn_node::bench::churn(&opts, |p| eprintln!("== {p}")).await {

@@ -12,9 +12,7 @@
 //! `dump-flows --owner` ask the switch for one object's flows with a cookie mask; the generation
 //! lets a restarted agent recognise flows written by a previous run.
 
-use std::collections::BTreeMap;
-
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -135,10 +133,10 @@ impl fmt::Display for Owner {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Compiled {
     pub key: FlowKey,
-    pub instructions: Bytes,
+    pub instructions: Arc<[u8]>,
 }
 
-fn encode_instructions(ins: &[Instruction]) -> Bytes {
+fn encode_instructions(ins: &[Instruction]) -> Arc<[u8]> {
     let mut b = Vec::with_capacity(openflow::instruction::instructions_len(ins));
     // Instruction lists built by the pipeline are small; an encoding error would mean an
     // action list over 64 KiB, which no pipeline flow has. Keep what was encoded.
@@ -187,7 +185,7 @@ pub struct Conflict {
 /// The flows the switch should hold, by owner.
 #[derive(Clone, Debug, Default)]
 pub struct DesiredState {
-    owners: BTreeMap<Arc<Owner>, Vec<Compiled>>,
+    owners: HashMap<Arc<Owner>, Vec<Compiled>>,
     keys: HashMap<FlowKey, Arc<Owner>>,
 }
 
@@ -254,7 +252,7 @@ impl DesiredState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstalledFlow {
     pub cookie: u64,
-    pub instructions: Bytes,
+    pub instructions: Arc<[u8]>,
 }
 
 /// The mirror of the switch's flow table.
@@ -460,30 +458,30 @@ pub fn diff(desired: &DesiredState, installed: &InstalledState, generation: u32)
             None => {}
         }
     }
-    // Deterministic order (by table, priority, match) makes plans comparable and logs readable.
-    let key = |c: &Change| {
-        let k = c.key();
-        (k.table, std::cmp::Reverse(k.priority), k.match_bytes.clone())
-    };
-    deletes.sort_by_cached_key(key);
-    modifies.sort_by_cached_key(key);
-    adds.sort_by_cached_key(key);
+    // Adds and modifies follow the desired state's owner order; deletes come in hash order
+    // (within one atomic bundle the order of distinct flows is invisible).
     Plan::from_parts(deletes, modifies, adds)
 }
 
 /// Diffs only the flows of the owners that changed: `changed` holds each touched owner with the
 /// flows it had before; its new flows are in `desired`. Cost is proportional to the owners'
 /// flows, not to the table.
-pub fn diff_owners(
+pub fn diff_owners<'a>(
     desired: &DesiredState,
     installed: &InstalledState,
-    changed: &[(Owner, Vec<Compiled>)],
+    changed: impl IntoIterator<Item = (&'a Owner, &'a [Compiled])>,
     generation: u32,
 ) -> Plan {
     let mut deletes = Vec::new();
     let mut modifies = Vec::new();
     let mut adds = Vec::new();
+    let mut seen: HashSet<&Owner> = HashSet::default();
     for (owner, old) in changed {
+        // An owner touched twice (two updates of one group): its first previous state is
+        // what the switch has.
+        if !seen.insert(owner) {
+            continue;
+        }
         let cookie = owner.cookie(generation);
         for flow in desired.flows_of(owner) {
             match change_for(flow, cookie, installed.get(&flow.key)) {
@@ -570,7 +568,7 @@ mod tests {
         inst.apply(&diff(&d, &inst, 1));
         let old = d.flows_of(&a).to_vec();
         d.set(a.clone(), vec![f(1, 5)]).unwrap();
-        let p = diff_owners(&d, &inst, &[(a.clone(), old)], 1);
+        let p = diff_owners(&d, &inst, [(&a, &old[..])], 1);
         assert_eq!((p.adds, p.modifies, p.deletes), (0, 1, 1));
         inst.apply(&p);
         assert!(diff(&d, &inst, 1).is_empty());
@@ -579,7 +577,7 @@ mod tests {
         let old_a = d.flows_of(&a).to_vec();
         d.remove(&b);
         d.set(a.clone(), vec![f(1, 5), f(3, 1)]).unwrap();
-        let p = diff_owners(&d, &inst, &[(b, old_b), (a, old_a)], 1);
+        let p = diff_owners(&d, &inst, [(&b, &old_b[..]), (&a, &old_a[..])], 1);
         assert_eq!((p.adds, p.modifies, p.deletes), (1, 0, 0));
     }
 

@@ -143,6 +143,7 @@ pub fn peak_rss_mib() -> f64 {
 
 struct Bench {
     _sandbox: Option<OvsSandbox>,
+    dir: PathBuf,
     env: Vec<(String, String)>,
     sw: Switch,
     engine: Engine,
@@ -158,6 +159,13 @@ impl Bench {
     async fn set_pods(&self, m: u32) -> Result<(), BenchError> {
         self.engine.resync(Some(workload::desired(m))).await?;
         Ok(())
+    }
+
+    /// Replays `desired` (already built, as the agent has it in memory after a switch restart).
+    async fn replay(&self, desired: DesiredState) -> Result<Duration, BenchError> {
+        let t = Instant::now();
+        self.engine.resync(Some(desired)).await?;
+        Ok(t.elapsed())
     }
 }
 
@@ -180,7 +188,7 @@ async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
     };
     let sw = Switch::connect(&format!("unix:{}", dir.join("br0.mgmt").display()), SwitchOptions::default()).await?;
     let engine = Engine::start(sw.clone(), 1);
-    Ok(Bench { _sandbox: sandbox, env, sw, engine })
+    Ok(Bench { _sandbox: sandbox, dir, env, sw, engine })
 }
 
 /// Runs every measurement; `progress` receives a line per phase.
@@ -210,9 +218,8 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     let (mut ta, mut to, mut tr) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         b.clear().await?;
-        let t = Instant::now();
-        b.set_pods(m).await?;
-        ta.push(t.elapsed());
+        let desired = workload::desired(m);
+        ta.push(b.replay(desired).await?);
         b.clear().await?;
         to.push(baseline::ofctl_bundle_file(&b.env, "br0", file.path())?);
         b.clear().await?;
@@ -320,8 +327,8 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     r.egress_swap.p99_us = us(quantile(&mut sw_lat, 0.99));
     b.engine.update(vec![(variants[0].0.clone(), vec![])]).await?;
 
-    // 5. Memory with M pods installed (before shrinking the table).
-    r.memory.peak_rss_mib = peak_rss_mib();
+    // 5. Memory: measured in a separate agent process (this one also holds the baselines'
+    // data), replaying M pods into an empty bridge and churning, at the end.
 
     // Teardown latency at 100 pods, for the growth ratio.
     progress("teardown at 100 base pods");
@@ -343,7 +350,45 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     // The switch must hold exactly the desired state at the end.
     let (desired, _, _) = b.engine.snapshot().await?;
     verify(&b.sw, &desired).await?;
+
+    progress(&format!("memory: a separate agent process replays {m} pods and churns {k}"));
+    r.memory.peak_rss_mib = rss_in_child(&b.dir, m, k)?;
     Ok(r)
+}
+
+/// Runs `sdn-node bench rss` against the same switch and reads its peak RSS.
+fn rss_in_child(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchError> {
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(exe)
+        .args(["bench", "rss", "--base-pods", &m.to_string(), "--ops", &k.to_string(), "--ovs-rundir"])
+        .arg(dir)
+        .output()?;
+    if !out.status.success() {
+        return Err(BenchError::Baseline(format!("rss child failed: {}", String::from_utf8_lossy(&out.stderr))));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse::<f64>()
+        .map_err(|_| BenchError::Baseline(format!("rss child printed {text:?}")))
+}
+
+/// The agent alone: connect, replay `m` pods into an emptied bridge as one bundle, set up and
+/// tear down `k` pods one by one; returns the peak RSS (MiB) of this process.
+pub async fn rss(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchError> {
+    let sw = Switch::connect(&format!("unix:{}", dir.join("br0.mgmt").display()), SwitchOptions::default()).await?;
+    let del = FlowMod::new(FlowModCommand::Delete, OFPTT_ALL, 0x8000, Match::any());
+    sw.send_flow_mods(&[del]).await?;
+    let engine = Engine::start(sw.clone(), 1);
+    engine.resync(Some(workload::desired(m))).await?;
+    for j in 0..k {
+        let (o, p) = workload::pod(m + j);
+        engine.update(vec![(o, crate::pipeline::pod::flows(&p))]).await?;
+    }
+    for j in 0..k {
+        engine.update(vec![(workload::pod(m + j).0, vec![])]).await?;
+    }
+    engine.resync(None).await?;
+    Ok(peak_rss_mib())
 }
 
 /// Submits every update at once and waits for all.

@@ -105,7 +105,7 @@ pub struct FlowKey {
     pub table: u8,
     pub priority: u16,
     /// The match's encoding (canonical, so equal matches give equal keys), with its padding.
-    pub match_bytes: bytes::Bytes,
+    pub match_bytes: std::sync::Arc<[u8]>,
 }
 
 impl FlowKey {

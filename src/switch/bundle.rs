@@ -134,10 +134,10 @@ async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Re
         .iter()
         .enumerate()
         .map(|(i, body)| Item::Bundled { xid: open + 1 + i as u32, bundle_id, flags, body });
-    let chunks = switch.encode_batch(open_msg.chain(add_msgs), barrier)?;
+
     // OPEN's own outcome is covered too: an error for it lands in the barrier's list.
     let mut guard = DiscardGuard { switch, bundle_id, flags, armed: true };
-    let c = switch.pipelined(chunks, open..barrier, barrier).await?;
+    let c = switch.batch(open_msg.chain(add_msgs), open..barrier, barrier).await?;
     c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))?;
     if !c.covered.is_empty() {
         let failures = index_failures(c.covered, open);

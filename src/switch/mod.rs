@@ -251,46 +251,42 @@ impl Switch {
         }
     }
 
-    /// Encodes `items` plus a trailing BARRIER into queue chunks.
-    pub(crate) fn encode_batch<'a>(
+    /// Sends `items` and a trailing BARRIER, and waits for the barrier; errors for the xids in
+    /// `cover` are collected on the way. Chunks are queued as soon as they are encoded, so the
+    /// switch starts on the first messages while later ones are still being encoded.
+    pub(crate) async fn batch<'a>(
         &self,
         items: impl Iterator<Item = Item<'a>>,
-        barrier_xid: u32,
-    ) -> Result<Vec<Bytes>, SwitchError> {
-        let limit = self.inner.opts.chunk_bytes.max(1024);
-        let mut chunks = Vec::new();
-        let mut buf = BytesMut::with_capacity(limit);
-        for item in items {
-            match item {
-                Item::Msg(xid, m) => OfMessage::new(xid, *m).encode(&mut buf)?,
-                Item::FlowModBody(xid, body) => openflow::msg::encode_raw(&mut buf, openflow::msg::OFPT_FLOW_MOD, xid, body)?,
-                Item::Bundled { xid, bundle_id, flags, body } => {
-                    openflow::BundleAdd::encode_flow_mod_body(&mut buf, xid, bundle_id, flags, body)?
-                }
-            }
-            if buf.len() >= limit {
-                chunks.push(buf.split().freeze());
-            }
-        }
-        OfMessage::new(barrier_xid, Message::BarrierRequest).encode(&mut buf)?;
-        chunks.push(buf.freeze());
-        Ok(chunks)
-    }
-
-    /// Pipelines raw pre-encoded chunks, then waits on the barrier that ends them.
-    async fn pipelined(
-        &self,
-        chunks: Vec<Bytes>,
         cover: Range<u32>,
         barrier_xid: u32,
     ) -> Result<Completion, SwitchError> {
         let (tx, rx) = oneshot::channel();
         self.register(barrier_xid, Waiter::Reply(tx), Some(cover))?;
-        for c in chunks {
-            if let Err(e) = self.enqueue(Outgoing::Raw(c)).await {
-                self.inner.shared.table().forget(barrier_xid);
-                return Err(e);
+        let sent = async {
+            let limit = self.inner.opts.chunk_bytes.max(1024);
+            let mut buf = BytesMut::with_capacity(limit);
+            for item in items {
+                match item {
+                    Item::Msg(xid, m) => OfMessage::new(xid, *m).encode(&mut buf)?,
+                    Item::FlowModBody(xid, body) => {
+                        openflow::msg::encode_raw(&mut buf, openflow::msg::OFPT_FLOW_MOD, xid, body)?
+                    }
+                    Item::Bundled { xid, bundle_id, flags, body } => {
+                        openflow::BundleAdd::encode_flow_mod_body(&mut buf, xid, bundle_id, flags, body)?
+                    }
+                }
+                if buf.len() >= limit {
+                    self.enqueue(Outgoing::Raw(buf.split().freeze())).await?;
+                    buf.reserve(limit);
+                }
             }
+            OfMessage::new(barrier_xid, Message::BarrierRequest).encode(&mut buf)?;
+            self.enqueue(Outgoing::Raw(buf.freeze())).await
+        }
+        .await;
+        if let Err(e) = sent {
+            self.inner.shared.table().forget(barrier_xid);
+            return Err(e);
         }
         self.wait(barrier_xid, rx, "the barrier after a batch").await
     }
@@ -313,9 +309,8 @@ impl Switch {
         })?;
         let start = self.alloc_xids(n + 1);
         let barrier = start + n;
-        let chunks =
-            self.encode_batch(bodies.iter().enumerate().map(|(i, b)| Item::FlowModBody(start + i as u32, b)), barrier)?;
-        let c = self.pipelined(chunks, start..barrier, barrier).await?;
+        let items = bodies.iter().enumerate().map(|(i, b)| Item::FlowModBody(start + i as u32, b));
+        let c = self.batch(items, start..barrier, barrier).await?;
         c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))?;
         if c.covered.is_empty() {
             return Ok(());
@@ -411,8 +406,8 @@ impl Switch {
         cfg.frag = frag;
         let xid = self.alloc_xids(2);
         // SET_CONFIG has no reply: cover it with a barrier so an error for it is not lost.
-        let chunks = self.encode_batch(std::iter::once(Item::Msg(xid, Box::new(Message::SetConfig(cfg)))), xid + 1)?;
-        let c = self.pipelined(chunks, xid..xid + 1, xid + 1).await?;
+        let items = std::iter::once(Item::Msg(xid, Box::new(Message::SetConfig(cfg))));
+        let c = self.batch(items, xid..xid + 1, xid + 1).await?;
         if let Some(r) = c.covered.into_iter().next() {
             return Err(SwitchError::Rejected(Box::new(r)));
         }
