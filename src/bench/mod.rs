@@ -358,7 +358,11 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
 
 /// Runs `sdn-node bench rss` against the same switch and reads its peak RSS.
 fn rss_in_child(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchError> {
-    let exe = std::env::current_exe()?;
+    // `SDN_NODE_BIN` lets a test harness (whose own executable is not sdn-node) name it.
+    let exe = match std::env::var_os("SDN_NODE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()?,
+    };
     let out = std::process::Command::new(exe)
         .args(["bench", "rss", "--base-pods", &m.to_string(), "--ops", &k.to_string(), "--ovs-rundir"])
         .arg(dir)
