@@ -10,3 +10,5 @@ ensure_packages
 export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
+# Benchmarks are not run here (shared, noisy machines), only compiled.
+cargo bench --workspace --locked --no-run
