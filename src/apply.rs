@@ -125,7 +125,13 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     let sw = Switch::connect(&opts.mgmt_socket(), SwitchOptions::default()).await?;
     sw.set_frag_mode(FragMode::NxMatch).await?;
     let generation = generation(&ovs, &opts.bridge).await?;
-    let installed = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
+    let dump = sw.dump_flows(FlowStatsRequest::default()).await?;
+    if crate::pipeline::base::already_set_up(&dump, state.plugin) {
+        info!("switch already set up for this plugin and pipeline version; converging by difference");
+    } else {
+        info!(flows = dump.len(), "switch not set up for this plugin and pipeline version; installing the pipeline");
+    }
+    let installed = InstalledState::from_dump(dump);
     let plan = diff(&desired, &installed, generation);
     report.adds = plan.adds;
     report.modifies = plan.modifies;

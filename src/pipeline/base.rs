@@ -94,6 +94,20 @@ pub fn version_note(plugin: crate::model::Plugin) -> [u8; 2] {
     [plugin.id(), super::VERSION]
 }
 
+/// The seed's AlreadySetUp: the switch holds the table-253 version note of this plugin and
+/// pipeline VERSION (a prefix match on the note, as the seed's `NoteHasPrefix`).
+pub fn already_set_up(flows: &[openflow::FlowStats], plugin: crate::model::Plugin) -> bool {
+    let want = version_note(plugin);
+    flows.iter().filter(|f| f.table_id == Table::Version.id()).any(|f| {
+        f.instructions.iter().any(|i| match i {
+            openflow::Instruction::ApplyActions(acts) => {
+                acts.iter().any(|a| matches!(a, Action::Note(n) if n.has_prefix(&want)))
+            }
+            _ => false,
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +138,30 @@ mod tests {
             assert!(text.iter().any(|t| t == want), "missing {want}\n{}", text.join("\n"));
         }
         assert_eq!(version_flow(Plugin::Multitenant).to_string(), "table=253, actions=note:01.03.00.00.00.00");
+    }
+
+    #[test]
+    fn already_set_up_reads_the_version_note() {
+        let stats = |f: &Flow| openflow::FlowStats {
+            table_id: f.table.id(),
+            duration_sec: 0,
+            duration_nsec: 0,
+            priority: f.priority,
+            idle_timeout: 0,
+            hard_timeout: 0,
+            flags: Default::default(),
+            cookie: 0,
+            packet_count: 0,
+            byte_count: 0,
+            match_: f.match_.clone(),
+            instructions: f.instructions.clone(),
+        };
+        let mt = stats(&version_flow(Plugin::Multitenant));
+        assert!(already_set_up(std::slice::from_ref(&mt), Plugin::Multitenant));
+        assert!(!already_set_up(std::slice::from_ref(&mt), Plugin::Subnet), "other plugin");
+        assert!(!already_set_up(&[], Plugin::Multitenant), "empty switch");
+        let old = Flow::new(Table::Version, super::super::DEFAULT_PRIORITY, Match::any(), vec![Action::note([1, 2])], None);
+        assert!(!already_set_up(&[stats(&old)], Plugin::Multitenant), "older VERSION");
     }
 
     #[test]
