@@ -145,7 +145,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     let after = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
     let left = diff(&desired, &after, generation);
     if !left.is_empty() {
-        let first = left.changes.first().map(|c| format!("{} {}", c.command().name(), c.key().table)).unwrap_or_default();
+        let first = left.changes.first().and_then(|c| c.to_flow_mod().ok()).map(|f| format!("{} {f}", f.command.name())).unwrap_or_default();
         return Err(ApplyError::NotConverged(format!("{left}; first: {first}")));
     }
     report.flows = after.len();

@@ -3,34 +3,43 @@
 //! One task owns the state, so updates are applied in order without locks. Updates that arrive
 //! while a bundle is in flight are *group-committed*: the next bundle carries all of them (each
 //! update's flows are a subset of one atomic bundle, so each is still applied all-or-nothing).
-//! If a group fails, its updates are retried one by one so that only the update that really
-//! fails is reported as failed. A failure that leaves the switch's state unknown (disconnect,
-//! timeout) marks the engine dirty: the next [`Engine::resync`] dumps the switch and repairs it.
+//!
+//! Failures: a commit that failed in any way leaves the engine *dirty* — we never assume a
+//! failed commit did or did not apply — and the next operation first resyncs from a fresh dump.
+//! A failed group is retried update by update (after a resync) so that only the update that
+//! really fails is reported as failed.
+//!
+//! Resync: after a dump, a switch that holds this pipeline's version note and only flows of the
+//! current generation gets the difference; an empty or stale one (restarted, restored from an
+//! old save, another plugin or VERSION) gets a full replay — one ordered atomic bundle that
+//! deletes everything and adds everything — under a new generation.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use openflow::FlowStatsRequest;
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::pipeline::Flow;
-use crate::store::{diff, diff_owners, Compiled, Conflict, DesiredState, InstalledState, Owner, Plan};
+use crate::store::{diff, diff_owners, is_current, replay, Compiled, Conflict, DesiredState, InstalledState, Owner, Plan};
 use crate::switch::{Switch, SwitchError};
 
 /// The most FLOW_MODs one group commit may carry (a single update may exceed it).
 pub const MAX_GROUP_FLOW_MODS: usize = 50_000;
 
-/// What an update did.
+/// What an operation did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Outcome {
     pub adds: usize,
     pub modifies: usize,
     pub deletes: usize,
+    /// A resync that replaced everything (the switch was empty or stale).
+    pub full_replay: bool,
 }
 
 impl Outcome {
     fn of(p: &Plan) -> Outcome {
-        Outcome { adds: p.adds, modifies: p.modifies, deletes: p.deletes }
+        Outcome { adds: p.adds, modifies: p.modifies, deletes: p.deletes, full_replay: false }
     }
     pub fn flow_mods(&self) -> usize {
         self.adds + self.modifies + self.deletes
@@ -50,10 +59,14 @@ pub enum EngineError {
 /// A set of owners' new flows (an empty list removes the owner), applied atomically.
 pub type Update = Vec<(Owner, Vec<Flow>)>;
 
+type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
 enum Request {
-    Update(Update, oneshot::Sender<Result<Outcome, EngineError>>),
-    Resync(Option<DesiredState>, oneshot::Sender<Result<Outcome, EngineError>>),
+    Update(Update, Reply<Outcome>),
+    Replace(DesiredState, Reply<Outcome>),
+    Resync(Option<DesiredState>, Reply<Outcome>),
     SetSwitch(Switch),
+    Status(oneshot::Sender<Status>),
     Snapshot(oneshot::Sender<(DesiredState, InstalledState, bool)>),
 }
 
@@ -65,6 +78,19 @@ pub struct Stats {
     pub flow_mods: u64,
     pub updates: u64,
     pub resyncs: u64,
+    pub full_replays: u64,
+}
+
+/// The engine's state, for health checks and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    pub dirty: bool,
+    pub generation: u32,
+    pub desired_flows: usize,
+    pub installed_flows: usize,
+    pub stats: Stats,
+    /// Desired flows per table.
+    pub flows_per_table: Vec<(u8, usize)>,
 }
 
 /// Handle to the engine task.
@@ -74,13 +100,14 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the engine on `sw`; flows get cookies of `generation`. Call [`Engine::resync`]
-    /// before the first update so the installed mirror matches the switch.
+    /// Starts the engine on `sw`; flows get cookies of `generation` (a full replay moves to the
+    /// next one; read it back with [`Engine::status`]). Call [`Engine::resync`] before the first
+    /// update so the installed mirror matches the switch.
     pub fn start(sw: Switch, generation: u32) -> Engine {
         let (tx, rx) = mpsc::channel(4096);
         let st = State {
             sw,
-            generation,
+            generation: generation & 0xff_ffff,
             desired: DesiredState::default(),
             installed: InstalledState::default(),
             dirty: true,
@@ -101,8 +128,14 @@ impl Engine {
         self.call(|tx| Request::Update(update, tx)).await?
     }
 
-    /// Dumps the switch and commits the difference to the desired state in one atomic bundle
-    /// (replacing the desired state first if `desired` is given).
+    /// Replaces the whole desired state and commits the difference to the installed mirror
+    /// in one atomic bundle (no dump unless the engine is dirty).
+    pub async fn replace(&self, desired: DesiredState) -> Result<Outcome, EngineError> {
+        self.call(|tx| Request::Replace(desired, tx)).await?
+    }
+
+    /// Dumps the switch and makes it equal to the desired state (replaced first if given): the
+    /// difference if the switch is current, a full replay otherwise.
     pub async fn resync(&self, desired: Option<DesiredState>) -> Result<Outcome, EngineError> {
         self.call(|tx| Request::Resync(desired, tx)).await?
     }
@@ -110,6 +143,10 @@ impl Engine {
     /// Switches to a new connection (after a reconnect); the engine is dirty until resynced.
     pub async fn set_switch(&self, sw: Switch) -> Result<(), EngineError> {
         self.tx.send(Request::SetSwitch(sw)).await.map_err(|_| EngineError::Stopped)
+    }
+
+    pub async fn status(&self) -> Result<Status, EngineError> {
+        self.call(Request::Status).await
     }
 
     /// The desired and installed state, and whether a resync is needed.
@@ -127,7 +164,7 @@ struct State {
     stats: Stats,
 }
 
-type Pending = (Update, oneshot::Sender<Result<Outcome, EngineError>>);
+type Pending = (Update, Reply<Outcome>);
 /// Each touched owner with the flows it had before an update.
 type Prev = Vec<(Owner, Vec<Compiled>)>;
 
@@ -162,6 +199,16 @@ impl State {
                     }
                     self.commit_group(group).await;
                 }
+                Request::Replace(desired, reply) => {
+                    self.desired = desired;
+                    let r = if self.dirty {
+                        self.resync().await
+                    } else {
+                        let plan = diff(&self.desired, &self.installed, self.generation);
+                        self.commit(&plan).await.map(|_| Outcome::of(&plan))
+                    };
+                    let _ = reply.send(r.map_err(EngineError::Switch));
+                }
                 Request::Resync(desired, reply) => {
                     if let Some(d) = desired {
                         self.desired = d;
@@ -173,6 +220,9 @@ impl State {
                     self.sw = sw;
                     self.dirty = true;
                 }
+                Request::Status(reply) => {
+                    let _ = reply.send(self.status());
+                }
                 Request::Snapshot(reply) => {
                     let _ = reply.send((self.desired.clone(), self.installed.clone(), self.dirty));
                 }
@@ -180,10 +230,25 @@ impl State {
         }
     }
 
+    fn status(&self) -> Status {
+        let mut per_table = std::collections::BTreeMap::new();
+        for (_, f) in self.desired.iter() {
+            *per_table.entry(f.key.table).or_insert(0usize) += 1;
+        }
+        Status {
+            dirty: self.dirty,
+            generation: self.generation,
+            desired_flows: self.desired.len(),
+            installed_flows: self.installed.len(),
+            stats: self.stats.clone(),
+            flows_per_table: per_table.into_iter().collect(),
+        }
+    }
+
     /// Applies `u` to the desired state; returns each touched owner's previous flows, or the
     /// conflict (with nothing changed).
-    fn stage(&mut self, u: &Update) -> Result<Vec<(Owner, Vec<Compiled>)>, Box<Conflict>> {
-        let mut prev: Vec<(Owner, Vec<Compiled>)> = Vec::with_capacity(u.len());
+    fn stage(&mut self, u: &Update) -> Result<Prev, Box<Conflict>> {
+        let mut prev: Prev = Vec::with_capacity(u.len());
         for (owner, flows) in u {
             let old = self.desired.flows_of(owner).to_vec();
             if let Err(c) = self.desired.set_compiled(owner.clone(), flows.iter().map(Compiled::compile).collect()) {
@@ -195,13 +260,14 @@ impl State {
         Ok(prev)
     }
 
-    fn unstage(&mut self, prev: Vec<(Owner, Vec<Compiled>)>) {
+    fn unstage(&mut self, prev: Prev) {
         for (owner, old) in prev.into_iter().rev() {
             // Restoring what was there cannot conflict: it was consistent before.
             let _ = self.desired.set_compiled(owner, old);
         }
     }
 
+    /// Commits a plan as one bundle. On any failure the switch's state is unknown: dirty.
     async fn commit(&mut self, plan: &Plan) -> Result<(), SwitchError> {
         if plan.is_empty() {
             return Ok(());
@@ -211,22 +277,18 @@ impl State {
         for body in plan.bodies() {
             b.add_body(body);
         }
-        let encoded = t.elapsed();
         let r = b.commit().await;
         self.stats.bundles += 1;
         match &r {
             Ok(()) => {
                 self.stats.flow_mods += plan.len() as u64;
                 self.installed.apply(plan);
-                debug!(%plan, ?encoded, latency = ?t.elapsed(), "bundle committed");
+                debug!(%plan, latency = ?t.elapsed(), "bundle committed");
             }
             Err(e) => {
                 self.stats.bundle_failures += 1;
-                // A rejected bundle left the switch unchanged; anything else leaves it unknown.
-                if !matches!(e, SwitchError::BundleRejected { .. }) {
-                    self.dirty = true;
-                }
-                warn!(error = %e, %plan, "bundle failed");
+                self.dirty = true;
+                warn!(error = %e, %plan, "bundle failed; the switch will be resynced from a dump");
             }
         }
         r
@@ -244,7 +306,6 @@ impl State {
             }
         }
         // Stage every update; a conflicting one fails alone.
-        let t_stage = Instant::now();
         let mut staged: Vec<(Pending, Prev)> = Vec::with_capacity(group.len());
         for (u, reply) in group {
             match self.stage(&u) {
@@ -259,50 +320,50 @@ impl State {
         }
         let touched = staged.iter().flat_map(|(_, p)| p.iter().map(|(o, f)| (o, f.as_slice())));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-        debug!(updates = staged.len(), staged_in = ?t_stage.elapsed(), "group staged");
-        if staged.len() == 1 {
-            let ((_, reply), prev) = staged.pop().expect("one staged update");
-            let r = self.commit(&plan).await;
-            if r.is_err() {
-                self.unstage(prev);
-            }
-            let _ = reply.send(r.map(|_| Outcome::of(&plan)).map_err(EngineError::Switch));
-            return;
-        }
         match self.commit(&plan).await {
             Ok(()) => {
-                // Report each update's share (recomputed from its own owners' changes).
-                for ((_, reply), prev) in staged {
-                    let _ = reply.send(Ok(share(&prev, &plan)));
+                for ((_, reply), _) in staged {
+                    let _ = reply.send(Ok(Outcome::of(&plan)));
                 }
             }
-            Err(e) if self.dirty => {
-                for ((_, reply), _) in staged {
+            Err(e) if staged.len() == 1 => {
+                if let Some(((_, reply), prev)) = staged.pop() {
+                    self.unstage(prev);
+                    let _ = reply.send(Err(EngineError::Switch(e)));
+                }
+            }
+            Err(e) if e.is_disconnect() => {
+                for ((_, reply), prev) in staged.into_iter().rev() {
+                    self.unstage(prev);
                     let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
                 }
             }
             Err(_) => {
-                // Isolate the failing update(s): undo all, then one by one.
+                // Isolate the failing update(s): undo all, repair, then one by one.
                 for (_, prev) in staged.iter().rev() {
                     self.unstage(prev.clone());
                 }
                 for ((u, reply), _) in staged {
-                    let r = match self.stage(&u) {
-                        Err(c) => Err(EngineError::Conflict(c)),
-                        Ok(prev) => {
-                            let touched = prev.iter().map(|(o, f)| (o, f.as_slice()));
-                            let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-                            match self.commit(&plan).await {
-                                Ok(()) => Ok(Outcome::of(&plan)),
-                                Err(e) => {
-                                    self.unstage(prev);
-                                    Err(EngineError::Switch(e))
-                                }
-                            }
-                        }
-                    };
+                    let r = self.single(&u).await;
                     let _ = reply.send(r);
                 }
+            }
+        }
+    }
+
+    /// One update on its own (after a resync if the engine is dirty).
+    async fn single(&mut self, u: &Update) -> Result<Outcome, EngineError> {
+        if self.dirty {
+            self.resync().await?;
+        }
+        let prev = self.stage(u)?;
+        let touched = prev.iter().map(|(o, f)| (o, f.as_slice()));
+        let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
+        match self.commit(&plan).await {
+            Ok(()) => Ok(Outcome::of(&plan)),
+            Err(e) => {
+                self.unstage(prev);
+                Err(EngineError::Switch(e))
             }
         }
     }
@@ -314,17 +375,19 @@ impl State {
         self.sw.dump_flows_each(FlowStatsRequest::default(), |part| installed.extend_from_dump(&part)).await?;
         self.installed = installed;
         self.dirty = false;
-        let plan = diff(&self.desired, &self.installed, self.generation);
+        if is_current(&self.desired, &self.installed, self.generation) {
+            let plan = diff(&self.desired, &self.installed, self.generation);
+            self.commit(&plan).await?;
+            return Ok(Outcome::of(&plan));
+        }
+        let next = (self.generation + 1) & 0xff_ffff;
+        let plan = replay(&self.desired, next);
+        info!(installed = self.installed.len(), desired = self.desired.len(), generation = next, "switch is empty or stale: full replay");
         self.commit(&plan).await?;
-        Ok(Outcome::of(&plan))
+        self.generation = next;
+        self.stats.full_replays += 1;
+        Ok(Outcome { full_replay: true, ..Outcome::of(&plan) })
     }
-}
-
-/// An update's share of a group plan: the FLOW_MODs on keys its owners touched.
-fn share(_prev: &[(Owner, Vec<Compiled>)], plan: &Plan) -> Outcome {
-    // Per-update attribution is approximate in a group; report the group totals divided
-    // evenly would be misleading, so report what this update's owners' flows changed.
-    Outcome::of(plan)
 }
 
 fn clone_err(e: &SwitchError) -> SwitchError {
@@ -332,13 +395,5 @@ fn clone_err(e: &SwitchError) -> SwitchError {
         SwitchError::Disconnected(r) => SwitchError::Disconnected(r.clone()),
         SwitchError::Timeout { what, after } => SwitchError::Timeout { what, after: *after },
         other => SwitchError::Disconnected(crate::switch::CloseReason::Io(other.to_string())),
-    }
-}
-
-/// Waits at most `d` for an engine call (helper for callers with deadlines).
-pub async fn within<T>(d: Duration, f: impl std::future::Future<Output = Result<T, EngineError>>) -> Result<T, EngineError> {
-    match tokio::time::timeout(d, f).await {
-        Ok(r) => r,
-        Err(_) => Err(EngineError::Switch(SwitchError::Timeout { what: "a flow engine call", after: d })),
     }
 }

@@ -309,10 +309,14 @@ impl InstalledState {
                 Change::Delete { key, .. } => {
                     self.flows.remove(key);
                 }
+                Change::DeleteAll => self.flows.clear(),
             }
         }
     }
 }
+
+/// An empty `ofp_match` (type OXM, length 4, padded).
+const EMPTY_MATCH: [u8; 8] = [0, 1, 0, 4, 0, 0, 0, 0];
 
 /// One FLOW_MOD of a plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -323,6 +327,9 @@ pub enum Change {
     /// DELETE_STRICT, filtered by the installed cookie so it is a no-op if someone else replaced
     /// the flow meanwhile.
     Delete { key: FlowKey, cookie: u64 },
+    /// DELETE of every flow in every table: only as the first message of a full replay bundle
+    /// (the one loose delete the agent sends; it costs one pass over the table).
+    DeleteAll,
 }
 
 impl Change {
@@ -331,13 +338,16 @@ impl Change {
             Change::Add { .. } => FlowModCommand::Add,
             Change::Modify { .. } => FlowModCommand::ModifyStrict,
             Change::Delete { .. } => FlowModCommand::DeleteStrict,
+            Change::DeleteAll => FlowModCommand::Delete,
         }
     }
 
-    pub fn key(&self) -> &FlowKey {
+    /// The flow the change is about (`None` for DeleteAll).
+    pub fn key(&self) -> Option<&FlowKey> {
         match self {
-            Change::Add { flow, .. } | Change::Modify { flow } => &flow.key,
-            Change::Delete { key, .. } => key,
+            Change::Add { flow, .. } | Change::Modify { flow } => Some(&flow.key),
+            Change::Delete { key, .. } => Some(key),
+            Change::DeleteAll => None,
         }
     }
 
@@ -350,16 +360,20 @@ impl Change {
 
     pub fn body_len(&self) -> usize {
         FlowMod::FIXED_LEN
-            + self.key().match_bytes.len()
+            + self.key().map_or(EMPTY_MATCH.len(), |k| k.match_bytes.len())
             + match self {
                 Change::Add { flow, .. } | Change::Modify { flow } => flow.instructions.len(),
-                Change::Delete { .. } => 0,
+                Change::Delete { .. } | Change::DeleteAll => 0,
             }
     }
 
     /// Appends the FLOW_MOD body to `buf`.
     pub fn write_body(&self, buf: &mut BytesMut) {
-        let key = self.key();
+        let Some(key) = self.key() else {
+            let h = FlowModHead::new(FlowModCommand::Delete, openflow::OFPTT_ALL, openflow::msg::OFP_DEFAULT_PRIORITY);
+            h.encode_body(buf, &EMPTY_MATCH, &[]);
+            return;
+        };
         let mut h = FlowModHead::new(self.command(), key.table, key.priority);
         let ins: &[u8] = match self {
             Change::Add { flow, cookie } => {
@@ -372,6 +386,7 @@ impl Change {
                 h.cookie_mask = u64::MAX;
                 &[]
             }
+            Change::DeleteAll => &[],
         };
         h.encode_body(buf, &key.match_bytes, ins);
     }
@@ -427,6 +442,31 @@ impl fmt::Display for Plan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} add, {} modify, {} delete", self.adds, self.modifies, self.deletes)
     }
+}
+
+/// A full replay: delete every flow, then add every desired flow, in one ordered atomic
+/// bundle, so the switch goes from whatever it holds to exactly the desired state in one step.
+pub fn replay(desired: &DesiredState, generation: u32) -> Plan {
+    let mut changes = Vec::with_capacity(desired.len() + 1);
+    changes.push(Change::DeleteAll);
+    changes.extend(desired.iter().map(|(o, f)| Change::Add { flow: f.clone(), cookie: o.cookie(generation) }));
+    let adds = changes.len() - 1;
+    Plan { changes, adds, modifies: 0, deletes: 1 }
+}
+
+/// Whether the switch holds flows written by this pipeline at this generation: the desired
+/// version note is installed as desired, and no flow of ours (by cookie kind) carries another
+/// generation. If not, the switch is empty or stale and gets a full replay.
+pub fn is_current(desired: &DesiredState, installed: &InstalledState, generation: u32) -> bool {
+    let version_ok = desired
+        .flows_of(&Owner::Version)
+        .iter()
+        .all(|f| installed.get(&f.key).is_some_and(|i| i.instructions == f.instructions));
+    version_ok
+        && installed.iter().all(|(_, i)| {
+            let kind = (i.cookie >> 56) as u8;
+            !(1..=10).contains(&kind) || Owner::generation_of(i.cookie) == (generation & 0xff_ffff)
+        })
 }
 
 /// What a desired flow needs, given what is installed under its key.
@@ -558,6 +598,28 @@ mod tests {
     }
 
     #[test]
+    fn replay_and_staleness() {
+        let mut d = DesiredState::default();
+        d.set(Owner::Version, vec![crate::pipeline::base::version_flow(crate::model::Plugin::Subnet)]).unwrap();
+        d.set(Owner::Pod { namespace: "n".into(), name: "p".into() }, vec![f(1, 1)]).unwrap();
+        let mut inst = InstalledState::default();
+        assert!(!is_current(&d, &inst, 3), "empty switch");
+        let p = replay(&d, 3);
+        assert_eq!(p.changes[0], Change::DeleteAll);
+        assert_eq!(p.changes[0].to_flow_mod().unwrap().command, FlowModCommand::Delete);
+        assert_eq!(p.changes[0].to_flow_mod().unwrap().table_id, openflow::OFPTT_ALL);
+        inst.apply(&diff(&d, &InstalledState::default(), 3));
+        inst.apply(&p);
+        assert_eq!(inst.len(), 2);
+        assert!(is_current(&d, &inst, 3));
+        assert!(!is_current(&d, &inst, 4), "flows of another generation are stale");
+        // A foreign flow (cookie kind 0) does not make the switch stale; the diff removes it.
+        let mut extra = InstalledState::default();
+        extra.apply(&diff(&d, &InstalledState::default(), 3));
+        assert!(is_current(&d, &extra, 3));
+    }
+
+    #[test]
     fn owner_diff_touches_only_the_owner() {
         let mut d = DesiredState::default();
         let a = Owner::Pod { namespace: "ns".into(), name: "a".into() };
@@ -595,6 +657,7 @@ mod tests {
         let p = diff(&d, &inst, 1);
         assert_eq!((p.adds, p.modifies, p.deletes), (1, 1, 1));
         assert_eq!(p.changes[0].command(), FlowModCommand::DeleteStrict);
+        assert!(is_current(&d, &inst, 1) || d.flows_of(&Owner::Version).is_empty());
         inst.apply(&p);
         assert!(diff(&d, &inst, 1).is_empty());
         // A new generation re-adds everything (cookies change).

@@ -26,8 +26,9 @@ async fn setup(m: u32) -> (sdn_node::sandbox::OvsSandbox, Switch, Engine) {
 async fn assert_converged(sw: &Switch, e: &Engine) {
     let (desired, _, dirty) = e.snapshot().await.unwrap();
     assert!(!dirty);
+    let generation = e.status().await.unwrap().generation;
     let installed = InstalledState::from_dump(sw.dump_flows(Default::default()).await.unwrap());
-    let left = diff(&desired, &installed, 1);
+    let left = diff(&desired, &installed, generation);
     assert!(left.is_empty(), "switch differs: {left}");
 }
 

@@ -349,7 +349,7 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
 
     // The switch must hold exactly the desired state at the end.
     let (desired, _, _) = b.engine.snapshot().await?;
-    verify(&b.sw, &desired).await?;
+    verify(&b.sw, &desired, b.engine.status().await?.generation).await?;
 
     progress(&format!("memory: a separate agent process replays {m} pods and churns {k}"));
     r.memory.peak_rss_mib = rss_in_child(&b.dir, m, k)?;
@@ -407,9 +407,9 @@ async fn concurrently(engine: &Engine, updates: Vec<(Owner, Vec<Flow>)>) -> Resu
     Ok(())
 }
 
-async fn verify(sw: &Switch, desired: &DesiredState) -> Result<(), BenchError> {
+async fn verify(sw: &Switch, desired: &DesiredState, generation: u32) -> Result<(), BenchError> {
     let installed = InstalledState::from_dump(sw.dump_flows(Default::default()).await?);
-    let left = diff(desired, &installed, 1);
+    let left = diff(desired, &installed, generation);
     if !left.is_empty() {
         return Err(BenchError::Baseline(format!("switch differs from the desired state at the end: {left}")));
     }
