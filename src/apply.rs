@@ -15,7 +15,6 @@ use crate::cluster::desired::desired_state_with_warnings;
 use crate::cluster::{state_file, ClusterState, PodKey, Problem};
 use crate::model::OfPort;
 use crate::ovsdb::{BridgeOptions, Ovs, OvsdbClient, PortSpec};
-use crate::pipeline::egress::{dns_names, DnsAnswers};
 use crate::store::{diff, InstalledState, Plan};
 use crate::switch::{Switch, SwitchOptions};
 
@@ -111,7 +110,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
         .await?;
 
     let ofports = pod_ports(opts, &ovs, state, &mut report).await?;
-    let dns = resolve(state, opts.dns_timeout).await;
+    let dns = crate::run::resolve(state, opts.dns_timeout).await;
     let (desired, more, warnings) = desired_state_with_warnings(state, &ofports, &dns);
     for p in &more {
         warn!("rejected: {p}");
@@ -228,35 +227,6 @@ async fn pod_ports(
     }
     Ok(ofports)
 }
-
-/// Resolves the egress policies' DNS names to IPv4 addresses.
-async fn resolve(state: &ClusterState, timeout: Duration) -> DnsAnswers {
-    let names = dns_names(&state.egress_policies);
-    let lookups = names.into_iter().map(|name| async move {
-        let r = match tokio::time::timeout(timeout, tokio::net::lookup_host((name.as_str(), 0))).await {
-            Err(_) => Err(format!("no answer within {timeout:?}")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Ok(Ok(addrs)) => {
-                let mut v: Vec<std::net::Ipv4Addr> = addrs
-                    .filter_map(|a| match a.ip() {
-                        std::net::IpAddr::V4(v4) => Some(v4),
-                        std::net::IpAddr::V6(_) => None,
-                    })
-                    .collect();
-                v.sort();
-                v.dedup();
-                if v.is_empty() {
-                    Err("no IPv4 address".to_string())
-                } else {
-                    Ok(v)
-                }
-            }
-        };
-        (name, r)
-    });
-    futures::future::join_all(lookups).await.into_iter().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod model;
 pub mod ovsdb;
 pub mod pipeline;
+pub mod run;
 pub mod sandbox;
 pub mod store;
 pub mod switch;

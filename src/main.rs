@@ -45,6 +45,32 @@ enum Cmd {
         #[arg(long, default_value_t = 10)]
         port_timeout: u64,
     },
+    /// Keep the switch equal to a state file for as long as it runs: converges at start,
+    /// re-applies when the file changes (a file that fails to parse keeps the last good
+    /// state), reconnects to ovs-vswitchd and ovsdb-server when they restart and replays what
+    /// they lost. Stops on SIGTERM/SIGINT, leaving flows installed.
+    Run {
+        /// The cluster state (YAML), watched for changes.
+        #[arg(long)]
+        state: PathBuf,
+        #[command(flatten)]
+        ovs: Ovs,
+        /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
+        #[arg(long, default_value = "system")]
+        datapath_type: String,
+        /// Seconds to wait for a pod's port to get an ofport.
+        #[arg(long, default_value_t = 10)]
+        port_timeout: u64,
+        /// Seconds of silence from the switch before an echo request.
+        #[arg(long, default_value_t = 5.0)]
+        echo_interval: f64,
+        /// Seconds an echo may take before the switch is declared dead.
+        #[arg(long, default_value_t = 15.0)]
+        echo_timeout: f64,
+        /// Longest delay between reconnect attempts, in seconds.
+        #[arg(long, default_value_t = 5.0)]
+        max_backoff: f64,
+    },
     /// Print the flows the switch holds, as `ovs-ofctl dump-flows --no-stats` prints them.
     DumpFlows {
         #[command(flatten)]
@@ -122,8 +148,42 @@ fn main() -> ExitCode {
     rt.block_on(run(cli))
 }
 
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+fn secs(v: f64) -> Duration {
+    Duration::try_from_secs_f64(v.max(0.001)).unwrap_or(Duration::from_secs(5))
+}
+
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
+        Cmd::Run { state, ovs, datapath_type, port_timeout, echo_interval, echo_timeout, max_backoff } => {
+            let mut opts = sdn_node::run::RunOptions::new(state, ovs.ovs_rundir);
+            opts.bridge = ovs.bridge;
+            opts.datapath_type = datapath_type;
+            opts.port_timeout = Duration::from_secs(port_timeout);
+            opts.switch.echo_interval = Some(secs(echo_interval));
+            opts.switch.echo_timeout = secs(echo_timeout);
+            opts.backoff.max = secs(max_backoff);
+            match sdn_node::run::run(opts, terminated()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Cmd::Bench { which: BenchCmd::Rss { base_pods, ops, ovs_rundir } } => {
             match sdn_node::bench::rss(&ovs_rundir, base_pods, ops).await {
                 Ok(mib) => {

@@ -76,6 +76,11 @@ pub enum OvsdbError {
 }
 
 impl OvsdbError {
+    /// True when the connection is gone (or never came up): reconnect, then retry.
+    pub fn is_disconnect(&self) -> bool {
+        matches!(self, OvsdbError::Disconnected | OvsdbError::Connect { .. } | OvsdbError::Framing(_))
+    }
+
     /// True when a transaction failed only because a `wait` guard did not
     /// hold, i.e. someone else changed the rows we had read: retry it.
     pub fn is_wait_conflict(&self) -> bool {
