@@ -14,12 +14,14 @@
 //! old save, another plugin or VERSION) gets a full replay — one ordered atomic bundle that
 //! deletes everything and adds everything — under a new generation.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use openflow::FlowStatsRequest;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
+use crate::metrics::Metrics;
 use crate::pipeline::Flow;
 use crate::store::{diff, diff_owners, is_current, replay, Compiled, Conflict, DesiredState, InstalledState, Owner, Plan};
 use crate::switch::{Switch, SwitchError};
@@ -104,8 +106,14 @@ impl Engine {
     /// next one; read it back with [`Engine::status`]). Call [`Engine::resync`] before the first
     /// update so the installed mirror matches the switch.
     pub fn start(sw: Switch, generation: u32) -> Engine {
+        Engine::start_with_metrics(sw, generation, None)
+    }
+
+    /// [`Engine::start`], recording bundles, FLOW_MODs and resyncs in `metrics`.
+    pub fn start_with_metrics(sw: Switch, generation: u32, metrics: Option<Arc<Metrics>>) -> Engine {
         let (tx, rx) = mpsc::channel(4096);
         let st = State {
+            metrics,
             sw,
             generation: generation & 0xff_ffff,
             desired: DesiredState::default(),
@@ -156,6 +164,7 @@ impl Engine {
 }
 
 struct State {
+    metrics: Option<Arc<Metrics>>,
     sw: Switch,
     generation: u32,
     desired: DesiredState,
@@ -269,6 +278,11 @@ impl State {
 
     /// Commits a plan as one bundle. On any failure the switch's state is unknown: dirty.
     async fn commit(&mut self, plan: &Plan) -> Result<(), SwitchError> {
+        self.commit_for(plan, &|| "all".to_string()).await
+    }
+
+    /// Commits `plan` for the owners `owners()` describes (only computed for log lines).
+    async fn commit_for(&mut self, plan: &Plan, owners: &(dyn Fn() -> String + Sync)) -> Result<(), SwitchError> {
         if plan.is_empty() {
             return Ok(());
         }
@@ -278,17 +292,23 @@ impl State {
             b.add_body(body);
         }
         let r = b.commit().await;
+        let latency = t.elapsed();
         self.stats.bundles += 1;
+        if let Some(m) = &self.metrics {
+            m.bundle(r.is_ok(), plan.adds, plan.modifies, plan.deletes, latency);
+        }
         match &r {
             Ok(()) => {
                 self.stats.flow_mods += plan.len() as u64;
                 self.installed.apply(plan);
-                debug!(%plan, latency = ?t.elapsed(), "bundle committed");
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    debug!(owners = owners(), flow_mods = plan.len(), %plan, ?latency, "bundle committed");
+                }
             }
             Err(e) => {
                 self.stats.bundle_failures += 1;
                 self.dirty = true;
-                warn!(error = %e, %plan, "bundle failed; the switch will be resynced from a dump");
+                warn!(owners = owners(), error = %e, %plan, "bundle failed; the switch will be resynced from a dump");
             }
         }
         r
@@ -320,7 +340,8 @@ impl State {
         }
         let touched = staged.iter().flat_map(|(_, p)| p.iter().map(|(o, f)| (o, f.as_slice())));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-        match self.commit(&plan).await {
+        let owners = || describe(staged.iter().flat_map(|(_, p)| p.iter().map(|(o, _)| o)));
+        match self.commit_for(&plan, &owners).await {
             Ok(()) => {
                 for ((_, reply), _) in staged {
                     let _ = reply.send(Ok(Outcome::of(&plan)));
@@ -359,7 +380,8 @@ impl State {
         let prev = self.stage(u)?;
         let touched = prev.iter().map(|(o, f)| (o, f.as_slice()));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-        match self.commit(&plan).await {
+        let owners = || describe(prev.iter().map(|(o, _)| o));
+        match self.commit_for(&plan, &owners).await {
             Ok(()) => Ok(Outcome::of(&plan)),
             Err(e) => {
                 self.unstage(prev);
@@ -378,6 +400,9 @@ impl State {
         if is_current(&self.desired, &self.installed, self.generation) {
             let plan = diff(&self.desired, &self.installed, self.generation);
             self.commit(&plan).await?;
+            if let Some(m) = &self.metrics {
+                m.resync(false);
+            }
             return Ok(Outcome::of(&plan));
         }
         let next = (self.generation + 1) & 0xff_ffff;
@@ -386,7 +411,20 @@ impl State {
         self.commit(&plan).await?;
         self.generation = next;
         self.stats.full_replays += 1;
+        if let Some(m) = &self.metrics {
+            m.resync(true);
+        }
         Ok(Outcome { full_replay: true, ..Outcome::of(&plan) })
+    }
+}
+
+/// "pod/ns/a, vnid/11" (at most five owners, then a count).
+fn describe<'a>(owners: impl Iterator<Item = &'a Owner>) -> String {
+    let all: Vec<String> = owners.map(|o| o.to_string()).collect();
+    if all.len() <= 5 {
+        all.join(", ")
+    } else {
+        format!("{} and {} more", all[..5].join(", "), all.len() - 5)
     }
 }
 

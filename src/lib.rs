@@ -6,10 +6,12 @@
 //! what the switch holds; [`switch`] commits the difference as one bundle; [`ovsdb`] manages the
 //! bridge and ports. [`apply`] runs that chain once.
 
+pub mod api;
 pub mod apply;
 pub mod bench;
 pub mod cluster;
 pub mod engine;
+pub mod metrics;
 pub mod model;
 pub mod ovsdb;
 pub mod pipeline;

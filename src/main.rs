@@ -13,8 +13,17 @@ use sdn_node::switch::{Switch, SwitchOptions};
 #[derive(Parser)]
 #[command(name = "sdn-node", version, about = "Programs Open vSwitch for a Kubernetes pod network (openshift-sdn's pipeline) over OpenFlow 1.3 and OVSDB")]
 struct Cli {
+    /// Log format: human or json (structured).
+    #[arg(long, global = true, default_value = "human")]
+    log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
 }
 
 #[derive(clap::Args)]
@@ -70,6 +79,20 @@ enum Cmd {
         /// Longest delay between reconnect attempts, in seconds.
         #[arg(long, default_value_t = 5.0)]
         max_backoff: f64,
+        /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
+        #[arg(long, default_value = sdn_node::api::DEFAULT_SOCKET)]
+        pod_api_socket: String,
+        /// Where /metrics, /healthz and /readyz are served; `none` disables them.
+        #[arg(long, default_value = "127.0.0.1:9101")]
+        metrics_addr: String,
+    },
+    /// Client for the pod API of a running agent.
+    Pod {
+        /// The pod API socket.
+        #[arg(long, default_value = sdn_node::api::DEFAULT_SOCKET, global = true)]
+        socket: PathBuf,
+        #[command(subcommand)]
+        op: PodCmd,
     },
     /// Print the flows the switch holds, as `ovs-ofctl dump-flows --no-stats` prints them.
     DumpFlows {
@@ -91,6 +114,43 @@ enum Cmd {
         #[command(subcommand)]
         which: BenchCmd,
     },
+}
+
+#[derive(Subcommand)]
+enum PodCmd {
+    /// Set a pod up; returns once its flows are committed.
+    Add {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        container_id: String,
+        #[arg(long)]
+        host_veth: String,
+        #[arg(long)]
+        ip: String,
+        #[arg(long)]
+        mac: String,
+        /// kubernetes.io/ingress-bandwidth, e.g. 10M.
+        #[arg(long)]
+        ingress_bandwidth: Option<String>,
+        /// kubernetes.io/egress-bandwidth, e.g. 10M.
+        #[arg(long)]
+        egress_bandwidth: Option<String>,
+        /// Create an OVS internal port instead of attaching an existing device.
+        #[arg(long)]
+        internal: bool,
+    },
+    /// Tear a pod down.
+    Del {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        name: String,
+    },
+    /// List the pods set up through the API.
+    List,
 }
 
 #[derive(Subcommand)]
@@ -129,12 +189,16 @@ enum BenchCmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    match cli.log_format {
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init(),
+        LogFormat::Human => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
     // One thread: the agent's work is I/O-bound and sequential per switch, and on a small node
     // a second worker mostly adds cross-thread wake-ups on every reply (measured with
     // `sdn-node bench churn`); ovs-vswitchd keeps the other core.
@@ -168,8 +232,61 @@ fn secs(v: f64) -> Duration {
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
-        Cmd::Run { state, ovs, datapath_type, port_timeout, echo_interval, echo_timeout, max_backoff } => {
+        Cmd::Pod { socket, op } => {
+            let (method, path, body) = match op {
+                PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
+                    let mut annotations = std::collections::BTreeMap::new();
+                    if let Some(v) = ingress_bandwidth {
+                        annotations.insert(sdn_node::api::INGRESS_ANNOTATION.to_string(), v);
+                    }
+                    if let Some(v) = egress_bandwidth {
+                        annotations.insert(sdn_node::api::EGRESS_ANNOTATION.to_string(), v);
+                    }
+                    let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal };
+                    ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
+                }
+                PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),
+                PodCmd::List => ("GET", "/v1/pods".to_string(), None),
+            };
+            match sdn_node::api::client::call(&socket, method, &path, body).await {
+                Ok((status, body)) if (200..300).contains(&status) => {
+                    if !body.is_empty() {
+                        println!("{body}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Ok((status, body)) => {
+                    eprintln!("error: {status}: {body}");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::Run {
+            state,
+            ovs,
+            datapath_type,
+            port_timeout,
+            echo_interval,
+            echo_timeout,
+            max_backoff,
+            pod_api_socket,
+            metrics_addr,
+        } => {
             let mut opts = sdn_node::run::RunOptions::new(state, ovs.ovs_rundir);
+            opts.api_socket = (pod_api_socket != "none").then(|| PathBuf::from(pod_api_socket));
+            if metrics_addr != "none" {
+                match metrics_addr.parse() {
+                    Ok(a) => opts.metrics_addr = Some(a),
+                    Err(e) => {
+                        eprintln!("error: --metrics-addr {metrics_addr:?}: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
             opts.bridge = ovs.bridge;
             opts.datapath_type = datapath_type;
             opts.port_timeout = Duration::from_secs(port_timeout);

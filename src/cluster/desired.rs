@@ -114,6 +114,48 @@ pub fn desired_state_with_warnings(
     (d, problems, warnings)
 }
 
+/// The flows of one local pod (none if it has no ofport or its namespace is unknown).
+pub fn pod_owner_flows(
+    state: &ClusterState,
+    ofports: &HashMap<PodKey, OfPort>,
+    pod: &super::Pod,
+) -> (Owner, Vec<crate::pipeline::Flow>) {
+    let owner = Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() };
+    let flows = match (ofports.get(&pod.key()), state.vnid_of(&pod.namespace)) {
+        (Some(&ofport), Some(vnid)) => {
+            pod::flows(&PodPort { ofport, ip: pod.ip, mac: pod.mac, container_id: pod.container_id.clone(), vnid })
+        }
+        _ => vec![],
+    };
+    (owner, flows)
+}
+
+/// The per-VNID owners a local pod's arrival or departure changes (multitenant only): the
+/// table-80 rule (present while a local pod or a service uses the VNID) and the multicast
+/// flows (which list the VNID's local ports). Computed exactly as [`desired_state`] does.
+pub fn vnid_owner_flows(
+    state: &ClusterState,
+    ofports: &HashMap<PodKey, OfPort>,
+    vnid: Vnid,
+) -> Vec<(Owner, Vec<crate::pipeline::Flow>)> {
+    if state.plugin != Plugin::Multitenant {
+        return vec![];
+    }
+    let ports: Vec<OfPort> = state
+        .pods
+        .iter()
+        .filter(|p| state.vnid_of(&p.namespace) == Some(vnid))
+        .filter_map(|p| ofports.get(&p.key()).copied())
+        .collect();
+    let in_use = !ports.is_empty() || state.services.iter().any(|s| state.vnid_of(&s.namespace) == Some(vnid));
+    let rule = if in_use { vec![policy::vnid_flow(vnid)] } else { vec![] };
+    let enabled = state.net_namespaces.iter().any(|n| n.vnid == vnid && n.multicast);
+    vec![
+        (Owner::VnidRule { vnid }, rule),
+        (Owner::Multicast { vnid }, multicast::local_flows(vnid, enabled, &ports)),
+    ]
+}
+
 /// Sets an owner's flows; a conflict with another owner becomes a problem of `object`.
 fn put(d: &mut DesiredState, problems: &mut Vec<Problem>, owner: Owner, flows: Vec<crate::pipeline::Flow>, object: String) {
     if let Err(c) = d.set(owner, flows) {
@@ -147,6 +189,25 @@ mod tests {
         has("table=111, priority=100 actions=move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31],set_field:172.17.0.3->tun_dst,output:1,set_field:172.17.0.4->tun_dst,output:1,goto_table:120");
         has("table=100, priority=2,ip,reg0=0xb,nw_dst=93.184.216.34 actions=output:2");
         has("table=253, actions=note:01.03.00.00.00.00");
+    }
+
+    #[test]
+    fn incremental_pod_owners_agree_with_the_full_computation() {
+        let (state, _) = parse(EXAMPLE).unwrap();
+        let mut ofports = HashMap::new();
+        for (i, p) in state.pods.iter().enumerate() {
+            ofports.insert(p.key(), OfPort(3 + i as u32));
+        }
+        let (d, _) = desired_state(&state, &ofports, &DnsAnswers::new());
+        for p in &state.pods {
+            let (owner, flows) = pod_owner_flows(&state, &ofports, p);
+            let want: Vec<String> = d.flows_of(&owner).iter().map(|c| c.to_string()).collect();
+            assert_eq!(flows.iter().map(|f| f.to_string()).collect::<Vec<_>>(), want);
+            for (o, f) in vnid_owner_flows(&state, &ofports, state.vnid_of(&p.namespace).unwrap()) {
+                let want: Vec<String> = d.flows_of(&o).iter().map(|c| c.to_string()).collect();
+                assert_eq!(f.iter().map(|f| f.to_string()).collect::<Vec<_>>(), want, "{o}");
+            }
+        }
     }
 
     #[test]

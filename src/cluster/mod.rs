@@ -243,6 +243,36 @@ impl ClusterState {
         Ok((self, problems))
     }
 
+    /// Checks one local pod against this (validated) state the way [`ClusterState::validate`]
+    /// does: known namespace, a host address of the local subnet other than the gateway, an IP
+    /// and a host veth no other pod uses (a pod with the same key is being replaced, not a
+    /// conflict).
+    pub fn check_pod(&self, p: &Pod) -> Result<(), Problem> {
+        let obj = format!("pod {}/{}", p.namespace, p.name);
+        let Some(local) = self.local_subnet() else {
+            return Err(Problem::new(obj, "", "the node has no local subnet"));
+        };
+        let gateway = Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1));
+        if !self.net_namespaces.iter().any(|n| n.name == p.namespace) {
+            return Err(Problem::new(obj, "namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)));
+        }
+        if !local.subnet.contains(&p.ip) || p.ip == local.subnet.network() || p.ip == local.subnet.broadcast() {
+            return Err(Problem::new(obj, "ip", format!("{} is not a host address of this node's subnet {}", p.ip, local.subnet)));
+        }
+        if p.ip == gateway {
+            return Err(Problem::new(obj, "ip", format!("{} is the node's gateway address", p.ip)));
+        }
+        for o in self.pods.iter().filter(|o| o.key() != p.key()) {
+            if o.ip == p.ip {
+                return Err(Problem::new(obj, "ip", format!("{} is already used by pod {}/{}", p.ip, o.namespace, o.name)));
+            }
+            if o.host_veth == p.host_veth {
+                return Err(Problem::new(obj, "hostVeth", format!("{:?} is already used by pod {}/{}", p.host_veth, o.namespace, o.name)));
+            }
+        }
+        Ok(())
+    }
+
     /// Namespaces by VNID.
     pub fn namespaces_by_vnid(&self) -> BTreeMap<Vnid, Vec<&NetNamespace>> {
         let mut m: BTreeMap<Vnid, Vec<&NetNamespace>> = BTreeMap::new();

@@ -187,6 +187,18 @@ fn each<R: DeserializeOwned, T>(
     out
 }
 
+/// Decodes and checks one pod object (the state file's pod fields), e.g. from the pod API.
+/// The error names the object and the field.
+pub fn pod_from_value(v: Value) -> Result<Pod, Problem> {
+    let mut problems = Vec::new();
+    let mut pods = each(vec![v], "pod", &["namespace", "name"], |r, _| pod(r), &mut problems);
+    match (pods.pop(), problems.into_iter().next()) {
+        (Some(p), None) => Ok(p),
+        (_, Some(pr)) => Err(pr),
+        (None, None) => Err(Problem::new("pod", "", "not decodable")),
+    }
+}
+
 fn net(s: &str) -> Result<Ipv4Net, String> {
     s.parse::<Ipv4Net>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))
 }

@@ -658,6 +658,23 @@ impl Ovs {
         Ok(())
     }
 
+    /// Sets (`Some`) or removes (`None`) one key of `Port.external_ids`.
+    pub async fn set_port_external_id(&self, port: &str, key: &str, value: Option<&str>) -> Result<(), OvsdbError> {
+        self.mutate_map_key("Port", where_name(port), port, "external_ids", key, value).await
+    }
+
+    /// Every port (of any bridge) whose `external_ids` has `key`, with its value.
+    pub async fn ports_with_external_id(&self, key: &str) -> Result<Vec<(String, String)>, OvsdbError> {
+        let rows = self.select("Port", vec![], &["name", "external_ids"]).await?;
+        let mut out = Vec::new();
+        for row in &rows {
+            if let Some(v) = row_string_map(row, "external_ids")?.remove(key) {
+                out.push((row_string(row, "name")?, v));
+            }
+        }
+        Ok(out)
+    }
+
     /// `Bridge.external_ids`.
     pub async fn bridge_external_ids(
         &self,

@@ -70,7 +70,7 @@ fn proto(msg: String) -> OvsdbError {
 }
 
 /// Shortened rendering of a JSON value for error messages.
-pub(crate) fn brief(v: &Value) -> String {
+pub fn brief(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 120 {
         let mut end = 117;

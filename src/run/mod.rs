@@ -9,7 +9,10 @@
 pub mod ports;
 pub mod source;
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +20,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::api::{self, ApiError, Command, PodRequest, SetupReply};
 use crate::apply::GENERATION_KEY;
-use crate::cluster::desired::desired_state_with_warnings;
+use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
+use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Engine;
+use crate::metrics::Telemetry;
 use crate::ovsdb::{Ovs, OvsdbClient};
 use crate::pipeline::egress::{dns_names, DnsAnswers};
 use crate::switch::{Backoff, SwitchEvent, SwitchOptions, Supervisor};
@@ -38,6 +44,10 @@ pub struct RunOptions {
     pub backoff: Backoff,
     /// How often a dirty engine (after a failed commit) is repaired from a dump.
     pub repair_interval: Duration,
+    /// The pod API's unix socket (`None`: no pod API).
+    pub api_socket: Option<PathBuf>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (`None`: not served).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl RunOptions {
@@ -52,6 +62,8 @@ impl RunOptions {
             switch: SwitchOptions::default(),
             backoff: Backoff::default(),
             repair_interval: Duration::from_secs(2),
+            api_socket: None,
+            metrics_addr: None,
         }
     }
     fn db_socket(&self) -> String {
@@ -107,10 +119,22 @@ fn ovsdb_link(address: String, backoff: Backoff, cancel: CancellationToken) -> w
     rx
 }
 
+/// The Port external_ids key holding the pod API request that created the port: the agent
+/// rebuilds its pod registry from it after a restart (as openshift-sdn recovers pods from the
+/// table-20 notes).
+pub const POD_KEY: &str = "sdn-node-pod";
+
 /// What the loop knows.
 struct Agent {
     opts: RunOptions,
+    telemetry: Telemetry,
     state: Option<Arc<Loaded>>,
+    /// Pods set up through the pod API (with the request, to persist and list them).
+    api_pods: BTreeMap<PodKey, (Pod, PodRequest)>,
+    /// The API pods were recovered from OVSDB (once per run).
+    api_recovered: bool,
+    /// The source's state plus the API pods, validated together.
+    effective: Option<ClusterState>,
     ovs: Option<Ovs>,
     /// The bridge and base ports were ensured on the current OVSDB connection.
     base_ready: bool,
@@ -130,9 +154,11 @@ struct Agent {
 impl Agent {
     /// Ports (if OVSDB is up), then flows (if the switch is up and ports are known).
     async fn reconcile(&mut self) {
-        let Some(loaded) = self.state.clone() else { return };
+        if self.state.is_none() {
+            return;
+        }
         if let Some(ovs) = self.ovs.clone() {
-            if let Err(e) = self.reconcile_ports(&ovs, &loaded).await {
+            if let Err(e) = self.reconcile_ports(&ovs).await {
                 warn!(error = %e, "OVSDB: ports not reconciled; retrying on reconnect");
             }
         }
@@ -140,7 +166,8 @@ impl Agent {
             return;
         }
         let Some(engine) = self.engine.clone() else { return };
-        let desired = self.desired(&loaded).await;
+        let Some(state) = self.effective.clone() else { return };
+        let desired = self.desired(&state).await;
         let resync = std::mem::take(&mut self.resync_pending);
         let r = if resync { engine.resync(Some(desired)).await } else { engine.replace(desired).await };
         match r {
@@ -155,6 +182,7 @@ impl Agent {
                         self.end_flow_restore_wait(&ovs).await;
                     }
                 }
+                self.telemetry.health.converged.store(true, Ordering::Relaxed);
             }
             Err(e) => {
                 self.resync_pending |= resync;
@@ -163,7 +191,38 @@ impl Agent {
         }
     }
 
-    async fn reconcile_ports(&mut self, ovs: &Ovs, loaded: &Loaded) -> Result<(), crate::ovsdb::OvsdbError> {
+    /// Rebuilds the effective state: the source's, plus the API pods that fit in it.
+    fn rebuild_effective(&mut self) {
+        let Some(loaded) = self.state.clone() else { return };
+        let mut st = loaded.state.clone();
+        // Pods the source says are gone (Kubernetes relist) are torn down below by reconcile.
+        if let Some(live) = &loaded.live_pods {
+            let gone: Vec<PodKey> = self.api_pods.keys().filter(|k| !live.contains(*k)).cloned().collect();
+            for k in gone {
+                info!(pod = %format!("{}/{}", k.0, k.1), "pod no longer exists; tearing it down");
+                self.api_pods.remove(&k);
+            }
+        }
+        for (pod, _) in self.api_pods.values() {
+            match st.check_pod(pod) {
+                Ok(()) => {
+                    st.pods.retain(|p| p.key() != pod.key());
+                    st.pods.push(pod.clone());
+                }
+                Err(p) => {
+                    self.telemetry.metrics.reject(&p.object);
+                    warn!("rejected: {p}");
+                }
+            }
+        }
+        self.effective = Some(st);
+    }
+
+    async fn reconcile_ports(&mut self, ovs: &Ovs) -> Result<(), crate::ovsdb::OvsdbError> {
+        if !self.api_recovered {
+            self.recover_api_pods(ovs).await?;
+        }
+        let Some(state) = self.effective.clone() else { return Ok(()) };
         if !self.base_ready {
             ports::ensure_base(ovs, &self.opts.bridge, &self.opts.datapath_type, self.opts.port_timeout).await?;
             self.base_ready = true;
@@ -174,7 +233,7 @@ impl Agent {
             }
         }
         let verify = std::mem::take(&mut self.verify_ports);
-        match self.ports.reconcile(ovs, &self.opts.bridge, &loaded.state, self.opts.port_timeout, verify).await {
+        match self.ports.reconcile(ovs, &self.opts.bridge, &state, self.opts.port_timeout, verify).await {
             Ok(_) => {
                 self.ports_ready = true;
                 Ok(())
@@ -186,13 +245,114 @@ impl Agent {
         }
     }
 
-    async fn desired(&self, loaded: &Loaded) -> crate::store::DesiredState {
-        let dns = resolve(&loaded.state, self.opts.dns_timeout).await;
-        let (d, problems, warnings) = desired_state_with_warnings(&loaded.state, &self.ports.ofports(), &dns);
-        for p in problems.iter().chain(&warnings) {
-            warn!("{p}");
+    /// Rebuilds the API pod registry from the ports that carry their request.
+    async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), crate::ovsdb::OvsdbError> {
+        for (port, json) in ovs.ports_with_external_id(POD_KEY).await? {
+            let parsed = serde_json::from_str::<PodRequest>(&json).map_err(|e| e.to_string()).and_then(|r| {
+                let pod = r.to_pod().map_err(|p| p.to_string())?;
+                Ok((pod, r))
+            });
+            match parsed {
+                Ok((pod, req)) => {
+                    self.api_pods.entry(pod.key()).or_insert((pod, req));
+                }
+                Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
+            }
+        }
+        self.api_recovered = true;
+        if !self.api_pods.is_empty() {
+            info!(pods = self.api_pods.len(), "pod API registry recovered from OVSDB");
+        }
+        self.rebuild_effective();
+        Ok(())
+    }
+
+    async fn desired(&self, state: &ClusterState) -> crate::store::DesiredState {
+        let dns = resolve(state, self.opts.dns_timeout).await;
+        let (d, problems, warnings) = desired_state_with_warnings(state, &self.ports.ofports(), &dns);
+        for p in &problems {
+            self.telemetry.metrics.reject(&p.object);
+            warn!("rejected: {p}");
+        }
+        for w in &warnings {
+            if w.message.contains("DNS resolver failed") {
+                self.telemetry.metrics.dns_failures.inc();
+            }
+            warn!("{w}");
         }
         d
+    }
+
+    /// Pod API: set a pod up; answers after its flows are committed.
+    async fn api_setup(&mut self, pod: Pod, req: PodRequest) -> Result<SetupReply, ApiError> {
+        let state = self.effective.clone().ok_or_else(|| ApiError::Unavailable("no cluster state yet".into()))?;
+        state.check_pod(&pod).map_err(|p| {
+            if p.message.contains("already used") {
+                ApiError::Conflict(p)
+            } else {
+                ApiError::Invalid(p)
+            }
+        })?;
+        let ovs = self.ovs.clone().ok_or_else(|| ApiError::Unavailable("ovsdb-server is not connected".into()))?;
+        let engine = self.engine.clone().filter(|_| self.ports_ready && !self.resync_pending);
+        let engine = engine.ok_or_else(|| ApiError::Unavailable("the switch is not connected or not synced yet".into()))?;
+        let obj = format!("pod {}/{}", pod.namespace, pod.name);
+        let ofport = match self.ports.ensure_one(&ovs, &self.opts.bridge, &pod, self.opts.port_timeout).await {
+            Ok(p) => p,
+            Err(e) if e.is_disconnect() => return Err(ApiError::Unavailable(e.to_string())),
+            Err(e) => return Err(ApiError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))),
+        };
+        let record = serde_json::to_string(&req).unwrap_or_default();
+        if let Err(e) = ovs.set_port_external_id(&pod.host_veth, POD_KEY, Some(&record)).await {
+            warn!(%obj, error = %e, "could not record the pod on its port (it will not survive an agent restart)");
+        }
+        self.api_pods.insert(pod.key(), (pod.clone(), req));
+        self.rebuild_effective();
+        self.update_pod_flows(&engine, &pod).await.map_err(|e| ApiError::Failed(e.to_string()))?;
+        Ok(SetupReply { ofport })
+    }
+
+    /// The incremental change for one pod: its flows and its VNID's rule and multicast flows.
+    async fn update_pod_flows(&self, engine: &Engine, pod: &Pod) -> Result<(), crate::engine::EngineError> {
+        let Some(state) = &self.effective else { return Ok(()) };
+        let ofports = self.ports.ofports();
+        let mut update = vec![pod_owner_flows(state, &ofports, pod)];
+        if let Some(vnid) = state.vnid_of(&pod.namespace) {
+            update.extend(vnid_owner_flows(state, &ofports, vnid));
+        }
+        engine.update(update).await.map(|_| ())
+    }
+
+    /// Pod API: tear a pod down (flows first, then its port).
+    async fn api_teardown(&mut self, namespace: String, name: String) -> Result<(), ApiError> {
+        let key = (namespace, name);
+        let Some((pod, _)) = self.api_pods.remove(&key) else {
+            let in_source = self.state.as_ref().is_some_and(|l| l.state.pods.iter().any(|p| p.key() == key));
+            return Err(if in_source {
+                ApiError::Conflict(Problem::new(format!("pod {}/{}", key.0, key.1), "", "the pod comes from the cluster state, not from the pod API"))
+            } else {
+                ApiError::NotFound(format!("pod {}/{} was not set up through the pod API", key.0, key.1))
+            });
+        };
+        self.rebuild_effective();
+        if let (Some(engine), Some(state)) = (self.engine.clone(), self.effective.clone()) {
+            let ofports = self.ports.ofports();
+            let mut update = vec![(crate::store::Owner::Pod { namespace: key.0.clone(), name: key.1.clone() }, vec![])];
+            if let Some(vnid) = state.vnid_of(&pod.namespace) {
+                let mut without = ofports.clone();
+                without.remove(&key);
+                update.extend(vnid_owner_flows(&state, &without, vnid));
+            }
+            if let Err(e) = engine.update(update).await {
+                warn!(error = %e, "pod teardown: flows not removed yet; will repair");
+            }
+        }
+        if let Some(ovs) = self.ovs.clone() {
+            if let Err(e) = self.ports.remove_one(&ovs, &self.opts.bridge, &key).await {
+                warn!(error = %e, "pod teardown: port not removed yet; will retry on reconcile");
+            }
+        }
+        Ok(())
     }
 
     /// Stores the generation after a full replay (so a later restore of older flows is
@@ -228,7 +388,9 @@ impl Agent {
             Some(e) => {
                 let _ = e.set_switch(sw).await;
             }
-            None => self.engine = Some(Engine::start(sw, self.generation)),
+            None => {
+                self.engine = Some(Engine::start_with_metrics(sw, self.generation, Some(self.telemetry.metrics.clone())))
+            }
         }
         self.resync_pending = true;
         self.reconcile().await;
@@ -258,15 +420,49 @@ impl Agent {
 /// Runs until `shutdown` resolves. Flows stay in place when it returns (an agent restart must
 /// not disturb traffic).
 pub async fn run(opts: RunOptions, shutdown: impl std::future::Future<Output = ()>) -> Result<(), RunError> {
+    run_with(opts, Telemetry::default(), source::watch_file, shutdown).await
+}
+
+/// [`run`] with given telemetry and state source (`source(path)` returns the receiver of
+/// states; the state file watcher by default, Kubernetes in cluster mode).
+pub async fn run_with(
+    opts: RunOptions,
+    telemetry: Telemetry,
+    source: impl FnOnce(PathBuf) -> watch::Receiver<Option<Arc<Loaded>>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RunError> {
     let cancel = CancellationToken::new();
     let _stop = cancel.clone().drop_guard();
-    let mut state_rx = source::watch_file(opts.state.clone());
+    let mut state_rx = source(opts.state.clone());
+    let (api_tx, mut api_rx) = tokio::sync::mpsc::channel::<Command>(1024);
+    if let Some(sock) = opts.api_socket.clone() {
+        let (t, c) = (telemetry.clone(), cancel.clone());
+        let tx = api_tx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = api::serve(&sock, tx, t, async move { c.cancelled().await }).await {
+                error!(socket = %sock.display(), error = %e, "pod API stopped");
+            }
+        });
+    }
+    if let Some(addr) = opts.metrics_addr {
+        let (t, c) = (telemetry.clone(), cancel.clone());
+        tokio::spawn(async move {
+            if let Err(e) = api::serve_metrics(addr, t, async move { c.cancelled().await }).await {
+                error!(%addr, error = %e, "metrics endpoint stopped");
+            }
+        });
+    }
+    drop(api_tx);
     let mut ovs_rx = ovsdb_link(opts.db_socket(), opts.backoff.clone(), cancel.clone());
     let sup = Supervisor::spawn(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone())?;
     let mut events = sup.subscribe();
     let mut agent = Agent {
         opts: opts.clone(),
+        telemetry: telemetry.clone(),
         state: None,
+        api_pods: BTreeMap::new(),
+        api_recovered: false,
+        effective: None,
         ovs: None,
         base_ready: false,
         verify_ports: true,
@@ -292,6 +488,13 @@ pub async fn run(opts: RunOptions, shutdown: impl std::future::Future<Output = (
                     return Ok(());
                 }
                 agent.state = state_rx.borrow_and_update().clone();
+                if let Some(l) = &agent.state {
+                    for p in &l.problems {
+                        telemetry.metrics.reject(&p.object);
+                    }
+                    telemetry.health.synced.store(true, Ordering::Relaxed);
+                }
+                agent.rebuild_effective();
                 agent.reconcile().await;
             }
             r = ovs_rx.changed() => {
@@ -299,6 +502,8 @@ pub async fn run(opts: RunOptions, shutdown: impl std::future::Future<Output = (
                     return Ok(());
                 }
                 agent.ovs = ovs_rx.borrow_and_update().clone();
+                telemetry.metrics.set_connected("ovsdb", agent.ovs.is_some());
+                telemetry.health.ovsdb.store(agent.ovs.is_some(), Ordering::Relaxed);
                 agent.base_ready = false;
                 agent.verify_ports = true;
                 if agent.ovs.is_some() {
@@ -306,8 +511,16 @@ pub async fn run(opts: RunOptions, shutdown: impl std::future::Future<Output = (
                 }
             }
             ev = events.recv() => match ev {
-                Ok(SwitchEvent::Connected(sw)) => agent.on_connected(sw).await,
-                Ok(SwitchEvent::Disconnected(reason)) => warn!(%reason, "switch disconnected"),
+                Ok(SwitchEvent::Connected(sw)) => {
+                    telemetry.metrics.set_connected("openflow", true);
+                    telemetry.health.switch.store(true, Ordering::Relaxed);
+                    agent.on_connected(sw).await
+                }
+                Ok(SwitchEvent::Disconnected(reason)) => {
+                    telemetry.metrics.set_connected("openflow", false);
+                    telemetry.health.switch.store(false, Ordering::Relaxed);
+                    warn!(%reason, "switch disconnected")
+                }
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                     if let Some(sw) = sup.current() {
                         agent.on_connected(sw).await;
@@ -315,7 +528,27 @@ pub async fn run(opts: RunOptions, shutdown: impl std::future::Future<Output = (
                 }
                 Err(_) => return Ok(()),
             },
-            _ = tick.tick() => agent.repair().await,
+            Some(cmd) = api_rx.recv() => match cmd {
+                Command::Setup(pod, req, reply) => {
+                    let r = agent.api_setup(*pod, req).await;
+                    let _ = reply.send(r);
+                }
+                Command::Teardown(ns, name, reply) => {
+                    let r = agent.api_teardown(ns, name).await;
+                    let _ = reply.send(r);
+                }
+                Command::List(reply) => {
+                    let _ = reply.send(agent.api_pods.values().map(|(_, r)| r.clone()).collect());
+                }
+            },
+            _ = tick.tick() => {
+                agent.repair().await;
+                if let Some(e) = &agent.engine {
+                    if let Ok(s) = e.status().await {
+                        telemetry.metrics.set_flows_per_table(&s.flows_per_table);
+                    }
+                }
+            }
         }
     }
 }

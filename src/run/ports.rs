@@ -38,6 +38,43 @@ pub async fn ensure_base(ovs: &Ovs, bridge: &str, datapath_type: &str, timeout: 
 }
 
 impl Ports {
+    /// Sets one pod's port up (adds it, waits for its ofport, sets bandwidth).
+    pub async fn ensure_one(
+        &mut self,
+        ovs: &Ovs,
+        bridge: &str,
+        p: &crate::cluster::Pod,
+        timeout: Duration,
+    ) -> Result<u32, OvsdbError> {
+        if let Some(old) = self.known.get(&p.key()).filter(|s| s.host_veth != p.host_veth || s.internal != p.internal) {
+            let old = old.host_veth.clone();
+            ovs.set_pod_bandwidth(&old, -1, -1).await.or_else(ignore_missing)?;
+            ovs.delete_port(bridge, &old).await?;
+            self.known.remove(&p.key());
+        }
+        let spec = if p.internal { PortSpec::internal(None) } else { PortSpec::system() };
+        let ofport = ovs.add_port_and_wait_ofport(bridge, &p.host_veth, &spec, timeout).await?;
+        let bw = (p.ingress_bps, p.egress_bps);
+        if self.known.get(&p.key()).is_none_or(|s| s.bandwidth != bw) {
+            ovs.set_pod_bandwidth(&p.host_veth, p.ingress_bps, p.egress_bps).await?;
+        }
+        self.known.insert(
+            p.key(),
+            PortState { host_veth: p.host_veth.clone(), internal: p.internal, ofport, bandwidth: bw },
+        );
+        Ok(ofport)
+    }
+
+    /// Tears one pod's port down (QoS first, then the port).
+    pub async fn remove_one(&mut self, ovs: &Ovs, bridge: &str, key: &PodKey) -> Result<(), OvsdbError> {
+        if let Some(s) = self.known.get(key).cloned() {
+            ovs.set_pod_bandwidth(&s.host_veth, -1, -1).await.or_else(ignore_missing)?;
+            ovs.delete_port(bridge, &s.host_veth).await?;
+            self.known.remove(key);
+        }
+        Ok(())
+    }
+
     /// The ofports of the pods whose port is up.
     pub fn ofports(&self) -> HashMap<PodKey, OfPort> {
         self.known.iter().map(|(k, p)| (k.clone(), OfPort(p.ofport))).collect()

@@ -16,6 +16,10 @@ use crate::cluster::{state_file, ClusterState, Problem};
 pub struct Loaded {
     pub state: ClusterState,
     pub problems: Vec<Problem>,
+    /// The pods that exist on this node according to the source (Kubernetes), once it has
+    /// listed them: pods set up through the pod API that are not in it are torn down. `None`
+    /// for sources that do not know (the state file).
+    pub live_pods: Option<std::collections::BTreeSet<crate::cluster::PodKey>>,
 }
 
 /// Loads the file once and then follows it. The returned receiver always holds the last good
@@ -84,7 +88,7 @@ fn load_into(path: &Path, tx: &watch::Sender<Option<Arc<Loaded>>>, last: &mut Op
                 warn!(object = %p.object, field = %p.field, "rejected: {}", p.message);
             }
             info!(path = %path.display(), pods = state.pods.len(), rejected = problems.len(), "state loaded");
-            tx.send_replace(Some(Arc::new(Loaded { state, problems })));
+            tx.send_replace(Some(Arc::new(Loaded { state, problems, live_pods: None })));
         }
         Err(e) => {
             let kept = if tx.borrow().is_some() { "keeping the last good state" } else { "no state applied yet" };

@@ -1,0 +1,216 @@
+//! Prometheus metrics (prometheus-client) and the health state behind `/healthz` and `/readyz`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpResult {
+    pub op: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TableLabel {
+    pub table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetLabel {
+    pub target: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub flow_mods: Family<OpResult, Counter>,
+    pub bundles: Family<ResultLabel, Counter>,
+    pub bundle_latency: Histogram,
+    pub flows: Family<TableLabel, Gauge>,
+    pub reconnects: Family<TargetLabel, Counter>,
+    pub resyncs: Family<KindLabel, Counter>,
+    pub rejected: Family<KindLabel, Counter>,
+    pub dns_failures: Counter,
+    pub pod_setup: Histogram,
+    pub connected: Family<TargetLabel, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn latency_buckets() -> Histogram {
+    // 20 µs .. ~10 s.
+    Histogram::new(exponential_buckets(20e-6, 2.0, 20))
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let m = Metrics {
+            registry: Mutex::new(Registry::with_prefix("sdn_node")),
+            flow_mods: Family::default(),
+            bundles: Family::default(),
+            bundle_latency: latency_buckets(),
+            flows: Family::default(),
+            reconnects: Family::default(),
+            resyncs: Family::default(),
+            rejected: Family::default(),
+            dns_failures: Counter::default(),
+            pod_setup: latency_buckets(),
+            connected: Family::default(),
+        };
+        {
+            let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
+            r.register("flow_mods", "FLOW_MODs sent, by operation (add, modify, delete) and bundle result", m.flow_mods.clone());
+            r.register("bundles", "Bundles committed, by result", m.bundles.clone());
+            r.register("bundle_latency_seconds", "Bundle commit latency (send to commit reply)", m.bundle_latency.clone());
+            r.register("flows", "Desired flows per table", m.flows.clone());
+            r.register("reconnects", "Connections established to the switch (openflow) and ovsdb-server (ovsdb)", m.reconnects.clone());
+            r.register("resyncs", "Resyncs from a dump, by kind (difference, full_replay)", m.resyncs.clone());
+            r.register("objects_rejected", "Objects rejected by validation, by kind", m.rejected.clone());
+            r.register("dns_failures", "Egress dnsName resolutions that failed (the VNID drops all egress)", m.dns_failures.clone());
+            r.register("pod_setup_seconds", "Pod API setup latency (request to committed flows)", m.pod_setup.clone());
+            r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
+        }
+        m
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn bundle(&self, ok: bool, adds: usize, modifies: usize, deletes: usize, latency: Duration) {
+        let result = if ok { "ok" } else { "error" };
+        self.bundles.get_or_create(&ResultLabel { result: result.into() }).inc();
+        for (op, n) in [("add", adds), ("modify", modifies), ("delete", deletes)] {
+            if n > 0 {
+                self.flow_mods.get_or_create(&OpResult { op: op.into(), result: result.into() }).inc_by(n as u64);
+            }
+        }
+        if ok {
+            self.bundle_latency.observe(latency.as_secs_f64());
+        }
+    }
+
+    pub fn resync(&self, full: bool) {
+        let kind = if full { "full_replay" } else { "difference" };
+        self.resyncs.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+
+    pub fn reject(&self, object: &str) {
+        // "pod team-a/a1" -> "pod".
+        let kind = object.split_whitespace().next().unwrap_or("unknown");
+        self.rejected.get_or_create(&KindLabel { kind: kind.into() }).inc();
+    }
+
+    pub fn set_connected(&self, target: &str, up: bool) {
+        self.connected.get_or_create(&TargetLabel { target: target.into() }).set(up as i64);
+        if up {
+            self.reconnects.get_or_create(&TargetLabel { target: target.into() }).inc();
+        }
+    }
+
+    pub fn set_flows_per_table(&self, per_table: &[(u8, usize)]) {
+        self.flows.clear();
+        for (t, n) in per_table {
+            self.flows.get_or_create(&TableLabel { table: t.to_string() }).set(*n as i64);
+        }
+    }
+}
+
+/// What `/healthz` and `/readyz` report.
+#[derive(Debug, Default)]
+pub struct Health {
+    pub switch: AtomicBool,
+    pub ovsdb: AtomicBool,
+    /// The sources delivered a complete state (file parsed / caches synced).
+    pub synced: AtomicBool,
+    /// The switch was converged to the state at least once since start.
+    pub converged: AtomicBool,
+}
+
+impl Health {
+    /// `None` if healthy, else why not.
+    pub fn unhealthy(&self) -> Option<String> {
+        let mut why = Vec::new();
+        if !self.switch.load(Ordering::Relaxed) {
+            why.push("switch (OpenFlow) not connected");
+        }
+        if !self.ovsdb.load(Ordering::Relaxed) {
+            why.push("ovsdb-server not connected");
+        }
+        if !self.synced.load(Ordering::Relaxed) {
+            why.push("state not synced");
+        }
+        (!why.is_empty()).then(|| why.join("; "))
+    }
+
+    pub fn not_ready(&self) -> Option<String> {
+        match self.unhealthy() {
+            Some(w) => Some(w),
+            None if !self.converged.load(Ordering::Relaxed) => Some("switch not converged yet".into()),
+            None => None,
+        }
+    }
+}
+
+/// Shared handles.
+#[derive(Clone, Debug, Default)]
+pub struct Telemetry {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_exported() {
+        let m = Metrics::new();
+        m.bundle(true, 4, 0, 1, Duration::from_micros(90));
+        m.reject("pod team-a/a1");
+        m.set_flows_per_table(&[(20, 3)]);
+        let t = m.encode();
+        for want in [
+            "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"} 4",
+            "sdn_node_bundles_total{result=\"ok\"} 1",
+            "sdn_node_bundle_latency_seconds_count 1",
+            "sdn_node_objects_rejected_total{kind=\"pod\"} 1",
+            "sdn_node_flows{table=\"20\"} 3",
+        ] {
+            assert!(t.contains(want), "missing {want}\n{t}");
+        }
+    }
+}
