@@ -11,6 +11,7 @@ pub mod apply;
 pub mod bench;
 pub mod cluster;
 pub mod engine;
+pub mod kube;
 pub mod metrics;
 pub mod model;
 pub mod ovsdb;

@@ -130,6 +130,13 @@ pub fn load(path: &Path) -> Result<(ClusterState, Vec<Problem>), Fatal> {
 /// Decodes and validates state file text.
 pub fn parse(text: &str) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     let value: Value = serde_saphyr::from_str(text).map_err(|e| Fatal(format!("not valid YAML: {e}")))?;
+    from_value(value)
+}
+
+/// Decodes and validates a state given as one JSON value of the state file's schema. Other
+/// sources (Kubernetes) map their objects to this schema, so every source is validated by the
+/// same code and reports problems the same way.
+pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     let raw: RawFile = serde_path_to_error::deserialize(&value).map_err(|e| Fatal(format!("field {}: {}", e.path(), e.inner())))?;
     let mut problems = Vec::new();
     let cluster_network = net(&raw.cluster_network).map_err(|e| Fatal(format!("field clusterNetwork: {e}")))?;
