@@ -110,7 +110,9 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
         .await?;
 
     let ofports = pod_ports(opts, &ovs, state, &mut report).await?;
-    let dns = crate::run::resolve(state, opts.dns_timeout).await;
+    let dns = crate::run::dns::Dns::new(opts.dns_timeout)
+        .answers(&crate::pipeline::egress::dns_names(&state.egress_policies))
+        .await;
     let (desired, more, warnings) = desired_state_with_warnings(state, &ofports, &dns);
     for p in &more {
         warn!("rejected: {p}");

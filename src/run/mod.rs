@@ -6,6 +6,7 @@
 //! failed commit left the switch's state unknown). Every path converges by the same means:
 //! ports through OVSDB, then desired flows diffed against the installed mirror, one bundle.
 
+pub mod dns;
 pub mod ports;
 pub mod source;
 
@@ -27,7 +28,7 @@ use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Engine;
 use crate::metrics::Telemetry;
 use crate::ovsdb::{Ovs, OvsdbClient};
-use crate::pipeline::egress::{dns_names, DnsAnswers};
+use crate::pipeline::egress::dns_names;
 use crate::switch::{Backoff, SwitchEvent, SwitchOptions, Supervisor};
 use ports::Ports;
 use source::Loaded;
@@ -146,6 +147,7 @@ struct Agent {
     /// left alone.
     ports_ready: bool,
     engine: Option<Engine>,
+    dns: dns::Dns,
     /// A new OpenFlow connection waits for its resync (dump, then difference or full replay).
     resync_pending: bool,
     generation: u32,
@@ -267,8 +269,8 @@ impl Agent {
         Ok(())
     }
 
-    async fn desired(&self, state: &ClusterState) -> crate::store::DesiredState {
-        let dns = resolve(state, self.opts.dns_timeout).await;
+    async fn desired(&mut self, state: &ClusterState) -> crate::store::DesiredState {
+        let dns = self.dns.answers(&dns_names(&state.egress_policies)).await;
         let (d, problems, warnings) = desired_state_with_warnings(state, &self.ports.ofports(), &dns);
         for p in &problems {
             self.telemetry.metrics.reject(&p.object);
@@ -469,6 +471,7 @@ pub async fn run_with(
         ports: Ports::default(),
         ports_ready: false,
         engine: None,
+        dns: dns::Dns::new(opts.dns_timeout),
         resync_pending: false,
         generation: 1,
     };
@@ -543,6 +546,11 @@ pub async fn run_with(
             },
             _ = tick.tick() => {
                 agent.repair().await;
+                // A DNS answer expired and changed: swap that VNID's egress rules.
+                if agent.dns.refresh().await {
+                    info!("an egress DNS answer changed; re-converging");
+                    agent.reconcile().await;
+                }
                 if let Some(e) = &agent.engine {
                     if let Ok(s) = e.status().await {
                         telemetry.metrics.set_flows_per_table(&s.flows_per_table);
@@ -551,32 +559,4 @@ pub async fn run_with(
             }
         }
     }
-}
-
-/// Resolves the egress policies' DNS names to IPv4 addresses.
-pub async fn resolve(state: &crate::cluster::ClusterState, timeout: Duration) -> DnsAnswers {
-    let names = dns_names(&state.egress_policies);
-    let lookups = names.into_iter().map(|name| async move {
-        let r = match tokio::time::timeout(timeout, tokio::net::lookup_host((name.as_str(), 0))).await {
-            Err(_) => Err(format!("no answer within {timeout:?}")),
-            Ok(Err(e)) => Err(e.to_string()),
-            Ok(Ok(addrs)) => {
-                let mut v: Vec<std::net::Ipv4Addr> = addrs
-                    .filter_map(|a| match a.ip() {
-                        std::net::IpAddr::V4(v4) => Some(v4),
-                        std::net::IpAddr::V6(_) => None,
-                    })
-                    .collect();
-                v.sort();
-                v.dedup();
-                if v.is_empty() {
-                    Err("no IPv4 address".to_string())
-                } else {
-                    Ok(v)
-                }
-            }
-        };
-        (name, r)
-    });
-    futures::future::join_all(lookups).await.into_iter().collect()
 }
