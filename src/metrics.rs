@@ -97,6 +97,20 @@ impl Metrics {
             r.register("pod_setup_seconds", "Pod API setup latency (request to committed flows)", m.pod_setup.clone());
             r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
         }
+        // Known series start at zero, so a scrape shows every family before it first moves.
+        for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {
+            m.rejected.get_or_create(&KindLabel { kind: kind.into() });
+        }
+        for kind in ["difference", "full_replay"] {
+            m.resyncs.get_or_create(&KindLabel { kind: kind.into() });
+        }
+        for target in ["openflow", "ovsdb"] {
+            m.reconnects.get_or_create(&TargetLabel { target: target.into() });
+            m.connected.get_or_create(&TargetLabel { target: target.into() });
+        }
+        for result in ["ok", "error"] {
+            m.bundles.get_or_create(&ResultLabel { result: result.into() });
+        }
         m
     }
 

@@ -184,6 +184,9 @@ impl Agent {
                         self.end_flow_restore_wait(&ovs).await;
                     }
                 }
+                if let Ok(s) = engine.status().await {
+                    self.telemetry.metrics.set_flows_per_table(&s.flows_per_table);
+                }
                 self.telemetry.health.converged.store(true, Ordering::Relaxed);
             }
             Err(e) => {
