@@ -99,17 +99,17 @@ impl Metrics {
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
         for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {
-            m.rejected.get_or_create(&KindLabel { kind: kind.into() });
+            m.rejected.get_or_create(&KindLabel { kind: kind.into() }).inc_by(0);
         }
         for kind in ["difference", "full_replay"] {
-            m.resyncs.get_or_create(&KindLabel { kind: kind.into() });
+            m.resyncs.get_or_create(&KindLabel { kind: kind.into() }).inc_by(0);
         }
         for target in ["openflow", "ovsdb"] {
-            m.reconnects.get_or_create(&TargetLabel { target: target.into() });
-            m.connected.get_or_create(&TargetLabel { target: target.into() });
+            m.reconnects.get_or_create(&TargetLabel { target: target.into() }).inc_by(0);
+            m.connected.get_or_create(&TargetLabel { target: target.into() }).set(0);
         }
         for result in ["ok", "error"] {
-            m.bundles.get_or_create(&ResultLabel { result: result.into() });
+            m.bundles.get_or_create(&ResultLabel { result: result.into() }).inc_by(0);
         }
         m
     }
