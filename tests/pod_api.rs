@@ -242,7 +242,7 @@ async fn setup_latency_with_many_pods() {
     let r = start(STATE).await;
     let ip = |i: u32| std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 128, 1, 0)) + i).to_string();
     let mk = |i: u32| {
-        let mut p = pod(&format!("p{i}"), if i % 2 == 0 { "team-a" } else { "team-b" }, &ip(i), 0);
+        let mut p = pod(&format!("p{i}"), if i.is_multiple_of(2) { "team-a" } else { "team-b" }, &ip(i), 0);
         p.container_id = format!("{i:064x}");
         p.mac = format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", (i >> 24) as u8, (i >> 16) as u8, (i >> 8) as u8, i as u8);
         p.host_veth = format!("v{i}");
