@@ -96,6 +96,14 @@ pub struct EgressSwap {
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
+pub struct Recovery {
+    pub flows: usize,
+    /// From the restarted ovs-vswitchd accepting OpenFlow connections to a dump equal to the
+    /// desired state (reconnect, dump, full replay bundle, verifying dump).
+    pub restart_to_equal_s: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Memory {
     pub peak_rss_mib: f64,
 }
@@ -110,6 +118,7 @@ pub struct ChurnReport {
     pub resync: Resync,
     pub teardown: Teardown,
     pub egress_swap: EgressSwap,
+    pub recovery: Recovery,
     pub memory: Memory,
 }
 
@@ -142,7 +151,7 @@ pub fn peak_rss_mib() -> f64 {
 }
 
 struct Bench {
-    _sandbox: Option<OvsSandbox>,
+    sandbox: Option<OvsSandbox>,
     dir: PathBuf,
     env: Vec<(String, String)>,
     sw: Switch,
@@ -169,6 +178,34 @@ impl Bench {
     }
 }
 
+/// Restarts the private ovs-vswitchd (M pods installed) and measures the time from the new
+/// switch accepting connections to a dump equal to the desired state.
+async fn recovery(b: &mut Bench, progress: &impl Fn(&str)) -> Result<Option<Recovery>, BenchError> {
+    let Some(sb) = b.sandbox.as_mut() else { return Ok(None) };
+    progress("recovery: restarting ovs-vswitchd with the table installed");
+    sb.stop_vswitchd()?;
+    sb.start_vswitchd().await?;
+    let target = format!("unix:{}", sb.mgmt_socket("br0").display());
+    let t = Instant::now();
+    let sw = loop {
+        match Switch::connect(&target, SwitchOptions::default()).await {
+            Ok(sw) => break sw,
+            Err(e) if t.elapsed() < Duration::from_secs(30) => {
+                tracing::debug!(error = %e, "switch not accepting yet");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    b.engine.set_switch(sw.clone()).await?;
+    b.engine.resync(None).await?;
+    let (desired, _, _) = b.engine.snapshot().await?;
+    verify(&sw, &desired, b.engine.status().await?.generation).await?;
+    let restart_to_equal_s = t.elapsed().as_secs_f64();
+    b.sw = sw;
+    Ok(Some(Recovery { flows: desired.len(), restart_to_equal_s }))
+}
+
 async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
     let (sandbox, dir) = match &opts.ovs_rundir {
         Some(d) => (None, d.clone()),
@@ -188,12 +225,12 @@ async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
     };
     let sw = Switch::connect(&format!("unix:{}", dir.join("br0.mgmt").display()), SwitchOptions::default()).await?;
     let engine = Engine::start(sw.clone(), 1);
-    Ok(Bench { _sandbox: sandbox, dir, env, sw, engine })
+    Ok(Bench { sandbox, dir, env, sw, engine })
 }
 
 /// Runs every measurement; `progress` receives a line per phase.
 pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<ChurnReport, BenchError> {
-    let b = setup(opts).await?;
+    let mut b = setup(opts).await?;
     let m = opts.base_pods;
     let k = opts.ops;
     let rounds = opts.rounds.max(1);
@@ -327,6 +364,11 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     r.egress_swap.p99_us = us(quantile(&mut sw_lat, 0.99));
     b.engine.update(vec![(variants[0].0.clone(), vec![])]).await?;
 
+    // Recovery after a switch restart, with M pods installed (own switch only).
+    if let Some(rec) = recovery(&mut b, &progress).await? {
+        r.recovery = rec;
+    }
+
     // 5. Memory: measured in a separate agent process (this one also holds the baselines'
     // data), replaying M pods into an empty bridge and churning, at the end.
 
@@ -430,6 +472,7 @@ impl ChurnReport {
              bulk resync       {} flows: agent {:.3} s, ovs-ofctl --bundle {:.3} s, raw {:.3} s   vs raw {:.2}, vs ofctl {:.2}x\n\
              teardown p50      {:.0} us at 100 pods, {:.0} us at {m}   growth {:.2}\n\
              egress swap       {} rules: p50 {:.0} us, p99 {:.0} us\n\
+             switch restart    {} flows: {:.3} s from accepting connections to an equal dump\n\
              peak RSS          {:.1} MiB\n",
             s.agent_tps, s.agent_p50_us, s.agent_p99_us, s.agent_max_us,
             s.ofctl_tps, s.ofctl_p50_us, s.ofctl_p99_us, s.ratio,
@@ -437,6 +480,7 @@ impl ChurnReport {
             r.flows, r.agent_s, r.ofctl_bundle_s, r.raw_s, r.ratio_vs_raw, r.ratio_vs_ofctl,
             self.teardown.p50_us_at_100, self.teardown.p50_us_at_base, self.teardown.growth,
             self.egress_swap.rules, self.egress_swap.p50_us, self.egress_swap.p99_us,
+            self.recovery.flows, self.recovery.restart_to_equal_s,
             self.memory.peak_rss_mib,
             m = self.base_pods, k = self.ops, rounds = self.rounds,
         )
