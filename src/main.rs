@@ -60,8 +60,18 @@ enum Cmd {
     /// they lost. Stops on SIGTERM/SIGINT, leaving flows installed.
     Run {
         /// The cluster state (YAML), watched for changes.
-        #[arg(long)]
-        state: PathBuf,
+        #[arg(long, required_unless_present_any = ["kubeconfig", "in_cluster"], conflicts_with_all = ["kubeconfig", "in_cluster"])]
+        state: Option<PathBuf>,
+        /// Follow the Kubernetes API (openshift-sdn's objects) through this kubeconfig instead
+        /// of a state file.
+        #[arg(long, conflicts_with = "in_cluster", requires = "node")]
+        kubeconfig: Option<PathBuf>,
+        /// Follow the Kubernetes API with the in-cluster service account.
+        #[arg(long, requires = "node")]
+        in_cluster: bool,
+        /// This node's name (Kubernetes mode).
+        #[arg(long, env = "NODE_NAME")]
+        node: Option<String>,
         #[command(flatten)]
         ovs: Ovs,
         /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
@@ -267,6 +277,9 @@ async fn run(cli: Cli) -> ExitCode {
         }
         Cmd::Run {
             state,
+            kubeconfig,
+            in_cluster,
+            node,
             ovs,
             datapath_type,
             port_timeout,
@@ -276,7 +289,9 @@ async fn run(cli: Cli) -> ExitCode {
             pod_api_socket,
             metrics_addr,
         } => {
-            let mut opts = sdn_node::run::RunOptions::new(state, ovs.ovs_rundir);
+            let kube = (kubeconfig.is_some() || in_cluster)
+                .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
+            let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), ovs.ovs_rundir);
             opts.api_socket = (pod_api_socket != "none").then(|| PathBuf::from(pod_api_socket));
             if metrics_addr != "none" {
                 match metrics_addr.parse() {
@@ -293,7 +308,15 @@ async fn run(cli: Cli) -> ExitCode {
             opts.switch.echo_interval = Some(secs(echo_interval));
             opts.switch.echo_timeout = secs(echo_timeout);
             opts.backoff.max = secs(max_backoff);
-            match sdn_node::run::run(opts, terminated()).await {
+            let result = match kube {
+                Some(k) => {
+                    let telemetry = sdn_node::metrics::Telemetry::default();
+                    let t = telemetry.clone();
+                    sdn_node::run::run_with(opts, telemetry, move |_| sdn_node::kube::spawn(k, t), terminated()).await
+                }
+                None => sdn_node::run::run(opts, terminated()).await,
+            };
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");

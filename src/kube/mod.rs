@@ -10,6 +10,10 @@
 //!   the single source for both the watchers and the RBAC rules (deploy/ checks its ClusterRole
 //!   against [`rbac_rules`]).
 
+pub mod mapping;
+pub mod types;
+pub mod watch;
+
 use crate::run::source::Loaded;
 
 /// One Kubernetes resource the daemon uses.
@@ -52,14 +56,49 @@ pub struct KubeOptions {
     pub node: String,
 }
 
-/// Starts the watchers (see the module documentation).
+/// Starts the watchers (see the module documentation). Must be called within a Tokio runtime;
+/// the watchers stop when the receiver (and its clones) are dropped.
 pub fn spawn(
-    _opts: KubeOptions,
-    _telemetry: crate::metrics::Telemetry,
+    opts: KubeOptions,
+    telemetry: crate::metrics::Telemetry,
 ) -> tokio::sync::watch::Receiver<Option<std::sync::Arc<Loaded>>> {
-    // Implemented in a follow-up change (kube-rs watchers); until then the source never
-    // delivers a state, so the agent leaves the switch alone.
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    std::mem::forget(tx);
-    rx
+    watch::spawn(opts, telemetry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::watch::Kind;
+    use super::*;
+
+    #[test]
+    fn every_watched_kind_is_allowed_to_list_and_watch() {
+        for k in Kind::ALL {
+            let (group, resource) = k.resource();
+            let w = WATCHED.iter().find(|w| w.group == group && w.resource == resource);
+            let w = w.unwrap_or_else(|| panic!("{k:?} ({group}/{resource}) is watched but not in WATCHED"));
+            for v in Kind::VERBS {
+                assert!(w.verbs.contains(&v), "{k:?}: verb {v} missing from WATCHED");
+            }
+        }
+        // The egress-policy label is read and patched on this node.
+        let nodes = WATCHED.iter().find(|w| w.group.is_empty() && w.resource == "nodes").unwrap();
+        assert!(nodes.verbs.contains(&"get") && nodes.verbs.contains(&"patch"));
+    }
+
+    #[test]
+    fn the_types_use_the_openshift_urls() {
+        use kube::Resource;
+        assert_eq!(types::ClusterNetwork::url_path(&(), None), "/apis/network.openshift.io/v1/clusternetworks");
+        assert_eq!(types::HostSubnet::url_path(&(), None), "/apis/network.openshift.io/v1/hostsubnets");
+        assert_eq!(types::NetNamespace::url_path(&(), None), "/apis/network.openshift.io/v1/netnamespaces");
+        assert_eq!(
+            types::EgressNetworkPolicy::url_path(&(), Some("ns")),
+            "/apis/network.openshift.io/v1/namespaces/ns/egressnetworkpolicies"
+        );
+        for k in Kind::ALL {
+            let (group, resource) = k.resource();
+            let w = WATCHED.iter().find(|w| w.group == group && w.resource == resource).unwrap();
+            assert!(w.verbs.contains(&"list"));
+        }
+    }
 }

@@ -1,0 +1,404 @@
+//! The Kubernetes source end to end: a fake API server (real HTTP list/watch, see
+//! `support::fake_kube`), the daemon in-process (`run_with` + `kube::spawn`) against a sandbox
+//! switch (datapath dummy), and `ovs-ofctl dump-flows` as the oracle. Conditions are polled a
+//! bounded number of times with a short backoff; a failure shows what was last seen.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sdn_node::kube::KubeOptions;
+use sdn_node::metrics::{KindLabel, ResultLabel, Telemetry};
+use sdn_node::run::RunOptions;
+use sdn_node::sandbox::OvsSandbox;
+use serde_json::{json, Value};
+use support::fake_kube::FakeKube;
+
+const NODE: &str = "node-a";
+const LABEL: &str = "network.openshift.io/not-enforcing-egress-network-policy";
+const MULTITENANT: &str = "redhat/openshift-ovs-multitenant";
+
+struct Daemon {
+    sb: OvsSandbox,
+    telemetry: Telemetry,
+    api_socket: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    async fn start(fake: &FakeKube) -> Daemon {
+        let sb = support::sandbox_with_bridge().await;
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = fake.kubeconfig(dir.path());
+        let mut opts = RunOptions::new(PathBuf::new(), sb.dir().to_path_buf());
+        opts.datapath_type = "dummy".into();
+        let api_socket = dir.path().join("api.sock");
+        opts.api_socket = Some(api_socket.clone());
+        let telemetry = Telemetry::default();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (t1, t2) = (telemetry.clone(), telemetry.clone());
+        let kube = KubeOptions { kubeconfig: Some(kubeconfig), node: NODE.into() };
+        let task = tokio::spawn(async move {
+            let source = move |_| sdn_node::kube::spawn(kube, t2);
+            let stopped = async move {
+                let _ = stopped.await;
+            };
+            sdn_node::run::run_with(opts, t1, source, stopped).await.expect("run_with");
+        });
+        Daemon { sb, telemetry, api_socket, stop: Some(stop), task: Some(task), _dir: dir }
+    }
+
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap()).await;
+    }
+
+    /// The flows of one table (`dump-flows --no-stats`, sorted).
+    fn table(&self, t: u8) -> Vec<String> {
+        let out = support::ofctl(&self.sb, &["dump-flows", "--no-stats", "--no-names", "br0", &format!("table={t}")]);
+        let mut v: Vec<String> = out
+            .lines()
+            .filter(|l| !l.starts_with("OFPST_FLOW") && !l.trim().is_empty())
+            .map(|l| l.trim().to_string())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn bundles(&self) -> u64 {
+        self.telemetry.metrics.bundles.get_or_create(&ResultLabel { result: "ok".into() }).get()
+    }
+
+    fn ports(&self) -> String {
+        support::ofctl(&self.sb, &["dump-ports-desc", "br0"])
+    }
+
+    /// Sets a pod up through the pod API (an OVS internal port), once the state allows it.
+    async fn add_pod(&self, ns: &str, name: &str, veth: &str, ip: &str, mac: &str) {
+        let body = json!({"containerID": "ab".repeat(32), "namespace": ns, "name": name, "hostVeth": veth,
+            "ip": ip, "mac": mac, "internal": true})
+        .to_string();
+        let sock = self.api_socket.clone();
+        poll(&format!("pod {ns}/{name} set up through the pod API"), || {
+            let (sock, body) = (sock.clone(), body.clone());
+            async move {
+                match sdn_node::api::client::call(&sock, "POST", "/v1/pods", Some(body)).await {
+                    Ok((200..=299, _)) => Ok(()),
+                    Ok((code, b)) => Err(format!("HTTP {code}: {b}")),
+                    Err(e) => Err(e),
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Polls table `t` until `pred` holds; returns the flows.
+    async fn until(&self, what: &str, t: u8, pred: impl Fn(&[String]) -> bool) -> Vec<String> {
+        poll(what, || {
+            let flows = self.table(t);
+            let ok = pred(&flows);
+            async move {
+                if ok {
+                    Ok(flows)
+                } else {
+                    Err(format!("table {t}:\n{}", flows.join("\n")))
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Polls `f` (at most 150 tries, backing off from 10 ms to 200 ms: ~25 s); panics with the
+/// last error.
+async fn poll<T, F: std::future::Future<Output = Result<T, String>>>(what: &str, mut f: impl FnMut() -> F) -> T {
+    let mut last = String::new();
+    let mut delay = Duration::from_millis(10);
+    for _ in 0..150 {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 3 / 2).min(Duration::from_millis(200));
+    }
+    panic!("timed out waiting for {what}; last seen:\n{last}");
+}
+
+fn has(flows: &[String], parts: &[&str]) -> bool {
+    flows.iter().any(|f| parts.iter().all(|p| f.contains(p)))
+}
+
+fn cluster_network() -> Value {
+    json!({"metadata": {"name": "default"}, "network": "10.128.0.0/14", "hostsubnetlength": 9,
+        "serviceNetwork": "172.30.0.0/16", "pluginName": MULTITENANT,
+        "clusterNetworks": [{"CIDR": "10.128.0.0/14", "hostSubnetLength": 9}], "vxlanPort": 4789})
+}
+
+fn host_subnet(host: &str, ip: &str, subnet: &str) -> Value {
+    json!({"metadata": {"name": host}, "host": host, "hostIP": ip, "subnet": subnet})
+}
+
+fn net_namespace(name: &str, netid: u32) -> Value {
+    json!({"metadata": {"name": name}, "netname": name, "netid": netid})
+}
+
+fn service(ns: &str, name: &str, ip: &str, ports: &[(&str, u16)]) -> Value {
+    let ports: Vec<Value> = ports.iter().map(|(p, n)| json!({"protocol": p, "port": n, "targetPort": n})).collect();
+    json!({"metadata": {"namespace": ns, "name": name}, "spec": {"clusterIP": ip, "type": "ClusterIP", "ports": ports}})
+}
+
+fn egress_policy(ns: &str, name: &str, allow: &str) -> Value {
+    json!({"metadata": {"namespace": ns, "name": name}, "spec": {"egress": [
+        {"type": "Allow", "to": {"cidrSelector": allow}},
+        {"type": "Deny", "to": {"cidrSelector": "0.0.0.0/0"}}]}})
+}
+
+fn pod(ns: &str, name: &str, node: &str) -> Value {
+    json!({"metadata": {"namespace": ns, "name": name}, "spec": {"nodeName": node, "containers": []}})
+}
+
+/// A multitenant cluster: this node and node-b, namespaces default/team-a(11)/team-b(12), a
+/// service and an egress policy in team-a, pod team-a/a1 here and one on node-b.
+fn populate(fake: &FakeKube) {
+    fake.put("nodes", json!({"metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}}}));
+    fake.put("clusternetworks", cluster_network());
+    fake.put("hostsubnets", host_subnet(NODE, "172.17.0.2", "10.128.2.0/23"));
+    fake.put("hostsubnets", host_subnet("node-b", "172.17.0.3", "10.129.0.0/23"));
+    fake.put("netnamespaces", net_namespace("default", 0));
+    fake.put("netnamespaces", net_namespace("team-a", 11));
+    fake.put("netnamespaces", net_namespace("team-b", 12));
+    fake.put("services", service("team-a", "web", "172.30.0.10", &[("TCP", 80)]));
+    fake.put(
+        "services",
+        json!({"metadata": {"namespace": "team-b", "name": "headless"}, "spec": {"clusterIP": "None"}}),
+    );
+    fake.put("egressnetworkpolicies", egress_policy("team-a", "default", "1.2.3.0/24"));
+    fake.put("pods", pod("team-a", "a1", NODE));
+    fake.put("pods", pod("team-a", "elsewhere", "node-b"));
+}
+
+fn list_requests(fake: &FakeKube, path: &str) -> usize {
+    fake.requests().iter().filter(|r| r.starts_with(&format!("GET {path}")) && !r.contains("watch=")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_objects_drive_the_flows() {
+    let fake = FakeKube::start().await;
+    populate(&fake);
+    let d = Daemon::start(&fake).await;
+
+    // The initial lists: remote subnet, service (VNID 11 = 0xb), egress policy.
+    d.until("node-b's subnet (table 90)", 90, |f| has(f, &["nw_dst=10.129.0.0/23", "172.17.0.3"])).await;
+    d.until("service web (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.10", "tp_dst=80", "0xb->NXM_NX_REG1"])).await;
+    d.until("egress policy (table 100)", 100, |f| has(f, &["reg0=0xb", "nw_dst=1.2.3.0/24"])).await;
+    // The headless service is skipped (not rejected: nothing to program).
+    let t60 = d.table(60);
+    assert!(t60.iter().filter(|f| f.contains("nw_dst=172.30.")).all(|f| f.contains("nw_dst=172.30.0.10")), "{t60:#?}");
+    let rejected = d.telemetry.metrics.rejected.get_or_create(&KindLabel { kind: "service".into() }).get();
+    assert_eq!(rejected, 0, "{}", d.telemetry.metrics.encode());
+
+    // A pod set up through the pod API, known to the cluster on this node.
+    d.add_pod("team-a", "a1", "veth-a1", "10.128.2.5", "0a:58:0a:80:02:05").await;
+    d.until("pod a1 (table 70, VNID 11)", 70, |f| has(f, &["nw_dst=10.128.2.5", "0xb->NXM_NX_REG1"])).await;
+
+    // HostSubnets: created, changed, deleted.
+    fake.put("hostsubnets", host_subnet("node-c", "172.17.0.4", "10.130.0.0/23"));
+    d.until("node-c's subnet added", 90, |f| has(f, &["nw_dst=10.130.0.0/23", "172.17.0.4"])).await;
+    fake.put("hostsubnets", host_subnet("node-c", "172.17.0.9", "10.130.0.0/23"));
+    d.until("node-c's host IP changed", 90, |f| {
+        has(f, &["nw_dst=10.130.0.0/23", "172.17.0.9"]) && !has(f, &["172.17.0.4"])
+    })
+    .await;
+    fake.delete("hostsubnets", "", "node-b");
+    d.until("node-b's subnet removed", 90, |f| !has(f, &["10.129.0.0/23"])).await;
+
+    // Services: created, changed, deleted.
+    fake.put("services", service("team-b", "db", "172.30.0.20", &[("TCP", 5432)]));
+    d.until("service db added (VNID 12)", 60, |f| has(f, &["nw_dst=172.30.0.20", "tp_dst=5432", "0xc->NXM_NX_REG1"]))
+        .await;
+    fake.put("services", service("team-b", "db", "172.30.0.20", &[("UDP", 5433)]));
+    d.until("service db's port changed", 60, |f| {
+        has(f, &["udp", "nw_dst=172.30.0.20", "tp_dst=5433"]) && !has(f, &["tp_dst=5432"])
+    })
+    .await;
+    fake.delete("services", "team-b", "db");
+    d.until("service db removed", 60, |f| !has(f, &["172.30.0.20"])).await;
+
+    // NetNamespace netid change: the pod's, the service's and the policy's flows move to VNID
+    // 21 (0x15) in one bundle.
+    let before = d.bundles();
+    fake.put("netnamespaces", net_namespace("team-a", 21));
+    d.until("pod a1 re-pointed (table 20)", 20, |f| {
+        has(f, &["10.128.2.5", "0x15->NXM_NX_REG0"]) && !has(f, &["0xb->NXM_NX_REG0"])
+    })
+    .await;
+    d.until("pod a1 re-pointed (table 70)", 70, |f| has(f, &["nw_dst=10.128.2.5", "0x15->NXM_NX_REG1"])).await;
+    d.until("service web re-pointed (table 60)", 60, |f| {
+        has(f, &["nw_dst=172.30.0.10", "0x15->NXM_NX_REG1"]) && !has(f, &["0xb->"])
+    })
+    .await;
+    d.until("policy re-pointed (table 100)", 100, |f| {
+        has(f, &["reg0=0x15", "nw_dst=1.2.3.0/24"]) && !has(f, &["reg0=0xb"])
+    })
+    .await;
+    assert_eq!(d.bundles(), before + 1, "a netid change is one bundle");
+
+    // An egress policy edit swaps the rules atomically: every dump of table 100 shows either
+    // the old rules or the new ones.
+    let old = d.table(100);
+    let before = d.bundles();
+    fake.put("egressnetworkpolicies", egress_policy("team-a", "default", "5.6.7.0/24"));
+    let mut seen = Vec::new();
+    let new = poll("the new egress rules", || {
+        let t = d.table(100);
+        seen.push(t.clone());
+        async move {
+            if has(&t, &["nw_dst=5.6.7.0/24"]) {
+                Ok(t)
+            } else {
+                Err(t.join("\n"))
+            }
+        }
+    })
+    .await;
+    assert!(!has(&new, &["1.2.3.0/24"]), "old rule still there: {new:#?}");
+    for s in &seen {
+        assert!(*s == old || *s == new, "a mixed table 100: {s:#?}");
+    }
+    assert_eq!(d.bundles(), before + 1, "a policy edit is one bundle");
+    fake.delete("egressnetworkpolicies", "team-a", "default");
+    d.until("policy removed", 100, |f| !has(f, &["nw_dst=5.6.7.0/24"]) && !has(f, &["reg0=0x15"])).await;
+
+    // A dropped watch: the watcher watches again from its resourceVersion (no relist) and gets
+    // what happened meanwhile.
+    let lists = list_requests(&fake, "/api/v1/services");
+    fake.drop_watches("services");
+    fake.put("services", service("team-b", "cache", "172.30.0.30", &[("TCP", 6379)]));
+    d.until("service cache after a dropped watch", 60, |f| has(f, &["nw_dst=172.30.0.30", "tp_dst=6379"])).await;
+    assert_eq!(list_requests(&fake, "/api/v1/services"), lists, "resumed without a relist");
+
+    // 410 Gone: node-c disappears while the watch is down; the relist removes its flows.
+    let lists = list_requests(&fake, "/apis/network.openshift.io/v1/hostsubnets");
+    fake.delete_while_disconnected("hostsubnets", "", "node-c");
+    d.until("node-c's subnet removed after the relist", 90, |f| !has(f, &["10.130.0.0/23"])).await;
+    assert!(list_requests(&fake, "/apis/network.openshift.io/v1/hostsubnets") > lists, "a relist happened");
+
+    // The pod is deleted in the cluster: torn down (flows and port).
+    assert!(d.ports().contains("veth-a1"));
+    fake.delete("pods", "team-a", "a1");
+    d.until("pod a1's flows removed", 70, |f| !has(f, &["10.128.2.5"])).await;
+    poll("pod a1's port removed", || {
+        let p = d.ports();
+        async move {
+            if p.contains("veth-a1") {
+                Err(p)
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+    // The watches asked for bookmarks (the fake sends one after each backlog).
+    assert!(
+        fake.requests().iter().any(|r| r.contains("watch=true") && r.contains("allowWatchBookmarks=true")),
+        "{:#?}",
+        fake.requests()
+    );
+    // Never forbidden: the label was never set.
+    assert!(fake.patches().is_empty(), "{:?}", fake.patches());
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forbidden_egress_policies_label_the_node() {
+    let fake = FakeKube::start().await;
+    populate(&fake);
+    fake.forbid("egressnetworkpolicies", true);
+    let d = Daemon::start(&fake).await;
+
+    // Everything else is programmed; policies count as none.
+    d.until("service web (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.10", "tp_dst=80"])).await;
+    assert!(!has(&d.table(100), &["1.2.3.0/24"]));
+    let patches = poll("the node label PATCH", || {
+        let p = fake.patches();
+        async move {
+            if p.is_empty() {
+                Err("no PATCH yet".into())
+            } else {
+                Ok(p)
+            }
+        }
+    })
+    .await;
+    let (path, content_type, body) = &patches[0];
+    assert_eq!(path, &format!("/api/v1/nodes/{NODE}"));
+    assert_eq!(content_type, "application/merge-patch+json");
+    assert_eq!(body, &json!({"metadata": {"labels": {LABEL: "true"}}}));
+    assert_eq!(fake.object("nodes", "", NODE).unwrap()["metadata"]["labels"][LABEL], "true");
+
+    // Allowed again: the policies are enforced and the label goes away.
+    fake.forbid("egressnetworkpolicies", false);
+    d.until("egress policy (table 100)", 100, |f| has(f, &["reg0=0xb", "nw_dst=1.2.3.0/24"])).await;
+    poll("the label removed", || {
+        let n = fake.object("nodes", "", NODE).unwrap();
+        async move {
+            if n["metadata"]["labels"].get(LABEL).is_some() {
+                Err(n.to_string())
+            } else {
+                Ok(())
+            }
+        }
+    })
+    .await;
+    assert_eq!(fake.patches().last().unwrap().2, json!({"metadata": {"labels": {LABEL: null}}}));
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_plugin_publishes_nothing() {
+    let fake = FakeKube::start().await;
+    populate(&fake);
+    let mut cn = cluster_network();
+    cn["pluginName"] = json!("cni/something-else");
+    fake.put("clusternetworks", cn);
+    let d = Daemon::start(&fake).await;
+    // The watchers list everything, the state is refused: the switch is left alone. Then the
+    // plugin is fixed and the state applies.
+    poll("every kind listed", || {
+        let n = fake.requests().iter().filter(|r| r.contains("watch=")).count();
+        async move {
+            if n >= 6 {
+                Ok(())
+            } else {
+                Err(format!("{n} watches"))
+            }
+        }
+    })
+    .await;
+    assert!(!d.telemetry.health.synced.load(std::sync::atomic::Ordering::Relaxed));
+    fake.put("clusternetworks", cluster_network());
+    d.until("service web (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.10"])).await;
+    d.stop().await;
+}
+
+#[test]
+fn run_takes_either_a_state_file_or_a_cluster() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node")).arg("run").args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = run(&["--state", "s.yaml", "--kubeconfig", "k", "--node", "n"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
+    let (code, err) = run(&["--state", "s.yaml", "--in-cluster", "--node", "n"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, err) = run(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--state"), "{err}");
+    let (code, err) = run(&["--kubeconfig", "k"]);
+    assert_eq!(code, Some(2), "--node is required: {err}");
+}
