@@ -1,6 +1,9 @@
 //! Shared test support: a private Open vSwitch with a bridge, and ovs-ofctl as the oracle.
 #![allow(dead_code)]
 
+pub mod agent;
+pub mod fake_kube;
+
 use std::net::Ipv4Addr;
 use std::process::Command;
 
@@ -9,9 +12,7 @@ use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
 
 /// A sandbox with bridge `br0` (datapath_type=dummy, secure, OpenFlow13).
 pub async fn sandbox_with_bridge() -> OvsSandbox {
-    let sb = OvsSandbox::start(SandboxOptions::default())
-        .await
-        .expect("start ovs sandbox");
+    let sb = OvsSandbox::start(SandboxOptions::default()).await.expect("start ovs sandbox");
     sb.add_bridge("br0", "dummy").await.expect("add br0");
     sb
 }
@@ -63,14 +64,8 @@ pub fn pod_flow(i: u32) -> FlowMod {
     FlowMod::add(
         70,
         100,
-        Match::any().ipv4(Ipv4Match {
-            dst: Some(Masked::exact(ip)),
-            ..Default::default()
-        }),
-        vec![
-            Action::load_reg(1, i % 4096),
-            Action::load_reg(2, 3 + i % 60000),
-        ],
+        Match::any().ipv4(Ipv4Match { dst: Some(Masked::exact(ip)), ..Default::default() }),
+        vec![Action::load_reg(1, i % 4096), Action::load_reg(2, 3 + i % 60000)],
         Some(80),
     )
 }
