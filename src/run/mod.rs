@@ -147,6 +147,10 @@ struct Agent {
     /// left alone.
     ports_ready: bool,
     engine: Option<Engine>,
+    /// The first OpenFlow connection, until the flow generation stored on the bridge is known:
+    /// an engine started before that would take the switch's current flows for stale ones
+    /// and replace them all (see `reconcile`).
+    pending_switch: Option<crate::switch::Switch>,
     dns: dns::Dns,
     /// A new OpenFlow connection waits for its resync (dump, then difference or full replay).
     resync_pending: bool,
@@ -166,6 +170,13 @@ impl Agent {
         }
         if !self.ports_ready {
             return;
+        }
+        // Ports are known, so the generation was read from the bridge: start the engine.
+        if self.engine.is_none() {
+            if let Some(sw) = self.pending_switch.take() {
+                self.engine =
+                    Some(Engine::start_with_metrics(sw, self.generation, Some(self.telemetry.metrics.clone())));
+            }
         }
         let Some(engine) = self.engine.clone() else { return };
         let Some(state) = self.effective.clone() else { return };
@@ -389,13 +400,24 @@ impl Agent {
         if let Err(e) = sw.set_frag_mode(openflow::FragMode::NxMatch).await {
             warn!(error = %e, "could not set fragment handling to nx-match");
         }
+        // A restarted switch may have renumbered the pods' ports: its own port list is
+        // authoritative for this connection (the database can lag behind it).
+        match sw.port_desc().await {
+            Ok(ports) => {
+                let ports: Vec<(String, u32)> = ports.iter().map(|p| (p.name(), p.port_no.0)).collect();
+                self.ports.refresh_ofports(&ports);
+            }
+            Err(e) => {
+                warn!(error = %e, "could not read the switch's ports; checking every pod port again");
+                self.verify_ports = true;
+            }
+        }
         match &self.engine {
             Some(e) => {
                 let _ = e.set_switch(sw).await;
             }
-            None => {
-                self.engine = Some(Engine::start_with_metrics(sw, self.generation, Some(self.telemetry.metrics.clone())))
-            }
+            // Started by `reconcile` once the generation is known.
+            None => self.pending_switch = Some(sw),
         }
         self.resync_pending = true;
         self.reconcile().await;
@@ -474,6 +496,7 @@ pub async fn run_with(
         ports: Ports::default(),
         ports_ready: false,
         engine: None,
+        pending_switch: None,
         dns: dns::Dns::new(opts.dns_timeout),
         resync_pending: false,
         generation: 1,

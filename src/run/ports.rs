@@ -80,6 +80,34 @@ impl Ports {
         self.known.iter().map(|(k, p)| (k.clone(), OfPort(p.ofport))).collect()
     }
 
+    /// Corrects the pods' ofports from the switch's own port list (name, number), as read over
+    /// a new OpenFlow connection. A restarted ovs-vswitchd numbers the ports afresh: a port
+    /// added while it was down can take the number another port had, which then gets a new
+    /// one, and the database may show the old numbers for a moment. A pod whose port the
+    /// switch does not have is forgotten, so the next reconcile adds it again and waits for its
+    /// ofport. Returns how many pods changed or were forgotten.
+    pub fn refresh_ofports(&mut self, switch_ports: &[(String, u32)]) -> usize {
+        let by_name: HashMap<&str, u32> = switch_ports.iter().map(|(n, p)| (n.as_str(), *p)).collect();
+        let mut changed = 0;
+        self.known.retain(|k, s| match by_name.get(s.host_veth.as_str()) {
+            Some(&p) if p == s.ofport => true,
+            Some(&p) => {
+                info!(
+                    pod = %format!("{}/{}", k.0, k.1), port = %s.host_veth, from = s.ofport, to = p,
+                    "the switch renumbered a pod's port"
+                );
+                s.ofport = p;
+                changed += 1;
+                true
+            }
+            None => {
+                changed += 1;
+                false
+            }
+        });
+        changed
+    }
+
     /// Makes the bridge's pod ports match `state`: adds the missing ones (waiting for their
     /// ofports), sets bandwidth where it changed, removes ports of pods that are gone. With
     /// `verify_all` (after an OVSDB reconnect) every port is checked again. A pod whose port
@@ -174,5 +202,40 @@ fn ignore_missing(e: OvsdbError) -> Result<(), OvsdbError> {
     match e {
         OvsdbError::NotFound { .. } => Ok(()),
         other => Err(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(ports: &[(&str, &str, u32)]) -> Ports {
+        let mut p = Ports::default();
+        for (name, veth, ofport) in ports {
+            p.known.insert(
+                ("ns".to_string(), name.to_string()),
+                PortState { host_veth: veth.to_string(), internal: true, ofport: *ofport, bandwidth: (0, 0) },
+            );
+        }
+        p
+    }
+
+    /// Regression: after an ovs-vswitchd restart the agent kept the pods' old ofports (it
+    /// re-read them only on an OVSDB reconnect) and installed flows for the wrong ports.
+    #[test]
+    fn ofports_follow_the_switch() {
+        let mut p = known(&[("a", "vp1", 3), ("b", "vp2", 4), ("c", "vp3", 5)]);
+        let sw: Vec<(String, u32)> =
+            [("br0", 0xfffe), ("vp1", 6), ("vp2", 4), ("vn", 3)].iter().map(|(n, p)| (n.to_string(), *p)).collect();
+        assert_eq!(p.refresh_ofports(&sw), 2);
+        let of = p.ofports();
+        assert_eq!(of.get(&("ns".into(), "a".into())), Some(&OfPort(6)), "renumbered");
+        assert_eq!(of.get(&("ns".into(), "b".into())), Some(&OfPort(4)), "unchanged");
+        assert_eq!(
+            of.get(&("ns".into(), "c".into())),
+            None,
+            "not on the switch: forgotten, re-added by the next reconcile"
+        );
+        assert_eq!(p.refresh_ofports(&sw), 0);
     }
 }
