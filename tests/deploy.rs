@@ -1,0 +1,744 @@
+//! Checks of deploy/: every Kubernetes manifest decodes into its typed k8s-openapi struct with
+//! no unknown field, the ClusterRole grants exactly `sdn_node::kube::rbac_rules()`, the
+//! DaemonSet has the properties the agent relies on (and passes only flags `sdn-node run`
+//! accepts), the CRDs describe the fields the daemon reads, and the example state files load
+//! without problems.
+//!
+//! How unknown fields are found: k8s-openapi's structs skip fields they do not know, so decoding
+//! alone accepts a misspelt `hostNetwrok: true` (only an API server's strict field validation
+//! would catch it, at install time on a cluster). So each YAML document is decoded twice: into a
+//! `serde_json::Value` (everything that was written) and into the typed struct, which is then
+//! serialized back to a `Value` (everything the typed struct understood). Every field of the
+//! first must appear, with an equal value, in the second; the second may only add fields the
+//! first lacks when they hold a default (null, false, 0, "", [] or {}), which is what the typed
+//! structs emit for required fields that were left out. Numbers compare as numbers (YAML `2`
+//! and the typed `2.0` of an f64 field are equal). The checker itself is tested on a document
+//! with a misspelt field.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Probe, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+const NAMESPACE: &str = "sdn-node";
+const OVS_RUNDIR: &str = "/var/run/openvswitch";
+/// Peak RSS measured by `sdn-node bench churn` (README, Performance), MiB.
+const MEASURED_PEAK_RSS_MIB: f64 = 51.0;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no YAML files in {}", dir.display());
+    files
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+// ---- the unknown-field check ------------------------------------------------------------------
+
+fn is_default(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
+}
+
+/// Where `written` and `understood` (the typed struct re-serialized) differ; see the module
+/// documentation.
+fn differences(path: &str, written: &Value, understood: &Value, out: &mut Vec<String>) {
+    match (written, understood) {
+        (Value::Object(w), Value::Object(u)) => {
+            for (k, wv) in w {
+                let p = format!("{path}.{k}");
+                match u.get(k) {
+                    Some(uv) => differences(&p, wv, uv, out),
+                    None => out.push(format!("{p}: unknown field (not in the typed struct)")),
+                }
+            }
+            for (k, uv) in u {
+                if !w.contains_key(k) && !is_default(uv) {
+                    out.push(format!("{path}.{k}: added by the typed struct as {uv}"));
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(u)) => {
+            if w.len() != u.len() {
+                out.push(format!("{path}: {} items written, {} understood", w.len(), u.len()));
+            }
+            for (i, (wv, uv)) in w.iter().zip(u).enumerate() {
+                differences(&format!("{path}[{i}]"), wv, uv, out);
+            }
+        }
+        (Value::Number(w), Value::Number(u)) if w.as_f64() == u.as_f64() => {}
+        (w, u) if w == u => {}
+        (w, u) => out.push(format!("{path}: written {w}, understood as {u}")),
+    }
+}
+
+/// Decodes one document into `T`, failing on type errors (with the field's path) and on any
+/// field `T` does not know.
+fn strict<T: DeserializeOwned + Serialize>(what: &str, doc: &Value) -> Result<T, String> {
+    let typed: T = serde_path_to_error::deserialize(doc.clone())
+        .map_err(|e| format!("{what}: field {}: {}", e.path(), e.inner()))?;
+    let understood = serde_json::to_value(&typed).map_err(|e| format!("{what}: {e}"))?;
+    let mut diffs = Vec::new();
+    differences("", doc, &understood, &mut diffs);
+    if diffs.is_empty() {
+        Ok(typed)
+    } else {
+        Err(format!("{what}:\n  {}", diffs.join("\n  ")))
+    }
+}
+
+// ---- the manifests ----------------------------------------------------------------------------
+
+/// Every object of deploy/kubernetes/, decoded strictly.
+#[derive(Default)]
+struct Manifests {
+    files: Vec<String>,
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
+    config_maps: Vec<ConfigMap>,
+    daemon_sets: Vec<DaemonSet>,
+    crds: Vec<CustomResourceDefinition>,
+}
+
+impl Manifests {
+    fn add(&mut self, what: &str, doc: &Value) -> Result<(), String> {
+        let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let what = format!("{what} ({api_version} {kind})");
+        match (api_version, kind) {
+            ("v1", "Namespace") => self.namespaces.push(strict(&what, doc)?),
+            ("v1", "ServiceAccount") => self.service_accounts.push(strict(&what, doc)?),
+            ("v1", "ConfigMap") => self.config_maps.push(strict(&what, doc)?),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => self.cluster_roles.push(strict(&what, doc)?),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                self.cluster_role_bindings.push(strict(&what, doc)?)
+            }
+            ("apps/v1", "DaemonSet") => self.daemon_sets.push(strict(&what, doc)?),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => self.crds.push(strict(&what, doc)?),
+            _ => return Err(format!("{what}: unexpected kind (add it to tests/deploy.rs with its typed struct)")),
+        }
+        Ok(())
+    }
+
+    fn load() -> Manifests {
+        let dir = repo().join("deploy/kubernetes");
+        let mut m = Manifests::default();
+        let mut errors = Vec::new();
+        for path in yaml_files(&dir) {
+            let name = file_name(&path);
+            if name == "kustomization.yaml" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let docs: Vec<Value> =
+                serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{name}: not valid YAML: {e}"));
+            let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+            assert!(!docs.is_empty(), "{name}: no objects");
+            for (i, doc) in docs.iter().enumerate() {
+                if let Err(e) = m.add(&format!("{name} document {}", i + 1), doc) {
+                    errors.push(e);
+                }
+            }
+            m.files.push(name);
+        }
+        assert!(errors.is_empty(), "manifests that do not decode strictly:\n{}", errors.join("\n"));
+        m
+    }
+
+    fn one<'a, T>(items: &'a [T], kind: &str) -> &'a T {
+        assert_eq!(items.len(), 1, "expected exactly one {kind}");
+        &items[0]
+    }
+
+    fn daemon_set(&self) -> &DaemonSet {
+        Self::one(&self.daemon_sets, "DaemonSet")
+    }
+
+    fn container(&self) -> &Container {
+        let spec = self.daemon_set().spec.as_ref().unwrap().template.spec.as_ref().expect("pod spec");
+        assert_eq!(spec.containers.len(), 1, "one container");
+        &spec.containers[0]
+    }
+
+    fn config_map(&self) -> &ConfigMap {
+        Self::one(&self.config_maps, "ConfigMap")
+    }
+}
+
+#[test]
+fn unknown_fields_are_detected() {
+    let doc: Value = serde_saphyr::from_str(
+        "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: x}\nspec:\n  selector: {}\n  template:\n    spec:\n      hostNetwrok: true\n      containers: [{name: c}]\n",
+    )
+    .unwrap();
+    let err = strict::<DaemonSet>("test", &doc).expect_err("a misspelt field must be rejected");
+    assert!(err.contains(".spec.template.spec.hostNetwrok: unknown field"), "{err}");
+    // The same document, spelt right, passes: the defaults the typed struct adds are accepted.
+    let good = serde_json::to_string(&doc).unwrap().replace("hostNetwrok", "hostNetwork");
+    strict::<DaemonSet>("test", &serde_json::from_str(&good).unwrap()).unwrap();
+    // A wrong type is an error too, with its path.
+    let doc: Value =
+        serde_json::from_str(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"},"data":{"a":1}}"#)
+            .unwrap();
+    let err = strict::<ConfigMap>("test", &doc).unwrap_err();
+    assert!(err.contains("data.a"), "{err}");
+}
+
+#[test]
+fn every_manifest_decodes_strictly_and_is_installed() {
+    let m = Manifests::load();
+    assert_eq!(m.namespaces.len(), 1);
+    assert_eq!(m.service_accounts.len(), 1);
+    assert_eq!(m.cluster_roles.len(), 1);
+    assert_eq!(m.cluster_role_bindings.len(), 1);
+    assert_eq!(m.config_maps.len(), 1);
+    assert_eq!(m.daemon_sets.len(), 1);
+    assert_eq!(m.crds.len(), 4);
+
+    // One namespace, and every namespaced object is in it.
+    assert_eq!(m.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
+    let labels = m.namespaces[0].metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("pod-security.kubernetes.io/enforce").map(String::as_str),
+        Some("privileged"),
+        "hostNetwork and hostPath need the privileged Pod Security level"
+    );
+    for (kind, ns) in [
+        ("ServiceAccount", &m.service_accounts[0].metadata.namespace),
+        ("ConfigMap", &m.config_maps[0].metadata.namespace),
+        ("DaemonSet", &m.daemon_sets[0].metadata.namespace),
+    ] {
+        assert_eq!(ns.as_deref(), Some(NAMESPACE), "{kind}'s namespace");
+    }
+
+    // kustomization.yaml lists every manifest, in the order of `kubectl apply -f`.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    #[allow(dead_code)]
+    struct Kustomization {
+        api_version: String,
+        kind: String,
+        resources: Vec<String>,
+        #[serde(default)]
+        images: Vec<Image>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Image {
+        name: String,
+        new_name: Option<String>,
+        new_tag: Option<String>,
+    }
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes/kustomization.yaml")).unwrap();
+    let k: Kustomization = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!((k.api_version.as_str(), k.kind.as_str()), ("kustomize.config.k8s.io/v1beta1", "Kustomization"));
+    assert_eq!(k.resources, m.files, "kustomization.yaml's resources must be exactly the manifests, sorted");
+
+    // The image is this version of sdn-node, and kustomize's `images` entry matches it.
+    let version = env!("CARGO_PKG_VERSION");
+    let image = m.container().image.clone().unwrap();
+    assert_eq!(image, format!("sdn-node:{version}"));
+    let entry = k.images.iter().find(|i| i.name == "sdn-node").expect("images: entry for sdn-node");
+    assert_eq!(entry.new_tag.as_deref(), Some(version));
+    assert!(entry.new_name.is_some());
+}
+
+// ---- RBAC -------------------------------------------------------------------------------------
+
+#[test]
+fn cluster_role_is_exactly_rbac_rules() {
+    let m = Manifests::load();
+    let role = &m.cluster_roles[0];
+    let mut granted = BTreeSet::new();
+    for (i, rule) in role.rules.clone().unwrap_or_default().iter().enumerate() {
+        assert!(
+            rule.resource_names.is_none() && rule.non_resource_urls.is_none(),
+            "rule {i}: only groups/resources/verbs"
+        );
+        for g in rule.api_groups.clone().unwrap_or_default() {
+            for r in rule.resources.clone().unwrap_or_default() {
+                for v in &rule.verbs {
+                    assert!(
+                        granted.insert((g.clone(), r.clone(), v.clone())),
+                        "rule {i}: ({g:?}, {r}, {v}) granted twice"
+                    );
+                }
+            }
+        }
+    }
+    let needed: BTreeSet<(String, String, String)> = sdn_node::kube::rbac_rules()
+        .into_iter()
+        .flat_map(|(g, r, verbs)| verbs.into_iter().map(move |v| (g.clone(), r.clone(), v)))
+        .collect();
+    let extra: Vec<_> = granted.difference(&needed).collect();
+    let missing: Vec<_> = needed.difference(&granted).collect();
+    assert!(
+        extra.is_empty() && missing.is_empty(),
+        "deploy/kubernetes/02-rbac.yaml differs from sdn_node::kube::rbac_rules(): granted but not used {extra:?}, used but not granted {missing:?}"
+    );
+
+    // The binding gives that role to the DaemonSet's service account.
+    let sa = &m.service_accounts[0];
+    let binding = &m.cluster_role_bindings[0];
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(binding.role_ref.api_group, "rbac.authorization.k8s.io");
+    assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
+    let subjects = binding.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(Some(&subjects[0].name), sa.metadata.name.as_ref());
+    assert_eq!(subjects[0].namespace, sa.metadata.namespace);
+    let pod = m.daemon_set().spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+    assert_eq!(pod.service_account_name, sa.metadata.name);
+}
+
+// ---- the DaemonSet ----------------------------------------------------------------------------
+
+/// `sdn-node run --help`.
+fn run_help() -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node")).args(["run", "--help"]).output().unwrap();
+    assert!(out.status.success(), "sdn-node run --help: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `sdn-node` with `args` (as the kubelet expands them) and fails if the command line
+/// is rejected (clap exits 2 with a usage message at once). The paths that would touch this
+/// machine are replaced first: no pod API socket, no metrics listener, an empty OVS run
+/// directory. Whatever the agent does next (it fails or waits without an API server), it is
+/// stopped after a few seconds.
+fn assert_parses(args: &[String]) {
+    let ovs = tempfile::tempdir().unwrap();
+    let mut args = args.to_vec();
+    for (flag, value) in
+        [("--pod-api-socket", "none"), ("--metrics-addr", "none"), ("--ovs-rundir", ovs.path().to_str().unwrap())]
+    {
+        if let Some(i) = args.iter().position(|a| a == flag) {
+            args[i + 1] = value.to_string();
+        } else {
+            args.extend([flag.to_string(), value.to_string()]);
+        }
+    }
+    let stderr = tempfile::NamedTempFile::new().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+        .args(&args)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let err = std::fs::read_to_string(stderr.path()).unwrap_or_default();
+    let rejected = status.and_then(|s| s.code()) == Some(2) && err.contains("Usage:");
+    assert!(!rejected, "`sdn-node {}` is rejected:\n{err}", args.join(" "));
+}
+
+/// Whether `help` lists `flag` (a whole flag: `--node` does not match `--node-name`).
+fn help_has_flag(help: &str, flag: &str) -> bool {
+    help.match_indices(flag).any(|(i, _)| {
+        let before = help[..i].chars().next_back();
+        let after = help[i + flag.len()..].chars().next();
+        !matches!(before, Some(c) if c.is_alphanumeric() || c == '-')
+            && !matches!(after, Some(c) if c.is_alphanumeric() || c == '-' || c == '_')
+    })
+}
+
+/// The value of `--flag VALUE` (or `--flag=VALUE`) in `args`.
+fn arg_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(flag).and_then(|r| r.strip_prefix('='))
+        }
+    })
+}
+
+/// The environment variable behind `$(VAR)`, if `value` is exactly that.
+fn var_ref(value: &str) -> Option<&str> {
+    value.strip_prefix("$(").and_then(|v| v.strip_suffix(')'))
+}
+
+/// What a container's argument will be once the kubelet expanded `$(VAR)` from the ConfigMap
+/// (or the downward API: `None`).
+fn resolved(m: &Manifests, value: &str) -> Option<String> {
+    let Some(var) = var_ref(value) else { return Some(value.to_string()) };
+    let env = m.container().env.clone().unwrap_or_default();
+    let e =
+        env.iter().find(|e| e.name == var).unwrap_or_else(|| panic!("$({var}) is used in args but not defined in env"));
+    if let Some(v) = &e.value {
+        return Some(v.clone());
+    }
+    let from = e.value_from.as_ref().unwrap_or_else(|| panic!("env {var} has no value"));
+    let key = from.config_map_key_ref.as_ref()?;
+    let cm = m.config_map();
+    assert_eq!(Some(&key.name), cm.metadata.name.as_ref(), "env {var} refers to another ConfigMap");
+    let data = cm.data.clone().unwrap_or_default();
+    Some(data.get(&key.key).unwrap_or_else(|| panic!("env {var}: ConfigMap has no key {:?}", key.key)).clone())
+}
+
+fn quantity_mib(q: &str) -> f64 {
+    let units = [("Ki", 1.0 / 1024.0), ("Mi", 1.0), ("Gi", 1024.0)];
+    for (suffix, mib) in units {
+        if let Some(n) = q.strip_suffix(suffix) {
+            return n.parse::<f64>().unwrap() * mib;
+        }
+    }
+    panic!("unexpected memory quantity {q:?} (use Ki, Mi or Gi)")
+}
+
+fn http_probe(probe: &Option<Probe>, what: &str) -> (String, i32, Option<String>) {
+    let get = probe
+        .as_ref()
+        .unwrap_or_else(|| panic!("no {what}"))
+        .http_get
+        .as_ref()
+        .unwrap_or_else(|| panic!("{what}: not httpGet"));
+    let port = match &get.port {
+        IntOrString::Int(p) => *p,
+        IntOrString::String(s) => panic!("{what}: use the port number, not {s:?}"),
+    };
+    (get.path.clone().unwrap_or_default(), port, get.host.clone())
+}
+
+#[test]
+fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
+    let m = Manifests::load();
+    let ds = m.daemon_set();
+    let spec = ds.spec.as_ref().unwrap();
+    let pod = spec.template.spec.as_ref().unwrap();
+    let c = m.container();
+
+    // Selector matches the template.
+    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    let labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    assert!(!selector.is_empty());
+    for (k, v) in &selector {
+        assert_eq!(labels.get(k), Some(v), "template lacks selector label {k}");
+    }
+
+    // Node network, node-critical, on every node, one agent per node at a time.
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.dns_policy.as_deref(), Some("Default"), "the node's resolver: cluster DNS needs the pod network");
+    assert_eq!(pod.priority_class_name.as_deref(), Some("system-node-critical"));
+    let tolerations = pod.tolerations.clone().unwrap_or_default();
+    assert!(
+        tolerations.iter().any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none() && t.effect.is_none()),
+        "must tolerate every taint"
+    );
+    let strategy = spec.update_strategy.as_ref().unwrap();
+    assert_eq!(strategy.type_.as_deref(), Some("RollingUpdate"));
+    let rolling = strategy.rolling_update.as_ref().unwrap();
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)), "never two agents on one node");
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
+
+    // Only flags `sdn-node run` accepts.
+    let args = c.args.clone().unwrap_or_default();
+    assert!(c.command.is_none(), "the image's ENTRYPOINT is the binary");
+    assert_eq!(args.first().map(String::as_str), Some("run"));
+    let help = run_help();
+    let flags: Vec<&str> = args.iter().filter(|a| a.starts_with("--")).map(|a| a.split('=').next().unwrap()).collect();
+    assert!(flags.len() >= 3);
+    let unknown: Vec<&&str> = flags.iter().filter(|f| !help_has_flag(&help, f)).collect();
+    assert!(unknown.is_empty(), "flags not accepted by `sdn-node run` (see its --help): {unknown:?}\n{help}");
+    // In-cluster mode: no state file, no kubeconfig; this node's name from the downward API.
+    assert!(args.iter().any(|a| a == "--in-cluster"), "--in-cluster");
+    assert!(arg_value(&args, "--state").is_none() && arg_value(&args, "--kubeconfig").is_none());
+    let node = arg_value(&args, "--node").expect("--node");
+    let node_var = var_ref(node).expect("--node $(VAR)");
+    let env = c.env.clone().unwrap_or_default();
+    let node_env = env.iter().find(|e| e.name == node_var).expect("the --node variable");
+    let field = node_env.value_from.as_ref().and_then(|f| f.field_ref.as_ref()).expect("fieldRef");
+    assert_eq!(field.field_path, "spec.nodeName");
+    // Every $(VAR) is defined (the kubelet leaves undefined ones as literal text) and every
+    // ConfigMap value is one the flag accepts.
+    let expanded: Vec<String> = args.iter().map(|a| resolved(&m, a).unwrap_or_else(|| "node-a".to_string())).collect();
+    assert_parses(&expanded);
+    let log_format = resolved(&m, arg_value(&args, "--log-format").expect("--log-format")).unwrap();
+    assert!(["json", "human"].contains(&log_format.as_str()), "--log-format {log_format}");
+    let datapath = resolved(&m, arg_value(&args, "--datapath-type").unwrap_or("system")).unwrap();
+    assert!(["system", "netdev"].contains(&datapath.as_str()), "--datapath-type {datapath}");
+
+    // The two hostPath mounts, at the paths the flags name.
+    let volumes = pod.volumes.clone().unwrap_or_default();
+    let mounts = c.volume_mounts.clone().unwrap_or_default();
+    let host_path_mount = |dir: &str| {
+        let mount = mounts.iter().find(|vm| vm.mount_path == dir).unwrap_or_else(|| panic!("no mount at {dir}"));
+        assert_ne!(mount.read_only, Some(true), "{dir} must be writable (unix sockets)");
+        let vol = volumes.iter().find(|v| v.name == mount.name).unwrap();
+        let hp = vol.host_path.as_ref().unwrap_or_else(|| panic!("{dir}: not a hostPath volume"));
+        assert_eq!(hp.path, dir, "{dir}: the node's directory of the same name");
+    };
+    let ovs_rundir = resolved(&m, arg_value(&args, "--ovs-rundir").unwrap_or(OVS_RUNDIR)).unwrap();
+    assert_eq!(ovs_rundir, OVS_RUNDIR);
+    host_path_mount(OVS_RUNDIR);
+    let socket = resolved(&m, arg_value(&args, "--pod-api-socket").unwrap_or(sdn_node::api::DEFAULT_SOCKET)).unwrap();
+    assert_eq!(socket, sdn_node::api::DEFAULT_SOCKET, "the CNI plugin's default socket");
+    let socket_dir = Path::new(&socket).parent().unwrap().to_str().unwrap().to_string();
+    assert_eq!(socket_dir, "/var/run/sdn-node");
+    host_path_mount(&socket_dir);
+    assert_eq!(volumes.len(), 2, "only the two hostPath volumes");
+
+    // Probes on /healthz and /readyz, on the address --metrics-addr serves.
+    let metrics_addr: std::net::SocketAddr = resolved(&m, arg_value(&args, "--metrics-addr").expect("--metrics-addr"))
+        .unwrap()
+        .parse()
+        .expect("--metrics-addr is IP:PORT");
+    let (live_path, live_port, live_host) = http_probe(&c.liveness_probe, "livenessProbe");
+    let (ready_path, ready_port, ready_host) = http_probe(&c.readiness_probe, "readinessProbe");
+    assert_eq!(live_path, "/healthz");
+    assert_eq!(ready_path, "/readyz");
+    if c.startup_probe.is_some() {
+        let (path, port, host) = http_probe(&c.startup_probe, "startupProbe");
+        assert_eq!((path.as_str(), port, host.as_deref()), ("/healthz", live_port, live_host.as_deref()));
+    }
+    for (port, host) in [(live_port, live_host), (ready_port, ready_host)] {
+        assert_eq!(port, i32::from(metrics_addr.port()), "probe port = --metrics-addr's port");
+        // Without `host` the kubelet probes the pod IP (= the node IP here), which a
+        // 127.0.0.1 listener does not answer.
+        let reachable = match host.as_deref() {
+            Some("127.0.0.1") => metrics_addr.ip().is_loopback() || metrics_addr.ip().is_unspecified(),
+            _ => metrics_addr.ip().is_unspecified(),
+        };
+        assert!(reachable, "a probe to {host:?}:{port} does not reach --metrics-addr {metrics_addr}");
+    }
+
+    // Resources: requests cover the measured peak RSS; a memory limit above it.
+    let res = c.resources.as_ref().expect("resources");
+    let requests = res.requests.clone().unwrap_or_default();
+    let limits = res.limits.clone().unwrap_or_default();
+    assert!(requests.contains_key("cpu"), "cpu request");
+    let req_mem = quantity_mib(&requests.get("memory").expect("memory request").0);
+    let lim_mem = quantity_mib(&limits.get("memory").expect("memory limit").0);
+    assert!(
+        req_mem >= MEASURED_PEAK_RSS_MIB,
+        "memory request {req_mem} MiB < measured peak {MEASURED_PEAK_RSS_MIB} MiB"
+    );
+    assert!(lim_mem >= 2.0 * req_mem, "memory limit leaves headroom for the API caches");
+
+    // No capability, no privilege.
+    let sc = c.security_context.as_ref().expect("securityContext");
+    assert_ne!(sc.privileged, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+    assert!(caps.add.clone().unwrap_or_default().is_empty(), "no capability is needed");
+}
+
+// ---- CRDs -------------------------------------------------------------------------------------
+
+fn child<'a>(s: &'a JSONSchemaProps, name: &str) -> Option<&'a JSONSchemaProps> {
+    if name == "[]" {
+        return match s.items.as_ref()? {
+            JSONSchemaPropsOrArray::Schema(item) => Some(item),
+            JSONSchemaPropsOrArray::Schemas(_) => None,
+        };
+    }
+    s.properties.as_ref()?.get(name)
+}
+
+/// The API server's structural-schema rules that can go wrong by hand: every node has a type,
+/// `properties` only on objects, `items` (one schema) on every array.
+fn check_structural(s: &JSONSchemaProps, path: &str, errors: &mut Vec<String>) {
+    let ty = s.type_.as_deref().unwrap_or("");
+    if ty.is_empty()
+        && s.x_kubernetes_int_or_string != Some(true)
+        && s.x_kubernetes_preserve_unknown_fields != Some(true)
+    {
+        errors.push(format!("{path}: no type"));
+    }
+    if s.properties.is_some() && ty != "object" {
+        errors.push(format!("{path}: properties on type {ty:?}"));
+    }
+    if ty == "array" && !matches!(s.items, Some(JSONSchemaPropsOrArray::Schema(_))) {
+        errors.push(format!("{path}: array without items"));
+    }
+    for r in s.required.clone().unwrap_or_default() {
+        if child(s, &r).is_none() {
+            errors.push(format!("{path}: required {r} is not a property"));
+        }
+    }
+    for (name, p) in s.properties.iter().flatten() {
+        check_structural(p, &format!("{path}.{name}"), errors);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schema(item)) = &s.items {
+        check_structural(item, &format!("{path}[]"), errors);
+    }
+}
+
+/// A CRD the daemon needs: (plural, kind, scope, [(field path, type)]), the fields it reads.
+type ExpectedCrd = (&'static str, &'static str, &'static str, &'static [(&'static str, &'static str)]);
+
+#[test]
+fn crds_describe_what_the_daemon_reads() {
+    let m = Manifests::load();
+    let expected: &[ExpectedCrd] = &[
+        (
+            "clusternetworks",
+            "ClusterNetwork",
+            "Cluster",
+            &[
+                ("network", "string"),
+                ("hostsubnetlength", "integer"),
+                ("serviceNetwork", "string"),
+                ("pluginName", "string"),
+                ("clusterNetworks", "array"),
+                ("clusterNetworks.[].CIDR", "string"),
+                ("clusterNetworks.[].hostSubnetLength", "integer"),
+                ("vxlanPort", "integer"),
+            ],
+        ),
+        ("hostsubnets", "HostSubnet", "Cluster", &[("host", "string"), ("hostIP", "string"), ("subnet", "string")]),
+        ("netnamespaces", "NetNamespace", "Cluster", &[("netname", "string"), ("netid", "integer")]),
+        (
+            "egressnetworkpolicies",
+            "EgressNetworkPolicy",
+            "Namespaced",
+            &[
+                ("spec", "object"),
+                ("spec.egress", "array"),
+                ("spec.egress.[].type", "string"),
+                ("spec.egress.[].to", "object"),
+                ("spec.egress.[].to.cidrSelector", "string"),
+                ("spec.egress.[].to.dnsName", "string"),
+            ],
+        ),
+    ];
+    assert_eq!(m.crds.len(), expected.len());
+    let watched: BTreeSet<(&str, &str)> = sdn_node::kube::WATCHED.iter().map(|w| (w.group, w.resource)).collect();
+    let mut errors = Vec::new();
+    for (plural, kind, scope, fields) in expected {
+        let name = format!("{plural}.network.openshift.io");
+        let crd = m
+            .crds
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(&name))
+            .unwrap_or_else(|| panic!("no CRD {name}"));
+        assert!(watched.contains(&("network.openshift.io", *plural)), "{plural} is not in WATCHED");
+        let spec = &crd.spec;
+        assert_eq!(spec.group, "network.openshift.io", "{name}");
+        assert_eq!(spec.names.kind, *kind, "{name}");
+        assert_eq!(spec.names.plural, *plural, "{name}");
+        assert_eq!(spec.scope, *scope, "{name}");
+        assert_eq!(spec.versions.len(), 1, "{name}: one version");
+        let v = &spec.versions[0];
+        assert!(v.name == "v1" && v.served && v.storage, "{name}: v1 served and stored");
+        let schema = v
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap_or_else(|| panic!("{name}: no schema"));
+        assert_eq!(schema.type_.as_deref(), Some("object"));
+        check_structural(schema, &name, &mut errors);
+        for (path, ty) in *fields {
+            let mut node = Some(schema);
+            for part in path.split('.') {
+                node = node.and_then(|n| child(n, part));
+            }
+            match node {
+                None => errors.push(format!("{name}: no field {path}")),
+                Some(n) if n.type_.as_deref() != Some(*ty) => {
+                    errors.push(format!("{name}: {path} has type {:?}, want {ty}", n.type_))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+
+    // The schema's limits agree with the daemon's.
+    let enp = m.crds.iter().find(|c| c.spec.names.kind == "EgressNetworkPolicy").unwrap();
+    let schema = enp.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap();
+    let egress = child(child(schema, "spec").unwrap(), "egress").unwrap();
+    assert_eq!(egress.max_items, Some(sdn_node::cluster::state_file::MAX_EGRESS_RULES as i64));
+    let rule_type = child(child(egress, "[]").unwrap(), "type").unwrap();
+    let allowed: Vec<String> =
+        rule_type.enum_.clone().unwrap_or_default().into_iter().map(|j| j.0.as_str().unwrap().to_string()).collect();
+    assert_eq!(allowed, ["Allow", "Deny"]);
+}
+
+// ---- examples and the image -------------------------------------------------------------------
+
+#[test]
+fn example_states_load_without_problems() {
+    for path in yaml_files(&repo().join("deploy/examples")) {
+        let (state, problems) =
+            sdn_node::cluster::state_file::load(&path).unwrap_or_else(|e| panic!("{}: {}", path.display(), e.0));
+        assert!(problems.is_empty(), "{}: {problems:?}", path.display());
+        assert!(!state.pods.is_empty(), "{}: an example should have pods", path.display());
+    }
+}
+
+#[test]
+fn dockerfile_builds_and_runs_the_binary() {
+    let text = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
+    // Instructions (continuation lines and comments aside) are ones Dockerfiles have.
+    let known = ["FROM", "WORKDIR", "COPY", "ENV", "RUN", "USER", "ENTRYPOINT", "CMD", "ARG", "LABEL"];
+    let mut instructions = Vec::new();
+    let mut continued = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if !continued {
+            let word = t.split_whitespace().next().unwrap();
+            assert!(known.contains(&word), "unexpected instruction {word:?} in: {line}");
+            instructions.push(t.to_string());
+        }
+        continued = t.ends_with('\\');
+    }
+    let froms: Vec<&String> = instructions.iter().filter(|i| i.starts_with("FROM ")).collect();
+    assert_eq!(froms.len(), 2, "two stages");
+    assert!(froms[0].starts_with("FROM rust:1-bookworm "));
+    assert_eq!(froms[1], "FROM debian:bookworm-slim");
+    assert!(text.contains("cargo build --release --locked --bin sdn-node"));
+    assert!(instructions.iter().any(|i| i == r#"ENTRYPOINT ["/usr/local/bin/sdn-node"]"#));
+    // The runtime stage copies only the binary from the build stage.
+    let copies: Vec<&String> =
+        instructions.iter().skip_while(|i| !i.starts_with("FROM debian")).filter(|i| i.starts_with("COPY")).collect();
+    assert_eq!(copies.len(), 1);
+    assert!(copies[0].starts_with("COPY --from=build ") && copies[0].ends_with(" /usr/local/bin/sdn-node"));
+}
