@@ -323,7 +323,12 @@ impl Agent {
             warn!(%obj, error = %e, "could not record the pod on its port (it will not survive an agent restart)");
         }
         self.api_pods.insert(pod.key(), (pod.clone(), req));
-        self.rebuild_effective();
+        // The pod was checked against the effective state above: add it in place (rebuilding
+        // would re-check every API pod, O(pods²) per setup).
+        if let Some(eff) = &mut self.effective {
+            eff.pods.retain(|p| p.key() != pod.key());
+            eff.pods.push(pod.clone());
+        }
         self.update_pod_flows(&engine, &pod).await.map_err(|e| ApiError::Failed(e.to_string()))?;
         Ok(SetupReply { ofport })
     }
@@ -350,7 +355,9 @@ impl Agent {
                 ApiError::NotFound(format!("pod {}/{} was not set up through the pod API", key.0, key.1))
             });
         };
-        self.rebuild_effective();
+        if let Some(eff) = &mut self.effective {
+            eff.pods.retain(|p| p.key() != key);
+        }
         if let (Some(engine), Some(state)) = (self.engine.clone(), self.effective.clone()) {
             let ofports = self.ports.ofports();
             let mut update = vec![(crate::store::Owner::Pod { namespace: key.0.clone(), name: key.1.clone() }, vec![])];
