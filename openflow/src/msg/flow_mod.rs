@@ -102,20 +102,25 @@ impl FlowMod {
 
     /// A FLOW_MOD with every filter and option at its neutral value.
     pub fn new(command: FlowModCommand, table_id: u8, priority: u16, match_: Match) -> FlowMod {
+        FlowMod::from_head(FlowModHead::new(command, table_id, priority), match_, Vec::new())
+    }
+
+    /// A FLOW_MOD from its fixed part, match and instructions.
+    pub fn from_head(h: FlowModHead, match_: Match, instructions: Vec<Instruction>) -> FlowMod {
         FlowMod {
-            cookie: 0,
-            cookie_mask: 0,
-            table_id,
-            command,
-            idle_timeout: 0,
-            hard_timeout: 0,
-            priority,
-            buffer_id: OFP_NO_BUFFER,
-            out_port: PortNo::ANY,
-            out_group: OFPG_ANY,
-            flags: FlowModFlags::empty(),
+            cookie: h.cookie,
+            cookie_mask: h.cookie_mask,
+            table_id: h.table_id,
+            command: h.command,
+            idle_timeout: h.idle_timeout,
+            hard_timeout: h.hard_timeout,
+            priority: h.priority,
+            buffer_id: h.buffer_id,
+            out_port: h.out_port,
+            out_group: h.out_group,
+            flags: h.flags,
             match_,
-            instructions: Vec::new(),
+            instructions,
         }
     }
 
@@ -167,35 +172,10 @@ impl FlowMod {
 
     pub fn decode(body: &[u8]) -> Result<FlowMod, DecodeError> {
         let mut r = Reader::new(body, "FLOW_MOD");
-        let cookie = r.u64()?;
-        let cookie_mask = r.u64()?;
-        let table_id = r.u8()?;
-        let command = FlowModCommand::from_u8(r.u8()?);
-        let idle_timeout = r.u16()?;
-        let hard_timeout = r.u16()?;
-        let priority = r.u16()?;
-        let buffer_id = r.u32()?;
-        let out_port = PortNo(r.u32()?);
-        let out_group = r.u32()?;
-        let flags = FlowModFlags::from_bits_retain(r.u16()?);
-        r.skip(2)?;
+        let head = FlowModHead::decode(&mut r)?;
         let match_ = Match::decode(&mut r)?;
         let instructions = decode_instructions(r.rest())?;
-        Ok(FlowMod {
-            cookie,
-            cookie_mask,
-            table_id,
-            command,
-            idle_timeout,
-            hard_timeout,
-            priority,
-            buffer_id,
-            out_port,
-            out_group,
-            flags,
-            match_,
-            instructions,
-        })
+        Ok(FlowMod::from_head(head, match_, instructions))
     }
 }
 
@@ -235,6 +215,25 @@ impl FlowModHead {
             out_group: OFPG_ANY,
             flags: FlowModFlags::empty(),
         }
+    }
+
+    /// Reads the fixed part (including its 2 bytes of padding).
+    pub fn decode(r: &mut Reader<'_>) -> Result<FlowModHead, DecodeError> {
+        let h = FlowModHead {
+            cookie: r.u64()?,
+            cookie_mask: r.u64()?,
+            table_id: r.u8()?,
+            command: FlowModCommand::from_u8(r.u8()?),
+            idle_timeout: r.u16()?,
+            hard_timeout: r.u16()?,
+            priority: r.u16()?,
+            buffer_id: r.u32()?,
+            out_port: PortNo(r.u32()?),
+            out_group: r.u32()?,
+            flags: FlowModFlags::from_bits_retain(r.u16()?),
+        };
+        r.skip(2)?;
+        Ok(h)
     }
 
     pub fn encode(&self, buf: &mut impl BufMut) {
