@@ -59,18 +59,17 @@ impl PodRequest {
                 Some(v) => quantity::bandwidth(v).map_err(|e| Problem::new(obj.clone(), format!("annotations[{key}]"), e)),
             }
         };
-        let v = serde_json::json!({
-            "namespace": self.namespace,
-            "name": self.name,
-            "containerID": self.container_id,
-            "hostVeth": self.host_veth,
-            "ip": self.ip,
-            "mac": self.mac,
-            "ingressBPS": bw(INGRESS_ANNOTATION)?,
-            "egressBPS": bw(EGRESS_ANNOTATION)?,
-            "internal": self.internal,
-        });
-        crate::cluster::state_file::pod_from_value(v)
+        crate::cluster::state_file::validate_pod(crate::cluster::state_file::RawPod {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            container_id: self.container_id.clone(),
+            host_veth: self.host_veth.clone(),
+            ip: self.ip.clone(),
+            mac: self.mac.clone(),
+            ingress_bps: bw(INGRESS_ANNOTATION)?,
+            egress_bps: bw(EGRESS_ANNOTATION)?,
+            internal: self.internal,
+        })
     }
 }
 

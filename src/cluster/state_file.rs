@@ -76,23 +76,24 @@ struct RawServicePort {
     port: i64,
 }
 
+/// A pod as the state file (and the pod API, field for field) writes it, before validation.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawPod {
-    namespace: String,
-    name: String,
+pub struct RawPod {
+    pub namespace: String,
+    pub name: String,
     #[serde(rename = "containerID")]
-    container_id: String,
+    pub container_id: String,
     #[serde(rename = "hostVeth")]
-    host_veth: String,
-    ip: String,
-    mac: String,
+    pub host_veth: String,
+    pub ip: String,
+    pub mac: String,
     #[serde(default, rename = "ingressBPS")]
-    ingress_bps: i64,
+    pub ingress_bps: i64,
     #[serde(default, rename = "egressBPS")]
-    egress_bps: i64,
+    pub egress_bps: i64,
     #[serde(default)]
-    internal: bool,
+    pub internal: bool,
 }
 
 #[derive(Deserialize)]
@@ -194,18 +195,6 @@ fn each<R: DeserializeOwned, T>(
     out
 }
 
-/// Decodes and checks one pod object (the state file's pod fields), e.g. from the pod API.
-/// The error names the object and the field.
-pub fn pod_from_value(v: Value) -> Result<Pod, Problem> {
-    let mut problems = Vec::new();
-    let mut pods = each(vec![v], "pod", &["namespace", "name"], |r, _| pod(r), &mut problems);
-    match (pods.pop(), problems.into_iter().next()) {
-        (Some(p), None) => Ok(p),
-        (_, Some(pr)) => Err(pr),
-        (None, None) => Err(Problem::new("pod", "", "not decodable")),
-    }
-}
-
 fn net(s: &str) -> Result<Ipv4Net, String> {
     s.parse::<Ipv4Net>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))
 }
@@ -272,12 +261,30 @@ fn service(r: RawService, problems: &mut Vec<Problem>) -> Result<Service, (Strin
     Ok(Service { namespace: r.namespace, name: r.name, cluster_ip, ports })
 }
 
+/// Validates one pod (the state file's and the pod API's single rule set).
+pub fn validate_pod(r: RawPod) -> Result<Pod, Problem> {
+    let obj = format!("pod {}/{}", r.namespace, r.name);
+    pod(r).map_err(|(f, m)| Problem::new(obj, f, m))
+}
+
 fn pod(r: RawPod) -> Result<Pod, (String, String)> {
     name("namespace", &r.namespace)?;
     name("name", &r.name)?;
+    // As the API server validates them: a namespace is a DNS-1123 label, a pod name a
+    // DNS-1123 subdomain.
+    if !dns1123_label(&r.namespace) {
+        return Err(("namespace".into(), format!("{:?} is not a DNS-1123 label (lower-case alphanumerics and '-', at most 63)", r.namespace)));
+    }
+    if !dns1123_subdomain(&r.name) {
+        return Err(("name".into(), format!("{:?} is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253)", r.name)));
+    }
     name("hostVeth", &r.host_veth)?;
-    // IFNAMSIZ - 1: longer names cannot be network devices.
-    if r.host_veth.len() > 15 || r.host_veth.contains(['/', ' ']) {
+    // IFNAMSIZ - 1: longer names cannot be network devices; "." and ".." are not names.
+    if r.host_veth.len() > 15
+        || r.host_veth == "."
+        || r.host_veth == ".."
+        || !r.host_veth.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':')
+    {
         return Err(("hostVeth".into(), format!("{:?} is not a valid interface name (at most 15 characters, no '/' or space)", r.host_veth)));
     }
     for (f, v) in [("ingressBPS", r.ingress_bps), ("egressBPS", r.egress_bps)] {
@@ -296,6 +303,20 @@ fn pod(r: RawPod) -> Result<Pod, (String, String)> {
         egress_bps: r.egress_bps,
         internal: r.internal,
     })
+}
+
+/// A DNS-1123 label: lower-case alphanumerics and '-', starting and ending alphanumeric.
+pub fn dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain: dot-separated DNS-1123 labels, at most 253 characters.
+pub fn dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns1123_label)
 }
 
 /// A DNS name as RFC 1123 allows it.

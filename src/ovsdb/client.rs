@@ -20,6 +20,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::{SinkExt, Stream, StreamExt};
 use serde_json::{json, Value};
@@ -44,6 +45,15 @@ pub struct ClientOptions {
     pub monitor_buffer: usize,
     /// Outgoing messages queued for the writer task.
     pub outgoing_buffer: usize,
+    /// Deadline of every request: a call without a reply by then fails with
+    /// [`OvsdbError::Timeout`] (the connection stays up; the inactivity probe decides whether
+    /// the server is dead). `None`: no deadline (tests of the framing only).
+    pub request_timeout: Option<Duration>,
+    /// Inactivity probe, as OVS's own jsonrpc sessions do it: after this long without a
+    /// message from the server an `echo` is sent, and a server that sends nothing for another
+    /// interval is declared dead (the connection is closed, so pending calls fail and the
+    /// owner reconnects). `None`: no probe.
+    pub probe_interval: Option<Duration>,
 }
 
 impl Default for ClientOptions {
@@ -52,6 +62,8 @@ impl Default for ClientOptions {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             monitor_buffer: 1024,
             outgoing_buffer: 256,
+            request_timeout: Some(Duration::from_secs(10)),
+            probe_interval: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -300,6 +312,9 @@ struct Inner {
     closed: CancellationToken,
     echoes_answered: AtomicU64,
     options: ClientOptions,
+    /// When the last message arrived from the server (ms since `epoch`).
+    last_rx: AtomicU64,
+    epoch: std::time::Instant,
 }
 
 /// Locks ignoring poisoning: no code panics while holding these locks, and a
@@ -316,6 +331,16 @@ fn set_end(end: &Mutex<Option<MonitorEnd>>, reason: MonitorEnd) {
 }
 
 impl Inner {
+    fn touch(&self) {
+        self.last_rx.store(self.epoch.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Time since the server last sent anything.
+    fn idle(&self) -> Duration {
+        let last = Duration::from_millis(self.last_rx.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
     /// Marks the connection closed and fails everything waiting on it.
     fn shutdown(&self) {
         let (pending, monitors) = {
@@ -420,10 +445,16 @@ impl OvsdbClient {
             closed: CancellationToken::new(),
             echoes_answered: AtomicU64::new(0),
             options,
+            last_rx: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         });
         tokio::spawn(reader_loop(inner.clone(), reader, tx.downgrade()));
         tokio::spawn(writer_loop(inner.clone(), rx, writer));
-        OvsdbClient { inner, tx }
+        let client = OvsdbClient { inner, tx };
+        if let Some(interval) = client.inner.options.probe_interval {
+            tokio::spawn(probe_loop(client.inner.clone(), client.tx.downgrade(), interval));
+        }
+        client
     }
 
     /// True once the connection has closed (for any reason).
@@ -463,17 +494,26 @@ impl OvsdbClient {
         };
         trace!(method, id, "ovsdb request");
         let msg = json!({"method": method, "params": params, "id": id});
-        if self.tx.send(msg).await.is_err() {
-            return Err(OvsdbError::Disconnected);
-        }
-        match rx.await {
+        let exchange = async {
+            if self.tx.send(msg).await.is_err() {
+                return Err(OvsdbError::Disconnected);
+            }
+            rx.await.map_err(|_| OvsdbError::Disconnected)
+        };
+        let reply = match self.inner.options.request_timeout {
+            Some(t) => tokio::time::timeout(t, exchange)
+                .await
+                .map_err(|_| OvsdbError::Timeout(format!("ovsdb-server did not answer {method} within {t:?}")))?,
+            None => exchange.await,
+        };
+        match reply {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(OvsdbError::Rpc { error, .. })) => Err(OvsdbError::Rpc {
                 method: method.to_string(),
                 error,
             }),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(OvsdbError::Disconnected),
+            Err(e) => Err(e),
         }
     }
 
@@ -649,6 +689,36 @@ async fn writer_loop<W>(
     inner.shutdown();
 }
 
+/// The inactivity probe (see [`ClientOptions::probe_interval`]): a server that stays silent
+/// for one interval gets an `echo`; one silent for two intervals is declared dead.
+async fn probe_loop(inner: Arc<Inner>, tx: mpsc::WeakSender<Value>, interval: Duration) {
+    let tick = (interval / 4).max(Duration::from_millis(10));
+    let mut probing = false;
+    loop {
+        tokio::select! {
+            _ = inner.closed.cancelled() => return,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        let idle = inner.idle();
+        if idle >= interval * 2 {
+            warn!(idle = ?idle, "ovsdb-server did not answer the inactivity probe; closing the connection");
+            inner.shutdown();
+            return;
+        }
+        if idle >= interval && !probing {
+            probing = true;
+            let Some(tx) = tx.upgrade() else { return };
+            // The reply is matched by no pending call: it only refreshes `last_rx`.
+            let id = format!("probe-{}", inner.next_id.fetch_add(1, Ordering::Relaxed));
+            if tx.try_send(json!({"method": "echo", "params": [], "id": id})).is_err() {
+                debug!("outgoing queue full; inactivity probe not sent this round");
+            }
+        } else if idle < interval {
+            probing = false;
+        }
+    }
+}
+
 async fn reader_loop<R>(
     inner: Arc<Inner>,
     mut frames: FramedRead<R, JsonCodec>,
@@ -670,7 +740,10 @@ async fn reader_loop<R>(
                 warn!(error = %e, "ovsdb read failed; closing connection");
                 break;
             }
-            Some(Ok(msg)) => handle_message(&inner, &tx, msg).await,
+            Some(Ok(msg)) => {
+                inner.touch();
+                handle_message(&inner, &tx, msg).await
+            }
         }
     }
     inner.shutdown();
@@ -715,6 +788,10 @@ async fn handle_message(inner: &Inner, tx: &mpsc::WeakSender<Value>, msg: Value)
 }
 
 fn handle_response(inner: &Inner, obj: &serde_json::Map<String, Value>) {
+    if obj.get("id").and_then(Value::as_str).is_some_and(|id| id.starts_with("probe-")) {
+        trace!("inactivity probe answered");
+        return;
+    }
     let Some(id) = obj.get("id").and_then(Value::as_u64) else {
         warn!(id = %obj.get("id").map(brief).unwrap_or_default(), "ignoring response with unknown id");
         return;

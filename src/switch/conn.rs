@@ -34,7 +34,8 @@ pub(crate) enum Outgoing {
 /// State shared by the handle and the two tasks.
 pub(crate) struct Shared {
     table: Mutex<Table>,
-    pub ctrl_tx: mpsc::UnboundedSender<OfMessage>,
+    /// Echo replies (bounded: a switch that floods echo requests gets some unanswered).
+    pub ctrl_tx: mpsc::Sender<OfMessage>,
     pub cancel: CancellationToken,
     state: watch::Sender<Option<CloseReason>>,
     /// Milliseconds since `epoch` when the last message arrived.
@@ -136,7 +137,7 @@ pub(crate) async fn establish(
         .map_err(|_| SwitchError::Timeout { what: "the OpenFlow handshake", after: handshake_timeout })??;
 
     let (tx, rx) = mpsc::channel(queue.max(1));
-    let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel();
+    let (ctrl_tx, ctrl_rx) = mpsc::channel(64);
     let (state, _) = watch::channel(None);
     let shared = Arc::new(Shared {
         table: Mutex::new(Table::default()),
@@ -171,7 +172,7 @@ async fn next_msg(r: &mut FramedRead<BoxRead, OfCodec>, target: &Target) -> Resu
 async fn writer(
     mut w: BoxWrite,
     mut rx: mpsc::Receiver<Outgoing>,
-    mut ctrl: mpsc::UnboundedReceiver<OfMessage>,
+    mut ctrl: mpsc::Receiver<OfMessage>,
     shared: Arc<Shared>,
 ) {
     let mut codec = OfCodec::default();
@@ -245,7 +246,9 @@ async fn read_loop(mut r: FramedRead<BoxRead, OfCodec>, shared: Arc<Shared>) {
 fn dispatch(m: OfMessage, shared: &Shared) {
     match m.msg {
         Message::EchoRequest(payload) => {
-            let _ = shared.ctrl_tx.send(OfMessage::new(m.xid, Message::EchoReply(payload)));
+            if shared.ctrl_tx.try_send(OfMessage::new(m.xid, Message::EchoReply(payload))).is_err() {
+                warn!("echo replies are not being written; dropping one");
+            }
         }
         Message::Error(e) => {
             shared.table().error(m.xid, e);

@@ -355,7 +355,7 @@ impl Switch {
         mut each: impl FnMut(Vec<FlowStats>),
     ) -> Result<(), SwitchError> {
         let xid = self.alloc_xids(1);
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(pending::PART_QUEUE);
         self.register(xid, Waiter::Parts(tx), None)?;
         let msg = Outgoing::Msg(Box::new(OfMessage::new(xid, Message::MultipartRequest(MultipartRequest::flows(req)))));
         if let Err(e) = self.enqueue(msg).await {
@@ -363,11 +363,17 @@ impl Switch {
             return Err(e);
         }
         let after = self.inner.opts.request_timeout;
+        let mut done = false;
         loop {
             match tokio::time::timeout(after, rx.recv()).await {
-                // The channel closes after the last part (its sender is dropped then).
-                Ok(None) => return Ok(()),
-                Ok(Some(Ok(MultipartReplyBody::Flow(v)))) => each(v),
+                // The channel closes after the last part (its sender is dropped then); closed
+                // before it, the reader gave the dump up (this consumer fell behind).
+                Ok(None) if done => return Ok(()),
+                Ok(None) => return Err(SwitchError::Disconnected(CloseReason::Local)),
+                Ok(Some(Ok((MultipartReplyBody::Flow(v), more)))) => {
+                    done = !more;
+                    each(v)
+                }
                 Ok(Some(Ok(_))) => {
                     self.inner.shared.table().forget(xid);
                     return Err(SwitchError::UnexpectedReply { request: "OFPMP_FLOW", got: "another multipart type" });

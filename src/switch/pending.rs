@@ -26,7 +26,13 @@ pub(crate) struct Completion {
 pub(crate) type ReplyTx = oneshot::Sender<Result<Completion, SwitchError>>;
 pub(crate) type MultipartTx = oneshot::Sender<Result<MultipartReplyBody, SwitchError>>;
 
-pub(crate) type PartTx = tokio::sync::mpsc::UnboundedSender<Result<MultipartReplyBody, SwitchError>>;
+/// Parts of a streamed multipart reply, each with its "more parts follow" flag. Bounded: a
+/// consumer that falls [`PART_QUEUE`] parts behind loses the dump (it sees the channel close
+/// without a final part and fails), rather than the connection buffering without limit.
+pub(crate) type PartTx = tokio::sync::mpsc::Sender<Result<(MultipartReplyBody, bool), SwitchError>>;
+
+/// How many parts of a streamed dump may wait for their consumer (parts are at most 64 KiB).
+pub(crate) const PART_QUEUE: usize = 1024;
 
 pub(crate) enum Waiter {
     Reply(ReplyTx),
@@ -89,7 +95,7 @@ impl Table {
                     let _ = tx.send(Err(SwitchError::Rejected(Box::new(rej))));
                 }
                 Waiter::Parts(tx) => {
-                    let _ = tx.send(Err(SwitchError::Rejected(Box::new(rej))));
+                    let _ = tx.try_send(Err(SwitchError::Rejected(Box::new(rej))));
                 }
             }
             return true;
@@ -138,11 +144,14 @@ impl Table {
             }
             Waiter::Parts(tx) => {
                 let openflow::Message::MultipartReply(part) = msg.msg else {
-                    let _ = tx.send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
+                    let _ = tx.try_send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
                     return true;
                 };
                 let more = part.more();
-                let _ = tx.send(Ok(part.body));
+                if tx.try_send(Ok((part.body, more))).is_err() {
+                    warn!(xid, "dump consumer fell behind; abandoning the dump");
+                    return true;
+                }
                 if more {
                     self.pending.insert(xid, Pending { waiter: Waiter::Parts(tx), covered: std::mem::take(&mut p.covered), cover });
                 }
@@ -164,7 +173,7 @@ impl Table {
                 let _ = tx.send(Err(e));
             }
             Waiter::Parts(tx) => {
-                let _ = tx.send(Err(e));
+                let _ = tx.try_send(Err(e));
             }
         }
         true
@@ -187,7 +196,7 @@ impl Table {
                     let _ = tx.send(Err(e));
                 }
                 Waiter::Parts(tx) => {
-                    let _ = tx.send(Err(e));
+                    let _ = tx.try_send(Err(e));
                 }
             }
         }
