@@ -1,25 +1,23 @@
-//! `sdn-node apply`: converge a switch to a state file, once.
-//!
-//! source (state file) -> validated cluster state -> ports via OVSDB -> desired flows -> diff
-//! against a fresh dump -> one atomic bundle -> verify with another dump.
+//! `sdn-node apply`: converge a switch to a state file, once — the reconciler of `sdn-node run`
+//! ([`crate::reconcile`]) run a single time, then verified with a fresh dump.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use openflow::{FlowStatsRequest, FragMode};
-use tracing::{info, warn};
+use openflow::FlowStatsRequest;
+use tracing::warn;
 
-use crate::cluster::desired::desired_state_with_warnings;
-use crate::cluster::{state_file, ClusterState, PodKey, Problem};
-use crate::model::OfPort;
-use crate::ovsdb::{BridgeOptions, Ovs, OvsdbClient, PortSpec};
-use crate::store::{diff, InstalledState, Plan};
+use crate::cluster::{state_file, ClusterState, Problem};
+use crate::metrics::Telemetry;
+use crate::ovsdb::{Ovs, OvsdbClient};
+use crate::reconcile::dns::Dns;
+use crate::reconcile::{Config, ConvergeError, Node, Reconciler};
+use crate::run::source::Loaded;
+use crate::store::{diff, InstalledState};
 use crate::switch::{Switch, SwitchOptions};
 
-/// Bridge `external_ids` key holding the flow generation written into cookies.
-pub const GENERATION_KEY: &str = "sdn-node-generation";
+pub use crate::reconcile::GENERATION_KEY;
 
 #[derive(Clone, Debug)]
 pub struct ApplyOptions {
@@ -80,6 +78,8 @@ pub enum ApplyError {
     Ovsdb(#[from] crate::ovsdb::OvsdbError),
     #[error("OpenFlow: {0}")]
     Switch(#[from] crate::switch::SwitchError),
+    #[error("{0}")]
+    Converge(#[from] ConvergeError),
     #[error("after the commit the switch still differs from the desired state ({0}); this is a bug")]
     NotConverged(String),
 }
@@ -96,55 +96,51 @@ pub async fn apply(opts: &ApplyOptions) -> Result<ApplyReport, ApplyError> {
     Ok(report)
 }
 
-/// Converges bridge, ports and flows to an already validated state.
+/// Converges bridge, ports and flows to an already validated state: the reconciler of
+/// `sdn-node run`, run once (DNS answers resolved first, since nothing waits for them later),
+/// then checked against a fresh dump.
 pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<ApplyReport, ApplyError> {
-    let mut report = ApplyReport::default();
-    let ovs = Ovs::new(OvsdbClient::connect(&opts.db_socket()).await?);
-    ovs.init().await?;
-    let bridge_opts = BridgeOptions { datapath_type: opts.datapath_type.clone(), ..Default::default() };
-    ovs.ensure_bridge(&opts.bridge, &bridge_opts).await?;
-    ovs.ensure_port(&opts.bridge, "vxlan0", &PortSpec::vxlan_flow(OfPort::VXLAN.0 as i64)).await?;
-    // Waiting for tun0's ofport also waits for ovs-vswitchd to have set the bridge up, with its
-    // management socket: connecting before that fails on a bridge created just now.
-    ovs.add_port_and_wait_ofport(&opts.bridge, "tun0", &PortSpec::internal(Some(OfPort::TUN.0 as i64)), opts.port_timeout)
-        .await?;
+    let cfg = Config {
+        bridge: opts.bridge.clone(),
+        datapath_type: opts.datapath_type.clone(),
+        port_timeout: opts.port_timeout,
+        ..Config::default()
+    };
+    let node = Node::new(cfg, Telemetry::default());
+    node.model().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None }));
+    let names = node.model().dns_names();
+    let answers = Dns::new(opts.dns_timeout).answers(&names).await;
+    node.model().set_dns(answers);
 
-    let ofports = pod_ports(opts, &ovs, state, &mut report).await?;
-    let dns = crate::run::dns::Dns::new(opts.dns_timeout)
-        .answers(&crate::pipeline::egress::dns_names(&state.egress_policies))
-        .await;
-    let (desired, more, warnings) = desired_state_with_warnings(state, &ofports, &dns);
-    for p in &more {
-        warn!("rejected: {p}");
+    let mut rec = Reconciler::new(node.clone());
+    rec.ovsdb_changed(Some(Ovs::new(OvsdbClient::connect(&opts.db_socket()).await?)));
+    // Ports first: ensuring tun0 also waits for ovs-vswitchd to have set the bridge up, with
+    // its management socket (connecting before that fails on a bridge created just now).
+    match rec.converge().await {
+        Err(ConvergeError::NotReady(_)) => {}
+        Err(e) => return Err(e.into()),
+        Ok(_) => {}
     }
-    for w in &warnings {
-        warn!("{w}");
-    }
-    report.problems.extend(more);
-    report.warnings = warnings;
-
     let sw = Switch::connect(&opts.mgmt_socket(), SwitchOptions::default()).await?;
-    sw.set_frag_mode(FragMode::NxMatch).await?;
-    let generation = generation(&ovs, &opts.bridge).await?;
-    let dump = sw.dump_flows(FlowStatsRequest::default()).await?;
-    if crate::pipeline::base::already_set_up(&dump, state.plugin) {
-        info!("switch already set up for this plugin and pipeline version; converging by difference");
-    } else {
-        info!(flows = dump.len(), "switch not set up for this plugin and pipeline version; installing the pipeline");
+    rec.switch_connected(sw.clone()).await;
+    let pass = rec.converge().await?;
+    let mut report = ApplyReport {
+        adds: pass.outcome.adds,
+        modifies: pass.outcome.modifies,
+        deletes: pass.outcome.deletes,
+        ports_added: pass.ports_added,
+        ports_removed: pass.ports_removed,
+        warnings: pass.warnings,
+        ..Default::default()
+    };
+    report.problems.extend(pass.problems);
+    for p in std::mem::take(&mut node.model().rebuild_problems) {
+        report.problems.push(p);
     }
-    let installed = InstalledState::from_dump(dump);
-    let plan = diff(&desired, &installed, generation);
-    report.adds = plan.adds;
-    report.modifies = plan.modifies;
-    report.deletes = plan.deletes;
-    if plan.is_empty() {
-        info!(flows = installed.len(), "switch already holds the desired flows; nothing sent");
-    } else {
-        info!(%plan, "committing one atomic bundle");
-        commit(&sw, &plan).await?;
-    }
+    let engine = node.engine().ok_or(ApplyError::NotConverged("the flow engine did not start".into()))?;
+    let (desired, _, _) = engine.snapshot().await.map_err(|e| ApplyError::NotConverged(e.to_string()))?;
     let after = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
-    let left = diff(&desired, &after, generation);
+    let left = diff(&desired, &after, rec.generation());
     if !left.is_empty() {
         let first = left.changes.first().and_then(|c| c.to_flow_mod().ok()).map(|f| format!("{} {f}", f.command.name())).unwrap_or_default();
         return Err(ApplyError::NotConverged(format!("{left}; first: {first}")));
@@ -153,82 +149,6 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     Ok(report)
 }
 
-async fn commit(sw: &Switch, plan: &Plan) -> Result<(), ApplyError> {
-    let mut b = sw.bundle();
-    for body in plan.bodies() {
-        b.add_body(body);
-    }
-    b.commit().await?;
-    Ok(())
-}
-
-/// The generation stored on the bridge (created as 1 on first use).
-async fn generation(ovs: &Ovs, bridge: &str) -> Result<u32, ApplyError> {
-    let ids = ovs.bridge_external_ids(bridge).await?;
-    if let Some(g) = ids.get(GENERATION_KEY).and_then(|v| v.parse::<u32>().ok()).filter(|g| *g <= 0xff_ffff) {
-        return Ok(g);
-    }
-    ovs.set_bridge_external_id(bridge, GENERATION_KEY, "1").await?;
-    Ok(1)
-}
-
-/// Adds every pod's port (waiting for its ofport, a few at a time), sets its bandwidth, and
-/// removes ports of pods that are gone. A pod whose port fails is reported and gets no flows.
-async fn pod_ports(
-    opts: &ApplyOptions,
-    ovs: &Ovs,
-    state: &ClusterState,
-    report: &mut ApplyReport,
-) -> Result<HashMap<PodKey, OfPort>, ApplyError> {
-    let existing = ovs.list_ports(&opts.bridge).await?;
-    // The futures are built before they enter the stream: a `.map(|p| async move ..)` closure
-    // inside the stream makes the whole `converge` future not `Send` (rustc cannot prove the
-    // closure general over the borrow's lifetime), so it could not be `tokio::spawn`ed.
-    let lookups: Vec<_> = state
-        .pods
-        .iter()
-        .map(|p| async move {
-            let spec = if p.internal { PortSpec::internal(None) } else { PortSpec::system() };
-            let r = async {
-                let ofport = ovs.add_port_and_wait_ofport(&opts.bridge, &p.host_veth, &spec, opts.port_timeout).await?;
-                ovs.set_pod_bandwidth(&p.host_veth, p.ingress_bps, p.egress_bps).await?;
-                Ok::<_, crate::ovsdb::OvsdbError>(ofport)
-            }
-            .await;
-            (p, r)
-        })
-        .collect();
-    let results: Vec<_> = futures::stream::iter(lookups).buffer_unordered(16).collect().await;
-    let mut ofports = HashMap::new();
-    for (p, r) in results {
-        match r {
-            Ok(port) => {
-                if !existing.contains(&p.host_veth) {
-                    report.ports_added += 1;
-                }
-                ofports.insert(p.key(), OfPort(port));
-            }
-            Err(e) => {
-                let pr = Problem::new(format!("pod {}/{}", p.namespace, p.name), "hostVeth", format!("{:?}: {e}", p.host_veth));
-                warn!("rejected: {pr}");
-                report.problems.push(pr);
-            }
-        }
-    }
-    let keep: std::collections::HashSet<&str> = state
-        .pods
-        .iter()
-        .map(|p| p.host_veth.as_str())
-        .chain([opts.bridge.as_str(), "vxlan0", "tun0"])
-        .collect();
-    for port in existing.iter().filter(|p| !keep.contains(p.as_str())) {
-        // TearDownPod: clear its QoS, then remove the port.
-        ovs.set_pod_bandwidth(port, -1, -1).await?;
-        ovs.delete_port(&opts.bridge, port).await?;
-        report.ports_removed += 1;
-    }
-    Ok(ofports)
-}
 #[cfg(test)]
 mod tests {
     use super::*;

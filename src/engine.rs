@@ -56,6 +56,22 @@ pub enum EngineError {
     Switch(#[from] SwitchError),
     #[error("the flow engine has stopped")]
     Stopped,
+    /// Its queue is full (the switch is slow): try again later.
+    #[error("the flow engine's queue is full")]
+    Busy,
+}
+
+/// The reply to a submitted operation.
+pub type Pending<T> = oneshot::Receiver<Result<T, EngineError>>;
+
+/// What becomes of an update's flows if its commit fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnFailure {
+    /// The desired state goes back to what it was (a setup that did not happen).
+    Revert,
+    /// The desired state keeps the update (the model already says so, e.g. a pod that is gone):
+    /// the engine is dirty and the next repair puts the switch right.
+    Keep,
 }
 
 /// A set of owners' new flows (an empty list removes the owner), applied atomically.
@@ -64,7 +80,7 @@ pub type Update = Vec<(Owner, Vec<Flow>)>;
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
 enum Request {
-    Update(Update, Reply<Outcome>),
+    Update(Update, OnFailure, Reply<Outcome>),
     Replace(DesiredState, Reply<Outcome>),
     Resync(Option<DesiredState>, Reply<Outcome>),
     SetSwitch(Switch),
@@ -133,7 +149,33 @@ impl Engine {
 
     /// Applies one update atomically; resolves after the switch committed it.
     pub async fn update(&self, update: Update) -> Result<Outcome, EngineError> {
-        self.call(|tx| Request::Update(update, tx)).await?
+        self.call(|tx| Request::Update(update, OnFailure::Revert, tx)).await?
+    }
+
+    /// Queues an update without waiting (fails with [`EngineError::Busy`] if the queue is
+    /// full): callers that compute updates under a lock use this, so that the engine applies
+    /// them in the order they were computed.
+    pub fn submit_update(&self, update: Update, on_failure: OnFailure) -> Result<Pending<Outcome>, EngineError> {
+        self.submit(|tx| Request::Update(update, on_failure, tx))
+    }
+
+    /// Queues a replacement of the whole desired state (with a resync from a dump first if
+    /// `resync`), without waiting; see [`Engine::submit_update`].
+    pub fn submit_replace(&self, desired: DesiredState, resync: bool) -> Result<Pending<Outcome>, EngineError> {
+        if resync {
+            self.submit(|tx| Request::Resync(Some(desired), tx))
+        } else {
+            self.submit(|tx| Request::Replace(desired, tx))
+        }
+    }
+
+    fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<Pending<T>, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.try_send(make(tx)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => EngineError::Busy,
+            mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+        })?;
+        Ok(rx)
     }
 
     /// Replaces the whole desired state and commits the difference to the installed mirror
@@ -173,7 +215,7 @@ struct State {
     stats: Stats,
 }
 
-type Pending = (Update, Reply<Outcome>);
+type Queued = (Update, OnFailure, Reply<Outcome>);
 /// Each touched owner with the flows it had before an update.
 type Prev = Vec<(Owner, Vec<Compiled>)>;
 
@@ -189,15 +231,15 @@ impl State {
                 },
             };
             match req {
-                Request::Update(u, reply) => {
+                Request::Update(u, on_failure, reply) => {
                     // Group commit: take every update already waiting (up to the limit).
-                    let mut group: Vec<Pending> = vec![(u, reply)];
+                    let mut group: Vec<Queued> = vec![(u, on_failure, reply)];
                     let mut size: usize = group[0].0.iter().map(|(_, f)| f.len()).sum();
                     while size < MAX_GROUP_FLOW_MODS {
                         match rx.try_recv() {
-                            Ok(Request::Update(u, r)) => {
+                            Ok(Request::Update(u, f, r)) => {
                                 size += u.iter().map(|(_, f)| f.len()).sum::<usize>();
-                                group.push((u, r));
+                                group.push((u, f, r));
                             }
                             Ok(other) => {
                                 next = Some(other);
@@ -314,22 +356,26 @@ impl State {
         r
     }
 
-    async fn commit_group(&mut self, group: Vec<Pending>) {
+    async fn commit_group(&mut self, group: Vec<Queued>) {
         self.stats.updates += group.len() as u64;
         if self.dirty {
             // The mirror may be wrong: repair first, then apply on top of a known state.
             if let Err(e) = self.resync().await {
-                for (_, reply) in group {
+                for (u, on_failure, reply) in group {
+                    // A kept update still becomes the desired state: the next repair applies it.
+                    if on_failure == OnFailure::Keep {
+                        let _ = self.stage(&u);
+                    }
                     let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
                 }
                 return;
             }
         }
         // Stage every update; a conflicting one fails alone.
-        let mut staged: Vec<(Pending, Prev)> = Vec::with_capacity(group.len());
-        for (u, reply) in group {
+        let mut staged: Vec<(Queued, Prev)> = Vec::with_capacity(group.len());
+        for (u, on_failure, reply) in group {
             match self.stage(&u) {
-                Ok(prev) => staged.push(((u, reply), prev)),
+                Ok(prev) => staged.push(((u, on_failure, reply), prev)),
                 Err(c) => {
                     let _ = reply.send(Err(EngineError::Conflict(c)));
                 }
@@ -343,28 +389,34 @@ impl State {
         let owners = || describe(staged.iter().flat_map(|(_, p)| p.iter().map(|(o, _)| o)));
         match self.commit_for(&plan, &owners).await {
             Ok(()) => {
-                for ((_, reply), _) in staged {
+                for ((_, _, reply), _) in staged {
                     let _ = reply.send(Ok(Outcome::of(&plan)));
                 }
             }
-            Err(e) if staged.len() == 1 => {
-                if let Some(((_, reply), prev)) = staged.pop() {
-                    self.unstage(prev);
-                    let _ = reply.send(Err(EngineError::Switch(e)));
-                }
-            }
-            Err(e) if e.is_disconnect() => {
-                for ((_, reply), prev) in staged.into_iter().rev() {
-                    self.unstage(prev);
+            Err(e) if staged.len() == 1 || e.is_disconnect() => {
+                for ((_, on_failure, reply), prev) in staged.into_iter().rev() {
+                    if on_failure == OnFailure::Revert {
+                        self.unstage(prev);
+                    }
                     let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
                 }
             }
-            Err(_) => {
-                // Isolate the failing update(s): undo all, repair, then one by one.
-                for (_, prev) in staged.iter().rev() {
-                    self.unstage(prev.clone());
+            Err(e) => {
+                // Isolate the failing update(s): undo the revertible ones, repair, then one by
+                // one. Kept updates stay desired; the repair applies them.
+                let mut retry = Vec::new();
+                for ((u, on_failure, reply), prev) in staged.into_iter().rev() {
+                    match on_failure {
+                        OnFailure::Revert => {
+                            self.unstage(prev);
+                            retry.push((u, reply));
+                        }
+                        OnFailure::Keep => {
+                            let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
+                        }
+                    }
                 }
-                for ((u, reply), _) in staged {
+                for (u, reply) in retry.into_iter().rev() {
                     let r = self.single(&u).await;
                     let _ = reply.send(r);
                 }

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod model;
 pub mod ovsdb;
 pub mod pipeline;
+pub mod reconcile;
 pub mod run;
 pub mod sandbox;
 pub mod store;

@@ -95,6 +95,20 @@ enum Cmd {
         /// Where /metrics, /healthz and /readyz are served; `none` disables them.
         #[arg(long, default_value = "127.0.0.1:9101")]
         metrics_addr: String,
+        /// Deadline of one pod API request, in seconds (answered 504 when it passes, with
+        /// nothing of the request left behind).
+        #[arg(long, default_value_t = 30.0)]
+        request_timeout: f64,
+        /// Deadline of one OVSDB request, in seconds.
+        #[arg(long, default_value_t = 10.0)]
+        ovsdb_timeout: f64,
+        /// OVSDB inactivity probe: an echo after this many idle seconds; a server silent for
+        /// twice as long is declared dead and the connection re-established.
+        #[arg(long, default_value_t = 5.0)]
+        ovsdb_probe: f64,
+        /// /healthz fails when one reconcile pass has taken longer than this many seconds.
+        #[arg(long, default_value_t = 120.0)]
+        watchdog: f64,
     },
     /// Client for the pod API of a running agent.
     Pod {
@@ -288,6 +302,10 @@ async fn run(cli: Cli) -> ExitCode {
             max_backoff,
             pod_api_socket,
             metrics_addr,
+            request_timeout,
+            ovsdb_timeout,
+            ovsdb_probe,
+            watchdog,
         } => {
             let kube = (kubeconfig.is_some() || in_cluster)
                 .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
@@ -308,6 +326,10 @@ async fn run(cli: Cli) -> ExitCode {
             opts.switch.echo_interval = Some(secs(echo_interval));
             opts.switch.echo_timeout = secs(echo_timeout);
             opts.backoff.max = secs(max_backoff);
+            opts.request_timeout = secs(request_timeout);
+            opts.ovsdb.request_timeout = Some(secs(ovsdb_timeout));
+            opts.ovsdb.probe_interval = Some(secs(ovsdb_probe));
+            opts.watchdog = secs(watchdog);
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();

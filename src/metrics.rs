@@ -33,6 +33,14 @@ pub struct TargetLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabel {
+    /// setup, teardown, list.
+    pub op: String,
+    /// The HTTP status code answered.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -50,6 +58,9 @@ pub struct Metrics {
     pub dns_failures: Counter,
     pub pod_setup: Histogram,
     pub connected: Family<TargetLabel, Gauge>,
+    pub pod_requests: Family<RequestLabel, Counter>,
+    /// Seconds since the reconcile loop last finished a pass (0 while idle and caught up).
+    pub reconcile_stalled: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -83,6 +94,8 @@ impl Metrics {
             dns_failures: Counter::default(),
             pod_setup: latency_buckets(),
             connected: Family::default(),
+            pod_requests: Family::default(),
+            reconcile_stalled: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -96,6 +109,8 @@ impl Metrics {
             r.register("dns_failures", "Egress dnsName resolutions that failed (the VNID drops all egress)", m.dns_failures.clone());
             r.register("pod_setup_seconds", "Pod API setup latency (request to committed flows)", m.pod_setup.clone());
             r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
+            r.register("pod_requests", "Pod API requests, by operation and the status code answered (503: switch or OVSDB unavailable, 504: deadline)", m.pod_requests.clone());
+            r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
         for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {
@@ -107,6 +122,11 @@ impl Metrics {
         for target in ["openflow", "ovsdb"] {
             m.reconnects.get_or_create(&TargetLabel { target: target.into() }).inc_by(0);
             m.connected.get_or_create(&TargetLabel { target: target.into() }).set(0);
+        }
+        for op in ["setup", "teardown"] {
+            for code in ["200", "400", "404", "409", "500", "503", "504"] {
+                m.pod_requests.get_or_create(&RequestLabel { op: op.into(), code: code.into() }).inc_by(0);
+            }
         }
         for result in ["ok", "error"] {
             m.bundles.get_or_create(&ResultLabel { result: result.into() }).inc_by(0);
@@ -164,38 +184,96 @@ impl Metrics {
 }
 
 /// What `/healthz` and `/readyz` report.
-#[derive(Debug, Default)]
+///
+/// - healthy (`/healthz`, liveness): the daemon's own loops make progress — the reconcile loop
+///   has not been stuck in one pass for longer than the watchdog. A disconnected switch is not
+///   a reason to restart the agent, so it does not make it unhealthy.
+/// - ready (`/readyz`): healthy, connected to ovsdb-server and ovs-vswitchd (both answered their
+///   probes: a silent peer is disconnected by its probe), the source delivered a state, and the
+///   switch and OVSDB hold the latest model (the last converge succeeded and nothing failed
+///   since).
+#[derive(Debug)]
 pub struct Health {
     pub switch: AtomicBool,
     pub ovsdb: AtomicBool,
     /// The sources delivered a complete state (file parsed / caches synced).
     pub synced: AtomicBool,
-    /// The switch was converged to the state at least once since start.
+    /// The switch and OVSDB hold the latest model.
     pub converged: AtomicBool,
+    /// When the reconcile loop started its current pass (ms since `epoch`; 0: idle).
+    busy_since: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
+    /// How long one pass may take before the loop counts as stuck (ms).
+    watchdog_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Health {
+            switch: AtomicBool::new(false),
+            ovsdb: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            converged: AtomicBool::new(false),
+            busy_since: std::sync::atomic::AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            watchdog_ms: std::sync::atomic::AtomicU64::new(120_000),
+        }
+    }
 }
 
 impl Health {
+    pub fn set_watchdog(&self, d: Duration) {
+        self.watchdog_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn watchdog(&self) -> Duration {
+        Duration::from_millis(self.watchdog_ms.load(Ordering::Relaxed))
+    }
+
+    /// The reconcile loop starts a pass.
+    pub fn busy(&self) {
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        self.busy_since.store(now, Ordering::Relaxed);
+    }
+
+    /// The reconcile loop finished its pass.
+    pub fn idle(&self) {
+        self.busy_since.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the current pass has taken (zero while idle).
+    pub fn busy_for(&self) -> Duration {
+        match self.busy_since.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            since => self.epoch.elapsed().saturating_sub(Duration::from_millis(since)),
+        }
+    }
+
     /// `None` if healthy, else why not.
     pub fn unhealthy(&self) -> Option<String> {
-        let mut why = Vec::new();
-        if !self.switch.load(Ordering::Relaxed) {
-            why.push("switch (OpenFlow) not connected");
-        }
-        if !self.ovsdb.load(Ordering::Relaxed) {
-            why.push("ovsdb-server not connected");
-        }
-        if !self.synced.load(Ordering::Relaxed) {
-            why.push("state not synced");
-        }
-        (!why.is_empty()).then(|| why.join("; "))
+        let busy = self.busy_for();
+        let limit = self.watchdog();
+        (busy > limit).then(|| format!("the reconcile loop has been stuck for {busy:?} (watchdog {limit:?})"))
     }
 
     pub fn not_ready(&self) -> Option<String> {
-        match self.unhealthy() {
-            Some(w) => Some(w),
-            None if !self.converged.load(Ordering::Relaxed) => Some("switch not converged yet".into()),
-            None => None,
+        let mut why = Vec::new();
+        if let Some(w) = self.unhealthy() {
+            why.push(w);
         }
+        if !self.switch.load(Ordering::Relaxed) {
+            why.push("switch (OpenFlow) not connected".into());
+        }
+        if !self.ovsdb.load(Ordering::Relaxed) {
+            why.push("ovsdb-server not connected".into());
+        }
+        if !self.synced.load(Ordering::Relaxed) {
+            why.push("state not synced".into());
+        }
+        if why.is_empty() && !self.converged.load(Ordering::Relaxed) {
+            why.push("switch not converged to the latest state".into());
+        }
+        (!why.is_empty()).then(|| why.join("; "))
     }
 }
 

@@ -10,6 +10,7 @@ use sdn_node::api::client::call;
 use sdn_node::api::PodRequest;
 use sdn_node::metrics::Telemetry;
 use sdn_node::run::{run_with, source, RunOptions};
+use support::inproc::*;
 use support::*;
 
 const STATE: &str = r#"
@@ -28,77 +29,6 @@ pods:
   - {namespace: team-a, name: from-file, containerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
      hostVeth: veth-file, internal: true, ip: 10.128.0.5, mac: "0a:58:0a:80:00:05"}
 "#;
-
-struct Running {
-    sb: sdn_node::sandbox::OvsSandbox,
-    socket: PathBuf,
-    metrics: String,
-    telemetry: Telemetry,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-async fn start(state: &str) -> Running {
-    let sb = sdn_node::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
-    let file = sb.dir().join("state.yaml");
-    std::fs::write(&file, state).unwrap();
-    let socket = sb.dir().join("api/cni.sock");
-    let mut opts = RunOptions::new(file, sb.dir().to_path_buf());
-    opts.datapath_type = "dummy".into();
-    opts.api_socket = Some(socket.clone());
-    let port = free_port();
-    opts.metrics_addr = Some(format!("127.0.0.1:{port}").parse().unwrap());
-    let telemetry = Telemetry::default();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let t = telemetry.clone();
-    tokio::spawn(async move {
-        let _ = run_with(opts, t, source::watch_file, async move {
-            let _ = stopped.await;
-        })
-        .await;
-    });
-    let r = Running { sb, socket, metrics: format!("127.0.0.1:{port}"), telemetry, _stop: stop };
-    // Ready = converged once (an event the agent publishes; bounded wait).
-    for _ in 0..400 {
-        if r.telemetry.health.not_ready().is_none() {
-            return r;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("agent not ready: {:?}", r.telemetry.health.not_ready());
-}
-
-fn pod(name: &str, ns: &str, ip: &str, n: u8) -> PodRequest {
-    PodRequest {
-        container_id: format!("{:02x}", n).repeat(32),
-        namespace: ns.into(),
-        name: name.into(),
-        host_veth: format!("veth-{name}"),
-        ip: ip.into(),
-        mac: format!("0a:58:0a:80:00:{n:02x}"),
-        annotations: Default::default(),
-        internal: true,
-    }
-}
-
-async fn post(socket: &Path, body: &str) -> (u16, String) {
-    call(socket, "POST", "/v1/pods", Some(body.to_string())).await.unwrap()
-}
-
-async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use http_body_util::BodyExt;
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut s, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::get(path).header("host", "x").body(http_body_util::Empty::<hyper::body::Bytes>::new()).unwrap();
-    let resp = s.send_request(req).await.unwrap();
-    let code = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (code, String::from_utf8_lossy(&body).into_owned())
-}
 
 #[tokio::test]
 async fn setup_list_teardown() {

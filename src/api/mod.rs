@@ -19,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
 
 use crate::cluster::{Pod, Problem};
+use crate::reconcile::Node;
 use crate::metrics::Telemetry;
 
 pub const DEFAULT_SOCKET: &str = "/var/run/sdn-node/cni.sock";
@@ -81,10 +81,33 @@ pub enum ApiError {
     /// Conflicts with another object (409).
     Conflict(Problem),
     NotFound(String),
-    /// The switch or OVSDB is not reachable right now (503); nothing changed.
+    /// The switch or OVSDB is not reachable right now (503, with `Retry-After`); nothing of
+    /// the request remains.
     Unavailable(String),
-    /// The switch failed the change (500); it will be repaired from a dump.
+    /// The request's deadline passed (504); nothing of the request remains.
+    Timeout(String),
+    /// The switch or OVSDB failed the change (500); nothing of the request remains.
     Failed(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            ApiError::Invalid(p) | ApiError::Conflict(p) => p.to_string(),
+            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) => m.clone(),
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -98,17 +121,16 @@ pub struct ErrorBody {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (code, body) = match self {
-            ApiError::Invalid(p) => (StatusCode::BAD_REQUEST, problem_body(p)),
-            ApiError::Conflict(p) => (StatusCode::CONFLICT, problem_body(p)),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, ErrorBody { error: m, object: String::new(), field: String::new() }),
-            ApiError::Unavailable(m) => {
-                (StatusCode::SERVICE_UNAVAILABLE, ErrorBody { error: m, object: String::new(), field: String::new() })
-            }
-            ApiError::Failed(m) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, ErrorBody { error: m, object: String::new(), field: String::new() })
+        let code = self.status();
+        let body = match self {
+            ApiError::Invalid(p) | ApiError::Conflict(p) => problem_body(p),
+            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) => {
+                ErrorBody { error: m, object: String::new(), field: String::new() }
             }
         };
+        if code == StatusCode::SERVICE_UNAVAILABLE {
+            return (code, [(axum::http::header::RETRY_AFTER, "1")], Json(body)).into_response();
+        }
         (code, Json(body)).into_response()
     }
 }
@@ -122,50 +144,51 @@ pub struct SetupReply {
     pub ofport: u32,
 }
 
-/// What the API asks of the agent loop.
-pub enum Command {
-    Setup(Box<Pod>, PodRequest, oneshot::Sender<Result<SetupReply, ApiError>>),
-    Teardown(String, String, oneshot::Sender<Result<(), ApiError>>),
-    List(oneshot::Sender<Vec<PodRequest>>),
+/// The largest request body accepted (a pod request is well under 1 KiB).
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Runs a request's work on its own task: a client that hangs up cannot cancel it halfway (its
+/// undo steps always run), and requests never wait on each other's I/O.
+async fn detached<T: Send + 'static>(f: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static) -> Result<T, ApiError> {
+    tokio::spawn(f).await.unwrap_or_else(|e| Err(ApiError::Failed(format!("request task failed: {e}"))))
 }
 
-#[derive(Clone)]
-struct Ctx {
-    tx: mpsc::Sender<Command>,
-    telemetry: Telemetry,
+fn count(t: &Telemetry, op: &str, code: StatusCode) {
+    t.metrics.pod_requests.get_or_create(&crate::metrics::RequestLabel { op: op.into(), code: code.as_u16().to_string() }).inc();
 }
 
-async fn ask<T>(ctx: &Ctx, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, ApiError> {
-    let (tx, rx) = oneshot::channel();
-    ctx.tx.send(make(tx)).await.map_err(|_| ApiError::Unavailable("the agent is shutting down".into()))?;
-    rx.await.map_err(|_| ApiError::Unavailable("the agent is shutting down".into()))
-}
-
-async fn setup(State(ctx): State<Ctx>, body: axum::body::Bytes) -> Result<Json<SetupReply>, ApiError> {
+async fn setup(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Result<Json<SetupReply>, ApiError> {
     let t = Instant::now();
-    let req: PodRequest = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
-    let pod = req.to_pod().map_err(ApiError::Invalid)?;
-    let r = ask(&ctx, |tx| Command::Setup(Box::new(pod), req, tx)).await??;
-    ctx.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
-    Ok(Json(r))
+    let r = match serde_json::from_slice::<PodRequest>(&body) {
+        Err(e) => Err(ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}")))),
+        Ok(req) => {
+            let n = node.clone();
+            detached(async move { crate::reconcile::pods::setup(&n, req).await }).await
+        }
+    };
+    count(&node.telemetry, "setup", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
+    if r.is_ok() {
+        node.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
+    }
+    r.map(Json)
 }
 
-async fn teardown(State(ctx): State<Ctx>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
-    ask(&ctx, |tx| Command::Teardown(ns, name, tx)).await??;
-    Ok(StatusCode::OK)
+async fn teardown(State(node): State<Arc<Node>>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
+    let n = node.clone();
+    let r = detached(async move { crate::reconcile::pods::teardown(&n, ns, name).await }).await;
+    count(&node.telemetry, "teardown", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
+    r.map(|_| StatusCode::OK)
 }
 
-async fn list(State(ctx): State<Ctx>) -> Result<Json<Vec<PodRequest>>, ApiError> {
-    Ok(Json(ask(&ctx, Command::List).await?))
+async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRequest>> {
+    Json(node.model().api_requests())
 }
 
 /// Serves the pod API on `socket` (created with mode 0600, its directory if missing) until
 /// `shutdown` resolves.
 pub async fn serve(
     socket: &Path,
-    tx: mpsc::Sender<Command>,
-    telemetry: Telemetry,
+    node: Arc<Node>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -182,7 +205,8 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/pods", get(list).post(setup))
         .route("/v1/pods/{namespace}/{name}", delete(teardown))
-        .with_state(Ctx { tx, telemetry });
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(node);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }
 

@@ -95,6 +95,8 @@ pub struct ClusterState {
     pub plugin: Plugin,
     pub cluster_network: Ipv4Net,
     pub service_network: Ipv4Net,
+    /// The UDP port of VXLAN between nodes (ClusterNetwork.vxlanPort; 4789 by default).
+    pub vxlan_port: u16,
     pub host_subnets: Vec<HostSubnet>,
     pub net_namespaces: Vec<NetNamespace>,
     pub services: Vec<Service>,

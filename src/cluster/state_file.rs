@@ -26,6 +26,8 @@ struct RawFile {
     plugin: Plugin,
     cluster_network: String,
     service_network: String,
+    #[serde(default = "default_vxlan_port")]
+    vxlan_port: u16,
     #[serde(default)]
     host_subnets: Vec<Value>,
     #[serde(default)]
@@ -36,6 +38,10 @@ struct RawFile {
     pods: Vec<Value>,
     #[serde(default)]
     egress_network_policies: Vec<Value>,
+}
+
+fn default_vxlan_port() -> u16 {
+    4789
 }
 
 #[derive(Deserialize)]
@@ -145,11 +151,15 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     if raw.node.is_empty() {
         return Err(Fatal("field node: must not be empty".into()));
     }
+    if raw.vxlan_port == 0 {
+        return Err(Fatal("field vxlanPort: 0 is not a UDP port".into()));
+    }
     let state = ClusterState {
         node: raw.node,
         plugin: raw.plugin,
         cluster_network,
         service_network,
+        vxlan_port: raw.vxlan_port,
         host_subnets: each(raw.host_subnets, "hostsubnet", &["host"], host_subnet, &mut problems),
         net_namespaces: each(raw.net_namespaces, "netnamespace", &["name"], net_namespace, &mut problems),
         services: each(raw.services, "service", &["namespace", "name"], service, &mut problems),

@@ -143,6 +143,7 @@ pub fn to_value(s: &Snapshot<'_>) -> Result<(Value, BTreeSet<PodKey>), String> {
         "plugin": plugin,
         "clusterNetwork": cluster_network,
         "serviceNetwork": service_network,
+        "vxlanPort": cn.vxlan_port.as_ref().and_then(Value::as_u64).unwrap_or(4789),
         "hostSubnets": host_subnets,
         "netNamespaces": net_namespaces,
         "services": services.into_iter().map(|t| t.2).collect::<Vec<_>>(),

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod fake_kube;
+pub mod inproc;
 
 use std::net::Ipv4Addr;
 use std::process::Command;

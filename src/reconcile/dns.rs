@@ -1,17 +1,24 @@
-//! DNS for egress policies' `dnsName` rules: resolved before flows are built, cached for the
-//! record's TTL, re-resolved when it expires; a changed answer triggers a new (atomic) swap of
-//! that VNID's rules through the normal reconcile path.
+//! DNS for egress policies' `dnsName` rules, off the reconcile path: a task resolves the names
+//! the model uses (concurrently, a bounded number at a time, each with a deadline), caches each
+//! answer for the record's TTL, re-resolves it when it expires, and sends the answers to the
+//! reconciler whenever they change; a changed answer swaps that VNID's rules atomically through
+//! the normal converge path. Until a name's first answer arrives, its VNID is treated as for a
+//! failed lookup (all egress dropped), as openshift-sdn does on failure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::pipeline::egress::DnsAnswers;
 
+/// How many names are resolved at the same time.
+const PARALLEL: usize = 8;
 /// Bounds on how long an answer is trusted.
 const MIN_TTL: Duration = Duration::from_secs(5);
 const MAX_TTL: Duration = Duration::from_secs(1800);
@@ -77,17 +84,31 @@ impl Dns {
         }
     }
 
+    /// Resolves `names` concurrently, [`PARALLEL`] at a time.
+    async fn lookup_all(&self, names: Vec<String>) -> Vec<(String, Entry)> {
+        use futures::StreamExt;
+        futures::stream::iter(names.into_iter().map(|n| async move {
+            let e = self.lookup(&n).await;
+            debug!(name = %n, answer = ?e.answer, "resolved");
+            (n, e)
+        }))
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await
+    }
+
     /// The answers for `names`, from the cache where fresh; unused names are forgotten.
     pub async fn answers(&mut self, names: &BTreeSet<String>) -> DnsAnswers {
         self.cache.retain(|n, _| names.contains(n));
         let now = Instant::now();
-        for name in names {
-            if self.cache.get(name).is_none_or(|e| e.expires <= now) {
-                let e = self.lookup(name).await;
-                debug!(%name, answer = ?e.answer, "resolved");
-                self.cache.insert(name.clone(), e);
-            }
+        let due: Vec<String> = names.iter().filter(|n| self.cache.get(*n).is_none_or(|e| e.expires <= now)).cloned().collect();
+        for (n, e) in self.lookup_all(due).await {
+            self.cache.insert(n, e);
         }
+        self.current()
+    }
+
+    fn current(&self) -> DnsAnswers {
         self.cache.iter().map(|(n, e)| (n.clone(), e.answer.clone())).collect()
     }
 
@@ -96,14 +117,41 @@ impl Dns {
         let now = Instant::now();
         let due: Vec<String> = self.cache.iter().filter(|(_, e)| e.expires <= now).map(|(n, _)| n.clone()).collect();
         let mut changed = false;
-        for name in due {
-            let e = self.lookup(&name).await;
+        for (name, e) in self.lookup_all(due).await {
             if self.cache.get(&name).is_none_or(|old| old.answer != e.answer) {
                 changed = true;
             }
             self.cache.insert(name, e);
         }
         changed
+    }
+
+    /// Runs the resolver as a task: `names` says which names are in use; every change of the
+    /// answers is sent on the returned channel (bounded; only the latest answers matter).
+    pub fn spawn(mut self, mut names: watch::Receiver<BTreeSet<String>>, cancel: CancellationToken) -> mpsc::Receiver<DnsAnswers> {
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut last = DnsAnswers::new();
+            loop {
+                let wanted = names.borrow_and_update().clone();
+                let mut answers = self.answers(&wanted).await;
+                if self.refresh().await {
+                    answers = self.current();
+                }
+                if answers != last {
+                    last = answers.clone();
+                    if tx.send(answers).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = names.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        });
+        rx
     }
 }
 

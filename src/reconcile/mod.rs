@@ -1,0 +1,513 @@
+//! The reconciler: one model, one converge path, for `run` (converge forever) and `apply`
+//! (converge once).
+//!
+//! ```text
+//! source (file / kube) ─┐
+//! pod API / CNI ────────┼─► Model ──► desired flows ──► Engine (diff, one bundle) ──► switch
+//! DNS answers ──────────┘      └────► wanted ports ───► OVSDB ─────────────────────► ovsdb-server
+//! ```
+//!
+//! The model lives behind a lock that is never held across I/O. Desired flows are computed
+//! from it and queued to the engine *under that lock*, so the engine applies them in model
+//! order: a full replacement computed before a pod's setup can never land after it and undo
+//! it. Pod requests ([`pods`]) run concurrently with each other and with the reconcile loop;
+//! their flow changes are group-committed by the engine, their port operations serialised per
+//! port name ([`ports::PortLocks`]). Every peer call has a deadline.
+
+pub mod dns;
+pub mod model;
+pub mod pods;
+pub mod ports;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tracing::{info, warn};
+
+use crate::api::PodRequest;
+use crate::cluster::Problem;
+use crate::engine::{Engine, EngineError, Outcome};
+use crate::metrics::Telemetry;
+use crate::ovsdb::{Ovs, OvsdbError};
+use crate::switch::Switch;
+use model::{Model, PortState};
+
+/// Bridge `external_ids` key holding the flow generation written into cookies.
+pub const GENERATION_KEY: &str = "sdn-node-generation";
+
+/// The Port `external_ids` key holding the pod API request that created the port: the agent
+/// rebuilds its pod registry from it after a restart (as openshift-sdn recovers pods from the
+/// table-20 notes).
+pub const POD_KEY: &str = "sdn-node-pod";
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub bridge: String,
+    pub datapath_type: String,
+    /// How long a pod's port may take to get an ofport.
+    pub port_timeout: Duration,
+    /// The deadline of one pod API request.
+    pub request_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bridge: "br0".into(),
+            datapath_type: "system".into(),
+            port_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the pod requests and the reconcile loop share.
+pub struct Node {
+    pub cfg: Config,
+    pub telemetry: Telemetry,
+    model: Mutex<Model>,
+    ovs: Mutex<Option<Ovs>>,
+    engine: Mutex<Option<Engine>>,
+    /// Pod flows may be committed incrementally: ports are known and the switch was resynced.
+    flows_ready: AtomicBool,
+    pub locks: ports::PortLocks,
+    /// Wakes the reconcile loop (something is left to clean up or converge).
+    kick: Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Node {
+    pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
+        Arc::new(Node {
+            model: Mutex::new(Model::new(&cfg.bridge)),
+            cfg,
+            telemetry,
+            ovs: Mutex::new(None),
+            engine: Mutex::new(None),
+            flows_ready: AtomicBool::new(false),
+            locks: ports::PortLocks::default(),
+            kick: Notify::new(),
+        })
+    }
+
+    /// The model, for a short synchronous look or change (never across an await).
+    pub fn model(&self) -> MutexGuard<'_, Model> {
+        lock(&self.model)
+    }
+
+    /// The live OVSDB connection, if any.
+    pub fn ovs(&self) -> Option<Ovs> {
+        lock(&self.ovs).clone().filter(|o| !o.client().is_closed())
+    }
+
+    pub fn set_ovs(&self, ovs: Option<Ovs>) {
+        self.telemetry.health.ovsdb.store(ovs.is_some(), Ordering::Relaxed);
+        self.telemetry.metrics.set_connected("ovsdb", ovs.is_some());
+        *lock(&self.ovs) = ovs;
+    }
+
+    /// The engine, when pod flows can be committed incrementally.
+    pub fn engine_ready(&self) -> Option<Engine> {
+        if !self.flows_ready.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.engine).clone()
+    }
+
+    pub fn engine(&self) -> Option<Engine> {
+        lock(&self.engine).clone()
+    }
+
+    pub fn kick(&self) {
+        self.kick.notify_one();
+    }
+
+    /// Resolves when [`Node::kick`] was called.
+    pub async fn kicked(&self) {
+        self.kick.notified().await
+    }
+
+    pub fn not_converged(&self) {
+        self.telemetry.health.converged.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Why a converge pass did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvergeError {
+    #[error("OVSDB: {0}")]
+    Ovsdb(#[from] OvsdbError),
+    #[error("flows: {0}")]
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    NotReady(&'static str),
+}
+
+/// What one converge pass did.
+#[derive(Debug, Default)]
+pub struct Pass {
+    pub outcome: Outcome,
+    pub ports_added: usize,
+    pub ports_removed: usize,
+    /// Objects rejected (validation, conflicts, ports that could not be set up).
+    pub problems: Vec<Problem>,
+    /// Operational warnings (DNS failures that made a VNID drop all egress).
+    pub warnings: Vec<Problem>,
+}
+
+/// The converge loop's own state: what it has established on the current connections.
+pub struct Reconciler {
+    pub node: Arc<Node>,
+    /// The bridge and base ports were ensured on the current OVSDB connection.
+    base_ready: bool,
+    /// Every pod port must be checked again (new OVSDB connection).
+    verify_ports: bool,
+    /// Pod ports were reconciled at least once: until then the pods' ofports are unknown, and
+    /// computing flows would remove every pod's flows (traffic!), so the switch is left alone.
+    ports_ready: bool,
+    /// The API pods were recovered from OVSDB (once per run).
+    recovered: bool,
+    /// A new OpenFlow connection, waiting for the engine (which starts once the generation
+    /// stored on the bridge is known).
+    pending_switch: Option<Switch>,
+    /// A new OpenFlow connection waits for its resync (dump, then difference or full replay).
+    pub resync_pending: bool,
+    generation: u32,
+    /// The cluster's VXLAN port (vxlan0's dst_port).
+    vxlan_port: u16,
+}
+
+impl Reconciler {
+    pub fn new(node: Arc<Node>) -> Reconciler {
+        Reconciler {
+            node,
+            base_ready: false,
+            verify_ports: true,
+            ports_ready: false,
+            recovered: false,
+            pending_switch: None,
+            resync_pending: false,
+            generation: 1,
+            vxlan_port: 4789,
+        }
+    }
+
+    /// A new (or lost) OVSDB connection.
+    pub fn ovsdb_changed(&mut self, ovs: Option<Ovs>) {
+        if ovs.is_some() {
+            self.telemetry_reconnect("ovsdb");
+        }
+        self.node.set_ovs(ovs);
+        self.base_ready = false;
+        self.verify_ports = true;
+    }
+
+    fn telemetry_reconnect(&self, target: &str) {
+        self.node.telemetry.metrics.reconnects.get_or_create(&crate::metrics::TargetLabel { target: target.into() }).inc();
+    }
+
+    /// A new OpenFlow connection: read its port numbers, then resync on the next pass.
+    pub async fn switch_connected(&mut self, sw: Switch) {
+        if let Err(e) = sw.set_frag_mode(openflow::FragMode::NxMatch).await {
+            warn!(error = %e, "could not set fragment handling to nx-match");
+        }
+        // A restarted switch may have renumbered the pods' ports: its own port list is
+        // authoritative for this connection (the database can lag behind it).
+        match sw.port_desc().await {
+            Ok(ports) => {
+                let ports: Vec<(String, u32)> = ports.iter().map(|p| (p.name(), p.port_no.0)).collect();
+                self.node.model().refresh_ofports(&ports);
+            }
+            Err(e) => {
+                warn!(error = %e, "could not read the switch's ports; checking every pod port again");
+                self.verify_ports = true;
+            }
+        }
+        self.node.flows_ready.store(false, Ordering::Release);
+        let engine = self.node.engine();
+        match engine {
+            Some(e) => {
+                let _ = e.set_switch(sw).await;
+            }
+            None => self.pending_switch = Some(sw),
+        }
+        self.resync_pending = true;
+        self.node.not_converged();
+    }
+
+    pub fn switch_lost(&mut self) {
+        self.node.flows_ready.store(false, Ordering::Release);
+        self.node.not_converged();
+    }
+
+    /// One pass: ports (if OVSDB is up), then flows (if the switch is up and ports are known).
+    pub async fn converge(&mut self) -> Result<Pass, ConvergeError> {
+        let mut pass = Pass::default();
+        if !self.node.model().has_state() {
+            return Err(ConvergeError::NotReady("no cluster state yet"));
+        }
+        let (version, doomed) = {
+            let m = self.node.model();
+            (m.version, m.doomed_pods())
+        };
+        let ovs = self.node.ovs();
+        let ports_result = match &ovs {
+            Some(ovs) => self.converge_ports(ovs, &mut pass).await,
+            None => Err(ConvergeError::NotReady("ovsdb-server is not connected")),
+        };
+        if let Err(e) = &ports_result {
+            if !self.ports_ready {
+                return Err(ConvergeError::NotReady(match e {
+                    ConvergeError::NotReady(w) => w,
+                    _ => "pod ports are not known yet",
+                }))
+                .inspect_err(|_| warn!(error = %e, "ports not reconciled"));
+            }
+            warn!(error = %e, "ports not reconciled; flows follow the ports known");
+        }
+        let outcome = self.converge_flows(&mut pass).await?;
+        pass.outcome = outcome;
+        ports_result?;
+        // Pods doomed before this pass: their ports are gone (the pass removed every unwanted
+        // port) and their flows are off the switch (it committed a model without them).
+        {
+            let mut m = self.node.model();
+            for p in doomed {
+                m.buried(&p.key());
+            }
+        }
+        if self.node.model().version == version {
+            self.node.telemetry.health.converged.store(true, Ordering::Relaxed);
+        }
+        Ok(pass)
+    }
+
+    async fn converge_ports(&mut self, ovs: &Ovs, pass: &mut Pass) -> Result<(), ConvergeError> {
+        let cfg = self.node.cfg.clone();
+        if !self.base_ready {
+            self.vxlan_port = self.node.model().effective().map(|s| s.vxlan_port).unwrap_or(4789);
+            ports::ensure_base(ovs, &cfg.bridge, &cfg.datapath_type, self.vxlan_port, cfg.port_timeout).await?;
+            self.base_ready = true;
+            if let Some(g) = ovs.bridge_external_ids(&cfg.bridge).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
+                self.generation = g & 0xff_ffff;
+            }
+        }
+        if !self.recovered {
+            self.recover_api_pods(ovs).await?;
+        }
+        let verify = std::mem::take(&mut self.verify_ports);
+        let r = self.reconcile_pod_ports(ovs, verify, pass).await;
+        if r.is_err() {
+            self.verify_ports = true;
+        } else {
+            self.ports_ready = true;
+            if self.node.engine().is_none() {
+                if let Some(sw) = self.pending_switch.take() {
+                    *lock(&self.node.engine) =
+                        Some(Engine::start_with_metrics(sw, self.generation, Some(self.node.telemetry.metrics.clone())));
+                }
+            }
+        }
+        r
+    }
+
+    /// Rebuilds the API pod registry from the ports that carry their request.
+    async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), OvsdbError> {
+        let mut pods = Vec::new();
+        for (port, json) in ovs.ports_with_external_id(POD_KEY).await? {
+            let parsed = serde_json::from_str::<PodRequest>(&json)
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.to_pod().map(|p| (p, r)).map_err(|p| p.to_string()));
+            match parsed {
+                Ok(pr) => pods.push(pr),
+                Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
+            }
+        }
+        if !pods.is_empty() {
+            info!(pods = pods.len(), "pod API registry recovered from OVSDB");
+        }
+        let mut m = self.node.model();
+        m.recover(pods);
+        for p in std::mem::take(&mut m.rebuild_problems) {
+            warn!("rejected: {p}");
+        }
+        self.recovered = true;
+        Ok(())
+    }
+
+    /// Makes the bridge's pod ports match the model: removes ports nobody wants (pods gone,
+    /// torn down, or left by a previous run), adds missing ones (waiting for their ofports),
+    /// sets bandwidth where it changed. With `verify_all` every port is checked again. A pod
+    /// whose port fails is reported and has no ofport (so no flows).
+    async fn reconcile_pod_ports(&mut self, ovs: &Ovs, verify_all: bool, pass: &mut Pass) -> Result<(), ConvergeError> {
+        use futures::StreamExt;
+        let bridge = self.node.cfg.bridge.clone();
+        let timeout = self.node.cfg.port_timeout;
+        // Ports on the bridge that nobody wants.
+        for port in ovs.list_ports(&bridge).await? {
+            if self.node.model().keep_ports().contains(&port) {
+                continue;
+            }
+            // Check again under the port's lock: a request may have claimed it meanwhile.
+            let _g = self.node.locks.lock(&port).await;
+            if self.node.model().keep_ports().contains(&port) {
+                continue;
+            }
+            ports::remove_port(ovs, &bridge, &port).await?;
+            pass.ports_removed += 1;
+            info!(%port, "port removed from the bridge (no pod wants it)");
+        }
+        // Known ports of pods that are gone or whose port changed: forget them.
+        let stale: Vec<_> = {
+            let m = self.node.model();
+            let wanted: std::collections::HashMap<_, _> = m.wanted_pods().into_iter().map(|p| (p.key(), p)).collect();
+            m.ports()
+                .iter()
+                .filter(|(k, s)| wanted.get(*k).is_none_or(|p| p.host_veth != s.host_veth || p.internal != s.internal))
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for k in stale {
+            self.node.model().forget_port(&k);
+        }
+        // Source pods (and recovered API pods) to add or check. Reserved pods belong to their
+        // request.
+        let todo: Vec<crate::cluster::Pod> = {
+            let m = self.node.model();
+            let st = m.effective().map(|s| s.pods.clone()).unwrap_or_default();
+            st.into_iter()
+                .filter(|p| verify_all || m.ports().get(&p.key()).is_none_or(|s| s.bandwidth != (p.ingress_bps, p.egress_bps)))
+                .collect()
+        };
+        let node = &self.node;
+        let bridge = bridge.as_str();
+        let futs: Vec<_> = todo
+            .into_iter()
+            .map(|p| async move {
+                let _g = node.locks.lock(&p.host_veth).await;
+                // Torn down meanwhile: leave it to the next pass.
+                if !node.model().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
+                    return (p, None);
+                }
+                let r = ports::add_pod_port(ovs, bridge, &p, None, timeout).await;
+                (p, Some(r))
+            })
+            .collect();
+        let results: Vec<_> = futures::stream::iter(futs).buffer_unordered(16).collect().await;
+        for (p, r) in results {
+            match r {
+                None => {}
+                Some(Ok(ofport)) => {
+                    let known = self.node.model().ports().contains_key(&p.key());
+                    if !known {
+                        pass.ports_added += 1;
+                    }
+                    self.node.model().set_port(
+                        p.key(),
+                        PortState { host_veth: p.host_veth.clone(), internal: p.internal, ofport, bandwidth: (p.ingress_bps, p.egress_bps) },
+                    );
+                }
+                Some(Err(e)) if e.is_disconnect() || matches!(e, OvsdbError::Timeout(_)) => return Err(e.into()),
+                Some(Err(e)) => {
+                    self.node.model().forget_port(&p.key());
+                    let pr = Problem::new(format!("pod {}/{}", p.namespace, p.name), "hostVeth", format!("{:?}: {e}", p.host_veth));
+                    warn!("rejected: {pr}");
+                    pass.problems.push(pr);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits the model's desired flows (a resync from a dump first after a new connection).
+    async fn converge_flows(&mut self, pass: &mut Pass) -> Result<Outcome, ConvergeError> {
+        if !self.ports_ready {
+            return Err(ConvergeError::NotReady("pod ports are not known yet"));
+        }
+        let Some(engine) = self.node.engine() else {
+            return Err(ConvergeError::NotReady("the switch is not connected"));
+        };
+        let resync = self.resync_pending;
+        let rx = {
+            let m = self.node.model();
+            let Some((desired, problems, warnings)) = m.desired() else {
+                return Err(ConvergeError::NotReady("no cluster state yet"));
+            };
+            pass.problems.extend(problems);
+            pass.warnings.extend(warnings);
+            engine.submit_replace(desired, resync)?
+        };
+        let outcome = rx.await.map_err(|_| EngineError::Stopped)??;
+        if resync {
+            self.resync_pending = false;
+            self.node.flows_ready.store(true, Ordering::Release);
+        }
+        if outcome.flow_mods() > 0 || resync {
+            info!(adds = outcome.adds, modifies = outcome.modifies, deletes = outcome.deletes, full_replay = outcome.full_replay, resync, "flows converged");
+        }
+        if outcome.full_replay {
+            self.persist_generation(&engine).await;
+        } else if resync {
+            if let Some(ovs) = self.node.ovs() {
+                end_flow_restore_wait(&ovs).await;
+            }
+        }
+        if let Ok(s) = engine.status().await {
+            self.node.telemetry.metrics.set_flows_per_table(&s.flows_per_table);
+        }
+        Ok(outcome)
+    }
+
+    /// Stores the generation after a full replay (so a later restore of older flows is
+    /// recognised as stale) and ends OVS's flow-restore-wait if it was set for a planned
+    /// restart.
+    async fn persist_generation(&mut self, engine: &Engine) {
+        let Ok(status) = engine.status().await else { return };
+        self.generation = status.generation;
+        let Some(ovs) = self.node.ovs() else { return };
+        if let Err(e) = ovs.set_bridge_external_id(&self.node.cfg.bridge, GENERATION_KEY, &status.generation.to_string()).await {
+            warn!(error = %e, "could not store the flow generation");
+        }
+        end_flow_restore_wait(&ovs).await;
+    }
+
+    /// Repairs a dirty engine (a failed commit left the switch's state unknown).
+    pub async fn repair(&mut self) {
+        let Some(engine) = self.node.engine() else { return };
+        match engine.status().await {
+            Ok(s) if s.dirty => {
+                self.node.not_converged();
+                match engine.resync(None).await {
+                    Ok(o) => {
+                        info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "repaired from a dump");
+                        if o.full_replay {
+                            self.persist_generation(&engine).await;
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "repair failed; will retry"),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+}
+
+async fn end_flow_restore_wait(ovs: &Ovs) {
+    match ovs.flow_restore_wait().await {
+        Ok(true) => match ovs.clear_flow_restore_wait().await {
+            Ok(()) => info!("flows restored; cleared other_config:flow-restore-wait"),
+            Err(e) => warn!(error = %e, "could not clear flow-restore-wait"),
+        },
+        Ok(false) => {}
+        Err(e) => warn!(error = %e, "could not read flow-restore-wait"),
+    }
+}

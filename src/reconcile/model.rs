@@ -1,0 +1,412 @@
+//! The one model the node is converged to: what the source (state file or Kubernetes) says,
+//! the pods set up through the pod API, the ports OVSDB gave them, and the DNS answers of
+//! egress policies. Pure: no I/O. Desired flows and ports are functions of it and nothing else.
+//!
+//! A pod set up through the API goes through three states here: *reserved* (its name, IP and
+//! host port are taken, so concurrent requests cannot conflict, but it has no flows), *set up*
+//! (in the effective state, with an ofport: it has flows), and *doomed* (torn down, but its
+//! removal from the switch or OVSDB is not confirmed yet: it has no flows and no kept port, and
+//! the reconciler finishes the removal).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::api::PodRequest;
+use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
+use crate::cluster::{ClusterState, Pod, PodKey, Problem};
+use crate::engine::Update;
+use crate::model::OfPort;
+use crate::pipeline::egress::{dns_names, DnsAnswers};
+use crate::run::source::Loaded;
+use crate::store::{DesiredState, Owner};
+
+/// A pod's port as OVSDB last confirmed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortState {
+    pub host_veth: String,
+    pub internal: bool,
+    pub ofport: u32,
+    pub bandwidth: (i64, i64),
+}
+
+/// Why a pod cannot be added now; the API turns it into a status code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The request itself is wrong (400).
+    Invalid(Problem),
+    /// It conflicts with another object (409).
+    Conflict(Problem),
+    /// No cluster state yet (503).
+    NoState,
+}
+
+#[derive(Debug, Default)]
+pub struct Model {
+    /// The bridge's name: its own port and the agent's ports are never a pod's.
+    pub bridge: String,
+    source: Option<Arc<Loaded>>,
+    /// Pods set up through the pod API, with the request that created them (persisted on the
+    /// port, listed by the API).
+    api_pods: BTreeMap<PodKey, (Pod, PodRequest)>,
+    reserved: BTreeMap<PodKey, Pod>,
+    doomed: BTreeMap<PodKey, Pod>,
+    /// The source's state plus the API pods, validated together.
+    effective: Option<ClusterState>,
+    /// Problems of the last rebuild (API pods that no longer fit).
+    pub rebuild_problems: Vec<Problem>,
+    ports: HashMap<PodKey, PortState>,
+    dns: DnsAnswers,
+    /// Bumped on every change: the reconciler knows whether it converged the latest model.
+    pub version: u64,
+}
+
+/// The names the agent itself owns on the bridge.
+pub fn reserved_port_names(bridge: &str) -> [&str; 3] {
+    [bridge, "vxlan0", "tun0"]
+}
+
+impl Model {
+    pub fn new(bridge: &str) -> Model {
+        Model { bridge: bridge.to_string(), ..Default::default() }
+    }
+
+    pub fn effective(&self) -> Option<&ClusterState> {
+        self.effective.as_ref()
+    }
+
+    pub fn has_state(&self) -> bool {
+        self.effective.is_some()
+    }
+
+    /// A new state from the source. API pods that the source says no longer exist (Kubernetes
+    /// relist) are dropped and returned: their ports and flows go with the next converge.
+    pub fn set_source(&mut self, loaded: Arc<Loaded>) -> Vec<PodKey> {
+        let mut gone = Vec::new();
+        if let Some(live) = &loaded.live_pods {
+            gone = self.api_pods.keys().filter(|k| !live.contains(*k)).cloned().collect();
+            for k in &gone {
+                if let Some((p, _)) = self.api_pods.remove(k) {
+                    self.doomed.insert(k.clone(), p);
+                }
+            }
+        }
+        self.source = Some(loaded);
+        self.rebuild();
+        gone
+    }
+
+    pub fn source(&self) -> Option<&Arc<Loaded>> {
+        self.source.as_ref()
+    }
+
+    /// Recomputes the effective state: the source's, plus the API pods that fit in it.
+    fn rebuild(&mut self) {
+        self.version += 1;
+        self.rebuild_problems.clear();
+        let Some(loaded) = &self.source else { return };
+        let mut st = loaded.state.clone();
+        let from_source: HashSet<PodKey> = st.pods.iter().map(Pod::key).collect();
+        for (pod, _) in self.api_pods.values() {
+            if from_source.contains(&pod.key()) {
+                continue;
+            }
+            match st.check_pod(pod) {
+                Ok(()) => st.pods.push(pod.clone()),
+                Err(p) => self.rebuild_problems.push(p),
+            }
+        }
+        self.effective = Some(st);
+    }
+
+    /// Records API pods found on OVSDB ports after an agent restart.
+    pub fn recover(&mut self, pods: Vec<(Pod, PodRequest)>) {
+        for (pod, req) in pods {
+            self.api_pods.entry(pod.key()).or_insert((pod, req));
+        }
+        self.rebuild();
+    }
+
+    /// Checks a new API pod against everything known and in flight, and reserves its key, IP
+    /// and host port.
+    pub fn reserve(&mut self, pod: &Pod) -> Result<(), Refusal> {
+        let obj = format!("pod {}/{}", pod.namespace, pod.name);
+        let Some(state) = &self.effective else { return Err(Refusal::NoState) };
+        if reserved_port_names(&self.bridge).contains(&pod.host_veth.as_str()) {
+            return Err(Refusal::Invalid(Problem::new(
+                obj,
+                "hostVeth",
+                format!("{:?} is one of the agent's own ports on {}", pod.host_veth, self.bridge),
+            )));
+        }
+        let key = pod.key();
+        if state.pods.iter().any(|p| p.key() == key && !self.api_pods.contains_key(&key)) {
+            return Err(Refusal::Conflict(Problem::new(obj, "name", "the pod comes from the cluster state, not from the pod API")));
+        }
+        if self.reserved.contains_key(&key) {
+            return Err(Refusal::Conflict(Problem::new(obj, "name", "a setup of this pod is in progress")));
+        }
+        if self.doomed.contains_key(&key) {
+            return Err(Refusal::Conflict(Problem::new(obj, "name", "a teardown of this pod is not finished; retry the delete first")));
+        }
+        if let Some((old, _)) = self.api_pods.get(&key) {
+            if old != pod {
+                return Err(Refusal::Conflict(Problem::new(obj, "name", "the pod is already set up with other parameters; delete it first")));
+            }
+        }
+        state.check_pod(pod).map_err(|p| if p.message.contains("already used") { Refusal::Conflict(p) } else { Refusal::Invalid(p) })?;
+        for other in self.reserved.values().chain(self.doomed.values()) {
+            let conflict = if other.ip == pod.ip {
+                Some(("ip", format!("{} is already used by pod {}/{}", pod.ip, other.namespace, other.name)))
+            } else if other.host_veth == pod.host_veth {
+                Some(("hostVeth", format!("{:?} is already used by pod {}/{}", pod.host_veth, other.namespace, other.name)))
+            } else {
+                None
+            };
+            if let Some((f, m)) = conflict {
+                return Err(Refusal::Conflict(Problem::new(obj, f, m)));
+            }
+        }
+        self.reserved.insert(key, pod.clone());
+        Ok(())
+    }
+
+    /// Gives a reservation up (the setup failed before anything of it reached the switch).
+    pub fn unreserve(&mut self, key: &PodKey) {
+        self.reserved.remove(key);
+    }
+
+    /// The reserved pod's port is up: it joins the effective state (and gets flows).
+    pub fn set_up(&mut self, pod: Pod, req: PodRequest, ofport: u32) {
+        let key = pod.key();
+        self.reserved.remove(&key);
+        self.ports.insert(
+            key.clone(),
+            PortState { host_veth: pod.host_veth.clone(), internal: pod.internal, ofport, bandwidth: (pod.ingress_bps, pod.egress_bps) },
+        );
+        if let Some(st) = &mut self.effective {
+            st.pods.retain(|p| p.key() != key);
+            st.pods.push(pod.clone());
+        }
+        self.api_pods.insert(key, (pod, req));
+        self.version += 1;
+    }
+
+    /// Removes an API pod from the effective state (its flows go); it stays *doomed* until
+    /// [`Model::buried`] confirms its port is gone too.
+    pub fn tear_down(&mut self, key: &PodKey) -> Option<Pod> {
+        let (pod, _) = self.api_pods.remove(key)?;
+        if let Some(st) = &mut self.effective {
+            st.pods.retain(|p| p.key() != *key);
+        }
+        self.ports.remove(key);
+        self.doomed.insert(key.clone(), pod.clone());
+        self.version += 1;
+        Some(pod)
+    }
+
+    pub fn doomed(&self, key: &PodKey) -> Option<&Pod> {
+        self.doomed.get(key)
+    }
+
+    pub fn doomed_pods(&self) -> Vec<Pod> {
+        self.doomed.values().cloned().collect()
+    }
+
+    /// The doomed pod's port is gone and its flows are off the switch.
+    pub fn buried(&mut self, key: &PodKey) {
+        self.doomed.remove(key);
+    }
+
+    pub fn is_api_pod(&self, key: &PodKey) -> bool {
+        self.api_pods.contains_key(key)
+    }
+
+    pub fn in_source(&self, key: &PodKey) -> bool {
+        self.source.as_ref().is_some_and(|l| l.state.pods.iter().any(|p| p.key() == *key))
+    }
+
+    pub fn is_reserved(&self, key: &PodKey) -> bool {
+        self.reserved.contains_key(key)
+    }
+
+    pub fn api_requests(&self) -> Vec<PodRequest> {
+        self.api_pods.values().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// The pods that must have a port: every effective pod and every reservation.
+    pub fn wanted_pods(&self) -> Vec<Pod> {
+        let mut v: Vec<Pod> = self.effective.as_ref().map(|s| s.pods.clone()).unwrap_or_default();
+        v.extend(self.reserved.values().cloned());
+        v
+    }
+
+    /// Port names that must stay on the bridge.
+    pub fn keep_ports(&self) -> HashSet<String> {
+        let mut keep: HashSet<String> = reserved_port_names(&self.bridge).iter().map(|s| s.to_string()).collect();
+        keep.extend(self.wanted_pods().into_iter().map(|p| p.host_veth));
+        keep
+    }
+
+    pub fn ports(&self) -> &HashMap<PodKey, PortState> {
+        &self.ports
+    }
+
+    pub fn set_port(&mut self, key: PodKey, port: PortState) {
+        if self.ports.get(&key) != Some(&port) {
+            self.ports.insert(key, port);
+            self.version += 1;
+        }
+    }
+
+    pub fn forget_port(&mut self, key: &PodKey) {
+        if self.ports.remove(key).is_some() {
+            self.version += 1;
+        }
+    }
+
+    /// Corrects the pods' ofports from the switch's own port list (name, number), as read over
+    /// a new OpenFlow connection. A restarted ovs-vswitchd numbers the ports afresh; a pod whose
+    /// port the switch does not have is forgotten, so the next converge adds it again and
+    /// waits for its ofport. Returns how many pods changed or were forgotten.
+    pub fn refresh_ofports(&mut self, switch_ports: &[(String, u32)]) -> usize {
+        let by_name: HashMap<&str, u32> = switch_ports.iter().map(|(n, p)| (n.as_str(), *p)).collect();
+        let mut changed = 0;
+        self.ports.retain(|k, s| match by_name.get(s.host_veth.as_str()) {
+            Some(&p) if p == s.ofport => true,
+            Some(&p) => {
+                tracing::info!(pod = %format!("{}/{}", k.0, k.1), port = %s.host_veth, from = s.ofport, to = p, "the switch renumbered a pod's port");
+                s.ofport = p;
+                changed += 1;
+                true
+            }
+            None => {
+                changed += 1;
+                false
+            }
+        });
+        if changed > 0 {
+            self.version += 1;
+        }
+        changed
+    }
+
+    pub fn ofports(&self) -> HashMap<PodKey, OfPort> {
+        self.ports.iter().map(|(k, p)| (k.clone(), OfPort(p.ofport))).collect()
+    }
+
+    pub fn dns_names(&self) -> BTreeSet<String> {
+        self.effective.as_ref().map(|s| dns_names(&s.egress_policies)).unwrap_or_default()
+    }
+
+    /// New DNS answers (from the resolver task); true if anything changed.
+    pub fn set_dns(&mut self, answers: DnsAnswers) -> bool {
+        if answers == self.dns {
+            return false;
+        }
+        self.dns = answers;
+        self.version += 1;
+        true
+    }
+
+    /// The desired flows of the whole model, with the objects it rejected and the warnings.
+    pub fn desired(&self) -> Option<(DesiredState, Vec<Problem>, Vec<Problem>)> {
+        let st = self.effective.as_ref()?;
+        let mut dns = self.dns.clone();
+        // A name not resolved yet is treated as a failed lookup (that VNID drops all egress,
+        // as for a failure) until its answer arrives: never allow more than the policy says.
+        for n in dns_names(&st.egress_policies) {
+            dns.entry(n).or_insert_with(|| Err("not resolved yet".to_string()));
+        }
+        Some(desired_state_with_warnings(st, &self.ofports(), &dns))
+    }
+
+    /// The incremental change for one pod's arrival or departure: its flows and its VNID's rule
+    /// and multicast flows, computed from the model as it is now.
+    pub fn pod_update(&self, pod: &Pod) -> Update {
+        let Some(st) = &self.effective else { return vec![] };
+        let ofports = self.ofports();
+        let mut update = vec![pod_owner_flows(st, &ofports, pod)];
+        if let Some(vnid) = st.vnid_of(&pod.namespace) {
+            update.extend(vnid_owner_flows(st, &ofports, vnid));
+        }
+        // A pod not (or no longer) in the model has no flows.
+        if !st.pods.iter().any(|p| p.key() == pod.key()) {
+            update[0] = (Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() }, vec![]);
+        }
+        update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::state_file::parse;
+
+    fn model() -> Model {
+        let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
+        let mut m = Model::new("br0");
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None }));
+        m
+    }
+
+    fn pod(m: &Model, name: &str, ip: &str, veth: &str) -> Pod {
+        let st = m.effective().unwrap();
+        let mut p = st.pods[0].clone();
+        p.name = name.into();
+        p.ip = ip.parse().unwrap();
+        p.host_veth = veth.into();
+        p
+    }
+
+    #[test]
+    fn the_agents_own_ports_are_never_a_pods() {
+        let mut m = model();
+        for name in ["br0", "tun0", "vxlan0"] {
+            let p = pod(&m, "x", "10.128.0.200", name);
+            match m.reserve(&p) {
+                Err(Refusal::Invalid(pr)) => assert_eq!(pr.field, "hostVeth", "{pr}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // Another pod's port (from the source).
+        let taken = m.effective().unwrap().pods[0].host_veth.clone();
+        let p = pod(&m, "x", "10.128.0.200", &taken);
+        assert!(matches!(m.reserve(&p), Err(Refusal::Conflict(pr)) if pr.field == "hostVeth"));
+    }
+
+    #[test]
+    fn reservations_conflict_with_each_other_and_leave_no_flows() {
+        let mut m = model();
+        let a = pod(&m, "a", "10.128.0.200", "va");
+        let b = pod(&m, "b", "10.128.0.200", "vb");
+        let c = pod(&m, "c", "10.128.0.201", "va");
+        m.reserve(&a).unwrap();
+        assert!(matches!(m.reserve(&b), Err(Refusal::Conflict(pr)) if pr.field == "ip"));
+        assert!(matches!(m.reserve(&c), Err(Refusal::Conflict(pr)) if pr.field == "hostVeth"));
+        assert!(m.keep_ports().contains("va"), "a reservation's port is kept");
+        let (d, _, _) = m.desired().unwrap();
+        assert!(d.flows_of(&Owner::Pod { namespace: a.namespace.clone(), name: "a".into() }).is_empty());
+        m.unreserve(&a.key());
+        m.reserve(&b).unwrap();
+    }
+
+    #[test]
+    fn set_up_then_torn_down_pods_flows_follow_the_model() {
+        let mut m = model();
+        let a = pod(&m, "a", "10.128.0.200", "va");
+        m.reserve(&a).unwrap();
+        m.set_up(a.clone(), PodRequest::default(), 40);
+        let owner = Owner::Pod { namespace: a.namespace.clone(), name: "a".into() };
+        let (d, _, _) = m.desired().unwrap();
+        assert!(!d.flows_of(&owner).is_empty());
+        assert!(!m.pod_update(&a)[0].1.is_empty());
+        m.tear_down(&a.key()).unwrap();
+        let (d, _, _) = m.desired().unwrap();
+        assert!(d.flows_of(&owner).is_empty());
+        assert!(m.pod_update(&a)[0].1.is_empty());
+        assert!(!m.keep_ports().contains("va"), "a doomed pod's port goes");
+        assert!(matches!(m.reserve(&a), Err(Refusal::Conflict(_))), "until its removal is confirmed");
+        m.buried(&a.key());
+        m.reserve(&a).unwrap();
+    }
+}

@@ -1,0 +1,218 @@
+//! Pod setup and teardown requests: each runs on its own task, concurrently with the others
+//! and with the reconcile loop, under one deadline, and answers only when its result is in
+//! OVSDB and on the switch — or fails with nothing of it left in the model, the engine's
+//! desired state or OVSDB.
+//!
+//! Setup: reserve (name, IP, port in the model: concurrent requests cannot conflict) → port,
+//! ofport, bandwidth and the pod's record in OVSDB → the pod joins the model and its flows are
+//! queued to the engine in the same critical section → committed. A failure after the port was
+//! added removes it again; a failure after the flows were queued tears the pod down the same
+//! way a delete does. If OVSDB cannot be reached for the undo, the port (which has no flows)
+//! is left to the reconcile loop, which removes every port the model does not want as soon as
+//! OVSDB answers again.
+//!
+//! Teardown: the pod leaves the model (its flows leave the desired state at once, whatever
+//! the switch does) and stays *doomed* until its flows are off the switch and its port is
+//! gone; until then the request answers 503/504 and a retry finishes the job.
+
+use std::sync::Arc;
+
+use tokio::time::{timeout_at, Instant};
+use tracing::{info, warn};
+
+use super::model::Refusal;
+use super::{ports, Node, POD_KEY};
+use crate::api::{ApiError, PodRequest, SetupReply};
+use crate::cluster::{Pod, Problem};
+use crate::engine::{EngineError, OnFailure, Pending};
+use crate::ovsdb::OvsdbError;
+
+/// How long an undo may take once the request's own deadline has passed.
+const UNDO_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn refused(r: Refusal) -> ApiError {
+    match r {
+        Refusal::Invalid(p) => ApiError::Invalid(p),
+        Refusal::Conflict(p) => ApiError::Conflict(p),
+        Refusal::NoState => ApiError::Unavailable("no cluster state yet".into()),
+    }
+}
+
+/// Maps an OVSDB failure of a pod's port to what the client is told.
+fn ovsdb_error(pod: &Pod, e: OvsdbError) -> ApiError {
+    let obj = format!("pod {}/{}", pod.namespace, pod.name);
+    match e {
+        e if e.is_disconnect() => ApiError::Unavailable(format!("ovsdb-server: {e}")),
+        OvsdbError::Timeout(m) => ApiError::Timeout(format!("ovsdb-server: {m}")),
+        // The device does not exist or OVS cannot use it: the request named it.
+        e @ (OvsdbError::InterfaceError { .. } | OvsdbError::NotFound { .. }) => {
+            ApiError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))
+        }
+        e => ApiError::Failed(format!("ovsdb-server: {e}")),
+    }
+}
+
+fn engine_error(e: EngineError) -> ApiError {
+    match e {
+        EngineError::Switch(e) if e.is_disconnect() => ApiError::Unavailable(format!("switch: {e}")),
+        EngineError::Switch(crate::switch::SwitchError::Timeout { what, after }) => {
+            ApiError::Timeout(format!("switch: no answer to {what} within {after:?}"))
+        }
+        EngineError::Busy | EngineError::Stopped => ApiError::Unavailable(format!("switch: {e}")),
+        e => ApiError::Failed(format!("switch: {e}")),
+    }
+}
+
+/// Awaits the engine's answer within the deadline.
+async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Result<(), ApiError> {
+    match timeout_at(deadline, rx).await {
+        Err(_) => Err(ApiError::Timeout("the switch did not commit the change in time".into())),
+        Ok(Err(_)) => Err(ApiError::Unavailable("the flow engine stopped".into())),
+        Ok(Ok(r)) => r.map(|_| ()).map_err(engine_error),
+    }
+}
+
+/// Sets a pod up; see the module documentation.
+pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiError> {
+    let deadline = Instant::now() + node.cfg.request_timeout;
+    let pod = req.to_pod().map_err(ApiError::Invalid)?;
+    let ovs = node.ovs().ok_or_else(|| ApiError::Unavailable("ovsdb-server is not connected".into()))?;
+    if node.engine_ready().is_none() {
+        return Err(ApiError::Unavailable("the switch is not connected or not synced yet".into()));
+    }
+    let key = pod.key();
+    node.model().reserve(&pod).map_err(refused)?;
+    let Ok(guard) = timeout_at(deadline, node.locks.lock(&pod.host_veth)).await else {
+        node.model().unreserve(&key);
+        return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
+    };
+    let record = serde_json::to_string(&req).unwrap_or_default();
+    let added = timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await;
+    let ofport = match added {
+        Ok(Ok(p)) => p,
+        failed => {
+            let err = match failed {
+                Ok(Err(e)) => ovsdb_error(&pod, e),
+                _ => ApiError::Timeout("ovsdb-server did not set the port up in time".into()),
+            };
+            undo_port(node, &pod).await;
+            node.model().unreserve(&key);
+            drop(guard);
+            return Err(err);
+        }
+    };
+    // Into the model and, in the same critical section, to the engine: the engine then applies
+    // this pod's flows after any replacement computed before it, never before.
+    let queued = {
+        let mut m = node.model();
+        match node.engine_ready() {
+            None => Err(ApiError::Unavailable("the switch disconnected".into())),
+            Some(engine) => {
+                m.set_up(pod.clone(), req, ofport);
+                let u = m.pod_update(&pod);
+                engine.submit_update(u, OnFailure::Revert).map_err(|e| {
+                    m.tear_down(&key);
+                    engine_error(e)
+                })
+            }
+        }
+    };
+    let result = match queued {
+        Ok(rx) => committed(rx, deadline).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => Ok(SetupReply { ofport }),
+        Err(e) => {
+            warn!(pod = %format!("{}/{}", key.0, key.1), error = %e.message(), "pod setup failed; undoing it");
+            drop(guard);
+            node.model().tear_down(&key);
+            if node.model().doomed(&key).is_some() {
+                let _ = finish_teardown(node, &key, Instant::now() + UNDO_GRACE).await;
+            } else {
+                // Never reached the model: only the port is left.
+                let _g = node.locks.lock(&pod.host_veth).await;
+                undo_port(node, &pod).await;
+                node.model().buried(&key);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Removes a failed setup's port within a short grace period; if OVSDB does not answer, the
+/// reconcile loop removes it later (the model does not want it).
+async fn undo_port(node: &Arc<Node>, pod: &Pod) {
+    let Some(ovs) = node.ovs() else {
+        node.kick();
+        return;
+    };
+    match tokio::time::timeout(UNDO_GRACE, ports::remove_port(&ovs, &node.cfg.bridge, &pod.host_veth)).await {
+        Ok(Ok(())) => {}
+        _ => {
+            warn!(port = %pod.host_veth, "could not remove a failed setup's port now; the reconcile loop will");
+            node.kick();
+        }
+    }
+}
+
+/// Tears a pod set up through the API down; see the module documentation.
+pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Result<(), ApiError> {
+    let deadline = Instant::now() + node.cfg.request_timeout;
+    let key = (namespace, name);
+    {
+        let mut m = node.model();
+        if m.tear_down(&key).is_none() && m.doomed(&key).is_none() {
+            let obj = format!("pod {}/{}", key.0, key.1);
+            return Err(if m.is_reserved(&key) {
+                ApiError::Conflict(Problem::new(obj, "name", "a setup of this pod is in progress"))
+            } else if m.in_source(&key) {
+                ApiError::Conflict(Problem::new(obj, "name", "the pod comes from the cluster state, not from the pod API"))
+            } else {
+                ApiError::NotFound(format!("{obj} was not set up through the pod API"))
+            });
+        }
+    }
+    finish_teardown(node, &key, deadline).await
+}
+
+/// Takes a doomed pod's flows off the switch and its port off the bridge; buries it when both
+/// are confirmed.
+async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), ApiError> {
+    let Some(pod) = node.model().doomed(key).cloned() else { return Ok(()) };
+    node.not_converged();
+    // Flows: the pod's owner is empty in the model now; its VNID's flows are recomputed.
+    let queued = {
+        let m = node.model();
+        match node.engine() {
+            Some(engine) => engine.submit_update(m.pod_update(&pod), OnFailure::Keep).map_err(engine_error),
+            None => Err(ApiError::Unavailable("the switch is not connected".into())),
+        }
+    };
+    let flows = match queued {
+        Ok(rx) => committed(rx, deadline).await,
+        Err(e) => Err(e),
+    };
+    // The port, whatever became of the flows (it carries no flows any more).
+    let port = match node.ovs() {
+        None => Err(ApiError::Unavailable("ovsdb-server is not connected".into())),
+        Some(ovs) => match timeout_at(deadline, node.locks.lock(&pod.host_veth)).await {
+            Err(_) => Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth))),
+            Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, &node.cfg.bridge, &pod.host_veth)).await {
+                Err(_) => Err(ApiError::Timeout("ovsdb-server did not remove the port in time".into())),
+                Ok(r) => r.map_err(|e| ovsdb_error(&pod, e)),
+            },
+        },
+    };
+    match flows.and(port) {
+        Ok(()) => {
+            node.model().buried(key);
+            info!(pod = %format!("{}/{}", key.0, key.1), "pod torn down");
+            Ok(())
+        }
+        Err(e) => {
+            node.kick();
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Port I/O through OVSDB: the bridge with its base ports, and one pod's port. No state here:
+//! what the ports should be comes from the model; what they are is written back to it.
+//!
+//! Operations on one port name are serialised by [`PortLocks`], so that a reconciler removing a
+//! leftover port and a request setting up a pod with the same port name cannot interleave.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::OwnedMutexGuard;
+
+use crate::cluster::Pod;
+use crate::model::OfPort;
+use crate::ovsdb::{BridgeOptions, Ovs, OvsdbError, PortSpec};
+
+/// The bridge, vxlan0 (ofport 1, VXLAN to `vxlan_port`) and tun0 (ofport 2), as SetupOVS makes
+/// them. Idempotent; run after every OVSDB (re)connect.
+pub async fn ensure_base(ovs: &Ovs, bridge: &str, datapath_type: &str, vxlan_port: u16, timeout: Duration) -> Result<(), OvsdbError> {
+    ovs.init().await?;
+    let opts = BridgeOptions { datapath_type: datapath_type.to_string(), ..Default::default() };
+    ovs.ensure_bridge(bridge, &opts).await?;
+    let mut vxlan = PortSpec::vxlan_flow(OfPort::VXLAN.0 as i64);
+    // openshift-sdn sets dst_port only when the cluster's vxlanPort differs from the default.
+    if vxlan_port != 4789 {
+        vxlan.options.insert("dst_port".into(), vxlan_port.to_string());
+    }
+    ovs.ensure_port(bridge, "vxlan0", &vxlan).await?;
+    // Waiting for tun0's ofport also waits for ovs-vswitchd to have set the bridge up.
+    ovs.add_port_and_wait_ofport(bridge, "tun0", &PortSpec::internal(Some(OfPort::TUN.0 as i64)), timeout).await?;
+    Ok(())
+}
+
+/// Adds a pod's port, waits for its ofport, sets its bandwidth and (if given) records the pod
+/// on the port (`external_ids`), so a restarted agent knows it again.
+pub async fn add_pod_port(
+    ovs: &Ovs,
+    bridge: &str,
+    pod: &Pod,
+    record: Option<(&str, &str)>,
+    timeout: Duration,
+) -> Result<u32, OvsdbError> {
+    let spec = if pod.internal { PortSpec::internal(None) } else { PortSpec::system() };
+    let ofport = ovs.add_port_and_wait_ofport(bridge, &pod.host_veth, &spec, timeout).await?;
+    ovs.set_pod_bandwidth(&pod.host_veth, pod.ingress_bps, pod.egress_bps).await?;
+    if let Some((key, value)) = record {
+        ovs.set_port_external_id(&pod.host_veth, key, Some(value)).await?;
+    }
+    Ok(ofport)
+}
+
+/// TearDownPod's OVSDB part: the port's QoS, then the port. A port already gone is fine.
+pub async fn remove_port(ovs: &Ovs, bridge: &str, name: &str) -> Result<(), OvsdbError> {
+    match ovs.set_pod_bandwidth(name, -1, -1).await {
+        Ok(()) | Err(OvsdbError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    ovs.delete_port(bridge, name).await?;
+    Ok(())
+}
+
+/// One async lock per port name.
+#[derive(Clone, Default)]
+pub struct PortLocks {
+    locks: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl PortLocks {
+    pub async fn lock(&self, name: &str) -> OwnedMutexGuard<()> {
+        let m = {
+            let mut map = self.locks.lock().unwrap_or_else(|e| e.into_inner());
+            // Forget locks nobody holds (the map would otherwise grow with every pod ever seen).
+            if map.len() > 1024 {
+                map.retain(|_, l| Arc::strong_count(l) > 1);
+            }
+            map.entry(name.to_string()).or_default().clone()
+        };
+        m.lock_owned().await
+    }
+}
