@@ -13,6 +13,7 @@ use crate::metrics::Telemetry;
 use crate::ovsdb::{Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
 use crate::reconcile::{Config, ConvergeError, Node, Reconciler};
+
 use crate::run::source::Loaded;
 use crate::store::{diff, InstalledState};
 use crate::switch::{Switch, SwitchOptions};
@@ -116,11 +117,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     rec.ovsdb_changed(Some(Ovs::new(OvsdbClient::connect(&opts.db_socket()).await?)));
     // Ports first: ensuring tun0 also waits for ovs-vswitchd to have set the bridge up, with
     // its management socket (connecting before that fails on a bridge created just now).
-    match rec.converge().await {
-        Err(ConvergeError::NotReady(_)) => {}
-        Err(e) => return Err(e.into()),
-        Ok(_) => {}
-    }
+    let ports = rec.prepare().await?;
     let sw = Switch::connect(&opts.mgmt_socket(), SwitchOptions::default()).await?;
     rec.switch_connected(sw.clone()).await;
     let pass = rec.converge().await?;
@@ -128,11 +125,12 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
         adds: pass.outcome.adds,
         modifies: pass.outcome.modifies,
         deletes: pass.outcome.deletes,
-        ports_added: pass.ports_added,
-        ports_removed: pass.ports_removed,
+        ports_added: ports.ports_added + pass.ports_added,
+        ports_removed: ports.ports_removed + pass.ports_removed,
         warnings: pass.warnings,
         ..Default::default()
     };
+    report.problems.extend(ports.problems);
     report.problems.extend(pass.problems);
     for p in std::mem::take(&mut node.model().rebuild_problems) {
         report.problems.push(p);

@@ -393,7 +393,15 @@ impl State {
                     let _ = reply.send(Ok(Outcome::of(&plan)));
                 }
             }
-            Err(e) if staged.len() == 1 || e.is_disconnect() => {
+            Err(e) if staged.len() == 1 => {
+                if let Some(((_, on_failure, reply), prev)) = staged.pop() {
+                    if on_failure == OnFailure::Revert {
+                        self.unstage(prev);
+                    }
+                    let _ = reply.send(Err(EngineError::Switch(e)));
+                }
+            }
+            Err(e) if e.is_disconnect() => {
                 for ((_, on_failure, reply), prev) in staged.into_iter().rev() {
                     if on_failure == OnFailure::Revert {
                         self.unstage(prev);

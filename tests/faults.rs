@@ -137,7 +137,7 @@ async fn frozen_peer(ovsdb: bool) {
     assert!(code == 200 || code == 404, "retried delete: {code} {body}");
     eventually("the deleted pod's port is removed", || !has_port(&r, "veth-a")).await;
     let ports = try_list_ports(&r.sb).unwrap();
-    assert_eq!(ports, vec!["br0", "tun0", "veth-b", "vxlan0"], "exactly the wanted ports");
+    assert_eq!(ports, vec!["tun0", "veth-b", "vxlan0"], "exactly the wanted ports");
     assert_eq!(qos(&r), 0, "no QoS rows left");
 }
 

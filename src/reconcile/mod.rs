@@ -287,6 +287,15 @@ impl Reconciler {
         Ok(pass)
     }
 
+    /// The ports part of a pass alone (before the switch is connected: `apply` needs the
+    /// bridge before it can connect to it).
+    pub async fn prepare(&mut self) -> Result<Pass, ConvergeError> {
+        let mut pass = Pass::default();
+        let ovs = self.node.ovs().ok_or(ConvergeError::NotReady("ovsdb-server is not connected"))?;
+        self.converge_ports(&ovs, &mut pass).await?;
+        Ok(pass)
+    }
+
     async fn converge_ports(&mut self, ovs: &Ovs, pass: &mut Pass) -> Result<(), ConvergeError> {
         let cfg = self.node.cfg.clone();
         if !self.base_ready {
@@ -349,7 +358,8 @@ impl Reconciler {
         let bridge = self.node.cfg.bridge.clone();
         let timeout = self.node.cfg.port_timeout;
         // Ports on the bridge that nobody wants.
-        for port in ovs.list_ports(&bridge).await? {
+        let listed = ovs.list_ports(&bridge).await?;
+        for port in listed.iter().cloned() {
             if self.node.model().keep_ports().contains(&port) {
                 continue;
             }
@@ -403,8 +413,7 @@ impl Reconciler {
             match r {
                 None => {}
                 Some(Ok(ofport)) => {
-                    let known = self.node.model().ports().contains_key(&p.key());
-                    if !known {
+                    if !listed.contains(&p.host_veth) {
                         pass.ports_added += 1;
                     }
                     self.node.model().set_port(

@@ -362,7 +362,7 @@ mod tests {
     fn the_agents_own_ports_are_never_a_pods() {
         let mut m = model();
         for name in ["br0", "tun0", "vxlan0"] {
-            let p = pod(&m, "x", "10.128.0.200", name);
+            let p = pod(&m, "x", "10.128.3.200", name);
             match m.reserve(&p) {
                 Err(Refusal::Invalid(pr)) => assert_eq!(pr.field, "hostVeth", "{pr}"),
                 other => panic!("{name}: {other:?}"),
@@ -370,16 +370,16 @@ mod tests {
         }
         // Another pod's port (from the source).
         let taken = m.effective().unwrap().pods[0].host_veth.clone();
-        let p = pod(&m, "x", "10.128.0.200", &taken);
+        let p = pod(&m, "x", "10.128.3.200", &taken);
         assert!(matches!(m.reserve(&p), Err(Refusal::Conflict(pr)) if pr.field == "hostVeth"));
     }
 
     #[test]
     fn reservations_conflict_with_each_other_and_leave_no_flows() {
         let mut m = model();
-        let a = pod(&m, "a", "10.128.0.200", "va");
-        let b = pod(&m, "b", "10.128.0.200", "vb");
-        let c = pod(&m, "c", "10.128.0.201", "va");
+        let a = pod(&m, "a", "10.128.3.200", "va");
+        let b = pod(&m, "b", "10.128.3.200", "vb");
+        let c = pod(&m, "c", "10.128.3.201", "va");
         m.reserve(&a).unwrap();
         assert!(matches!(m.reserve(&b), Err(Refusal::Conflict(pr)) if pr.field == "ip"));
         assert!(matches!(m.reserve(&c), Err(Refusal::Conflict(pr)) if pr.field == "hostVeth"));
@@ -393,7 +393,7 @@ mod tests {
     #[test]
     fn set_up_then_torn_down_pods_flows_follow_the_model() {
         let mut m = model();
-        let a = pod(&m, "a", "10.128.0.200", "va");
+        let a = pod(&m, "a", "10.128.3.200", "va");
         m.reserve(&a).unwrap();
         m.set_up(a.clone(), PodRequest::default(), 40);
         let owner = Owner::Pod { namespace: a.namespace.clone(), name: "a".into() };
