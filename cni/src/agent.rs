@@ -133,6 +133,13 @@ pub fn post(socket: &Path, uri: &str, body: &[u8], timeout: Duration) -> Result<
         let wait = remaining(deadline, timeout, "read")?;
         stream.set_read_timeout(Some(wait)).map_err(|source| ExchangeError::Io { phase: "read", source })?;
         match stream.read(&mut chunk) {
+            // Nothing at all before the close: the agent went away mid-request (restart).
+            Ok(0) if buf.is_empty() => {
+                return Err(ExchangeError::Io {
+                    phase: "read",
+                    source: io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed without an answer"),
+                })
+            }
             Ok(0) => {
                 return parse_reply(&buf, true)?
                     .ok_or_else(|| ExchangeError::Malformed("connection closed before the reply was complete".into()))
@@ -186,8 +193,7 @@ pub fn parse_reply(buf: &[u8], eof: bool) -> Result<Option<Reply>, ExchangeError
         };
         let value = value.trim();
         if name.eq_ignore_ascii_case("content-length") {
-            let n: usize =
-                value.parse().map_err(|_| ExchangeError::Malformed(format!("Content-Length {value:?}")))?;
+            let n: usize = value.parse().map_err(|_| ExchangeError::Malformed(format!("Content-Length {value:?}")))?;
             content_length = Some(n);
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             chunked = value.to_ascii_lowercase().split(',').any(|t| t.trim() == "chunked");
@@ -286,7 +292,8 @@ mod tests {
     fn interim_and_garbage() {
         let r = reply("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", false).unwrap().unwrap();
         assert_eq!(r.status, 204);
-        for bad in ["SSH-2.0\r\n\r\n", "HTTP/1.1 abc\r\n\r\n", "HTTP/1.1 200 OK\r\nnocolon\r\n\r\n", "HTTP/1.1\r\n\r\n"] {
+        for bad in ["SSH-2.0\r\n\r\n", "HTTP/1.1 abc\r\n\r\n", "HTTP/1.1 200 OK\r\nnocolon\r\n\r\n", "HTTP/1.1\r\n\r\n"]
+        {
             assert!(reply(bad, true).is_err(), "{bad:?}");
         }
         assert!(reply("HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n", false).is_err());

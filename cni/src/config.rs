@@ -77,7 +77,9 @@ fn invalid(field: &str, what: impl Into<String>) -> CniError {
 pub fn valid_name(s: &str) -> bool {
     let mut chars = s.chars();
     match chars.next() {
-        Some(c) if c.is_ascii_alphanumeric() => chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')),
+        Some(c) if c.is_ascii_alphanumeric() => {
+            chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        }
         _ => false,
     }
 }
@@ -118,7 +120,10 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     let name = match string("name")? {
         None | Some("") => return Err(invalid("name", "missing")),
         Some(n) if !valid_name(n) => {
-            return Err(invalid("name", format!("{n:?} has characters other than [a-zA-Z0-9_.-] or does not start alphanumeric")))
+            return Err(invalid(
+                "name",
+                format!("{n:?} has characters other than [a-zA-Z0-9_.-] or does not start alphanumeric"),
+            ))
         }
         Some(n) => n.to_owned(),
     };
@@ -284,8 +289,9 @@ mod tests {
 
     #[test]
     fn cni_args() {
-        let a = parse_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=abc;X=y;")
-            .unwrap();
+        let a =
+            parse_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=abc;X=y;")
+                .unwrap();
         assert_eq!(a.namespace.as_deref(), Some("ns"));
         assert_eq!(a.name.as_deref(), Some("p"));
         assert_eq!(a.infra_container_id.as_deref(), Some("abc"));

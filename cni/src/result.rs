@@ -141,7 +141,16 @@ pub fn parse_add_reply(body: &[u8], object: &str, if_name: &str, netns: &str) ->
         },
         Some(_) => return Err(bad("mtu", "not a number".into())),
     };
-    Ok(AddReply { host_veth: host_veth.to_owned(), if_name: if_name.to_owned(), mac, sandbox, ip, gateway, routes, mtu })
+    Ok(AddReply {
+        host_veth: host_veth.to_owned(),
+        if_name: if_name.to_owned(),
+        mac,
+        sandbox,
+        ip,
+        gateway,
+        routes,
+        mtu,
+    })
 }
 
 /// The CNI result for `cni_version`: interfaces `[host veth, pod interface]`, the pod's
@@ -207,7 +216,9 @@ pub fn check_prev_result(prev: &Map<String, Value>, if_name: &str) -> Result<(),
                 Err(bad(format!("no interface {if_name:?} with a sandbox")))
             }
         }
-        Some(_) => Err(CniError::new(error::DECODING_FAILURE, "network config field prevResult.interfaces: not an array", "")),
+        Some(_) => {
+            Err(CniError::new(error::DECODING_FAILURE, "network config field prevResult.interfaces: not an array", ""))
+        }
     }
 }
 
@@ -257,8 +268,13 @@ mod tests {
 
     #[test]
     fn ipv6_and_defaults() {
-        let r = parse_add_reply(br#"{"hostVeth":"v1","mac":"0a:58:00:00:00:01","ip":"fd00::5/64"}"#, "pod a/b", "eth0", "/ns")
-            .unwrap();
+        let r = parse_add_reply(
+            br#"{"hostVeth":"v1","mac":"0a:58:00:00:00:01","ip":"fd00::5/64"}"#,
+            "pod a/b",
+            "eth0",
+            "/ns",
+        )
+        .unwrap();
         assert_eq!(r.sandbox, "/ns");
         assert_eq!(r.if_name, "eth0");
         let got = format_result(&r, "0.4.0");
@@ -280,8 +296,14 @@ mod tests {
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/33"}"#, "field ip"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","gateway":"fd00::1"}"#, "gateway"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":{}}"#, "routes"),
-            (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":[{"gw":"1.1.1.1"}]}"#, "routes[0].dst"),
-            (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":[{"dst":"0.0.0.0/0","gw":"x"}]}"#, "routes[0].gw"),
+            (
+                r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":[{"gw":"1.1.1.1"}]}"#,
+                "routes[0].dst",
+            ),
+            (
+                r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":[{"dst":"0.0.0.0/0","gw":"x"}]}"#,
+                "routes[0].gw",
+            ),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","mtu":-1}"#, "mtu"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","mtu":"1450"}"#, "mtu"),
         ];

@@ -71,10 +71,17 @@ pub fn run(getenv: &dyn Fn(&str) -> Option<OsString>, stdin: &mut dyn Read) -> O
     match command.as_str() {
         "VERSION" => return Outcome::ok(version_json()),
         "ADD" | "DEL" | "CHECK" => {}
-        "" => return Outcome::err(&env_err("required env variables [CNI_COMMAND] missing".into()), config::LATEST_VERSION),
+        "" => {
+            return Outcome::err(
+                &env_err("required env variables [CNI_COMMAND] missing".into()),
+                config::LATEST_VERSION,
+            )
+        }
         other => {
             return Outcome::err(
-                &env_err(format!("env variable CNI_COMMAND: unknown command {other:?} (want ADD, DEL, CHECK or VERSION)")),
+                &env_err(format!(
+                    "env variable CNI_COMMAND: unknown command {other:?} (want ADD, DEL, CHECK or VERSION)"
+                )),
                 config::LATEST_VERSION,
             )
         }
@@ -165,7 +172,8 @@ fn invoke(command: &str, var: &dyn Fn(&str) -> Result<String, CniError>, input: 
     };
     if command == "CHECK" {
         if let Some(prev) = &conf.prev_result {
-            result::check_prev_result(prev, &if_name).map_err(|e| CniError { msg: format!("{object}: {}", e.msg), ..e })?;
+            result::check_prev_result(prev, &if_name)
+                .map_err(|e| CniError { msg: format!("{object}: {}", e.msg), ..e })?;
         }
     }
 
@@ -304,7 +312,8 @@ mod tests {
         serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", o.stdout))
     }
 
-    const CONF: &str = r#"{"cniVersion":"0.4.0","name":"sdn-node","type":"sdn-node-cni","agentSocket":"/nonexistent/sdn.sock"}"#;
+    const CONF: &str =
+        r#"{"cniVersion":"0.4.0","name":"sdn-node","type":"sdn-node-cni","agentSocket":"/nonexistent/sdn.sock"}"#;
     const BASE: &[(&str, &str)] = &[
         ("CNI_CONTAINERID", "abc"),
         ("CNI_NETNS", "/var/run/netns/x"),

@@ -13,6 +13,11 @@ ensure_packages() {
   dpkg -s libmnl-dev >/dev/null 2>&1 || missing+=(libmnl-dev)
   command -v nft >/dev/null 2>&1 || missing+=(nftables)
   command -v ethtool >/dev/null 2>&1 || missing+=(ethtool)
+  # cni: the plugin's tests drive it through libcni, the reference Go library runtimes use
+  # (built in GOPATH mode from Debian's sources); the reference plugins come along for demos.
+  command -v go >/dev/null 2>&1 || missing+=(golang-go)
+  [ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] || missing+=(golang-github-appc-cni-dev)
+  [ -x /usr/lib/cni/loopback ] || missing+=(containernetworking-plugins)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive
