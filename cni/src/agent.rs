@@ -163,7 +163,24 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Parses `buf` as an HTTP/1.x response: `Ok(None)` while more bytes are needed (`eof` says
 /// none will come, which completes a body delimited by the connection's close).
-pub fn parse_reply(buf: &[u8], eof: bool) -> Result<Option<Reply>, ExchangeError> {
+pub fn parse_reply(mut buf: &[u8], eof: bool) -> Result<Option<Reply>, ExchangeError> {
+    // A loop, not recursion: a peer could send thousands of interim answers.
+    loop {
+        match parse_message(buf, eof)? {
+            None => return Ok(None),
+            Some(Message::Interim(len)) => buf = &buf[len..],
+            Some(Message::Final(reply)) => return Ok(Some(reply)),
+        }
+    }
+}
+
+enum Message {
+    /// A 1xx answer of this many bytes (no body), to be skipped.
+    Interim(usize),
+    Final(Reply),
+}
+
+fn parse_message(buf: &[u8], eof: bool) -> Result<Option<Message>, ExchangeError> {
     let Some(head_end) = find(buf, b"\r\n\r\n") else {
         if buf.len() > 64 * 1024 {
             return Err(ExchangeError::Malformed("header section longer than 64 KiB".into()));
@@ -202,7 +219,7 @@ pub fn parse_reply(buf: &[u8], eof: bool) -> Result<Option<Reply>, ExchangeError
     let rest = &buf[head_end + 4..];
     // Interim 1xx answers carry no body; skip to the final one.
     if (100..200).contains(&status) {
-        return parse_reply(rest, eof);
+        return Ok(Some(Message::Interim(head_end + 4)));
     }
     let body = if chunked {
         match dechunk(rest)? {
@@ -228,7 +245,7 @@ pub fn parse_reply(buf: &[u8], eof: bool) -> Result<Option<Reply>, ExchangeError
     } else {
         return Ok(None);
     };
-    Ok(Some(Reply { status, body }))
+    Ok(Some(Message::Final(Reply { status, body })))
 }
 
 /// Decodes a chunked body; `Ok(None)` while incomplete. Trailers are skipped.
@@ -286,6 +303,39 @@ mod tests {
         assert!(reply(&s[..s.len() - 2], false).unwrap().is_none());
         assert!(reply(&s[..s.len() - 2], true).is_err());
         assert!(reply("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", false).is_err());
+    }
+
+    /// Mangled and truncated replies never panic (a confused or hostile peer on the socket).
+    #[test]
+    fn mangled_replies_do_not_panic() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let base: &[&[u8]] = &[
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        ];
+        for _ in 0..20_000 {
+            let mut b = base[(rnd() % 2) as usize].to_vec();
+            for _ in 0..(rnd() % 4) {
+                let i = (rnd() as usize) % b.len();
+                match rnd() % 3 {
+                    0 => b[i] = rnd() as u8,
+                    1 => b.truncate(i),
+                    _ => b.insert(i, b"0123456789abcdef\r\n: ;-"[(rnd() % 22) as usize]),
+                }
+                if b.is_empty() {
+                    break;
+                }
+            }
+            let _ = parse_reply(&b, rnd() % 2 == 0);
+        }
+        let many = "HTTP/1.1 100 Continue\r\n\r\n".repeat(50_000);
+        assert!(parse_reply(many.as_bytes(), true).unwrap().is_none());
     }
 
     #[test]

@@ -392,6 +392,58 @@ mod tests {
         assert!(v["msg"].as_str().unwrap().contains("/nonexistent/sdn.sock"), "{v}");
     }
 
+    /// Mangled stdin, CNI_ARGS and agent replies never panic: every input is the runtime's or
+    /// the agent's, and a panic would print no CNI error at all.
+    #[test]
+    fn mangled_inputs_do_not_panic() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let reply = br#"{"hostVeth":"veth1","ifName":"eth0","mac":"0a:58:0a:80:00:05","sandbox":"/n","ip":"10.128.0.5/23","gateway":"10.128.0.1","routes":[{"dst":"0.0.0.0/0","gw":"10.128.0.1"}],"mtu":1450}"#;
+        let conf = br#"{"cniVersion":"0.4.0","name":"n","agentSocket":"/nonexistent/s","timeoutSeconds":1,"prevResult":{"interfaces":[{"name":"eth0","sandbox":"/n"}]}}"#;
+        let args = b"IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=abc";
+        let alphabet = b"{}[]\":,0123456789./-=;aeE \\\x00\xff";
+        let mut mangle = |src: &[u8]| {
+            let mut b = src.to_vec();
+            for _ in 0..(1 + rnd() % 4) {
+                if b.is_empty() {
+                    break;
+                }
+                let i = (rnd() as usize) % b.len();
+                match rnd() % 3 {
+                    0 => b[i] = alphabet[(rnd() as usize) % alphabet.len()],
+                    1 => drop(b.remove(i)),
+                    _ => b.insert(i, alphabet[(rnd() as usize) % alphabet.len()]),
+                }
+            }
+            b
+        };
+        for _ in 0..3000 {
+            let r = mangle(reply);
+            let _ = result::parse_add_reply(&r, "pod a/b", "eth0", "/n").map(|a| result::format_result(&a, "0.4.0"));
+            let c = mangle(conf);
+            if let Ok(parsed) = config::parse(&c) {
+                if let Some(prev) = &parsed.prev_result {
+                    let _ = result::check_prev_result(prev, "eth0");
+                }
+            }
+            let a = String::from_utf8_lossy(&mangle(args)).into_owned();
+            let _ = config::parse_cni_args(&a);
+            let _ = agent_message(&r, "pod a/b");
+        }
+        // A few whole invocations (each fails fast: the socket does not exist).
+        for _ in 0..50 {
+            let c = String::from_utf8_lossy(&mangle(conf)).into_owned();
+            let o = run_with(&env("CHECK", ""), &c);
+            assert_eq!(o.exit_code, 1);
+            assert!(parse(&o)["code"].as_u64().is_some());
+        }
+    }
+
     #[test]
     fn agent_messages() {
         let m = agent_message(br#"{"error":"bad","object":"pod a/b","field":"ip"}"#, "pod x/y");

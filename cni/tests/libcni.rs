@@ -225,7 +225,9 @@ fn deadline() {
     assert_eq!(add.code(), Some(11), "{:?}", add.out);
     assert!(add.msg().contains("no answer within 1s"), "{}", add.msg());
     assert!(add.elapsed >= Duration::from_secs(1), "{:?}", add.elapsed);
-    assert!(add.elapsed < Duration::from_secs(5), "took {:?} with timeoutSeconds 1", add.elapsed);
+    // Generous: the client and plugin start on a shared, loaded machine; the msg above shows
+    // that the plugin's own 1s deadline is what fired.
+    assert!(add.elapsed < Duration::from_secs(8), "took {:?} with timeoutSeconds 1", add.elapsed);
     assert_eq!(agent.requests().len(), 1);
 
     let tmp = TempDir::new("close");
