@@ -21,10 +21,7 @@ use crate::{
 
 /// IPv4 multicast, routed on-link so pods can use multicast (openshift-sdn's CNI config did
 /// the same; OVS decides who receives it).
-pub const MULTICAST_NET: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(224, 0, 0, 0), 4) {
-    Ok(n) => n,
-    Err(_) => panic!("constant"),
-};
+pub const MULTICAST_NET: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(224, 0, 0, 0), 4);
 
 /// Attempts at picking an unused random host-side name before giving up.
 const NAME_ATTEMPTS: usize = 8;
@@ -51,13 +48,16 @@ pub struct PodConfig {
     pub gateway: Ipv4Addr,
     /// The whole cluster network, reached on-link so pod-to-pod traffic goes to OVS directly.
     pub cluster_network: Ipv4Net,
+    /// Routes beyond the standard three (e.g. from the agent's configuration); empty for
+    /// openshift-sdn's behaviour.
+    pub extra_routes: Vec<PodRoute>,
 }
 
 impl PodConfig {
     /// The routes setup installs: default via the gateway, cluster network and multicast
-    /// on-link.
+    /// on-link, then `extra_routes`.
     pub fn routes(&self) -> Vec<PodRoute> {
-        vec![
+        let mut routes = vec![
             PodRoute {
                 dst: Ipv4Net::default(),
                 via: Some(self.gateway),
@@ -70,7 +70,12 @@ impl PodConfig {
                 dst: MULTICAST_NET,
                 via: None,
             },
-        ]
+        ];
+        routes.extend(self.extra_routes.iter().map(|r| PodRoute {
+            dst: r.dst.trunc(),
+            via: r.via,
+        }));
+        routes
     }
 
     fn validate(&self) -> Result<()> {
@@ -84,10 +89,19 @@ impl PodConfig {
             }
         }
         let subnet = self.address.trunc();
-        if !subnet.contains(&self.gateway) || self.gateway == self.address.addr() {
+        let host_addr = |a: Ipv4Addr| {
+            subnet.contains(&a) && a != subnet.network() && a != subnet.broadcast()
+        };
+        if !host_addr(self.address.addr()) {
+            return Err(Error::invalid(
+                format!("pod address {}", self.address),
+                "is the network or broadcast address of its subnet",
+            ));
+        }
+        if !host_addr(self.gateway) || self.gateway == self.address.addr() {
             return Err(Error::invalid(
                 format!("gateway {}", self.gateway),
-                format!("not another address of the pod subnet {subnet}"),
+                format!("not another host address of the pod subnet {subnet}"),
             ));
         }
         Ok(())
@@ -302,6 +316,7 @@ mod tests {
             address: "10.128.0.5/23".parse().unwrap(),
             gateway: "10.128.0.1".parse().unwrap(),
             cluster_network: "10.128.0.0/14".parse().unwrap(),
+            extra_routes: vec![],
         }
     }
 
@@ -320,6 +335,12 @@ mod tests {
         cfg().validate().unwrap();
         let mut c = cfg();
         c.gateway = "10.130.0.1".parse().unwrap();
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.gateway = "10.128.1.255".parse().unwrap();
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.address = "10.128.0.0/23".parse().unwrap();
         assert!(c.validate().is_err());
         let mut c = cfg();
         c.mtu = 10;
