@@ -60,6 +60,10 @@ pub const NXM1_ARP_THA: u8 = 18;
 pub const NXM1_IP_FRAG: u8 = 26;
 pub const NXM1_TUN_IPV4_SRC: u8 = 31;
 pub const NXM1_TUN_IPV4_DST: u8 = 32;
+pub const NXM1_CT_STATE: u8 = 105;
+pub const NXM1_CT_ZONE: u8 = 106;
+pub const NXM1_CT_MARK: u8 = 107;
+pub const NXM1_CT_LABEL: u8 = 108;
 
 /// A field named by its NXM header, as Nicira actions (load/move/output-reg) and OVS's
 /// `NXM_NX_REG0[0..15]` text name it. Headers are stored without the mask bit.
