@@ -29,11 +29,7 @@ pub enum Error {
     },
     /// The kernel did not answer within the deadline.
     #[error("{op} {object}: no answer within {after:?}")]
-    Timeout {
-        op: &'static str,
-        object: String,
-        after: Duration,
-    },
+    Timeout { op: &'static str, object: String, after: Duration },
     /// An object that must exist does not.
     #[error("{kind} {name} not found")]
     NotFound { kind: &'static str, name: String },
@@ -48,10 +44,7 @@ pub enum Error {
     Reply { object: String, reason: String },
     /// `check` found differences between the expected and the actual state.
     #[error("check of {object} failed: {}", problems.join("; "))]
-    Check {
-        object: String,
-        problems: Vec<String>,
-    },
+    Check { object: String, problems: Vec<String> },
     /// An operation failed and so did undoing its partial work: both are reported, since the
     /// second one means something is left behind.
     #[error("{first}; undoing also failed: {undo}")]
@@ -62,27 +55,17 @@ impl Error {
     /// The errno behind this error, when there is one (netlink NACK or system call).
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Error::Netlink {
-                source: rtnetlink::Error::NetlinkError(m),
-                ..
-            } => m.to_io().raw_os_error(),
+            Error::Netlink { source: rtnetlink::Error::NetlinkError(m), .. } => m.to_io().raw_os_error(),
             Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
 
     pub(crate) fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Invalid {
-            what: what.into(),
-            reason: reason.into(),
-        }
+        Error::Invalid { what: what.into(), reason: reason.into() }
     }
 
     pub(crate) fn io(op: &'static str, object: impl Into<String>, source: io::Error) -> Self {
-        Error::Io {
-            op,
-            object: object.into(),
-            source,
-        }
+        Error::Io { op, object: object.into(), source }
     }
 }

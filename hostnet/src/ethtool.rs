@@ -51,11 +51,8 @@ fn ethtool_value(ifname: &str, cmd: u32, data: u32) -> io::Result<u32> {
     use std::os::fd::AsRawFd;
     let sock = ioctl_socket()?;
     let mut value = EthtoolValue { cmd, data };
-    let mut req = IfreqData {
-        name: [0; libc::IFNAMSIZ],
-        data: (&mut value as *mut EthtoolValue).cast(),
-        _pad: [0; 16],
-    };
+    let mut req =
+        IfreqData { name: [0; libc::IFNAMSIZ], data: (&mut value as *mut EthtoolValue).cast(), _pad: [0; 16] };
     for (dst, src) in req.name.iter_mut().zip(ifname.bytes()) {
         *dst = src as libc::c_char;
     }

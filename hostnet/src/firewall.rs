@@ -112,12 +112,7 @@ pub struct RuleSpec {
 /// The rule set, as data (so its order and content are unit-testable without a kernel).
 pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
     let cn = cfg.cluster_network.trunc();
-    let rule = |chain, matches, action, comment| RuleSpec {
-        chain,
-        matches,
-        action,
-        comment,
-    };
+    let rule = |chain, matches, action, comment| RuleSpec { chain, matches, action, comment };
     vec![
         rule(
             ChainId::Postrouting,
@@ -133,30 +128,10 @@ pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
             Action::Drop,
             "attempted resend after connection close",
         ),
-        rule(
-            ChainId::Forward,
-            vec![Match::DaddrIn(cn)],
-            Action::Accept,
-            "forward traffic to SDN",
-        ),
-        rule(
-            ChainId::Forward,
-            vec![Match::SaddrIn(cn)],
-            Action::Accept,
-            "forward traffic from SDN",
-        ),
-        rule(
-            ChainId::Input,
-            vec![Match::UdpDport(cfg.vxlan_port)],
-            Action::Accept,
-            "VXLAN incoming",
-        ),
-        rule(
-            ChainId::Input,
-            vec![Match::IifName(cfg.tun.clone())],
-            Action::Accept,
-            "from SDN to localhost",
-        ),
+        rule(ChainId::Forward, vec![Match::DaddrIn(cn)], Action::Accept, "forward traffic to SDN"),
+        rule(ChainId::Forward, vec![Match::SaddrIn(cn)], Action::Accept, "forward traffic from SDN"),
+        rule(ChainId::Input, vec![Match::UdpDport(cfg.vxlan_port)], Action::Accept, "VXLAN incoming"),
+        rule(ChainId::Input, vec![Match::IifName(cfg.tun.clone())], Action::Accept, "from SDN to localhost"),
     ]
 }
 
@@ -198,10 +173,7 @@ mod tests {
     use super::*;
 
     fn cfg() -> FirewallConfig {
-        FirewallConfig::new(
-            "10.128.0.0/14".parse().unwrap(),
-            "172.30.0.0/16".parse().unwrap(),
-        )
+        FirewallConfig::new("10.128.0.0/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap())
     }
 
     #[test]
@@ -218,10 +190,7 @@ mod tests {
     fn masquerade_only_leaving_cluster() {
         let r = rules(&cfg());
         let cn: Ipv4Net = "10.128.0.0/14".parse().unwrap();
-        assert_eq!(
-            r[0].matches,
-            vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)]
-        );
+        assert_eq!(r[0].matches, vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)]);
         assert_eq!(r[0].action, Action::Masquerade);
     }
 
@@ -237,14 +206,8 @@ mod tests {
 
     #[test]
     fn host_bits_of_cluster_network_are_ignored() {
-        let c = FirewallConfig::new(
-            "10.128.3.7/14".parse().unwrap(),
-            "172.30.0.0/16".parse().unwrap(),
-        );
-        assert_eq!(
-            rules(&c)[1].matches[0],
-            Match::SaddrIn("10.128.0.0/14".parse().unwrap())
-        );
+        let c = FirewallConfig::new("10.128.3.7/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap());
+        assert_eq!(rules(&c)[1].matches[0], Match::SaddrIn("10.128.0.0/14".parse().unwrap()));
     }
 
     #[test]

@@ -110,17 +110,12 @@ pub async fn setup_host(ns: &Netns, cfg: &HostConfig) -> Result<HostChanges> {
     // An address added earlier without IFA_F_NOPREFIXROUTE left the kernel's subnet route.
     let subnet = cfg.node_subnet.trunc();
     let routes = nl.routes_v4().await?;
-    if routes
-        .iter()
-        .any(|r| r.dst == subnet && r.oif == Some(tun.index) && r.gateway.is_none())
-    {
+    if routes.iter().any(|r| r.dst == subnet && r.oif == Some(tun.index) && r.gateway.is_none()) {
         nl.route_del(subnet, tun.index, &cfg.tun).await?;
     }
 
-    nl.route_replace(cfg.cluster_network.trunc(), None, &tun)
-        .await?;
-    nl.route_replace(cfg.service_network.trunc(), None, &tun)
-        .await?;
+    nl.route_replace(cfg.cluster_network.trunc(), None, &tun).await?;
+    nl.route_replace(cfg.service_network.trunc(), None, &tun).await?;
 
     let tun_name = cfg.tun.clone();
     ns.run("enable IPv4 forwarding", move || {

@@ -42,10 +42,7 @@ impl Ipam {
     /// network, gateway or broadcast address is harmless (they are never allocatable); an
     /// address outside the subnet is an error, since it means the caller's state is wrong.
     /// The round-robin cursor starts after the highest address in use.
-    pub fn new(
-        subnet: Ipv4Net,
-        in_use: impl IntoIterator<Item = Ipv4Addr>,
-    ) -> Result<Self, IpamError> {
+    pub fn new(subnet: Ipv4Net, in_use: impl IntoIterator<Item = Ipv4Addr>) -> Result<Self, IpamError> {
         let subnet = subnet.trunc();
         if subnet.prefix_len() > 30 {
             return Err(IpamError::SubnetTooSmall(subnet));
@@ -153,12 +150,7 @@ mod tests {
         assert_eq!(a.gateway(), ip("10.128.0.1"));
         assert_eq!(a.capacity(), 5);
         let got: Vec<_> = (0..5).map(|_| a.allocate().unwrap()).collect();
-        assert_eq!(
-            got,
-            ["10.128.0.2", "10.128.0.3", "10.128.0.4", "10.128.0.5", "10.128.0.6"]
-                .map(ip)
-                .to_vec()
-        );
+        assert_eq!(got, ["10.128.0.2", "10.128.0.3", "10.128.0.4", "10.128.0.5", "10.128.0.6"].map(ip).to_vec());
     }
 
     #[test]

@@ -20,10 +20,7 @@ pub fn check_ifname(name: &str) -> Result<()> {
     if name == "." || name == ".." {
         return bad("reserved");
     }
-    if name
-        .bytes()
-        .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace())
-    {
+    if name.bytes().any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace()) {
         return bad("contains '/', ':', NUL or whitespace");
     }
     Ok(())

@@ -33,12 +33,8 @@ impl Netns {
     /// Opens a namespace by path: `/var/run/netns/NAME` or `/proc/PID/ns/net`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file =
-            File::open(&path).map_err(|e| Error::io("open netns", path.display().to_string(), e))?;
-        Ok(Netns {
-            fd: Arc::new(file.into()),
-            path,
-        })
+        let file = File::open(&path).map_err(|e| Error::io("open netns", path.display().to_string(), e))?;
+        Ok(Netns { fd: Arc::new(file.into()), path })
     }
 
     /// The namespace of the calling process (the host namespace, for the agent).
@@ -75,23 +71,17 @@ impl Netns {
             .map_err(|e| Error::io("spawn thread for", object.clone(), e))?;
         match tokio::time::timeout(NS_WORK_TIMEOUT, rx).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Error::Reply {
-                object,
-                reason: "worker thread ended without a result (panicked)".into(),
-            }),
-            Err(_) => Err(Error::Timeout {
-                op: "run",
-                object,
-                after: NS_WORK_TIMEOUT,
-            }),
+            Ok(Err(_)) => {
+                Err(Error::Reply { object, reason: "worker thread ended without a result (panicked)".into() })
+            }
+            Err(_) => Err(Error::Timeout { op: "run", object, after: NS_WORK_TIMEOUT }),
         }
     }
 }
 
 /// Body of the worker thread: enter, work, leave.
 fn in_netns<R>(target: &OwnedFd, object: &str, work: impl FnOnce() -> Result<R>) -> Result<R> {
-    let original = File::open("/proc/thread-self/ns/net")
-        .map_err(|e| Error::io("open own netns for", object, e))?;
+    let original = File::open("/proc/thread-self/ns/net").map_err(|e| Error::io("open own netns for", object, e))?;
     setns(target.as_raw_fd()).map_err(|e| Error::io("enter netns for", object, e))?;
     let result = work();
     // Returning matters only for tidiness (the thread ends next); a failure here cannot

@@ -6,8 +6,8 @@ use std::ffi::CString;
 use ipnet::Ipv4Net;
 use nftnl::{
     expr::{
-        Bitwise, Cmp, CmpOp, Conntrack, InterfaceName, Ipv4HeaderField, Masquerade, Meta,
-        NetworkHeaderField, Payload, States, TransportHeaderField, UdpHeaderField, Verdict,
+        Bitwise, Cmp, CmpOp, Conntrack, InterfaceName, Ipv4HeaderField, Masquerade, Meta, NetworkHeaderField, Payload,
+        States, TransportHeaderField, UdpHeaderField, Verdict,
     },
     Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table,
 };
@@ -35,10 +35,8 @@ pub(crate) fn install_batch(table_name: &str, rules: &[RuleSpec]) -> Result<Desc
         batch.add(&table, op);
         names.push(format!("{what} {tname}"));
     }
-    let chains: Vec<(ChainId, Chain<'_>)> = ChainId::ALL
-        .iter()
-        .map(|id| Ok((*id, chain(&table, *id)?)))
-        .collect::<Result<_>>()?;
+    let chains: Vec<(ChainId, Chain<'_>)> =
+        ChainId::ALL.iter().map(|id| Ok((*id, chain(&table, *id)?))).collect::<Result<_>>()?;
     for (id, c) in &chains {
         batch.add(c, MsgType::Add);
         names.push(format!("add chain {} in {tname}", id.name()));
@@ -48,11 +46,7 @@ pub(crate) fn install_batch(table_name: &str, rules: &[RuleSpec]) -> Result<Desc
             return Err(Error::invalid(format!("rule {i}"), "unknown chain"));
         };
         batch.add(&rule(c, spec)?, MsgType::Add);
-        names.push(format!(
-            "add rule {i} ({}) in chain {} of {tname}",
-            spec.comment,
-            spec.chain.name()
-        ));
+        names.push(format!("add rule {i} ({}) in chain {} of {tname}", spec.comment, spec.chain.name()));
     }
     Ok((batch.finalize(), names))
 }
@@ -63,10 +57,7 @@ pub(crate) fn remove_batch(table_name: &str) -> Result<Described> {
     let mut batch = Batch::new();
     batch.add(&table, MsgType::Add);
     batch.add(&table, MsgType::Del);
-    let names = vec![
-        format!("ensure table ip {table_name}"),
-        format!("delete table ip {table_name}"),
-    ];
+    let names = vec![format!("ensure table ip {table_name}"), format!("delete table ip {table_name}")];
     Ok((batch.finalize(), names))
 }
 
@@ -112,18 +103,13 @@ fn add_match(r: &mut Rule<'_>, m: &Match) -> Result<()> {
         Match::UdpDport(port) => {
             r.add_expr(&Meta::L4Proto);
             r.add_expr(&Cmp::new(CmpOp::Eq, libc::IPPROTO_UDP as u8));
-            r.add_expr(&Payload::Transport(TransportHeaderField::Udp(
-                UdpHeaderField::Dport,
-            )));
+            r.add_expr(&Payload::Transport(TransportHeaderField::Udp(UdpHeaderField::Dport)));
             let be = port.to_be_bytes();
             r.add_expr(&Cmp::new(CmpOp::Eq, &be[..]));
         }
         Match::IifName(name) => {
             r.add_expr(&Meta::IifName);
-            r.add_expr(&Cmp::new(
-                CmpOp::Eq,
-                InterfaceName::Exact(cstring("interface", name)?),
-            ));
+            r.add_expr(&Cmp::new(CmpOp::Eq, InterfaceName::Exact(cstring("interface", name)?)));
         }
     }
     Ok(())

@@ -21,23 +21,14 @@ const NLMSG_HDRLEN: usize = 16;
 
 fn socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the fd is owned right away.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_NETFILTER,
-        )
-    };
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_NETFILTER) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: fresh descriptor owned by nobody else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // A short receive timeout lets the loop below check its overall deadline.
-    let tv = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 200_000,
-    };
+    let tv = libc::timeval { tv_sec: 0, tv_usec: 200_000 };
     // SAFETY: valid fd, option value points to a live timeval of the stated size.
     let rc = unsafe {
         libc::setsockopt(
@@ -81,11 +72,7 @@ pub(crate) fn send_batch(batch: &FinalizedBatch, names: &[String]) -> Result<()>
 
     let seqs = batch.sequence_numbers();
     // Kernels from 6.10 on also ack the batch begin/end messages, and nftnl numbers them.
-    let first_object = if seqs.len() == names.len() + 2 {
-        seqs.start + 1
-    } else {
-        seqs.start
-    };
+    let first_object = if seqs.len() == names.len() + 2 { seqs.start + 1 } else { seqs.start };
     let describe = |seq: u32| -> String {
         seq.checked_sub(first_object)
             .and_then(|i| names.get(i as usize))
@@ -112,16 +99,11 @@ pub(crate) fn send_batch(batch: &FinalizedBatch, names: &[String]) -> Result<()>
                 _ => return Err(Error::io("receive acknowledgement for", what, e)),
             }
         }
-        for ack in parse_acks(&rbuf[..n as usize]).map_err(|reason| Error::Reply {
-            object: what.to_string(),
-            reason,
-        })? {
+        for ack in
+            parse_acks(&rbuf[..n as usize]).map_err(|reason| Error::Reply { object: what.to_string(), reason })?
+        {
             if ack.errno != 0 {
-                return Err(Error::io(
-                    "apply",
-                    describe(ack.seq),
-                    io::Error::from_raw_os_error(ack.errno),
-                ));
+                return Err(Error::io("apply", describe(ack.seq), io::Error::from_raw_os_error(ack.errno)));
             }
             pending.remove(&ack.seq);
         }
@@ -147,15 +129,9 @@ pub(crate) fn parse_acks(mut data: &[u8]) -> Result<Vec<Ack>, String> {
         let ty = u16::from_ne_bytes([data[4], data[5]]);
         let seq = u32_at(data, 8)?;
         if ty == libc::NLMSG_ERROR as u16 {
-            let code = i32::from_ne_bytes(
-                data.get(16..20)
-                    .and_then(|b| b.try_into().ok())
-                    .ok_or("truncated NLMSG_ERROR")?,
-            );
-            acks.push(Ack {
-                seq,
-                errno: code.checked_neg().unwrap_or(i32::MAX),
-            });
+            let code =
+                i32::from_ne_bytes(data.get(16..20).and_then(|b| b.try_into().ok()).ok_or("truncated NLMSG_ERROR")?);
+            acks.push(Ack { seq, errno: code.checked_neg().unwrap_or(i32::MAX) });
         }
         let aligned = (len + 3) & !3;
         data = data.get(aligned..).unwrap_or(&[]);
@@ -194,16 +170,7 @@ mod tests {
         let mut d = msg(2, 7, &0i32.to_ne_bytes());
         d.extend(msg(2, 8, &(-libc::ENOENT).to_ne_bytes()));
         d.extend(msg(3, 9, &[]));
-        assert_eq!(
-            parse_acks(&d).unwrap(),
-            vec![
-                Ack { seq: 7, errno: 0 },
-                Ack {
-                    seq: 8,
-                    errno: libc::ENOENT
-                }
-            ]
-        );
+        assert_eq!(parse_acks(&d).unwrap(), vec![Ack { seq: 7, errno: 0 }, Ack { seq: 8, errno: libc::ENOENT }]);
     }
 
     #[test]

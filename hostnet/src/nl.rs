@@ -76,11 +76,7 @@ impl Nl {
         let socket = unsafe { TokioSocket::from_raw_fd(fd) };
         let (conn, handle, _) = rtnetlink::from_socket(socket);
         let task = tokio::spawn(conn);
-        Ok(Nl {
-            handle,
-            task,
-            ns: ns.path().display().to_string(),
-        })
+        Ok(Nl { handle, task, ns: ns.path().display().to_string() })
     }
 
     fn object(&self, what: &str) -> String {
@@ -95,16 +91,8 @@ impl Nl {
     ) -> Result<T> {
         match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(Error::Netlink {
-                op,
-                object: self.object(what),
-                source,
-            }),
-            Err(_) => Err(Error::Timeout {
-                op,
-                object: self.object(what),
-                after: REQUEST_TIMEOUT,
-            }),
+            Ok(Err(source)) => Err(Error::Netlink { op, object: self.object(what), source }),
+            Err(_) => Err(Error::Timeout { op, object: self.object(what), after: REQUEST_TIMEOUT }),
         }
     }
 
@@ -129,22 +117,17 @@ impl Nl {
 
     /// The link called `name`; its absence is an error naming `kind` (e.g. "pod interface").
     pub async fn require_link(&self, kind: &'static str, name: &str) -> Result<Link> {
-        self.link_by_name(name).await?.ok_or_else(|| Error::NotFound {
-            kind,
-            name: self.object(name),
-        })
+        self.link_by_name(name).await?.ok_or_else(|| Error::NotFound { kind, name: self.object(name) })
     }
 
     /// Creates a link from a prepared message (NLM_F_EXCL: an existing name is EEXIST).
     pub async fn link_add(&self, msg: LinkMessage, what: &str) -> Result<()> {
-        self.call("create", what, self.handle.link().add(msg).execute())
-            .await
+        self.call("create", what, self.handle.link().add(msg).execute()).await
     }
 
     /// Changes a link (flags, MTU, address...) from a prepared message.
     pub async fn link_set(&self, msg: LinkMessage, what: &str) -> Result<()> {
-        self.call("change", what, self.handle.link().set(msg).execute())
-            .await
+        self.call("change", what, self.handle.link().set(msg).execute()).await
     }
 
     /// Sets the link up (and optionally its MTU).
@@ -162,10 +145,7 @@ impl Nl {
     /// Deletes a link; a link that is already gone is success.
     pub async fn link_del(&self, index: u32, name: &str) -> Result<()> {
         let what = format!("link {name}");
-        match self
-            .call("delete", &what, self.handle.link().del(index).execute())
-            .await
-        {
+        match self.call("delete", &what, self.handle.link().del(index).execute()).await {
             Err(e) if e.errno() == Some(libc::ENODEV) => Ok(()),
             other => other,
         }
@@ -173,32 +153,18 @@ impl Nl {
 
     /// IPv4 addresses on a link, as address/prefix.
     pub async fn addrs_v4(&self, link: &Link) -> Result<Vec<Ipv4Net>> {
-        let req = self
-            .handle
-            .address()
-            .get()
-            .set_link_index_filter(link.index)
-            .execute();
+        let req = self.handle.address().get().set_link_index_filter(link.index).execute();
         let what = format!("addresses of {}", link.name);
         let msgs = self.collect("list", &what, req).await?;
-        Ok(msgs
-            .iter()
-            .filter(|m| m.header.index == link.index)
-            .filter_map(addr_v4)
-            .collect())
+        Ok(msgs.iter().filter(|m| m.header.index == link.index).filter_map(addr_v4).collect())
     }
 
     /// Adds an IPv4 address. With `no_prefix_route` the kernel does not add the subnet route
     /// (IFA_F_NOPREFIXROUTE), for interfaces whose routes we manage ourselves.
     pub async fn addr_add(&self, link: &Link, addr: Ipv4Net, no_prefix_route: bool) -> Result<()> {
-        let mut req = self
-            .handle
-            .address()
-            .add(link.index, IpAddr::V4(addr.addr()), addr.prefix_len());
+        let mut req = self.handle.address().add(link.index, IpAddr::V4(addr.addr()), addr.prefix_len());
         if no_prefix_route {
-            req.message_mut()
-                .attributes
-                .push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
+            req.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
         }
         let what = format!("address {addr} on {}", link.name);
         self.call("add", &what, req.execute()).await
@@ -210,15 +176,10 @@ impl Nl {
         msg.header.family = AddressFamily::Inet;
         msg.header.index = link.index;
         msg.header.prefix_len = addr.prefix_len();
-        msg.attributes
-            .push(AddressAttribute::Local(IpAddr::V4(addr.addr())));
-        msg.attributes
-            .push(AddressAttribute::Address(IpAddr::V4(addr.addr())));
+        msg.attributes.push(AddressAttribute::Local(IpAddr::V4(addr.addr())));
+        msg.attributes.push(AddressAttribute::Address(IpAddr::V4(addr.addr())));
         let what = format!("address {addr} on {}", link.name);
-        match self
-            .call("delete", &what, self.handle.address().del(msg).execute())
-            .await
-        {
+        match self.call("delete", &what, self.handle.address().del(msg).execute()).await {
             Err(e) if e.errno() == Some(libc::EADDRNOTAVAIL) => Ok(()),
             other => other,
         }
@@ -234,12 +195,7 @@ impl Nl {
 
     /// Adds or replaces (NLM_F_REPLACE) an IPv4 route in the main table through `link`,
     /// via `gateway` or, without one, on-link (scope link).
-    pub async fn route_replace(
-        &self,
-        dst: Ipv4Net,
-        gateway: Option<Ipv4Addr>,
-        link: &Link,
-    ) -> Result<()> {
+    pub async fn route_replace(&self, dst: Ipv4Net, gateway: Option<Ipv4Addr>, link: &Link) -> Result<()> {
         let mut b = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(dst.network(), dst.prefix_len())
             .output_interface(link.index);
@@ -263,10 +219,7 @@ impl Nl {
         msg.header.protocol = Default::default();
         msg.header.scope = RouteScope::NoWhere;
         let what = route_name(dst, None, dev);
-        match self
-            .call("delete", &what, self.handle.route().del(msg).execute())
-            .await
-        {
+        match self.call("delete", &what, self.handle.route().del(msg).execute()).await {
             Err(e) if e.errno() == Some(libc::ESRCH) => Ok(()),
             other => other,
         }

@@ -58,23 +58,11 @@ impl PodConfig {
     /// on-link, then `extra_routes`.
     pub fn routes(&self) -> Vec<PodRoute> {
         let mut routes = vec![
-            PodRoute {
-                dst: Ipv4Net::default(),
-                via: Some(self.gateway),
-            },
-            PodRoute {
-                dst: self.cluster_network.trunc(),
-                via: None,
-            },
-            PodRoute {
-                dst: MULTICAST_NET,
-                via: None,
-            },
+            PodRoute { dst: Ipv4Net::default(), via: Some(self.gateway) },
+            PodRoute { dst: self.cluster_network.trunc(), via: None },
+            PodRoute { dst: MULTICAST_NET, via: None },
         ];
-        routes.extend(self.extra_routes.iter().map(|r| PodRoute {
-            dst: r.dst.trunc(),
-            via: r.via,
-        }));
+        routes.extend(self.extra_routes.iter().map(|r| PodRoute { dst: r.dst.trunc(), via: r.via }));
         routes
     }
 
@@ -89,9 +77,7 @@ impl PodConfig {
             }
         }
         let subnet = self.address.trunc();
-        let host_addr = |a: Ipv4Addr| {
-            subnet.contains(&a) && a != subnet.network() && a != subnet.broadcast()
-        };
+        let host_addr = |a: Ipv4Addr| subnet.contains(&a) && a != subnet.network() && a != subnet.broadcast();
         if !host_addr(self.address.addr()) {
             return Err(Error::invalid(
                 format!("pod address {}", self.address),
@@ -134,10 +120,7 @@ pub async fn setup_pod(host: &Netns, pod: &Netns, cfg: &PodConfig) -> Result<Pod
         Ok(mac) => Ok(PodInterface { host_veth, mac }),
         Err(first) => match delete_by_name(&host_nl, &host_veth).await {
             Ok(()) => Err(first),
-            Err(undo) => Err(Error::Undo {
-                first: Box::new(first),
-                undo: Box::new(undo),
-            }),
+            Err(undo) => Err(Error::Undo { first: Box::new(first), undo: Box::new(undo) }),
         },
     }
 }
@@ -178,13 +161,7 @@ async fn create_veth(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig) ->
     Err(last.unwrap_or_else(|| Error::invalid("veth name", "no attempt made")))
 }
 
-async fn configure(
-    host_nl: &Nl,
-    pod_nl: &Nl,
-    pod: &Netns,
-    cfg: &PodConfig,
-    host_veth: &str,
-) -> Result<MacAddr> {
+async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host_veth: &str) -> Result<MacAddr> {
     let link = pod_nl.require_link("pod interface", &cfg.ifname).await?;
     let lo = pod_nl.require_link("loopback", "lo").await?;
     pod_nl.link_up(&lo, None).await?;
@@ -195,10 +172,7 @@ async fn configure(
         pod_nl.route_replace(r.dst, r.via, &link).await?;
     }
     let ifname = cfg.ifname.clone();
-    pod.run("disable tx checksum offload", move || {
-        ethtool::set_tx_checksum(&ifname, false)
-    })
-    .await?;
+    pod.run("disable tx checksum offload", move || ethtool::set_tx_checksum(&ifname, false)).await?;
     let host_link = host_nl.require_link("host veth", host_veth).await?;
     host_nl.link_up(&host_link, None).await?;
     let link = pod_nl.require_link("pod interface", &cfg.ifname).await?;
@@ -281,10 +255,7 @@ pub async fn check_pod(
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(Error::Check {
-            object: format!("{ifname} (netns {})", pod.path().display()),
-            problems,
-        })
+        Err(Error::Check { object: format!("{ifname} (netns {})", pod.path().display()), problems })
     }
 }
 
@@ -295,11 +266,7 @@ fn random_veth_name() -> Result<String> {
     // SAFETY: writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
     if n != b.len() as isize {
-        return Err(Error::io(
-            "read random bytes for",
-            "veth name",
-            std::io::Error::last_os_error(),
-        ));
+        return Err(Error::io("read random bytes for", "veth name", std::io::Error::last_os_error()));
     }
     Ok(format!("veth{:08x}", u32::from_be_bytes(b)))
 }

@@ -26,12 +26,9 @@ pub fn sysctl_path(components: &[&str]) -> Result<PathBuf> {
 pub fn write(components: &[&str], value: &str) -> Result<()> {
     let path = sysctl_path(components)?;
     let name = components.join(".");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io("open sysctl", name.clone(), e))?;
-    f.write_all(value.as_bytes())
-        .map_err(|e| Error::io("write sysctl", format!("{name}={value}"), e))
+    let mut f =
+        std::fs::OpenOptions::new().write(true).open(&path).map_err(|e| Error::io("open sysctl", name.clone(), e))?;
+    f.write_all(value.as_bytes()).map_err(|e| Error::io("write sysctl", format!("{name}={value}"), e))
 }
 
 /// Reads the sysctl named by `components`, trimmed.

@@ -9,10 +9,7 @@ use serde_json::{json, Value};
 const TABLE: &str = "sdn-node";
 
 fn cfg() -> FirewallConfig {
-    FirewallConfig::new(
-        "10.128.0.0/14".parse().unwrap(),
-        "172.30.0.0/16".parse().unwrap(),
-    )
+    FirewallConfig::new("10.128.0.0/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap())
 }
 
 /// The objects of `nft -j list table ip TABLE`, or None if the table does not exist.
@@ -31,10 +28,7 @@ fn of_kind(objs: &[Value], kind: &str) -> Vec<Value> {
 
 /// (chain, expressions) of each rule, in listing order (which is rule order per chain).
 fn rules(objs: &[Value]) -> Vec<(String, Value)> {
-    of_kind(objs, "rule")
-        .into_iter()
-        .map(|r| (r["chain"].as_str().unwrap().to_string(), r["expr"].clone()))
-        .collect()
+    of_kind(objs, "rule").into_iter().map(|r| (r["chain"].as_str().unwrap().to_string(), r["expr"].clone())).collect()
 }
 
 fn prefix(field: &str, op: &str, addr: &str, len: u32) -> Value {
@@ -45,17 +39,29 @@ fn prefix(field: &str, op: &str, addr: &str, len: u32) -> Value {
 fn expected_rules(cn: &str, len: u32, port: u16, tun: &str) -> Vec<(String, Value)> {
     let r = |chain: &str, e: Value| (chain.to_string(), e);
     vec![
-        r("postrouting", json!([prefix("saddr", "==", cn, len), prefix("daddr", "!=", cn, len),
-                                 {"masquerade": null}])),
-        r("forward", json!([prefix("saddr", "==", cn, len),
+        r(
+            "postrouting",
+            json!([prefix("saddr", "==", cn, len), prefix("daddr", "!=", cn, len),
+                                 {"masquerade": null}]),
+        ),
+        r(
+            "forward",
+            json!([prefix("saddr", "==", cn, len),
                              {"match": {"left": {"ct": {"key": "state"}}, "op": "in", "right": "invalid"}},
-                             {"drop": null}])),
+                             {"drop": null}]),
+        ),
         r("forward", json!([prefix("daddr", "==", cn, len), {"accept": null}])),
         r("forward", json!([prefix("saddr", "==", cn, len), {"accept": null}])),
-        r("input", json!([{"match": {"left": {"payload": {"field": "dport", "protocol": "udp"}},
-                                     "op": "==", "right": port}}, {"accept": null}])),
-        r("input", json!([{"match": {"left": {"meta": {"key": "iifname"}}, "op": "==", "right": tun}},
-                          {"accept": null}])),
+        r(
+            "input",
+            json!([{"match": {"left": {"payload": {"field": "dport", "protocol": "udp"}},
+                                     "op": "==", "right": port}}, {"accept": null}]),
+        ),
+        r(
+            "input",
+            json!([{"match": {"left": {"meta": {"key": "iifname"}}, "op": "==", "right": tun}},
+                          {"accept": null}]),
+        ),
     ]
 }
 
@@ -69,9 +75,7 @@ async fn installs_the_openshift_sdn_rules() {
     let objs = list(&t, TABLE).expect("table exists");
     let mut chains: Vec<_> = of_kind(&objs, "chain")
         .into_iter()
-        .map(|c| {
-            (c["name"].clone(), c["hook"].clone(), c["type"].clone(), c["prio"].clone(), c["policy"].clone())
-        })
+        .map(|c| (c["name"].clone(), c["hook"].clone(), c["type"].clone(), c["prio"].clone(), c["policy"].clone()))
         .collect();
     chains.sort_by_key(|c| c.0.to_string());
     assert_eq!(

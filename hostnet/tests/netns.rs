@@ -18,11 +18,7 @@ async fn run_enters_the_namespace_and_leaves_the_caller_alone() {
     let t = TestNs::new("run");
     let target = ns_inode(&format!("/var/run/netns/{}", t.name));
     let before = ns_inode("/proc/thread-self/ns/net");
-    let inside = t
-        .ns
-        .run("read own netns", || Ok(ns_inode("/proc/thread-self/ns/net")))
-        .await
-        .unwrap();
+    let inside = t.ns.run("read own netns", || Ok(ns_inode("/proc/thread-self/ns/net"))).await.unwrap();
     assert_eq!(inside, target, "work did not run in the target namespace");
     assert_ne!(inside, before);
     assert_eq!(ns_inode("/proc/thread-self/ns/net"), before, "caller's thread moved");

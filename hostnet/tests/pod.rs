@@ -64,9 +64,7 @@ async fn setup_configures_both_ends() {
     }
     assert_eq!(tx_checksumming(&pod, "eth0"), "off");
 
-    check_pod(&pod.ns, "eth0", c.address, c.mac, &c.routes())
-        .await
-        .unwrap();
+    check_pod(&pod.ns, "eth0", c.address, c.mac, &c.routes()).await.unwrap();
 
     teardown_pod(&host.ns, &made.host_veth).await.unwrap();
     assert!(host.link(&made.host_veth).is_none());
@@ -100,15 +98,8 @@ async fn check_reports_every_difference() {
     pod.ip(&["route", "del", "224.0.0.0/4"]);
     pod.exec(&["ethtool", "-K", "eth0", "tx", "on"]);
     let wrong_mac: MacAddr = "0a:58:0a:80:00:99".parse().unwrap();
-    let e = check_pod(
-        &pod.ns,
-        "eth0",
-        "10.128.0.6/23".parse().unwrap(),
-        Some(wrong_mac),
-        &c.routes(),
-    )
-    .await
-    .unwrap_err();
+    let e =
+        check_pod(&pod.ns, "eth0", "10.128.0.6/23".parse().unwrap(), Some(wrong_mac), &c.routes()).await.unwrap_err();
     let Error::Check { problems, .. } = &e else {
         panic!("expected a check error, got {e}");
     };
@@ -168,10 +159,7 @@ async fn invalid_config_touches_nothing() {
     }
     let host = TestNs::new("host");
     let pod = TestNs::new("pod");
-    let c = PodConfig {
-        gateway: "10.200.0.1".parse().unwrap(),
-        ..cfg()
-    };
+    let c = PodConfig { gateway: "10.200.0.1".parse().unwrap(), ..cfg() };
     let e = setup_pod(&host.ns, &pod.ns, &c).await.unwrap_err();
     assert!(matches!(e, Error::Invalid { .. }), "{e}");
     assert!(e.to_string().contains("10.200.0.1"), "{e}");

@@ -26,25 +26,14 @@ pub fn root_or_skip(test: &str) -> bool {
 
 /// Runs a command and returns its stdout; panics with its stderr if it fails.
 pub fn run(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("spawn {args:?}: {e}"));
+    assert!(out.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Whether a command succeeds (output discarded).
 pub fn succeeds(args: &[&str]) -> bool {
-    Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+    Command::new(args[0]).args(&args[1..]).output().map(|o| o.status.success()).unwrap_or(false)
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -57,12 +46,7 @@ pub struct TestNs {
 
 impl TestNs {
     pub fn new(tag: &str) -> TestNs {
-        let name = format!(
-            "hn{}-{}-{}",
-            std::process::id(),
-            tag,
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = format!("hn{}-{}-{}", std::process::id(), tag, COUNTER.fetch_add(1, Ordering::Relaxed));
         run(&["ip", "netns", "add", &name]);
         // Constructed before opening so a failed open still deletes the namespace.
         let guard = Deleter(name.clone());
@@ -102,10 +86,7 @@ impl TestNs {
     /// The single link called `name`, from `ip -j link show`, or None.
     pub fn link(&self, name: &str) -> Option<serde_json::Value> {
         let all = self.ip_json(&["link", "show"]);
-        all.as_array()?
-            .iter()
-            .find(|l| l["ifname"] == name)
-            .cloned()
+        all.as_array()?.iter().find(|l| l["ifname"] == name).cloned()
     }
 
     /// IPv4 addresses (addr/prefix) on `dev`.
@@ -122,10 +103,7 @@ impl TestNs {
 
     /// IPv4 main-table routes.
     pub fn routes(&self) -> Vec<serde_json::Value> {
-        self.ip_json(&["-4", "route", "show", "table", "main"])
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        self.ip_json(&["-4", "route", "show", "table", "main"]).as_array().cloned().unwrap_or_default()
     }
 }
 
