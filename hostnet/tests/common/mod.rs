@@ -20,7 +20,10 @@ pub fn root_or_skip(test: &str) -> bool {
     if std::env::var_os("CI").is_some() {
         panic!("{test}: needs root (network namespaces, netlink writes) and CI is set: not skipping");
     }
-    eprintln!("SKIPPED {test}: needs root; CI would fail here instead of skipping");
+    // Straight to the process's stderr: the test harness captures eprintln! of passing tests,
+    // and a skip must be visible.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: needs root; CI would fail here instead of skipping");
     false
 }
 
