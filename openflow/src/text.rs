@@ -376,7 +376,9 @@ pub fn write_instructions(f: &mut Formatter<'_>, ins: &[Instruction]) -> fmt::Re
                 }
             }
             Instruction::ClearActions => it.item(format_args!("clear_actions"))?,
-            Instruction::WriteActions(acts) if acts.is_empty() => {}
+            // OVS keeps an empty write-actions instruction (unlike an empty apply-actions, whose
+            // actions are simply inlined) and prints it as `write_actions(drop)`.
+            Instruction::WriteActions(acts) if acts.is_empty() => it.item(format_args!("write_actions(drop)"))?,
             Instruction::WriteActions(acts) => {
                 let inner: Vec<String> = acts.iter().map(|a| a.to_string()).collect();
                 it.item(format_args!("write_actions({})", inner.join(",")))?

@@ -672,7 +672,7 @@ fn encodable_message() -> BoxedStrategy<(OfMessage, Bytes)> {
 fn check_idempotent(bytes: &[u8]) -> Result<(), TestCaseError> {
     let Ok(m) = OfMessage::decode(bytes) else { return Ok(()) };
     // Re-encoding may grow a message past 64 KiB (e.g. a 16-bit NXM in_port becomes the 32-bit
-    // OXM form, a missing HELLO padding is added); inputs here are far smaller than that.
+    // OXM form); inputs here are far smaller than that.
     let b = m.to_bytes().map_err(|e| TestCaseError::fail(format!("{e} re-encoding {m:?}")))?;
     prop_assert_eq!(b.len(), m.encoded_len());
     let again = OfMessage::decode(&b).map_err(|e| TestCaseError::fail(format!("{e}: {m:?} -> {b:02x?}")))?;
