@@ -3,13 +3,10 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sdn_node::api::client::call;
 use sdn_node::api::PodRequest;
-use sdn_node::metrics::Telemetry;
-use sdn_node::run::{run_with, source, RunOptions};
 use support::inproc::*;
 use support::*;
 

@@ -183,7 +183,7 @@ async fn multipart_replies_are_assembled_and_replies_are_matched_by_xid() {
         instructions: vec![],
     };
     let part = |flags: u16, prio: u16| {
-        Message::MultipartReply(openflow::MultipartReply { flags, body: openflow::MultipartReplyBody::Flow(vec![stats(prio)]) })
+        Message::MultipartReply(openflow::MultipartReply { flags, body: openflow::MultipartReplyBody::Flow(vec![stats(prio).into()]) })
     };
     let mx = xids["MULTIPART_REQUEST"];
     // Interleave: part 1, the barrier reply, part 2 (last).

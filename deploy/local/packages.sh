@@ -6,6 +6,18 @@ ensure_packages() {
   command -v ovs-ofctl >/dev/null 2>&1 || missing+=(openvswitch-common)
   command -v ping >/dev/null 2>&1 || missing+=(iputils-ping)
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  # hostnet: builds against libnftnl/libmnl (nftnl crate); its tests use nft and ethtool as
+  # independent oracles.
+  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  dpkg -s libnftnl-dev >/dev/null 2>&1 || missing+=(libnftnl-dev)
+  dpkg -s libmnl-dev >/dev/null 2>&1 || missing+=(libmnl-dev)
+  command -v nft >/dev/null 2>&1 || missing+=(nftables)
+  command -v ethtool >/dev/null 2>&1 || missing+=(ethtool)
+  # cni: the plugin's tests drive it through libcni, the reference Go library runtimes use
+  # (built in GOPATH mode from Debian's sources); the reference plugins come along for demos.
+  command -v go >/dev/null 2>&1 || missing+=(golang-go)
+  [ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] || missing+=(golang-github-appc-cni-dev)
+  [ -x /usr/lib/cni/loopback ] || missing+=(containernetworking-plugins)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -19,7 +19,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use tokio_util::codec::Decoder;
 
 use openflow::{
-    Action, ArpMatch, BundleAdd, BundleControl, BundleCtrlType, BundleFlags, FlowMod, FlowModFlags, FlowStats,
+    Action, ArpMatch, BundleAdd, BundleControl, BundleCtrlType, BundleFlags, FlowMod, FlowModFlags, FlowStats, FlowStatsEntry,
     Instruction, Ipv4Match, MacAddr, Masked, Match, Message, MultipartReply, MultipartReplyBody, NxmField, OfCodec,
     OfMessage, RegMove, SetField, Subfield,
 };
@@ -147,7 +147,7 @@ fn big_flow_stats_reply() -> (Bytes, usize) {
     let n = entries.len();
     let m = OfMessage::new(
         42,
-        Message::MultipartReply(MultipartReply { flags: 0, body: MultipartReplyBody::Flow(entries) }),
+        Message::MultipartReply(MultipartReply { flags: 0, body: MultipartReplyBody::Flow(entries.into_iter().map(FlowStatsEntry::Typed).collect()) }),
     );
     (m.to_bytes().unwrap(), n)
 }
@@ -184,7 +184,7 @@ fn mixed_stream() -> Bytes {
                 i,
                 Message::MultipartReply(MultipartReply {
                     flags: 0,
-                    body: MultipartReplyBody::Flow((i..i + 3).map(|j| as_stats(j, seed_flow(j))).collect()),
+                    body: MultipartReplyBody::Flow((i..i + 3).map(|j| FlowStatsEntry::Typed(as_stats(j, seed_flow(j)))).collect()),
                 }),
             ),
         };

@@ -21,11 +21,19 @@ pub const OFPAT_OUTPUT: u16 = 0;
 pub const OFPAT_SET_FIELD: u16 = 25;
 pub const OFPAT_EXPERIMENTER: u16 = 0xffff;
 
+pub const NXAST_RESUBMIT: u16 = 1;
 pub const NXAST_REG_MOVE: u16 = 6;
 pub const NXAST_REG_LOAD: u16 = 7;
 pub const NXAST_NOTE: u16 = 8;
 pub const NXAST_RESUBMIT_TABLE: u16 = 14;
 pub const NXAST_OUTPUT_REG: u16 = 15;
+pub const NXAST_CT: u16 = 35;
+
+/// `recirc_table` of NXAST_CT meaning "do not recirculate" (no `table=` in the text form).
+pub const NX_CT_RECIRC_NONE: u8 = 0xff;
+/// NXAST_CT flags.
+pub const NX_CT_F_COMMIT: u16 = 1;
+pub const NX_CT_F_FORCE: u16 = 2;
 
 /// `max_len` meaning "send the whole packet, no buffering" (used for CONTROLLER outputs).
 pub const OFPCML_NO_BUFFER: u16 = 0xffff;
@@ -139,12 +147,15 @@ pub enum SetField {
     TunId(u64),
     /// `set_field:N->regK`.
     Reg(u8, u32),
+    /// `set_field:N->ct_mark` (NXM_NX_CT_MARK; typically inside `ct(commit,exec(...))`).
+    CtMark(u32),
     Other(RawOxm),
 }
 
 const TUN_DST_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV4_DST, 4, false);
 const TUN_SRC_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV4_SRC, 4, false);
 const TUN_ID_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_TUNNEL_ID, 8, false);
+const CT_MARK_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_CT_MARK, 4, false);
 
 impl SetField {
     fn header(&self) -> u32 {
@@ -153,12 +164,13 @@ impl SetField {
             SetField::TunSrc(_) => TUN_SRC_HDR,
             SetField::TunId(_) => TUN_ID_HDR,
             SetField::Reg(n, _) => NxmField::Reg(n & 15).header(),
+            SetField::CtMark(_) => CT_MARK_HDR,
             SetField::Other(r) => r.header,
         }
     }
     fn payload_len(&self) -> usize {
         match self {
-            SetField::TunDst(_) | SetField::TunSrc(_) | SetField::Reg(..) => 4,
+            SetField::TunDst(_) | SetField::TunSrc(_) | SetField::Reg(..) | SetField::CtMark(_) => 4,
             SetField::TunId(_) => 8,
             SetField::Other(r) => r.payload.len(),
         }
@@ -167,7 +179,7 @@ impl SetField {
         match self {
             SetField::TunDst(a) | SetField::TunSrc(a) => buf.put_slice(&a.octets()),
             SetField::TunId(v) => buf.put_u64(*v),
-            SetField::Reg(_, v) => buf.put_u32(*v),
+            SetField::Reg(_, v) | SetField::CtMark(v) => buf.put_u32(*v),
             SetField::Other(r) => buf.put_slice(&r.payload),
         }
     }
@@ -175,12 +187,73 @@ impl SetField {
         let mut r = Reader::new(payload, "set_field");
         let typed = match NxmField::from_header(header) {
             _ if header == TUN_ID_HDR => r.u64().ok().map(SetField::TunId),
+            _ if header == CT_MARK_HDR => r.u32().ok().map(SetField::CtMark),
             NxmField::TunIpv4Dst => r.array::<4>().ok().map(|a| SetField::TunDst(a.into())),
             NxmField::TunIpv4Src => r.array::<4>().ok().map(|a| SetField::TunSrc(a.into())),
             NxmField::Reg(n) => r.u32().ok().map(|v| SetField::Reg(n, v)),
             _ => None,
         };
         typed.unwrap_or_else(|| SetField::Other(RawOxm { header, payload: Bytes::copy_from_slice(payload) }))
+    }
+}
+
+/// Where NXAST_CT takes the conntrack zone from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CtZone {
+    /// An immediate zone (`zone=5`); 0 is the default zone and is not printed.
+    Imm(u16),
+    /// A 16-bit field range (`zone=NXM_NX_REG0[0..15]`); OVS requires exactly 16 bits.
+    Field(Subfield),
+}
+
+/// NXAST_CT: send the packet through the connection tracker (`ct(commit,table=30)`).
+///
+/// Nested actions (`exec(...)`) are decoded like any action list; one nested NXAST_CT is kept
+/// raw rather than decoded recursively (OVS rejects nested `ct` anyway), so decoding depth is
+/// bounded whatever the input.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ct {
+    /// [`NX_CT_F_COMMIT`], [`NX_CT_F_FORCE`]; other bits are kept as received.
+    pub flags: u16,
+    pub zone: CtZone,
+    /// Table to recirculate to, or [`NX_CT_RECIRC_NONE`].
+    pub recirc_table: u8,
+    /// Application-layer gateway: the well-known port (21 = `alg=ftp`, 69 = `alg=tftp`), 0 = none.
+    pub alg: u16,
+    /// Actions executed in the conntrack context (`exec(set_field:1->ct_mark)`).
+    pub actions: Vec<Action>,
+}
+
+impl Ct {
+    /// `ct()` with no flags, zone 0, no recirculation, no ALG, no nested actions.
+    pub fn new() -> Ct {
+        Ct { flags: 0, zone: CtZone::Imm(0), recirc_table: NX_CT_RECIRC_NONE, alg: 0, actions: Vec::new() }
+    }
+    /// Builder: sets `commit`.
+    pub fn commit(mut self) -> Ct {
+        self.flags |= NX_CT_F_COMMIT;
+        self
+    }
+    /// Builder: `table=N` (recirculate to table N after conntrack).
+    pub fn table(mut self, t: u8) -> Ct {
+        self.recirc_table = t;
+        self
+    }
+    /// Builder: the zone.
+    pub fn zone(mut self, z: CtZone) -> Ct {
+        self.zone = z;
+        self
+    }
+    /// Builder: nested `exec(...)` actions.
+    pub fn exec(mut self, actions: Vec<Action>) -> Ct {
+        self.actions = actions;
+        self
+    }
+}
+
+impl Default for Ct {
+    fn default() -> Ct {
+        Ct::new()
     }
 }
 
@@ -200,8 +273,13 @@ pub enum Action {
     OutputReg { src: Subfield, max_len: u16 },
     /// NXAST_NOTE.
     Note(Note),
-    /// NXAST_RESUBMIT_TABLE: `resubmit(port,table)`; port 0xfff8 (IN_PORT) means unchanged.
+    /// NXAST_RESUBMIT_TABLE: `resubmit(port,table)`; port 0xfff8 (IN_PORT) means unchanged,
+    /// table 255 means "this table". Ports are 16-bit ([`PortNo::from_ofp10`]).
     ResubmitTable { in_port: u16, table: u8 },
+    /// NXAST_RESUBMIT (no table): `resubmit:N`, what ovs-ofctl sends for `resubmit:N`.
+    Resubmit { in_port: u16 },
+    /// NXAST_CT: `ct(...)`.
+    Ct(Ct),
     /// Any other action, whole (type, length and body), re-encoded verbatim.
     Unknown(Bytes),
 }
@@ -232,7 +310,8 @@ impl Action {
     /// Encoded length in bytes (always a multiple of 8).
     pub fn encoded_len(&self) -> usize {
         match self {
-            Action::Output { .. } | Action::ResubmitTable { .. } => 16,
+            Action::Output { .. } | Action::ResubmitTable { .. } | Action::Resubmit { .. } => 16,
+            Action::Ct(ct) => 24 + actions_len(&ct.actions),
             Action::SetField(sf) => pad8(8 + sf.payload_len()),
             Action::RegLoad { .. } | Action::OutputReg { .. } => 24,
             Action::RegMove(m) => pad8(16 + hdr_len(m.src.field) + hdr_len(m.dst.field)),
@@ -291,6 +370,31 @@ impl Action {
                 buf.put_u8(*table);
                 buf.put_bytes(0, 3);
             }
+            Action::Resubmit { in_port } => {
+                nx_header(buf, 16, NXAST_RESUBMIT);
+                buf.put_u16(*in_port);
+                buf.put_bytes(0, 4);
+            }
+            Action::Ct(ct) => {
+                nx_header(buf, len16, NXAST_CT);
+                buf.put_u16(ct.flags);
+                match ct.zone {
+                    CtZone::Imm(z) => {
+                        buf.put_u32(0);
+                        buf.put_u16(z);
+                    }
+                    CtZone::Field(sf) => {
+                        buf.put_u32(sf.field.header());
+                        buf.put_u16(sf.ofs_nbits());
+                    }
+                }
+                buf.put_u8(ct.recirc_table);
+                buf.put_bytes(0, 3);
+                buf.put_u16(ct.alg);
+                for a in &ct.actions {
+                    a.encode(buf)?;
+                }
+            }
             Action::Unknown(b) => buf.put_slice(b),
         }
         Ok(())
@@ -298,6 +402,11 @@ impl Action {
 
     /// Decodes one action; `r` must be positioned at its `type` field.
     pub fn decode(r: &mut Reader<'_>) -> Result<Action, DecodeError> {
+        Action::decode_in(r, false)
+    }
+
+    /// `nested`: inside a `ct(...)`, where a further NXAST_CT is kept raw (bounded recursion).
+    fn decode_in(r: &mut Reader<'_>, nested: bool) -> Result<Action, DecodeError> {
         let head = r.rest();
         let mut h = Reader::new(head, "action header");
         let typ = h.u16()?;
@@ -311,7 +420,12 @@ impl Action {
                     return Err(DecodeError::BadLength { what: "OFPAT_OUTPUT", len });
                 }
                 let port = PortNo(b.u32()?);
-                Action::Output { port, max_len: b.u16()? }
+                let max_len = b.u16()?;
+                // Non-zero padding would be lost by the typed form: keep such an action raw.
+                if b.rest().iter().any(|&x| x != 0) {
+                    return Ok(unknown(raw));
+                }
+                Action::Output { port, max_len }
             }
             OFPAT_SET_FIELD => {
                 let hdr = b.u32()?;
@@ -319,7 +433,7 @@ impl Action {
                 let payload = b.bytes(plen as usize)?;
                 Action::SetField(SetField::from_raw(hdr, payload))
             }
-            OFPAT_EXPERIMENTER if len >= 16 => decode_nx(raw, &mut b)?.unwrap_or_else(|| unknown(raw)),
+            OFPAT_EXPERIMENTER if len >= 16 => decode_nx(raw, &mut b, nested)?.unwrap_or_else(|| unknown(raw)),
             _ => unknown(raw),
         })
     }
@@ -355,7 +469,7 @@ fn nx_header(buf: &mut impl BufMut, len: u16, subtype: u16) {
 
 /// Decodes a Nicira action; `Ok(None)` means "keep it as Unknown" (another vendor, another
 /// subtype, or a shape this crate does not model, such as experimenter-OXM operands).
-fn decode_nx(raw: &[u8], b: &mut Reader<'_>) -> Result<Option<Action>, DecodeError> {
+fn decode_nx(raw: &[u8], b: &mut Reader<'_>, nested: bool) -> Result<Option<Action>, DecodeError> {
     let len = raw.len();
     if b.u32()? != NX_VENDOR_ID {
         return Ok(None);
@@ -391,11 +505,44 @@ fn decode_nx(raw: &[u8], b: &mut Reader<'_>) -> Result<Option<Action>, DecodeErr
         NXAST_NOTE => Some(Action::Note(Note(b.rest().to_vec()))),
         NXAST_RESUBMIT_TABLE if len == 16 => {
             let in_port = b.u16()?;
-            Some(Action::ResubmitTable { in_port, table: b.u8()? })
+            let table = b.u8()?;
+            all_zero(b.rest()).then_some(Action::ResubmitTable { in_port, table })
+        }
+        NXAST_RESUBMIT if len == 16 => {
+            let in_port = b.u16()?;
+            all_zero(b.rest()).then_some(Action::Resubmit { in_port })
+        }
+        NXAST_CT if len >= 24 && !nested => {
+            let flags = b.u16()?;
+            let zone_src = b.u32()?;
+            let zone_v = b.u16()?;
+            let recirc_table = b.u8()?;
+            let pad = b.bytes(3)?;
+            let alg = b.u16()?;
+            let zone = if zone_src == 0 {
+                Some(CtZone::Imm(zone_v))
+            } else {
+                Subfield::from_ofs_nbits(zone_src, zone_v).map(CtZone::Field)
+            };
+            // Nested actions that do not decode, or padding the typed form would drop: raw.
+            let mut inner = Reader::new(b.rest(), "ct actions");
+            let mut actions = Vec::new();
+            let mut ok = all_zero(pad);
+            while ok && !inner.is_empty() {
+                match Action::decode_in(&mut inner, true) {
+                    Ok(a) => actions.push(a),
+                    Err(_) => ok = false,
+                }
+            }
+            zone.filter(|_| ok).map(|zone| Action::Ct(Ct { flags, zone, recirc_table, alg, actions }))
         }
         _ => None,
     };
     Ok(a)
+}
+
+fn all_zero(b: &[u8]) -> bool {
+    b.iter().all(|&x| x == 0)
 }
 
 /// Decodes a list of actions filling `buf` exactly.

@@ -60,6 +60,10 @@ pub const NXM1_ARP_THA: u8 = 18;
 pub const NXM1_IP_FRAG: u8 = 26;
 pub const NXM1_TUN_IPV4_SRC: u8 = 31;
 pub const NXM1_TUN_IPV4_DST: u8 = 32;
+pub const NXM1_CT_STATE: u8 = 105;
+pub const NXM1_CT_ZONE: u8 = 106;
+pub const NXM1_CT_MARK: u8 = 107;
+pub const NXM1_CT_LABEL: u8 = 108;
 
 /// A field named by its NXM header, as Nicira actions (load/move/output-reg) and OVS's
 /// `NXM_NX_REG0[0..15]` text name it. Headers are stored without the mask bit.
@@ -120,9 +124,64 @@ impl fmt::Display for NxmField {
             NxmField::TunId => f.write_str("NXM_NX_TUN_ID"),
             NxmField::TunIpv4Src => f.write_str("NXM_NX_TUN_IPV4_SRC"),
             NxmField::TunIpv4Dst => f.write_str("NXM_NX_TUN_IPV4_DST"),
-            NxmField::Other(h) => write!(f, "NXM_{h:08x}"),
+            NxmField::Other(h) => match field_name(*h) {
+                Some(n) => f.write_str(n),
+                None => write!(f, "NXM_{h:08x}"),
+            },
         }
     }
+}
+
+/// The name OVS prints for a field inside load/move/output actions (`mf_format_subfield`): the
+/// field's NXM name where it has one, whichever header (NXM or OXM) named it on the wire, else
+/// its OXM name. `None` for headers this table does not know (printed as `NXM_<header>`), or
+/// whose length is not the field's width.
+pub fn field_name(h: u32) -> Option<&'static str> {
+    let (class, field, _, len) = split(h);
+    let (name, width) = match (class, field) {
+        (CLASS_NXM0, 0) => ("NXM_OF_IN_PORT", 2),
+        (CLASS_NXM0, 1) | (CLASS_OPENFLOW_BASIC, 3) => ("NXM_OF_ETH_DST", 6),
+        (CLASS_NXM0, 2) | (CLASS_OPENFLOW_BASIC, 4) => ("NXM_OF_ETH_SRC", 6),
+        (CLASS_NXM0, 3) | (CLASS_OPENFLOW_BASIC, 5) => ("NXM_OF_ETH_TYPE", 2),
+        (CLASS_NXM0, 4) => ("NXM_OF_VLAN_TCI", 2),
+        (CLASS_NXM0, 5) => ("NXM_OF_IP_TOS", 1),
+        (CLASS_NXM0, 6) | (CLASS_OPENFLOW_BASIC, 10) => ("NXM_OF_IP_PROTO", 1),
+        (CLASS_NXM0, 7) | (CLASS_OPENFLOW_BASIC, 11) => ("NXM_OF_IP_SRC", 4),
+        (CLASS_NXM0, 8) | (CLASS_OPENFLOW_BASIC, 12) => ("NXM_OF_IP_DST", 4),
+        (CLASS_NXM0, 9) | (CLASS_OPENFLOW_BASIC, 13) => ("NXM_OF_TCP_SRC", 2),
+        (CLASS_NXM0, 10) | (CLASS_OPENFLOW_BASIC, 14) => ("NXM_OF_TCP_DST", 2),
+        (CLASS_NXM0, 11) | (CLASS_OPENFLOW_BASIC, 15) => ("NXM_OF_UDP_SRC", 2),
+        (CLASS_NXM0, 12) | (CLASS_OPENFLOW_BASIC, 16) => ("NXM_OF_UDP_DST", 2),
+        (CLASS_NXM0, 13) | (CLASS_OPENFLOW_BASIC, 19) => ("NXM_OF_ICMP_TYPE", 1),
+        (CLASS_NXM0, 14) | (CLASS_OPENFLOW_BASIC, 20) => ("NXM_OF_ICMP_CODE", 1),
+        (CLASS_NXM0, 15) | (CLASS_OPENFLOW_BASIC, 21) => ("NXM_OF_ARP_OP", 2),
+        (CLASS_NXM0, 16) | (CLASS_OPENFLOW_BASIC, 22) => ("NXM_OF_ARP_SPA", 4),
+        (CLASS_NXM0, 17) | (CLASS_OPENFLOW_BASIC, 23) => ("NXM_OF_ARP_TPA", 4),
+        (CLASS_NXM1, 17) | (CLASS_OPENFLOW_BASIC, 24) => ("NXM_NX_ARP_SHA", 6),
+        (CLASS_NXM1, 18) | (CLASS_OPENFLOW_BASIC, 25) => ("NXM_NX_ARP_THA", 6),
+        (CLASS_NXM1, 19) | (CLASS_OPENFLOW_BASIC, 26) => ("NXM_NX_IPV6_SRC", 16),
+        (CLASS_NXM1, 20) | (CLASS_OPENFLOW_BASIC, 27) => ("NXM_NX_IPV6_DST", 16),
+        (CLASS_NXM1, 28) | (CLASS_OPENFLOW_BASIC, 9) => ("NXM_NX_IP_ECN", 1),
+        (CLASS_NXM1, 29) => ("NXM_NX_IP_TTL", 1),
+        (CLASS_NXM1, 33) => ("NXM_NX_PKT_MARK", 4),
+        (CLASS_NXM1, 34) => ("NXM_NX_TCP_FLAGS", 2),
+        (CLASS_NXM1, NXM1_CT_STATE) => ("NXM_NX_CT_STATE", 4),
+        (CLASS_NXM1, NXM1_CT_ZONE) => ("NXM_NX_CT_ZONE", 2),
+        (CLASS_NXM1, NXM1_CT_MARK) => ("NXM_NX_CT_MARK", 4),
+        (CLASS_NXM1, NXM1_CT_LABEL) => ("NXM_NX_CT_LABEL", 16),
+        (CLASS_OPENFLOW_BASIC, 0) => ("OXM_OF_IN_PORT", 4),
+        (CLASS_OPENFLOW_BASIC, 2) => ("OXM_OF_METADATA", 8),
+        (CLASS_OPENFLOW_BASIC, 6) => ("OXM_OF_VLAN_VID", 2),
+        (CLASS_OPENFLOW_BASIC, 7) => ("OXM_OF_VLAN_PCP", 1),
+        (CLASS_OPENFLOW_BASIC, 8) => ("OXM_OF_IP_DSCP", 1),
+        (CLASS_OPENFLOW_BASIC, 17) => ("OXM_OF_SCTP_SRC", 2),
+        (CLASS_OPENFLOW_BASIC, 18) => ("OXM_OF_SCTP_DST", 2),
+        (CLASS_OPENFLOW_BASIC, 34) => ("OXM_OF_MPLS_LABEL", 4),
+        (CLASS_OPENFLOW_BASIC, 35) => ("OXM_OF_MPLS_TC", 1),
+        (CLASS_OPENFLOW_BASIC, 36) => ("OXM_OF_MPLS_BOS", 1),
+        _ => return None,
+    };
+    (len == width).then_some(name)
 }
 
 #[cfg(test)]

@@ -250,7 +250,9 @@ pub struct Ipv4Match {
     pub proto: Option<IpProto>,
 }
 
-/// ARP fields (`arp`; eth_type 0x0806 is implied).
+/// ARP fields (`arp`; eth_type 0x0806 is implied). The same fields describe RARP
+/// ([`EthMatch::Rarp`], eth_type 0x8035): OVS accepts arp_op/arp_spa/arp_tpa/arp_sha/arp_tha
+/// under either eth_type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ArpMatch {
     pub op: Option<u16>,
@@ -268,12 +270,15 @@ pub enum EthMatch {
     Any,
     Ipv4(Ipv4Match),
     Arp(ArpMatch),
+    /// `rarp` (eth_type 0x8035) with the ARP fields, which OVS accepts under RARP too.
+    Rarp(ArpMatch),
     /// Any other eth_type; fields that depend on it are kept in [`Match::other`].
     Other(u16),
 }
 
 pub const ETH_TYPE_IPV4: u16 = 0x0800;
 pub const ETH_TYPE_ARP: u16 = 0x0806;
+pub const ETH_TYPE_RARP: u16 = 0x8035;
 
 impl EthMatch {
     pub fn eth_type(&self) -> Option<u16> {
@@ -281,8 +286,36 @@ impl EthMatch {
             EthMatch::Any => None,
             EthMatch::Ipv4(_) => Some(ETH_TYPE_IPV4),
             EthMatch::Arp(_) => Some(ETH_TYPE_ARP),
+            EthMatch::Rarp(_) => Some(ETH_TYPE_RARP),
             EthMatch::Other(t) => Some(*t),
         }
+    }
+}
+
+/// `ct_state` bits (NXM_NX_CT_STATE), in OVS's order (lowest bit first, the order it prints).
+pub mod ct_state {
+    pub const NEW: u32 = 0x01;
+    pub const EST: u32 = 0x02;
+    pub const REL: u32 = 0x04;
+    pub const RPL: u32 = 0x08;
+    pub const INV: u32 = 0x10;
+    pub const TRK: u32 = 0x20;
+    pub const SNAT: u32 = 0x40;
+    pub const DNAT: u32 = 0x80;
+
+    /// The name OVS prints for one bit.
+    pub fn name(bit: u32) -> Option<&'static str> {
+        Some(match bit {
+            NEW => "new",
+            EST => "est",
+            REL => "rel",
+            RPL => "rpl",
+            INV => "inv",
+            TRK => "trk",
+            SNAT => "snat",
+            DNAT => "dnat",
+            _ => return None,
+        })
     }
 }
 
@@ -303,6 +336,13 @@ pub struct Match {
     pub tun_dst: Option<Masked<Ipv4Addr>>,
     /// reg0..reg15.
     pub regs: [Option<Masked<u32>>; 16],
+    /// `ct_state` (NXM_NX_CT_STATE): bits are the [`ct_state`] flags. `ct_state=+trk-est` is value
+    /// 0x20 under mask 0x22. OVS keeps only the low 8 bits of value and mask.
+    pub ct_state: Option<Masked<u32>>,
+    /// `ct_zone` (NXM_NX_CT_ZONE, 16 bits, not maskable).
+    pub ct_zone: Option<u16>,
+    /// `ct_mark` (NXM_NX_CT_MARK, 32 bits).
+    pub ct_mark: Option<Masked<u32>>,
     /// Fields not modelled here, emitted after the typed ones in the order given.
     pub other: Vec<RawOxm>,
 }
@@ -371,6 +411,13 @@ impl Match {
         self
     }
 
+    /// Builder: `ct_state=...`: `value` flags under `mask` (see [`ct_state`]); e.g.
+    /// `ct_state=-new+est+trk` is `ct_state(EST | TRK, NEW | EST | TRK)`.
+    pub fn ct_state(mut self, value: u32, mask: u32) -> Self {
+        self.ct_state = Some(Masked::new(value, mask));
+        self
+    }
+
     /// Builder: `tun_src=addr`.
     pub fn tun_src(mut self, addr: Ipv4Addr) -> Self {
         self.tun_src = Some(Masked::exact(addr));
@@ -405,7 +452,7 @@ impl Match {
                     }
                 }
             }
-            EthMatch::Arp(a) => {
+            EthMatch::Arp(a) | EthMatch::Rarp(a) => {
                 if let Some(op) = a.op {
                     s.tlv(OXM, OXM_ARP_OP, Masked::exact(op));
                 }
@@ -437,6 +484,16 @@ impl Match {
             if let Some(m) = r {
                 s.tlv(CLASS_NXM1, i as u8, *m);
             }
+        }
+        // Conntrack fields follow the registers, as in OVS's `nx_put_raw`.
+        if let Some(m) = self.ct_state {
+            s.tlv(CLASS_NXM1, NXM1_CT_STATE, m);
+        }
+        if let Some(z) = self.ct_zone {
+            s.tlv(CLASS_NXM1, NXM1_CT_ZONE, Masked::exact(z));
+        }
+        if let Some(m) = self.ct_mark {
+            s.tlv(CLASS_NXM1, NXM1_CT_MARK, m);
         }
         for raw in &self.other {
             s.raw(raw);
@@ -502,6 +559,9 @@ struct Seen {
     tun_src: Option<Masked<Ipv4Addr>>,
     tun_dst: Option<Masked<Ipv4Addr>>,
     regs: [Option<Masked<u32>>; 16],
+    ct_state: Option<Masked<u32>>,
+    ct_zone: Option<u16>,
+    ct_mark: Option<Masked<u32>>,
     other: Vec<RawOxm>,
 }
 
@@ -526,6 +586,9 @@ enum Kind {
     TunSrc,
     TunDst,
     Reg(u8),
+    CtState,
+    CtZone,
+    CtMark,
 }
 
 fn classify(class: u16, field: u8) -> Option<(Kind, &'static str)> {
@@ -549,6 +612,9 @@ fn classify(class: u16, field: u8) -> Option<(Kind, &'static str)> {
         (CLASS_NXM1, NXM1_TUN_IPV4_SRC) => (TunSrc, "tun_src"),
         (CLASS_NXM1, NXM1_TUN_IPV4_DST) => (TunDst, "tun_dst"),
         (CLASS_NXM1, n @ 0..=15) => (Reg(n), "reg"),
+        (CLASS_NXM1, NXM1_CT_STATE) => (CtState, "ct_state"),
+        (CLASS_NXM1, NXM1_CT_ZONE) => (CtZone, "ct_zone"),
+        (CLASS_NXM1, NXM1_CT_MARK) => (CtMark, "ct_mark"),
         _ => return None,
     })
 }
@@ -578,9 +644,9 @@ fn exact<T: MaskBits>(r: &mut Reader<'_>, hasmask: bool, field: &'static str) ->
 fn expected_len(kind: Kind) -> u8 {
     use Kind::*;
     match kind {
-        InPort16 | EthType | TcpDst | UdpDst | ArpOp => 2,
+        InPort16 | EthType | TcpDst | UdpDst | ArpOp | CtZone => 2,
         IpProto | IpFrag => 1,
-        InPort32 | Ipv4Src | Ipv4Dst | ArpSpa | ArpTpa | TunSrc | TunDst | Reg(_) => 4,
+        InPort32 | Ipv4Src | Ipv4Dst | ArpSpa | ArpTpa | TunSrc | TunDst | Reg(_) | CtState | CtMark => 4,
         ArpSha | ArpTha => 6,
         TunId => 8,
     }
@@ -638,10 +704,16 @@ fn decode_tlvs(body: &[u8]) -> Result<Match, DecodeError> {
             Kind::TunSrc => put_once(&mut s.tun_src, masked(&mut p, hasmask)?, name)?,
             Kind::TunDst => put_once(&mut s.tun_dst, masked(&mut p, hasmask)?, name)?,
             Kind::Reg(n) => put_once(&mut s.regs[n as usize], masked(&mut p, hasmask)?, name)?,
+            Kind::CtState => put_once(&mut s.ct_state, masked(&mut p, hasmask)?, name)?,
+            Kind::CtZone => put_once(&mut s.ct_zone, exact::<u16>(&mut p, hasmask, name)?, name)?,
+            Kind::CtMark => put_once(&mut s.ct_mark, masked(&mut p, hasmask)?, name)?,
         }
     }
     assemble(s)
 }
+
+/// The eth_types under which OVS accepts the ARP fields (`arp` and `rarp`).
+const ARP_TYPES: &str = "eth_type=0x0806 or 0x8035";
 
 fn require(present: bool, field: &'static str, requires: &'static str) -> Result<(), DecodeError> {
     if present {
@@ -672,12 +744,12 @@ fn assemble(s: Seen) -> Result<Match, DecodeError> {
     let eth = match s.eth_type {
         None => {
             require(has_ip || s.ip_frag.is_some() || s.ip_proto.is_some(), "ipv4/ip_proto/ip_frag", "eth_type")?;
-            require(has_arp, "arp fields", "eth_type=0x0806")?;
+            require(has_arp, "arp fields", ARP_TYPES)?;
             require(has_l4, "tcp_dst/udp_dst", "ip_proto")?;
             EthMatch::Any
         }
         Some(ETH_TYPE_IPV4) => {
-            require(has_arp, "arp fields", "eth_type=0x0806")?;
+            require(has_arp, "arp fields", ARP_TYPES)?;
             let proto = match s.ip_proto {
                 None => {
                     require(has_l4, "tcp_dst/udp_dst", "ip_proto")?;
@@ -703,14 +775,19 @@ fn assemble(s: Seen) -> Result<Match, DecodeError> {
                 proto,
             })
         }
-        Some(ETH_TYPE_ARP) => {
+        Some(t @ (ETH_TYPE_ARP | ETH_TYPE_RARP)) => {
             require(has_ip, "ipv4_src/ipv4_dst", "eth_type=0x0800")?;
             require(s.ip_proto.is_some() || s.ip_frag.is_some() || has_l4, "ip_proto/ip_frag", "an IP eth_type")?;
-            EthMatch::Arp(ArpMatch { op: s.arp_op, spa: s.arp_spa, tpa: s.arp_tpa, sha: s.arp_sha, tha: s.arp_tha })
+            let a = ArpMatch { op: s.arp_op, spa: s.arp_spa, tpa: s.arp_tpa, sha: s.arp_sha, tha: s.arp_tha };
+            if t == ETH_TYPE_ARP {
+                EthMatch::Arp(a)
+            } else {
+                EthMatch::Rarp(a)
+            }
         }
         Some(t) => {
             require(has_ip, "ipv4_src/ipv4_dst", "eth_type=0x0800")?;
-            require(has_arp, "arp fields", "eth_type=0x0806")?;
+            require(has_arp, "arp fields", ARP_TYPES)?;
             // E.g. IPv6: keep ip_frag/ip_proto/ports verbatim, prerequisites first.
             if let Some((v, m)) = s.ip_frag {
                 other.push(raw_oxm_class(CLASS_NXM1, NXM1_IP_FRAG, Masked::new(v, if m == 3 { u8::MAX } else { m })));
@@ -735,6 +812,9 @@ fn assemble(s: Seen) -> Result<Match, DecodeError> {
         tun_src: s.tun_src,
         tun_dst: s.tun_dst,
         regs: s.regs,
+        ct_state: s.ct_state,
+        ct_zone: s.ct_zone,
+        ct_mark: s.ct_mark,
         other,
     })
 }
@@ -782,6 +862,9 @@ mod tests {
                 r[3] = Some(Masked::new(1, 1));
                 r
             },
+            ct_state: None,
+            ct_zone: None,
+            ct_mark: None,
             other: vec![],
         };
         let want = hex(
@@ -867,6 +950,45 @@ mod tests {
         let mut b = Vec::new();
         m.encode(&mut b);
         assert_eq!(&b[4..4 + body.len()], &body[..]);
+    }
+
+    /// OVS accepts the ARP fields under eth_type 0x8035 (RARP) as well as 0x0806.
+    #[test]
+    fn rarp_with_arp_fields() {
+        // `rarp,arp_op=3,arp_spa=10.0.0.1,arp_sha=00:11:22:33:44:55` as ovs-ofctl 3.1 encodes it.
+        let body = hex(
+            "80000a02 8035  80002a02 0003  80002c04 0a000001  80003006 001122334455",
+        );
+        let m = decode_tlvs(&body).unwrap();
+        let want = ArpMatch {
+            op: Some(3),
+            spa: Some(Masked::exact(Ipv4Addr::new(10, 0, 0, 1))),
+            sha: Some(Masked::exact(MacAddr([0, 0x11, 0x22, 0x33, 0x44, 0x55]))),
+            ..Default::default()
+        };
+        assert_eq!(m.eth, EthMatch::Rarp(want));
+        let mut b = Vec::new();
+        m.encode(&mut b);
+        assert_eq!(&b[4..4 + body.len()], &body[..]);
+        // Still rejected under an eth_type that is neither ARP nor RARP.
+        assert!(matches!(
+            decode_tlvs(&hex("80000a02 86dd 80002a02 0001")),
+            Err(DecodeError::Prerequisite { requires: "eth_type=0x0806 or 0x8035", .. })
+        ));
+    }
+
+    #[test]
+    fn conntrack_fields() {
+        // `ct_state=-new+est+trk,ct_zone=5,ct_mark=0x3/0xf,ip`: NXM_NX_CT_* follow the registers.
+        let m = Match::any().ipv4(Ipv4Match::default()).reg(1, 2).ct_state(ct_state::EST | ct_state::TRK, 0x23);
+        let m = Match { ct_zone: Some(5), ct_mark: Some(Masked::new(3, 0xf)), ..m };
+        let want = hex(
+            "0001 0030  80000a02 0800  00010204 00000002
+             0001d308 00000022 00000023  0001d402 0005  0001d708 00000003 0000000f",
+        );
+        assert_eq!(enc(&m), want);
+        assert_eq!(Match::decode(&mut Reader::new(&want, "t")).unwrap(), m);
+        assert!(matches!(decode_tlvs(&hex("0001d504 0005 00ff")), Err(DecodeError::NotMaskable { field: "ct_zone" })));
     }
 
     #[test]

@@ -8,8 +8,8 @@
 use std::fmt::{self, Display, Formatter, Write};
 use std::net::Ipv4Addr;
 
-use crate::action::{Action, SetField, Subfield};
-use crate::flow_match::{EthMatch, IpFrag, IpProto, MacAddr, MaskBits, Masked, Match, RawOxm};
+use crate::action::{Action, Ct, CtZone, SetField, Subfield, NX_CT_F_COMMIT, NX_CT_F_FORCE, NX_CT_RECIRC_NONE};
+use crate::flow_match::{ct_state, EthMatch, IpFrag, IpProto, MacAddr, MaskBits, Masked, Match, RawOxm};
 use crate::instruction::Instruction;
 use crate::msg::{FlowMod, FlowModFlags, FlowStats, OFP_DEFAULT_PRIORITY};
 use crate::port::PortNo;
@@ -89,7 +89,7 @@ fn ip_proto_name(p: &IpProto) -> Option<&'static str> {
         IpProto::Tcp { .. } => Some("tcp"),
         IpProto::Udp { .. } => Some("udp"),
         IpProto::Other(1) => Some("icmp"),
-        IpProto::Other(2) => Some("igmp"),
+        // No `igmp` keyword: OVS 3.1's match_format prints `ip,nw_proto=2`.
         IpProto::Other(132) => Some("sctp"),
         IpProto::Other(_) => None,
     }
@@ -126,17 +126,83 @@ fn shown<T: MaskBits>(m: &Option<Masked<T>>) -> Option<&Masked<T>> {
     m.as_ref().filter(|m| m.mask() != T::ZERO)
 }
 
+/// `ct_state` as match_format prints it: with a full (8-bit) mask the set flags joined by `|`
+/// (`0` if none), otherwise `+flag`/`-flag` for every masked bit, lowest bit first.
+struct CtStateText(u32, u32);
+impl Display for CtStateText {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let (value, mask) = (self.0, self.1);
+        if mask == 0xff {
+            if value == 0 {
+                return f.write_char('0');
+            }
+            let names: Vec<&str> = (0..8).map(|i| 1u32 << i).filter(|b| value & b != 0).filter_map(ct_state::name).collect();
+            return f.write_str(&names.join("|"));
+        }
+        for bit in (0..8).map(|i| 1u32 << i).filter(|b| mask & b != 0) {
+            f.write_char(if value & bit != 0 { '+' } else { '-' })?;
+            f.write_str(ct_state::name(bit).unwrap_or("[Unknown]"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A 16-bit (Nicira action) port as OVS prints it: the reserved name or the number.
+fn port16(p: u16) -> PortNo {
+    PortNo::from_ofp10(p)
+}
+
+fn write_ct(f: &mut Formatter<'_>, ct: &Ct) -> fmt::Result {
+    let mut parts: Vec<String> = Vec::new();
+    if ct.flags & NX_CT_F_COMMIT != 0 {
+        parts.push("commit".into());
+    }
+    if ct.flags & NX_CT_F_FORCE != 0 {
+        parts.push("force".into());
+    }
+    if ct.recirc_table != NX_CT_RECIRC_NONE {
+        parts.push(format!("table={}", ct.recirc_table));
+    }
+    match ct.zone {
+        CtZone::Field(sf) => parts.push(format!("zone={sf}")),
+        CtZone::Imm(0) => {}
+        CtZone::Imm(z) => parts.push(format!("zone={z}")),
+    }
+    if !ct.actions.is_empty() {
+        let inner: Vec<String> = ct.actions.iter().map(|a| a.to_string()).collect();
+        parts.push(format!("exec({})", inner.join(",")));
+    }
+    match ct.alg {
+        0 => {}
+        21 => parts.push("alg=ftp".into()),
+        69 => parts.push("alg=tftp".into()),
+        n => parts.push(format!("alg={n}")),
+    }
+    write!(f, "ct({})", parts.join(","))
+}
+
 /// Writes a match as `match_format` does, with `priority=N` first unless it is the default.
 pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> fmt::Result {
     let mut it = Items { f, any: false };
     if let Some(p) = priority.filter(|&p| p != OFP_DEFAULT_PRIORITY) {
         it.item(format_args!("priority={p}"))?;
     }
+    // Conntrack fields come before the eth_type keyword in match_format.
+    if let Some(cs) = m.ct_state.as_ref().filter(|cs| cs.mask() & 0xff != 0) {
+        it.item(format_args!("ct_state={}", CtStateText(cs.value() & 0xff, cs.mask() & 0xff)))?;
+    }
+    if let Some(z) = m.ct_zone {
+        it.item(format_args!("ct_zone={z}"))?;
+    }
+    if let Some(cm) = shown(&m.ct_mark) {
+        it.item(format_args!("ct_mark={}", hex_masked(cm)))?;
+    }
     match &m.eth {
         EthMatch::Ipv4(ip) => {
             it.item(format_args!("{}", ip.proto.as_ref().and_then(ip_proto_name).unwrap_or("ip")))?
         }
         EthMatch::Arp(_) => it.item(format_args!("arp"))?,
+        EthMatch::Rarp(_) => it.item(format_args!("rarp"))?,
         EthMatch::Other(t) => {
             if let Some(n) = eth_type_name(*t) {
                 it.item(format_args!("{n}"))?
@@ -187,7 +253,7 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
                 _ => {}
             }
         }
-        EthMatch::Arp(a) => {
+        EthMatch::Arp(a) | EthMatch::Rarp(a) => {
             if let Some(s) = shown(&a.spa) {
                 it.item(format_args!("arp_spa={}", ip_masked(s)))?;
             }
@@ -248,6 +314,7 @@ impl Display for Action {
                 SetField::TunSrc(a) => write!(f, "set_field:{a}->tun_src"),
                 SetField::TunId(v) => write!(f, "set_field:{}->tun_id", AltHex(*v)),
                 SetField::Reg(n, v) => write!(f, "set_field:{}->reg{n}", AltHex(*v as u64)),
+                SetField::CtMark(v) => write!(f, "set_field:{}->ct_mark", AltHex(*v as u64)),
                 SetField::Other(r) => write!(f, "set_field:{}", raw_oxm(r)),
             },
             Action::RegLoad { dst, value } => write!(f, "load:{}->{dst}", AltHex(*value)),
@@ -263,13 +330,11 @@ impl Display for Action {
                 }
                 Ok(())
             }
-            Action::ResubmitTable { in_port, table } => {
-                if *in_port == 0xfff8 {
-                    write!(f, "resubmit(,{table})")
-                } else {
-                    write!(f, "resubmit({in_port},{table})")
-                }
-            }
+            // OVS's format_RESUBMIT: `resubmit:PORT` when only the port is given, otherwise
+            // `resubmit([PORT],[TABLE])` with IN_PORT and table 255 left empty.
+            Action::ResubmitTable { in_port, table } => write_resubmit(f, *in_port, *table),
+            Action::Resubmit { in_port } => write_resubmit(f, *in_port, 255),
+            Action::Ct(ct) => write_ct(f, ct),
             Action::Unknown(raw) => {
                 f.write_str("unknown_action(0x")?;
                 for b in raw.iter() {
@@ -279,6 +344,22 @@ impl Display for Action {
             }
         }
     }
+}
+
+fn write_resubmit(f: &mut Formatter<'_>, in_port: u16, table: u8) -> fmt::Result {
+    let port = port16(in_port);
+    if port != PortNo::IN_PORT && table == 255 {
+        return write!(f, "resubmit:{port}");
+    }
+    f.write_str("resubmit(")?;
+    if port != PortNo::IN_PORT {
+        write!(f, "{port}")?;
+    }
+    f.write_char(',')?;
+    if table != 255 {
+        write!(f, "{table}")?;
+    }
+    f.write_char(')')
 }
 
 /// Writes the `actions=` part: instructions in OVS's canonical order, `drop` if nothing.
@@ -295,7 +376,9 @@ pub fn write_instructions(f: &mut Formatter<'_>, ins: &[Instruction]) -> fmt::Re
                 }
             }
             Instruction::ClearActions => it.item(format_args!("clear_actions"))?,
-            Instruction::WriteActions(acts) if acts.is_empty() => {}
+            // OVS keeps an empty write-actions instruction (unlike an empty apply-actions, whose
+            // actions are simply inlined) and prints it as `write_actions(drop)`.
+            Instruction::WriteActions(acts) if acts.is_empty() => it.item(format_args!("write_actions(drop)"))?,
             Instruction::WriteActions(acts) => {
                 let inner: Vec<String> = acts.iter().map(|a| a.to_string()).collect();
                 it.item(format_args!("write_actions({})", inner.join(",")))?
@@ -552,6 +635,53 @@ mod tests {
             op: None,
         });
         assert_eq!(arp.to_string(), "arp,arp_tpa=10.0.0.2");
+    }
+
+    /// Fixes found against OVS 3.1 (each also checked by the ofp_parse / ofctl_capture oracles).
+    #[test]
+    fn ovs_3_1_spellings() {
+        use crate::action::{Ct, CtZone};
+        // No `igmp` keyword in OVS 3.1's output.
+        let m = Match::any().ipv4(Ipv4Match { proto: Some(IpProto::Other(2)), ..Default::default() });
+        assert_eq!(m.to_string(), "ip,nw_proto=2");
+        // resubmit: table 255 means "no table".
+        for (a, want) in [
+            (Action::ResubmitTable { in_port: 5, table: 255 }, "resubmit:5"),
+            (Action::ResubmitTable { in_port: 0xfffe, table: 255 }, "resubmit:LOCAL"),
+            (Action::ResubmitTable { in_port: 0xfffe, table: 3 }, "resubmit(LOCAL,3)"),
+            (Action::ResubmitTable { in_port: 0xfff8, table: 3 }, "resubmit(,3)"),
+            (Action::ResubmitTable { in_port: 0xfff8, table: 255 }, "resubmit(,)"),
+            (Action::Resubmit { in_port: 0xfffa }, "resubmit:NORMAL"),
+            (Action::output(PortNo::IN_PORT), "IN_PORT"),
+            (Action::output(PortNo::NORMAL), "NORMAL"),
+            (Action::output(PortNo::ANY), "ANY"),
+        ] {
+            assert_eq!(a.to_string(), want);
+        }
+        assert_eq!(Match::any().in_port(PortNo::LOCAL).to_string(), "in_port=LOCAL");
+        // RARP prints like ARP.
+        let rarp = Match { eth: EthMatch::Rarp(ArpMatch { op: Some(1), ..Default::default() }), ..Match::any() };
+        assert_eq!(rarp.to_string(), "rarp,arp_op=1");
+        // Conntrack.
+        let reg0 = CtZone::Field(Subfield::bits(NxmField::Reg(0), 0, 15).unwrap());
+        for (ct, want) in [
+            (Ct::new().commit().table(30), "ct(commit,table=30)"),
+            (Ct::new().table(30).zone(reg0), "ct(table=30,zone=NXM_NX_REG0[0..15])"),
+            (Ct::new(), "ct()"),
+            (
+                Ct { alg: 21, ..Ct::new().commit().zone(CtZone::Imm(5)).exec(vec![Action::SetField(SetField::CtMark(1))]) },
+                "ct(commit,zone=5,exec(set_field:0x1->ct_mark),alg=ftp)",
+            ),
+        ] {
+            assert_eq!(Action::Ct(ct).to_string(), want);
+        }
+        let ip = || Match::any().ipv4(Ipv4Match::default());
+        assert_eq!(ip().ct_state(0x28, 0x28).to_string(), "ct_state=+rpl+trk,ip");
+        assert_eq!(ip().ct_state(0x22, 0x23).to_string(), "ct_state=-new+est+trk,ip");
+        assert_eq!(ip().ct_state(0x22, 0xff).to_string(), "ct_state=est|trk,ip");
+        assert_eq!(ip().ct_state(0, 0xffff_ffff).to_string(), "ct_state=0,ip");
+        let m = Match { ct_zone: Some(5), ct_mark: Some(Masked::new(3, 0xf)), ..ip() };
+        assert_eq!(m.to_string(), "ct_zone=5,ct_mark=0x3/0xf,ip");
     }
 
     #[test]

@@ -164,7 +164,7 @@ fn vectors() -> Vec<(&'static str, OfMessage, String)> {
         ("HELLO bitmap 0x10", om(1, Message::Hello(Hello::of13())), "OFPT_HELLO (OF1.3) (xid=0x1):\n version bitmap: 0x04\n".into()),
         (
             "HELLO bitmap 0x12",
-            om(1, Message::Hello(Hello { elements: vec![HelloElement::VersionBitmap(vec![0x12])] })),
+            om(1, Message::Hello(Hello { elements: vec![HelloElement::VersionBitmap(vec![0x12])], trailing: Bytes::new() })),
             "OFPT_HELLO (OF1.3) (xid=0x1):\n version bitmap: 0x01, 0x04\n".into(),
         ),
         (
@@ -240,7 +240,7 @@ fn vectors() -> Vec<(&'static str, OfMessage, String)> {
         ),
         (
             "MULTIPART FLOW reply",
-            om(2, Message::MultipartReply(MultipartReply { flags: 0, body: MultipartReplyBody::Flow(vec![stats]) })),
+            om(2, Message::MultipartReply(MultipartReply { flags: 0, body: MultipartReplyBody::Flow(vec![FlowStatsEntry::Typed(stats)]) })),
             "OFPST_FLOW reply (OF1.3) (xid=0x2):\n cookie=0x0, duration=148.857s, table=12, n_packets=0, n_bytes=0, priority=1,in_port=9 actions=output:2\n".into(),
         ),
         (

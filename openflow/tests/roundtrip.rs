@@ -22,7 +22,7 @@ use tokio_util::codec::Decoder;
 use openflow::action::OFPCML_NO_BUFFER;
 use openflow::field::{self, CLASS_EXPERIMENTER, CLASS_NXM0, CLASS_NXM1, CLASS_OPENFLOW_BASIC};
 use openflow::{
-    Action, AggregateStats, ArpMatch, BundleAdd, BundleControl, BundleCtrlType, BundleFlags, ErrorCode, ErrorMsg,
+    Action, AggregateStats, ArpMatch, BundleAdd, Ct, CtZone, FlowStatsEntry, RawFlowStats, BundleControl, BundleCtrlType, BundleFlags, ErrorCode, ErrorMsg,
     EthMatch, FeaturesReply, FlowMod, FlowModCommand, FlowModFlags, FlowStats, FlowStatsRequest, FragMode, Hello,
     HelloElement, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, Message, MultipartReply,
     MultipartReplyBody, MultipartRequest, MultipartRequestBody, NxmField, OfCodec, OfMessage, Port, PortNo, RawOxm,
@@ -128,13 +128,17 @@ fn arp_match() -> impl Strategy<Value = ArpMatch> {
         .prop_map(|(op, spa, tpa, sha, tha)| ArpMatch { op, spa, tpa, sha, tha })
 }
 
-/// By design `EthMatch::Other(0x0800)`/`Other(0x0806)` decode as `Ipv4`/`Arp`.
+/// By design `EthMatch::Other(0x0800)`/`Other(0x0806)`/`Other(0x8035)` decode as
+/// `Ipv4`/`Arp`/`Rarp`.
 fn eth_match() -> impl Strategy<Value = EthMatch> {
     prop_oneof![
         Just(EthMatch::Any),
         ipv4_match().prop_map(EthMatch::Ipv4),
         arp_match().prop_map(EthMatch::Arp),
-        any::<u16>().prop_filter("IPv4/ARP are typed", |t| *t != 0x0800 && *t != 0x0806).prop_map(EthMatch::Other),
+        arp_match().prop_map(EthMatch::Rarp),
+        any::<u16>()
+            .prop_filter("IPv4/ARP/RARP are typed", |t| ![0x0800, 0x0806, 0x8035].contains(t))
+            .prop_map(EthMatch::Other),
     ]
 }
 
@@ -162,8 +166,9 @@ fn raw_oxm() -> BoxedStrategy<RawOxm> {
             payload: Bytes::from(p),
         }
     });
-    // NXM1 fields past the modelled ones (e.g. 33+ are NXM_NX_* fields this crate ignores).
-    let nxm1 = (60u8..128, vec(any::<u8>(), 0..=8)).prop_map(|(f, data)| RawOxm {
+    // NXM1 fields past the modelled ones (e.g. 33+ are NXM_NX_* fields this crate ignores;
+    // 105..=107 are the typed ct_state/ct_zone/ct_mark).
+    let nxm1 = ((60u8..128).prop_filter("ct fields are typed", |f| !(105..=107).contains(f)), vec(any::<u8>(), 0..=8)).prop_map(|(f, data)| RawOxm {
         header: ((CLASS_NXM1 as u32) << 16) | ((f as u32) << 9) | data.len() as u32,
         payload: Bytes::from(data),
     });
@@ -180,14 +185,26 @@ fn regs() -> impl Strategy<Value = [Option<Masked<u32>>; 16]> {
 
 fn flow_match() -> BoxedStrategy<Match> {
     use proptest::option::of;
-    (of(port_no()), eth_match(), of(masked_u64()), of(masked_ip()), of(masked_ip()), regs(), vec(raw_oxm(), 0..3))
-        .prop_map(|(in_port, eth, tun_id, tun_src, tun_dst, regs, other)| Match {
+    (
+        of(port_no()),
+        eth_match(),
+        of(masked_u64()),
+        of(masked_ip()),
+        of(masked_ip()),
+        regs(),
+        (of(masked_u32()), of(any::<u16>()), of(masked_u32())),
+        vec(raw_oxm(), 0..3),
+    )
+        .prop_map(|(in_port, eth, tun_id, tun_src, tun_dst, regs, (ct_state, ct_zone, ct_mark), other)| Match {
             in_port,
             eth,
             tun_id,
             tun_src,
             tun_dst,
             regs,
+            ct_state,
+            ct_zone,
+            ct_mark,
             other,
         })
         .boxed()
@@ -303,7 +320,7 @@ fn unknown_action() -> BoxedStrategy<Bytes> {
         Some(b)
     });
     // Nicira subtypes not modelled (e.g. 0x27 OUTPUT_TRUNC), or another vendor.
-    let nx = (prop_oneof![Just(NX_VENDOR_ID), any::<u32>()], select(vec![1u16, 0x27, 0x2a, 0x1000]), any::<[u8; 6]>())
+    let nx = (prop_oneof![Just(NX_VENDOR_ID), any::<u32>()], select(vec![0x2bu16, 0x27, 0x2a, 0x1000]), any::<[u8; 6]>())
         .prop_map(|(vendor, sub, body)| {
             let mut b = vec![0xff, 0xff, 0x00, 0x10];
             b.extend_from_slice(&vendor.to_be_bytes());
@@ -327,9 +344,28 @@ fn action() -> BoxedStrategy<Action> {
         (0u8..16).prop_map(Action::output_reg),
         vec(any::<u8>(), 0..40).prop_map(Action::note),
         (any::<u16>(), any::<u8>()).prop_map(|(in_port, table)| Action::ResubmitTable { in_port, table }),
+        any::<u16>().prop_map(|in_port| Action::Resubmit { in_port }),
+        ct_action().prop_map(Action::Ct),
         unknown_action().prop_map(Action::Unknown),
     ]
     .boxed()
+}
+
+/// NXAST_CT with any flags, either zone form, and nested actions (no nested `ct`).
+fn ct_action() -> BoxedStrategy<Ct> {
+    let zone = prop_oneof![
+        any::<u16>().prop_map(CtZone::Imm),
+        (0u8..16, 0u16..=16).prop_map(|(r, ofs)| CtZone::Field(Subfield::new(NxmField::Reg(r), ofs, 16).unwrap())),
+    ];
+    let inner = prop_oneof![
+        any::<u32>().prop_map(|v| Action::SetField(SetField::CtMark(v))),
+        (0u8..16, any::<u32>()).prop_map(|(n, v)| Action::load_reg(n, v)),
+        port_no().prop_map(Action::output),
+        unknown_action().prop_map(Action::Unknown),
+    ];
+    (any::<u16>(), zone, any::<u8>(), any::<u16>(), vec(inner, 0..3))
+        .prop_map(|(flags, zone, recirc_table, alg, actions)| Ct { flags, zone, recirc_table, alg, actions })
+        .boxed()
 }
 
 fn actions() -> BoxedStrategy<Vec<Action>> {
@@ -434,6 +470,19 @@ fn flow_stats() -> BoxedStrategy<FlowStats> {
         .boxed()
 }
 
+/// A flow-stats entry this crate cannot type (an IPv4 field without eth_type, written as a raw
+/// TLV): it must stay raw, byte for byte.
+fn raw_flow_stats() -> BoxedStrategy<FlowStatsEntry> {
+    (flow_stats(), ipv4()).prop_map(|(mut f, a)| {
+        f.match_ = Match::any();
+        f.match_.other = vec![RawOxm { header: field::header(CLASS_OPENFLOW_BASIC, 11, 4, false), payload: Bytes::copy_from_slice(&a.octets()) }];
+        let mut b = Vec::new();
+        f.encode(&mut b).unwrap();
+        FlowStatsEntry::Raw(RawFlowStats { bytes: Bytes::from(b) })
+    })
+    .boxed()
+}
+
 fn flow_stats_request() -> impl Strategy<Value = FlowStatsRequest> {
     (any::<u8>(), port_no(), any::<u32>(), any::<u64>(), any::<u64>(), flow_match()).prop_map(
         |(table_id, out_port, out_group, cookie, cookie_mask, match_)| FlowStatsRequest {
@@ -481,7 +530,8 @@ fn port() -> impl Strategy<Value = Port> {
 
 fn multipart_reply() -> BoxedStrategy<MultipartReply> {
     let body = prop_oneof![
-        3 => vec(flow_stats(), 0..4).prop_map(MultipartReplyBody::Flow),
+        3 => vec(prop_oneof![3 => flow_stats().prop_map(FlowStatsEntry::Typed), 1 => raw_flow_stats()], 0..4)
+            .prop_map(MultipartReplyBody::Flow),
         1 => (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(packet_count, byte_count, flow_count)| {
             MultipartReplyBody::Aggregate(AggregateStats { packet_count, byte_count, flow_count })
         }),
@@ -505,7 +555,7 @@ fn hello() -> BoxedStrategy<Hello> {
             .prop_filter("a bitmap", |(t, d)| !(*t == 1 && d.len() % 4 == 0))
             .prop_map(|(typ, data)| HelloElement::Unknown { typ, data }),
     ];
-    prop_oneof![Just(Hello::of13()), vec(element, 0..4).prop_map(|elements| Hello { elements })].boxed()
+    prop_oneof![Just(Hello::of13()), vec(element, 0..4).prop_map(|elements| Hello { elements, trailing: Bytes::new() })].boxed()
 }
 
 fn error_msg() -> BoxedStrategy<ErrorMsg> {
@@ -622,7 +672,7 @@ fn encodable_message() -> BoxedStrategy<(OfMessage, Bytes)> {
 fn check_idempotent(bytes: &[u8]) -> Result<(), TestCaseError> {
     let Ok(m) = OfMessage::decode(bytes) else { return Ok(()) };
     // Re-encoding may grow a message past 64 KiB (e.g. a 16-bit NXM in_port becomes the 32-bit
-    // OXM form, a missing HELLO padding is added); inputs here are far smaller than that.
+    // OXM form); inputs here are far smaller than that.
     let b = m.to_bytes().map_err(|e| TestCaseError::fail(format!("{e} re-encoding {m:?}")))?;
     prop_assert_eq!(b.len(), m.encoded_len());
     let again = OfMessage::decode(&b).map_err(|e| TestCaseError::fail(format!("{e}: {m:?} -> {b:02x?}")))?;
@@ -634,7 +684,7 @@ fn check_idempotent(bytes: &[u8]) -> Result<(), TestCaseError> {
         let _ = fm.to_string();
     }
     if let Message::MultipartReply(MultipartReply { body: MultipartReplyBody::Flow(v), .. }) = &m.msg {
-        for fs in v {
+        for fs in v.iter().filter_map(FlowStatsEntry::typed) {
             let _ = (fs.to_string(), fs.no_stats().to_string());
         }
     }

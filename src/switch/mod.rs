@@ -339,10 +339,10 @@ impl Switch {
         self.wait(xid, rx, what).await
     }
 
-    /// Dumps flows (all parts of the reply, typed).
+    /// Dumps flows (all parts of the reply, typed; see [`typed_flows`]).
     pub async fn dump_flows(&self, req: FlowStatsRequest) -> Result<Vec<FlowStats>, SwitchError> {
         match self.multipart(MultipartRequest::flows(req), "a flow dump").await? {
-            MultipartReplyBody::Flow(v) => Ok(v),
+            MultipartReplyBody::Flow(v) => Ok(typed_flows(v)),
             _ => Err(SwitchError::UnexpectedReply { request: "OFPMP_FLOW", got: "another multipart type" }),
         }
     }
@@ -372,7 +372,7 @@ impl Switch {
                 Ok(None) => return Err(SwitchError::Disconnected(CloseReason::Local)),
                 Ok(Some(Ok((MultipartReplyBody::Flow(v), more)))) => {
                     done = !more;
-                    each(v)
+                    each(typed_flows(v))
                 }
                 Ok(Some(Ok(_))) => {
                     self.inner.shared.table().forget(xid);
@@ -468,4 +468,20 @@ async fn keepalive(inner: std::sync::Weak<Inner>, interval: Duration) {
             }
         }
     }
+}
+
+/// The typed entries of a flow dump. An entry the openflow crate cannot model (a flow someone
+/// else installed, outside its model) is skipped with a warning instead of failing the dump.
+fn typed_flows(entries: Vec<openflow::FlowStatsEntry>) -> Vec<FlowStats> {
+    let (typed, raw) = openflow::split_flow_stats(entries);
+    for r in &raw {
+        tracing::warn!(
+            table = r.table_id(),
+            priority = r.priority(),
+            cookie = r.cookie(),
+            error = ?r.error(),
+            "flow dump: skipping a flow this agent cannot model"
+        );
+    }
+    typed
 }

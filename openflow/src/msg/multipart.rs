@@ -225,6 +225,122 @@ impl FlowStats {
     }
 }
 
+/// One entry of a flow-stats reply: typed, or kept whole when this crate cannot model it.
+///
+/// A switch may hold flows that other tools installed, with matches or actions outside this
+/// crate's model. One such flow must not make the whole dump undecodable: the reply is decoded
+/// entry by entry, and an entry that does not decode is kept as [`RawFlowStats`] (its exact
+/// bytes, re-encoded verbatim) while the others stay typed.
+// Typed is the common case (every flow this agent installs); boxing it would cost an allocation
+// per entry of every dump to shrink the rare raw case.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FlowStatsEntry {
+    Typed(FlowStats),
+    Raw(RawFlowStats),
+}
+
+impl From<FlowStats> for FlowStatsEntry {
+    fn from(f: FlowStats) -> Self {
+        FlowStatsEntry::Typed(f)
+    }
+}
+
+impl FlowStatsEntry {
+    /// The typed entry, if this is one.
+    pub fn typed(&self) -> Option<&FlowStats> {
+        match self {
+            FlowStatsEntry::Typed(f) => Some(f),
+            FlowStatsEntry::Raw(_) => None,
+        }
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            FlowStatsEntry::Typed(f) => f.encoded_len(),
+            FlowStatsEntry::Raw(r) => r.bytes.len(),
+        }
+    }
+
+    pub fn encode(&self, buf: &mut impl BufMut) -> Result<(), EncodeError> {
+        match self {
+            FlowStatsEntry::Typed(f) => f.encode(buf),
+            FlowStatsEntry::Raw(r) => {
+                buf.put_slice(&r.bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// Decodes one entry, typed if possible. Fails only when the entry's own length field is
+    /// unusable (then the rest of the reply cannot be split into entries either).
+    pub fn decode(r: &mut Reader<'_>) -> Result<FlowStatsEntry, DecodeError> {
+        let len = Reader::new(r.rest(), "ofp_flow_stats").u16()? as usize;
+        if len < FlowStats::FIXED_LEN + 8 || !len.is_multiple_of(8) {
+            return Err(DecodeError::BadLength { what: "ofp_flow_stats", len });
+        }
+        let entry = r.bytes(len)?;
+        Ok(match FlowStats::decode(&mut Reader::new(entry, "ofp_flow_stats")) {
+            Ok(f) => FlowStatsEntry::Typed(f),
+            Err(_) => FlowStatsEntry::Raw(RawFlowStats { bytes: Bytes::copy_from_slice(entry) }),
+        })
+    }
+}
+
+/// A flow-stats entry this crate could not decode into [`FlowStats`] (e.g. a match with fields
+/// in a combination it does not model), kept byte for byte. The fixed part is still readable.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RawFlowStats {
+    /// The whole `ofp_flow_stats`, from its length field to the end of its instructions. At
+    /// least 56 bytes and a multiple of 8 (checked when decoded).
+    pub bytes: Bytes,
+}
+
+impl RawFlowStats {
+    fn be16(&self, at: usize) -> u16 {
+        u16::from_be_bytes([self.bytes[at], self.bytes[at + 1]])
+    }
+    fn be64(&self, at: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.bytes[at..at + 8]);
+        u64::from_be_bytes(b)
+    }
+    /// Reads a fixed-part field, or 0 if a hand-built value is shorter than the fixed part.
+    fn fixed<T: Default>(&self, end: usize, get: impl FnOnce(&Self) -> T) -> T {
+        if self.bytes.len() >= end {
+            get(self)
+        } else {
+            T::default()
+        }
+    }
+    pub fn table_id(&self) -> u8 {
+        self.fixed(3, |s| s.bytes[2])
+    }
+    pub fn priority(&self) -> u16 {
+        self.fixed(14, |s| s.be16(12))
+    }
+    pub fn cookie(&self) -> u64 {
+        self.fixed(32, |s| s.be64(24))
+    }
+    /// Why the entry did not decode (decoding it again).
+    pub fn error(&self) -> Option<DecodeError> {
+        FlowStats::decode(&mut Reader::new(&self.bytes, "ofp_flow_stats")).err()
+    }
+}
+
+/// Splits flow-stats entries into the typed ones and the raw ones, keeping each side's order.
+pub fn split_flow_stats(entries: Vec<FlowStatsEntry>) -> (Vec<FlowStats>, Vec<RawFlowStats>) {
+    let mut typed = Vec::with_capacity(entries.len());
+    let mut raw = Vec::new();
+    for e in entries {
+        match e {
+            FlowStatsEntry::Typed(f) => typed.push(f),
+            FlowStatsEntry::Raw(r) => raw.push(r),
+        }
+    }
+    (typed, raw)
+}
+
 /// OFPMP_AGGREGATE reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AggregateStats {
@@ -305,7 +421,8 @@ impl Port {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MultipartReplyBody {
-    Flow(Vec<FlowStats>),
+    /// Flow stats, entry by entry (see [`FlowStatsEntry`]).
+    Flow(Vec<FlowStatsEntry>),
     Aggregate(AggregateStats),
     PortDesc(Vec<Port>),
     Unknown { mp_type: u16, body: Bytes },
@@ -325,7 +442,7 @@ impl MultipartReply {
 
     pub fn encoded_len(&self) -> usize {
         8 + match &self.body {
-            MultipartReplyBody::Flow(v) => v.iter().map(FlowStats::encoded_len).sum(),
+            MultipartReplyBody::Flow(v) => v.iter().map(FlowStatsEntry::encoded_len).sum(),
             MultipartReplyBody::Aggregate(_) => 24,
             MultipartReplyBody::PortDesc(v) => v.len() * Port::LEN,
             MultipartReplyBody::Unknown { body, .. } => body.len(),
@@ -369,7 +486,7 @@ impl MultipartReply {
             OFPMP_FLOW => {
                 let mut v = Vec::new();
                 while !r.is_empty() {
-                    v.push(FlowStats::decode(&mut r)?);
+                    v.push(FlowStatsEntry::decode(&mut r)?);
                 }
                 MultipartReplyBody::Flow(v)
             }
@@ -418,5 +535,69 @@ impl MultipartAssembler {
             _ => return Err(MixedMultipart),
         }
         Ok(if more { None } else { self.acc.take() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::action::Action;
+    use crate::flow_match::EthMatch;
+    use crate::wire::hex;
+
+    /// A flow-stats reply in the shape OVS 3.1 sends for `ovs-ofctl dump-flows` (fixed part,
+    /// OXM match, instructions), with three entries: a flow this crate types; a flow whose match
+    /// it cannot type (ipv4_src with eth_type ARP, which OVS itself would not hold, standing in
+    /// for any match outside the model); and a flow with an action it does not know
+    /// (NXAST_OUTPUT_TRUNC), which stays typed with an `Unknown` action.
+    const REPLY: &str = "
+        0001 0000 00000000
+        0058 01 00 00000094 3314c840 0064 0000 0000 0000 00000000 0000000000000000
+             0000000000000000 0000000000000000
+             0001 0010 80000a02 8035 80002a02 0003
+             0004 0018 00000000 0000 0010 00000002 0000 000000000000
+        0050 02 00 00000005 00000000 0064 0000 0000 0000 00000000 0000000000000abc
+             0000000000000002 0000000000000080
+             0001 0012 80000a02 0806 80001604 0a000001 000000000000
+             0001 0008 03 000000
+        0050 03 00 00000001 00000000 8000 0000 0000 0000 00000000 0000000000000000
+             0000000000000000 0000000000000000
+             0001 0004 00000000
+             0004 0018 00000000 ffff 0010 00002320 0027 0002 00000080
+    ";
+
+    #[test]
+    fn one_undecodable_entry_does_not_fail_the_reply() {
+        let body = hex(REPLY);
+        let len = (8 + body.len() as u16).to_be_bytes();
+        let mut msg = vec![0x04, 0x13, len[0], len[1], 0, 0, 0, 9];
+        msg.extend_from_slice(&body);
+        let m = crate::OfMessage::decode(&msg).unwrap();
+        let crate::Message::MultipartReply(MultipartReply { body: MultipartReplyBody::Flow(v), .. }) = &m.msg else {
+            panic!("{m:?}")
+        };
+        assert_eq!(v.len(), 3);
+        // 1: rarp,arp_op=3 (RARP with ARP fields is typed).
+        let f = v[0].typed().expect("typed");
+        assert!(matches!(f.match_.eth, EthMatch::Rarp(a) if a.op == Some(3)));
+        assert_eq!(f.to_string(), "cookie=0x0, duration=148.857s, table=1, n_packets=0, n_bytes=0, priority=100,rarp,arp_op=3 actions=output:2");
+        // 2: kept raw, fixed part still readable, reason available.
+        let FlowStatsEntry::Raw(r) = &v[1] else { panic!("{:?}", v[1]) };
+        assert_eq!((r.table_id(), r.priority(), r.cookie()), (2, 100, 0xabc));
+        assert!(matches!(r.error(), Some(DecodeError::Prerequisite { .. })));
+        // 3: an unknown action keeps the entry typed.
+        let f = v[2].typed().expect("typed");
+        assert!(matches!(&f.instructions[0], Instruction::ApplyActions(a) if matches!(a[0], Action::Unknown(_))));
+        // The whole reply re-encodes byte for byte.
+        assert_eq!(m.to_bytes().unwrap(), msg);
+        let (typed, raw) = split_flow_stats(v.clone());
+        assert_eq!((typed.len(), raw.len()), (2, 1));
+    }
+
+    #[test]
+    fn an_unusable_entry_length_still_fails() {
+        // Length 8: cannot even hold the fixed part, so the rest cannot be split into entries.
+        let body = hex("0001 0000 00000000 0008 00 00 00000000");
+        assert!(MultipartReply::decode(&body).is_err());
     }
 }

@@ -15,7 +15,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use openflow::{
-    Action, ArpMatch, EthMatch, FlowMod, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, NxmField,
+    Action, ArpMatch, Ct, CtZone, EthMatch, FlowMod, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, NxmField,
     PortNo, RegMove, SetField, Subfield,
 };
 
@@ -686,7 +686,7 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
             vec![],
         ),
         ("ipv6", Match { eth: EthMatch::Other(0x86dd), ..Match::any() }, vec![]),
-        ("rarp", Match { eth: EthMatch::Other(0x8035), ..Match::any() }, vec![]),
+        ("rarp", Match { eth: EthMatch::Rarp(ArpMatch::default()), ..Match::any() }, vec![]),
         ("lldp dl_type", Match { eth: EthMatch::Other(0x88cc), ..Match::any().in_port(PortNo::LOCAL) }, vec![]),
         ("masked regs", masked_reg, vec![]),
         ("tunnel masks", tun, vec![]),
@@ -792,6 +792,72 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
             vec![],
         ),
         ("empty apply", Match::any(), vec![Instruction::ApplyActions(vec![])]),
+        (
+            "rarp arp fields",
+            Match {
+                eth: EthMatch::Rarp(ArpMatch {
+                    op: Some(3),
+                    spa: Some(cidr("10.0.0.0/8")),
+                    tpa: Some(cidr("10.0.0.2")),
+                    sha: Some(Masked::exact(mac("00:11:22:33:44:55"))),
+                    tha: Some(Masked::new(mac("66:77:88:99:aa:bb"), mac("ff:ff:ff:00:00:00"))),
+                }),
+                ..Match::any()
+            },
+            vec![],
+        ),
+        ("ip nw_proto=2", ipm(Ipv4Match { proto: Some(IpProto::Other(2)), ..Default::default() }), vec![]),
+        ("in_port reserved names", Match::any().in_port(PortNo::LOCAL), vec![]),
+        ("in_port IN_PORT", Match::any().in_port(PortNo::IN_PORT), vec![]),
+        (
+            "resubmit forms",
+            Match::any(),
+            act(vec![
+                Action::ResubmitTable { in_port: 5, table: 255 },
+                Action::ResubmitTable { in_port: 0xfffe, table: 255 },
+                Action::ResubmitTable { in_port: 0xfffe, table: 3 },
+                Action::ResubmitTable { in_port: 0xfffa, table: 255 },
+                Action::ResubmitTable { in_port: 0xfff8, table: 4 },
+            ]),
+        ),
+        (
+            "nx resubmit",
+            Match::any(),
+            act(vec![Action::Resubmit { in_port: 5 }, Action::Resubmit { in_port: 0xfffd }]),
+        ),
+        (
+            "ct commit table",
+            ipm(Ipv4Match { dst: Some(cidr("10.128.0.0/14")), ..Default::default() }),
+            act(vec![Action::Ct(Ct::new().commit().table(30))]),
+        ),
+        (
+            "ct zone from field",
+            ipm(Ipv4Match::default()),
+            act(vec![Action::Ct(
+                Ct::new().table(30).zone(CtZone::Field(Subfield::bits(NxmField::Reg(0), 0, 15).unwrap())),
+            )]),
+        ),
+        (
+            "ct zone imm exec alg",
+            ipm(Ipv4Match { proto: Some(IpProto::Tcp { dst: None }), ..Default::default() }),
+            act(vec![Action::Ct(Ct {
+                alg: 21,
+                ..Ct::new().commit().zone(CtZone::Imm(5)).exec(vec![Action::SetField(SetField::CtMark(1))])
+            })]),
+        ),
+        ("ct plain", ipm(Ipv4Match::default()), act(vec![Action::Ct(Ct::new()), Action::output(3)])),
+        (
+            "ct_state +rpl+trk",
+            ipm(Ipv4Match::default()).ct_state(0x28, 0x28),
+            act(vec![Action::output_reg(2)]),
+        ),
+        ("ct_state -new+est+trk", ipm(Ipv4Match::default()).ct_state(0x22, 0x23), vec![]),
+        (
+            "ct_zone ct_mark",
+            Match { ct_zone: Some(5), ct_mark: Some(Masked::new(3, 0xf)), ..Match::any().ct_state(0x20, 0x20) },
+            vec![],
+        ),
+        ("ct_mark exact", Match { ct_mark: Some(Masked::exact(0x10)), ..Match::any() }, vec![]),
     ]);
     shapes
 }

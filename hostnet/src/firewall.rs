@@ -1,0 +1,220 @@
+//! The node's packet filter and NAT rules in our own nftables table (openshift-sdn's
+//! node_iptables.go, translated to one nf_tables table instead of rules spliced into the
+//! shared iptables chains).
+//!
+//! Installing is one atomic netlink batch: "add table (a no-op if it exists), delete table,
+//! add table, chains, rules". The kernel applies a batch all or nothing, so readers see either
+//! the old rule set or the new one — never an empty or half-built table — and running it
+//! again replaces rather than duplicates.
+
+use std::ffi::CString;
+
+use ipnet::Ipv4Net;
+
+use crate::{
+    error::{Error, Result},
+    names::check_ifname,
+    netns::Netns,
+    nfbatch, nfnl,
+};
+
+/// Default name of our table (family `ip`).
+pub const DEFAULT_TABLE: &str = "sdn-node";
+
+/// Parameters of the rule set.
+#[derive(Clone, Debug)]
+pub struct FirewallConfig {
+    /// Our table's name; one table per agent, so tests can use their own.
+    pub table: String,
+    pub cluster_network: Ipv4Net,
+    /// Accepted for completeness with the agent's configuration; openshift-sdn's node rules
+    /// do not match on it (kube-proxy owns service traffic), so neither do ours.
+    pub service_network: Ipv4Net,
+    /// UDP port of VXLAN traffic from other nodes (4789).
+    pub vxlan_port: u16,
+    /// The gateway interface (tun0).
+    pub tun: String,
+}
+
+impl FirewallConfig {
+    /// The usual configuration: table `sdn-node`, VXLAN port 4789, `tun0`.
+    pub fn new(cluster_network: Ipv4Net, service_network: Ipv4Net) -> Self {
+        FirewallConfig {
+            table: DEFAULT_TABLE.into(),
+            cluster_network,
+            service_network,
+            vxlan_port: 4789,
+            tun: "tun0".into(),
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        check_table_name(&self.table)?;
+        check_ifname(&self.tun)?;
+        if self.vxlan_port == 0 {
+            return Err(Error::invalid("VXLAN port 0", "must be 1..=65535"));
+        }
+        Ok(())
+    }
+}
+
+/// The base chains of our table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainId {
+    /// nat, hook postrouting, priority 100 (srcnat).
+    Postrouting,
+    /// filter, hook forward, priority 0, policy accept.
+    Forward,
+    /// filter, hook input, priority 0, policy accept.
+    Input,
+}
+
+impl ChainId {
+    pub const ALL: [ChainId; 3] = [ChainId::Postrouting, ChainId::Forward, ChainId::Input];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainId::Postrouting => "postrouting",
+            ChainId::Forward => "forward",
+            ChainId::Input => "input",
+        }
+    }
+}
+
+/// One match of a rule; all matches of a rule must hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    SaddrIn(Ipv4Net),
+    DaddrIn(Ipv4Net),
+    DaddrNotIn(Ipv4Net),
+    CtStateInvalid,
+    UdpDport(u16),
+    IifName(String),
+}
+
+/// What a matching packet gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Accept,
+    Drop,
+    Masquerade,
+}
+
+/// One rule, in chain order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleSpec {
+    pub chain: ChainId,
+    pub matches: Vec<Match>,
+    pub action: Action,
+    pub comment: &'static str,
+}
+
+/// The rule set, as data (so its order and content are unit-testable without a kernel).
+pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
+    let cn = cfg.cluster_network.trunc();
+    let rule = |chain, matches, action, comment| RuleSpec { chain, matches, action, comment };
+    vec![
+        rule(
+            ChainId::Postrouting,
+            vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)],
+            Action::Masquerade,
+            "masquerade pod-to-service and pod-to-external traffic",
+        ),
+        // INVALID first: a late retransmission after a connection closed must not be
+        // forwarded by the accepts below.
+        rule(
+            ChainId::Forward,
+            vec![Match::SaddrIn(cn), Match::CtStateInvalid],
+            Action::Drop,
+            "attempted resend after connection close",
+        ),
+        rule(ChainId::Forward, vec![Match::DaddrIn(cn)], Action::Accept, "forward traffic to SDN"),
+        rule(ChainId::Forward, vec![Match::SaddrIn(cn)], Action::Accept, "forward traffic from SDN"),
+        rule(ChainId::Input, vec![Match::UdpDport(cfg.vxlan_port)], Action::Accept, "VXLAN incoming"),
+        rule(ChainId::Input, vec![Match::IifName(cfg.tun.clone())], Action::Accept, "from SDN to localhost"),
+    ]
+}
+
+/// Installs (or atomically replaces) the rule set in namespace `ns`.
+pub async fn install_firewall(ns: &Netns, cfg: &FirewallConfig) -> Result<()> {
+    cfg.validate()?;
+    let cfg = cfg.clone();
+    ns.run(&format!("install nftables table ip {}", cfg.table), move || {
+        let (batch, names) = nfbatch::install_batch(&cfg.table, &rules(&cfg))?;
+        nfnl::send_batch(&batch, &names)
+    })
+    .await
+}
+
+/// Removes our table from namespace `ns`; a missing table is success.
+pub async fn remove_firewall(ns: &Netns, table: &str) -> Result<()> {
+    check_table_name(table)?;
+    let table = table.to_string();
+    ns.run(&format!("remove nftables table ip {table}"), move || {
+        let (batch, names) = nfbatch::remove_batch(&table)?;
+        nfnl::send_batch(&batch, &names)
+    })
+    .await
+}
+
+fn check_table_name(name: &str) -> Result<()> {
+    // NFT_NAME_MAXLEN is 256 including the NUL.
+    if name.is_empty() || name.len() > 255 || CString::new(name).is_err() {
+        return Err(Error::invalid(
+            format!("nftables table name {name:?}"),
+            "empty, longer than 255 bytes or containing NUL",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> FirewallConfig {
+        FirewallConfig::new("10.128.0.0/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap())
+    }
+
+    #[test]
+    fn forward_chain_drops_invalid_first() {
+        let r = rules(&cfg());
+        let fwd: Vec<_> = r.iter().filter(|r| r.chain == ChainId::Forward).collect();
+        assert_eq!(fwd.len(), 3);
+        assert_eq!(fwd[0].action, Action::Drop);
+        assert!(fwd[0].matches.contains(&Match::CtStateInvalid));
+        assert!(fwd[1..].iter().all(|r| r.action == Action::Accept));
+    }
+
+    #[test]
+    fn masquerade_only_leaving_cluster() {
+        let r = rules(&cfg());
+        let cn: Ipv4Net = "10.128.0.0/14".parse().unwrap();
+        assert_eq!(r[0].matches, vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)]);
+        assert_eq!(r[0].action, Action::Masquerade);
+    }
+
+    #[test]
+    fn input_uses_parameters() {
+        let mut c = cfg();
+        c.vxlan_port = 8472;
+        c.tun = "br-gw".into();
+        let r = rules(&c);
+        assert!(r.iter().any(|r| r.matches == vec![Match::UdpDport(8472)]));
+        assert!(r.iter().any(|r| r.matches == vec![Match::IifName("br-gw".into())]));
+    }
+
+    #[test]
+    fn host_bits_of_cluster_network_are_ignored() {
+        let c = FirewallConfig::new("10.128.3.7/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap());
+        assert_eq!(rules(&c)[1].matches[0], Match::SaddrIn("10.128.0.0/14".parse().unwrap()));
+    }
+
+    #[test]
+    fn table_names() {
+        check_table_name("sdn-node").unwrap();
+        assert!(check_table_name("").is_err());
+        assert!(check_table_name("a\0b").is_err());
+        assert!(check_table_name(&"x".repeat(256)).is_err());
+    }
+}

@@ -1,0 +1,34 @@
+//! Host networking for the sdn-node agent, done the way openshift-sdn's node did it but
+//! without running any command: rtnetlink for links, addresses and routes; nf_tables over
+//! netlink for the firewall; the ethtool ioctl for offloads; /proc/sys files for sysctls.
+//!
+//! Every operation takes the network namespace it acts in ([`Netns`]), so the agent passes the
+//! host namespace and tests pass throwaway ones. Every kernel request has a deadline, replies
+//! are never trusted enough to panic on, and errors name the object they concern.
+//!
+//! - [`setup_pod`] / [`teardown_pod`] / [`check_pod`]: a pod's veth interface (CNI ADD/DEL/CHECK).
+//! - [`setup_host`]: the gateway interface (tun0), its routes and forwarding sysctls.
+//! - [`install_firewall`] / [`remove_firewall`]: the node's nftables table.
+//! - [`Ipam`]: pod address bookkeeping in the node subnet.
+
+pub mod error;
+pub mod ethtool;
+pub mod firewall;
+pub mod host;
+pub mod ipam;
+pub mod mac;
+pub mod names;
+pub mod netns;
+mod nfbatch;
+mod nfnl;
+pub mod nl;
+pub mod pod;
+pub mod sysctl;
+
+pub use error::{Error, Result};
+pub use firewall::{install_firewall, remove_firewall, FirewallConfig, DEFAULT_TABLE};
+pub use host::{setup_host, HostChanges, HostConfig};
+pub use ipam::{Ipam, IpamError};
+pub use mac::MacAddr;
+pub use netns::Netns;
+pub use pod::{check_pod, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};

@@ -1,0 +1,101 @@
+//! Network namespace handles.
+//!
+//! Netlink sockets, ioctl sockets and /proc/sys/net files are bound to the network namespace
+//! of the thread that *creates or opens* them, and keep that binding afterwards. So to work in
+//! another namespace we switch a dedicated, short-lived OS thread into it with `setns(2)`,
+//! create the socket (or do the blocking work) there, switch back, and let the thread end.
+//! The calling thread — a tokio worker shared with unrelated tasks — never changes namespace,
+//! which is the mistake that makes "sometimes my route went into the pod" bugs.
+
+use std::{
+    fs::File,
+    os::fd::{AsRawFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use crate::error::{Error, Result};
+
+/// Upper bound for one piece of blocking work run inside a namespace. The work itself uses
+/// socket timeouts well below this; the bound only keeps a wedged kernel from hanging callers.
+pub const NS_WORK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An open network namespace. Holding the file keeps the namespace alive even if its bind
+/// mount (`/var/run/netns/X`) or process goes away meanwhile.
+#[derive(Clone, Debug)]
+pub struct Netns {
+    fd: Arc<OwnedFd>,
+    path: PathBuf,
+}
+
+impl Netns {
+    /// Opens a namespace by path: `/var/run/netns/NAME` or `/proc/PID/ns/net`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| Error::io("open netns", path.display().to_string(), e))?;
+        Ok(Netns { fd: Arc::new(file.into()), path })
+    }
+
+    /// The namespace of the calling process (the host namespace, for the agent).
+    pub fn current() -> Result<Self> {
+        Self::open("/proc/self/ns/net")
+    }
+
+    /// The path this handle was opened from, for messages.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn raw_fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    /// Runs blocking `work` on a fresh OS thread that has entered this namespace, and returns
+    /// its result. The thread switches back before ending; if even that fails the thread ends
+    /// anyway, so no thread is ever left behind in the wrong namespace.
+    pub async fn run<R, F>(&self, what: &str, work: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce() -> Result<R> + Send + 'static,
+    {
+        let target = self.fd.clone();
+        let object = format!("{} in netns {}", what, self.path.display());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let thread_object = object.clone();
+        std::thread::Builder::new()
+            .name("hostnet-netns".into())
+            .spawn(move || {
+                let _ = tx.send(in_netns(&target, &thread_object, work));
+            })
+            .map_err(|e| Error::io("spawn thread for", object.clone(), e))?;
+        match tokio::time::timeout(NS_WORK_TIMEOUT, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => {
+                Err(Error::Reply { object, reason: "worker thread ended without a result (panicked)".into() })
+            }
+            Err(_) => Err(Error::Timeout { op: "run", object, after: NS_WORK_TIMEOUT }),
+        }
+    }
+}
+
+/// Body of the worker thread: enter, work, leave.
+fn in_netns<R>(target: &OwnedFd, object: &str, work: impl FnOnce() -> Result<R>) -> Result<R> {
+    let original = File::open("/proc/thread-self/ns/net").map_err(|e| Error::io("open own netns for", object, e))?;
+    setns(target.as_raw_fd()).map_err(|e| Error::io("enter netns for", object, e))?;
+    let result = work();
+    // Returning matters only for tidiness (the thread ends next); a failure here cannot
+    // affect any other thread, so the work's own result is what we report.
+    let _ = setns(original.as_raw_fd());
+    result
+}
+
+fn setns(fd: i32) -> std::io::Result<()> {
+    // SAFETY: plain system call on a file descriptor we own; affects only this thread.
+    let rc = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

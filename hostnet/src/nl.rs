@@ -1,0 +1,299 @@
+//! A route-netlink connection bound to one namespace, with a deadline on every request and
+//! errors that name the object. Thin on purpose: the policy lives in `pod`, `host`.
+
+use std::{
+    future::Future,
+    net::{IpAddr, Ipv4Addr},
+    os::fd::{FromRawFd, IntoRawFd},
+    time::Duration,
+};
+
+use futures::{Stream, TryStreamExt};
+use ipnet::Ipv4Net;
+use rtnetlink::{
+    packet_route::{
+        address::{AddressAttribute, AddressFlags, AddressMessage},
+        link::{LinkAttribute, LinkFlags, LinkMessage},
+        route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
+        AddressFamily,
+    },
+    sys::{protocols::NETLINK_ROUTE, Socket, TokioSocket},
+    Handle,
+};
+
+use crate::{
+    error::{Error, Result},
+    netns::Netns,
+};
+
+/// Deadline for one netlink request (a dump included).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What we read back about a link.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub mac: Option<[u8; 6]>,
+    pub mtu: Option<u32>,
+    pub up: bool,
+}
+
+/// What we read back about an IPv4 route in the main table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteInfo {
+    pub dst: Ipv4Net,
+    pub gateway: Option<Ipv4Addr>,
+    pub oif: Option<u32>,
+    pub scope: RouteScope,
+}
+
+/// A connection to rtnetlink inside one namespace. The background task is aborted on drop.
+pub struct Nl {
+    handle: Handle,
+    task: tokio::task::JoinHandle<()>,
+    ns: String,
+}
+
+impl Drop for Nl {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Nl {
+    /// Opens a socket inside `ns` (see `Netns::run` for why on another thread) and drives it
+    /// from the current tokio runtime.
+    pub async fn connect(ns: &Netns) -> Result<Nl> {
+        let fd = ns
+            .run("create rtnetlink socket", || {
+                Socket::new(NETLINK_ROUTE)
+                    .map(|s| s.into_raw_fd())
+                    .map_err(|e| Error::io("create", "rtnetlink socket", e))
+            })
+            .await?;
+        // SAFETY: `fd` is a fresh socket whose ownership the worker thread gave up.
+        let socket = unsafe { TokioSocket::from_raw_fd(fd) };
+        let (conn, handle, _) = rtnetlink::from_socket(socket);
+        let task = tokio::spawn(conn);
+        Ok(Nl { handle, task, ns: ns.path().display().to_string() })
+    }
+
+    fn object(&self, what: &str) -> String {
+        format!("{what} (netns {})", self.ns)
+    }
+
+    async fn call<T>(
+        &self,
+        op: &'static str,
+        what: &str,
+        fut: impl Future<Output = Result<T, rtnetlink::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(Error::Netlink { op, object: self.object(what), source }),
+            Err(_) => Err(Error::Timeout { op, object: self.object(what), after: REQUEST_TIMEOUT }),
+        }
+    }
+
+    async fn collect<T>(
+        &self,
+        op: &'static str,
+        what: &str,
+        stream: impl Stream<Item = Result<T, rtnetlink::Error>>,
+    ) -> Result<Vec<T>> {
+        self.call(op, what, stream.try_collect::<Vec<T>>()).await
+    }
+
+    /// The link called `name`, or None.
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+        let req = self.handle.link().get().match_name(name).execute();
+        match self.collect("get link", &format!("link {name}"), req).await {
+            Ok(msgs) => Ok(msgs.iter().map(link_info).next()),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The link called `name`; its absence is an error naming `kind` (e.g. "pod interface").
+    pub async fn require_link(&self, kind: &'static str, name: &str) -> Result<Link> {
+        self.link_by_name(name).await?.ok_or_else(|| Error::NotFound { kind, name: self.object(name) })
+    }
+
+    /// Creates a link from a prepared message (NLM_F_EXCL: an existing name is EEXIST).
+    pub async fn link_add(&self, msg: LinkMessage, what: &str) -> Result<()> {
+        self.call("create", what, self.handle.link().add(msg).execute()).await
+    }
+
+    /// Changes a link (flags, MTU, address...) from a prepared message.
+    pub async fn link_set(&self, msg: LinkMessage, what: &str) -> Result<()> {
+        self.call("change", what, self.handle.link().set(msg).execute()).await
+    }
+
+    /// Sets the link up (and optionally its MTU).
+    pub async fn link_up(&self, link: &Link, mtu: Option<u32>) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = link.index;
+        msg.header.flags = LinkFlags::Up;
+        msg.header.change_mask = LinkFlags::Up;
+        if let Some(mtu) = mtu {
+            msg.attributes.push(LinkAttribute::Mtu(mtu));
+        }
+        self.link_set(msg, &format!("link {}", link.name)).await
+    }
+
+    /// Deletes a link; a link that is already gone is success.
+    pub async fn link_del(&self, index: u32, name: &str) -> Result<()> {
+        let what = format!("link {name}");
+        match self.call("delete", &what, self.handle.link().del(index).execute()).await {
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// IPv4 addresses on a link, as address/prefix.
+    pub async fn addrs_v4(&self, link: &Link) -> Result<Vec<Ipv4Net>> {
+        let req = self.handle.address().get().set_link_index_filter(link.index).execute();
+        let what = format!("addresses of {}", link.name);
+        let msgs = self.collect("list", &what, req).await?;
+        Ok(msgs.iter().filter(|m| m.header.index == link.index).filter_map(addr_v4).collect())
+    }
+
+    /// Adds an IPv4 address. With `no_prefix_route` the kernel does not add the subnet route
+    /// (IFA_F_NOPREFIXROUTE), for interfaces whose routes we manage ourselves.
+    pub async fn addr_add(&self, link: &Link, addr: Ipv4Net, no_prefix_route: bool) -> Result<()> {
+        let mut req = self.handle.address().add(link.index, IpAddr::V4(addr.addr()), addr.prefix_len());
+        if no_prefix_route {
+            req.message_mut().attributes.push(AddressAttribute::Flags(AddressFlags::Noprefixroute));
+        }
+        let what = format!("address {addr} on {}", link.name);
+        self.call("add", &what, req.execute()).await
+    }
+
+    /// Removes an IPv4 address; one already gone is success.
+    pub async fn addr_del(&self, link: &Link, addr: Ipv4Net) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.family = AddressFamily::Inet;
+        msg.header.index = link.index;
+        msg.header.prefix_len = addr.prefix_len();
+        msg.attributes.push(AddressAttribute::Local(IpAddr::V4(addr.addr())));
+        msg.attributes.push(AddressAttribute::Address(IpAddr::V4(addr.addr())));
+        let what = format!("address {addr} on {}", link.name);
+        match self.call("delete", &what, self.handle.address().del(msg).execute()).await {
+            Err(e) if e.errno() == Some(libc::EADDRNOTAVAIL) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// IPv4 routes of the main table.
+    pub async fn routes_v4(&self) -> Result<Vec<RouteInfo>> {
+        let msg = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let req = self.handle.route().get(msg).execute();
+        let msgs = self.collect("list", "IPv4 routes", req).await?;
+        Ok(msgs.iter().filter_map(route_info).collect())
+    }
+
+    /// Adds or replaces (NLM_F_REPLACE) an IPv4 route in the main table through `link`,
+    /// via `gateway` or, without one, on-link (scope link).
+    pub async fn route_replace(&self, dst: Ipv4Net, gateway: Option<Ipv4Addr>, link: &Link) -> Result<()> {
+        let mut b = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst.network(), dst.prefix_len())
+            .output_interface(link.index);
+        b = match gateway {
+            Some(gw) => b.gateway(gw),
+            None => b.scope(RouteScope::Link),
+        };
+        let what = route_name(dst, gateway, &link.name);
+        let req = self.handle.route().add(b.build()).replace();
+        self.call("add", &what, req.execute()).await
+    }
+
+    /// Deletes a main-table IPv4 route to `dst` through link index `oif`; a missing route is
+    /// success.
+    pub async fn route_del(&self, dst: Ipv4Net, oif: u32, dev: &str) -> Result<()> {
+        let mut msg = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(dst.network(), dst.prefix_len())
+            .output_interface(oif)
+            .build();
+        // Match any protocol/scope: the kernel's own prefix routes are proto kernel.
+        msg.header.protocol = Default::default();
+        msg.header.scope = RouteScope::NoWhere;
+        let what = route_name(dst, None, dev);
+        match self.call("delete", &what, self.handle.route().del(msg).execute()).await {
+            Err(e) if e.errno() == Some(libc::ESRCH) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+fn route_name(dst: Ipv4Net, gateway: Option<Ipv4Addr>, dev: &str) -> String {
+    match gateway {
+        Some(gw) => format!("route {dst} via {gw} dev {dev}"),
+        None => format!("route {dst} dev {dev}"),
+    }
+}
+
+fn link_info(m: &LinkMessage) -> Link {
+    let mut link = Link {
+        index: m.header.index,
+        name: String::new(),
+        mac: None,
+        mtu: None,
+        up: m.header.flags.contains(LinkFlags::Up),
+    };
+    for a in &m.attributes {
+        match a {
+            LinkAttribute::IfName(n) => link.name = n.clone(),
+            LinkAttribute::Address(a) => link.mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
+            LinkAttribute::Mtu(m) => link.mtu = Some(*m),
+            _ => {}
+        }
+    }
+    link
+}
+
+fn addr_v4(m: &AddressMessage) -> Option<Ipv4Net> {
+    if m.header.family != AddressFamily::Inet {
+        return None;
+    }
+    // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on point-to-point
+    // links, so prefer LOCAL.
+    let mut local = None;
+    let mut address = None;
+    for a in &m.attributes {
+        match a {
+            AddressAttribute::Local(IpAddr::V4(ip)) => local = Some(*ip),
+            AddressAttribute::Address(IpAddr::V4(ip)) => address = Some(*ip),
+            _ => {}
+        }
+    }
+    Ipv4Net::new(local.or(address)?, m.header.prefix_len).ok()
+}
+
+fn route_info(m: &RouteMessage) -> Option<RouteInfo> {
+    if m.header.address_family != AddressFamily::Inet {
+        return None;
+    }
+    let mut table = u32::from(m.header.table);
+    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let mut gateway = None;
+    let mut oif = None;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            _ => {}
+        }
+    }
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+        return None;
+    }
+    Some(RouteInfo {
+        dst: Ipv4Net::new(dst, m.header.destination_prefix_length).ok()?,
+        gateway,
+        oif,
+        scope: m.header.scope,
+    })
+}

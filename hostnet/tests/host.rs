@@ -1,0 +1,117 @@
+//! Host-side setup (tun0, routes, sysctls, openshift-sdn v1 leftovers) in a throwaway
+//! namespace, verified with `ip -j` and the namespace's /proc/sys. A bridge stands in for the
+//! OVS internal port tun0 (this kernel may lack the dummy driver).
+
+mod common;
+
+use common::{root_or_skip, route, TestNs};
+use hostnet::{setup_host, Error, HostConfig};
+
+fn cfg() -> HostConfig {
+    HostConfig {
+        tun: "tun0".into(),
+        node_subnet: "10.128.2.0/23".parse().unwrap(),
+        mtu: 1450,
+        cluster_network: "10.128.0.0/14".parse().unwrap(),
+        service_network: "172.30.0.0/16".parse().unwrap(),
+    }
+}
+
+fn sysctl(t: &TestNs, path: &str) -> String {
+    t.exec(&["cat", path]).trim().to_string()
+}
+
+fn assert_configured(t: &TestNs) {
+    let tun = t.link("tun0").unwrap();
+    assert_eq!(tun["mtu"], 1450);
+    assert!(tun["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "{tun}");
+    assert_eq!(t.addrs("tun0"), vec!["10.128.2.1/23"]);
+    let routes = t.routes();
+    let cluster = route(&routes, "10.128.0.0/14").unwrap_or_else(|| panic!("{routes:?}"));
+    assert_eq!(cluster["dev"], "tun0");
+    assert_eq!(cluster["scope"], "link");
+    let svc = route(&routes, "172.30.0.0/16").unwrap_or_else(|| panic!("{routes:?}"));
+    assert_eq!(svc["dev"], "tun0");
+    assert!(svc.get("gateway").is_none());
+    assert!(
+        route(&routes, "10.128.2.0/23").is_none(),
+        "node subnet prefix route should not exist (covered by the cluster route): {routes:?}"
+    );
+    assert_eq!(sysctl(t, "/proc/sys/net/ipv4/ip_forward"), "1");
+    assert_eq!(sysctl(t, "/proc/sys/net/ipv4/conf/tun0/forwarding"), "1");
+}
+
+#[tokio::test]
+async fn configures_tun_routes_and_forwarding_idempotently() {
+    if !root_or_skip("configures_tun_routes_and_forwarding_idempotently") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    // A stale address, and the right address added the plain way (with its prefix route).
+    t.ip(&["addr", "add", "10.99.0.1/24", "dev", "tun0"]);
+    t.ip(&["addr", "add", "10.128.2.1/23", "dev", "tun0"]);
+    t.ip(&["link", "set", "tun0", "up"]);
+    assert_eq!(sysctl(&t, "/proc/sys/net/ipv4/ip_forward"), "0");
+
+    let changes = setup_host(&t.ns, &cfg()).await.unwrap();
+    assert_eq!(changes.removed_addresses, vec!["10.99.0.1/24".parse().unwrap()]);
+    assert!(!changes.added_address);
+    assert!(changes.removed_legacy_links.is_empty());
+    assert_configured(&t);
+
+    let again = setup_host(&t.ns, &cfg()).await.unwrap();
+    assert_eq!(again, Default::default(), "second run changed something");
+    assert_configured(&t);
+    assert_eq!(t.routes().len(), 2, "no duplicate routes: {:?}", t.routes());
+}
+
+#[tokio::test]
+async fn fresh_interface_gets_address_without_prefix_route() {
+    if !root_or_skip("fresh_interface_gets_address_without_prefix_route") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    let changes = setup_host(&t.ns, &cfg()).await.unwrap();
+    assert!(changes.added_address);
+    assert_configured(&t);
+}
+
+#[tokio::test]
+async fn removes_openshift_sdn_v1_leftovers() {
+    if !root_or_skip("removes_openshift_sdn_v1_leftovers") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    t.ip(&["link", "add", "lbr0", "type", "bridge"]);
+    t.ip(&["link", "add", "vlinuxbr", "type", "veth", "peer", "name", "vovsbr"]);
+    t.ip(&["addr", "add", "10.1.0.1/24", "dev", "lbr0"]);
+    t.ip(&["link", "set", "lbr0", "up"]);
+    t.ip(&["route", "add", "10.2.0.0/16", "dev", "lbr0"]);
+    t.ip(&["route", "add", "10.3.0.0/16", "via", "10.1.0.9"]);
+    let changes = setup_host(&t.ns, &cfg()).await.unwrap();
+    let mut removed = changes.removed_legacy_links.clone();
+    removed.sort();
+    assert_eq!(removed, vec!["lbr0", "vlinuxbr"], "vovsbr goes with its peer");
+    for l in ["lbr0", "vlinuxbr", "vovsbr"] {
+        assert!(t.link(l).is_none(), "{l} still there");
+    }
+    let routes = t.routes();
+    for dst in ["10.1.0.0/24", "10.2.0.0/16", "10.3.0.0/16"] {
+        assert!(route(&routes, dst).is_none(), "{dst} left: {routes:?}");
+    }
+    assert_configured(&t);
+}
+
+#[tokio::test]
+async fn missing_tun_is_an_error_naming_it() {
+    if !root_or_skip("missing_tun_is_an_error_naming_it") {
+        return;
+    }
+    let t = TestNs::new("host");
+    let e = setup_host(&t.ns, &cfg()).await.unwrap_err();
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+    assert!(e.to_string().contains("tun0"), "{e}");
+}
