@@ -217,7 +217,8 @@ async fn hostile_requests_are_refused() {
     assert_eq!(add(&r.socket, &ok).await.0, 200);
     let before = dump_sorted(&r.sb, &[]);
     let ports = try_list_ports(&r.sb).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut sdn_node::api::PodRequest)>, u16, &str)> = vec![
+    type Case = (&'static str, Box<dyn Fn(&mut sdn_node::api::PodRequest)>, u16, &'static str);
+    let cases: Vec<Case> = vec![
         ("tun0", Box::new(|p| p.host_veth = "tun0".into()), 400, "hostVeth"),
         ("vxlan0", Box::new(|p| p.host_veth = "vxlan0".into()), 400, "hostVeth"),
         ("br0", Box::new(|p| p.host_veth = "br0".into()), 400, "hostVeth"),

@@ -359,16 +359,16 @@ impl Reconciler {
         let timeout = self.node.cfg.port_timeout;
         // Ports on the bridge that nobody wants.
         let listed = ovs.list_ports(&bridge).await?;
-        for port in listed.iter().cloned() {
-            if self.node.model().keep_ports().contains(&port) {
+        for port in listed.iter() {
+            if self.node.model().keep_ports().contains(port) {
                 continue;
             }
             // Check again under the port's lock: a request may have claimed it meanwhile.
-            let _g = self.node.locks.lock(&port).await;
-            if self.node.model().keep_ports().contains(&port) {
+            let _g = self.node.locks.lock(port).await;
+            if self.node.model().keep_ports().contains(port) {
                 continue;
             }
-            ports::remove_port(ovs, &bridge, &port).await?;
+            ports::remove_port(ovs, &bridge, port).await?;
             pass.ports_removed += 1;
             info!(%port, "port removed from the bridge (no pod wants it)");
         }
