@@ -105,6 +105,8 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
         bridge: opts.bridge.clone(),
         datapath_type: opts.datapath_type.clone(),
         port_timeout: opts.port_timeout,
+        // `apply` programs the switch only: the node's own networking belongs to `run`.
+        host_network: false,
         ..Config::default()
     };
     let node = Node::new(cfg, Telemetry::default());

@@ -109,6 +109,14 @@ enum Cmd {
         /// /healthz fails when one reconcile pass has taken longer than this many seconds.
         #[arg(long, default_value_t = 120.0)]
         watchdog: f64,
+        /// Leave the node's own networking alone (tun0 address and routes, sysctls, the
+        /// nftables NAT/filter table); the dummy datapath never touches it.
+        #[arg(long)]
+        no_host_network: bool,
+        /// Where the CNI network configuration (80-sdn-node.conflist) is written once the agent
+        /// serves pods; `none` disables it.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        cni_conf_dir: String,
     },
     /// Client for the pod API of a running agent.
     Pod {
@@ -266,7 +274,7 @@ async fn run(cli: Cli) -> ExitCode {
                     if let Some(v) = egress_bandwidth {
                         annotations.insert(sdn_node::api::EGRESS_ANNOTATION.to_string(), v);
                     }
-                    let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal };
+                    let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal, cni: None };
                     ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
                 }
                 PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),
@@ -306,6 +314,8 @@ async fn run(cli: Cli) -> ExitCode {
             ovsdb_timeout,
             ovsdb_probe,
             watchdog,
+            no_host_network,
+            cni_conf_dir,
         } => {
             let kube = (kubeconfig.is_some() || in_cluster)
                 .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
@@ -330,6 +340,8 @@ async fn run(cli: Cli) -> ExitCode {
             opts.ovsdb.request_timeout = Some(secs(ovsdb_timeout));
             opts.ovsdb.probe_interval = Some(secs(ovsdb_probe));
             opts.watchdog = secs(watchdog);
+            opts.host_network = !no_host_network;
+            opts.cni_conf_dir = (cni_conf_dir != "none").then(|| PathBuf::from(cni_conf_dir));
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();

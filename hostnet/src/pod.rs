@@ -51,6 +51,9 @@ pub struct PodConfig {
     /// Routes beyond the standard three (e.g. from the agent's configuration); empty for
     /// openshift-sdn's behaviour.
     pub extra_routes: Vec<PodRoute>,
+    /// The host end's name; `None`: a fresh random one. A name derived from the container ID
+    /// lets a later DEL find (and remove) the veth of a setup that never completed.
+    pub host_ifname: Option<String>,
 }
 
 impl PodConfig {
@@ -68,6 +71,9 @@ impl PodConfig {
 
     fn validate(&self) -> Result<()> {
         check_ifname(&self.ifname)?;
+        if let Some(h) = &self.host_ifname {
+            check_ifname(h)?;
+        }
         if !(68..=65535).contains(&self.mtu) {
             return Err(Error::invalid(format!("MTU {}", self.mtu), "outside 68..=65535"));
         }
@@ -131,8 +137,12 @@ pub async fn setup_pod(host: &Netns, pod: &Netns, cfg: &PodConfig) -> Result<Pod
 /// namespace (where `eth0` usually exists) and nothing half-made is ever visible.
 async fn create_veth(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig) -> Result<String> {
     let mut last = None;
-    for _ in 0..NAME_ATTEMPTS {
-        let name = random_veth_name()?;
+    let attempts = if cfg.host_ifname.is_some() { 1 } else { NAME_ATTEMPTS };
+    for _ in 0..attempts {
+        let name = match &cfg.host_ifname {
+            Some(n) => n.clone(),
+            None => random_veth_name()?,
+        };
         let mut peer = LinkMessage::default();
         peer.attributes.push(LinkAttribute::IfName(cfg.ifname.clone()));
         peer.attributes.push(LinkAttribute::Mtu(cfg.mtu));
@@ -284,6 +294,7 @@ mod tests {
             gateway: "10.128.0.1".parse().unwrap(),
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             extra_routes: vec![],
+            host_ifname: None,
         }
     }
 

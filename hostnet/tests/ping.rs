@@ -17,6 +17,7 @@ fn pod_cfg(ip: &str) -> PodConfig {
         gateway: "10.128.0.1".parse().unwrap(),
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         extra_routes: vec![],
+        host_ifname: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn cfg() -> PodConfig {
         gateway: "10.128.0.1".parse().unwrap(),
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         extra_routes: vec![],
+        host_ifname: None,
     }
 }
 

@@ -47,6 +47,23 @@ pub struct PodRequest {
     /// (demos and tests).
     #[serde(default)]
     pub internal: bool,
+    /// Set up through CNI: the pod's network namespace and interface, which the agent created
+    /// (and removes on DEL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni: Option<CniRecord>,
+}
+
+/// What the agent created for a CNI pod, kept with its record (a restarted agent can then
+/// still DEL and CHECK it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CniRecord {
+    pub netns: String,
+    pub if_name: String,
+    /// The address with the subnet's prefix, e.g. 10.128.0.5/23.
+    pub address: String,
+    pub gateway: String,
+    pub mtu: u32,
 }
 
 impl PodRequest {
@@ -180,6 +197,26 @@ async fn teardown(State(node): State<Arc<Node>>, UrlPath((ns, name)): UrlPath<(S
     r.map(|_| StatusCode::OK)
 }
 
+async fn cni(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Response {
+    let t = Instant::now();
+    let r = match serde_json::from_slice::<crate::reconcile::cni::CniRequest>(&body) {
+        Err(e) => Err(ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}")))),
+        Ok(req) => {
+            let n = node.clone();
+            detached(async move { crate::reconcile::cni::handle(&n, req).await }).await
+        }
+    };
+    count(&node.telemetry, "cni", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
+    match r {
+        Ok(Some(reply)) => {
+            node.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
+            Json(reply).into_response()
+        }
+        Ok(None) => Json(serde_json::Map::new()).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRequest>> {
     Json(node.model().api_requests())
 }
@@ -205,6 +242,7 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/pods", get(list).post(setup))
         .route("/v1/pods/{namespace}/{name}", delete(teardown))
+        .route("/v1/cni", axum::routing::post(cni))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(node);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await

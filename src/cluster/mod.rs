@@ -97,6 +97,8 @@ pub struct ClusterState {
     pub service_network: Ipv4Net,
     /// The UDP port of VXLAN between nodes (ClusterNetwork.vxlanPort; 4789 by default).
     pub vxlan_port: u16,
+    /// The pods' and tun0's MTU (the underlay's minus VXLAN's 50 bytes; 1450 by default).
+    pub mtu: u32,
     pub host_subnets: Vec<HostSubnet>,
     pub net_namespaces: Vec<NetNamespace>,
     pub services: Vec<Service>,

@@ -28,6 +28,8 @@ struct RawFile {
     service_network: String,
     #[serde(default = "default_vxlan_port")]
     vxlan_port: u16,
+    #[serde(default = "default_mtu")]
+    mtu: u32,
     #[serde(default)]
     host_subnets: Vec<Value>,
     #[serde(default)]
@@ -42,6 +44,10 @@ struct RawFile {
 
 fn default_vxlan_port() -> u16 {
     4789
+}
+
+fn default_mtu() -> u32 {
+    1450
 }
 
 #[derive(Deserialize)]
@@ -151,6 +157,9 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     if raw.node.is_empty() {
         return Err(Fatal("field node: must not be empty".into()));
     }
+    if !(576..=9000).contains(&raw.mtu) {
+        return Err(Fatal(format!("field mtu: {} is outside 576..=9000", raw.mtu)));
+    }
     if raw.vxlan_port == 0 {
         return Err(Fatal("field vxlanPort: 0 is not a UDP port".into()));
     }
@@ -160,6 +169,7 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         cluster_network,
         service_network,
         vxlan_port: raw.vxlan_port,
+        mtu: raw.mtu,
         host_subnets: each(raw.host_subnets, "hostsubnet", &["host"], host_subnet, &mut problems),
         net_namespaces: each(raw.net_namespaces, "netnamespace", &["name"], net_namespace, &mut problems),
         services: each(raw.services, "service", &["namespace", "name"], service, &mut problems),

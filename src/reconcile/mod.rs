@@ -14,6 +14,7 @@
 //! their flow changes are group-committed by the engine, their port operations serialised per
 //! port name ([`ports::PortLocks`]). Every peer call has a deadline.
 
+pub mod cni;
 pub mod dns;
 pub mod model;
 pub mod pods;
@@ -50,6 +51,14 @@ pub struct Config {
     pub port_timeout: Duration,
     /// The deadline of one pod API request.
     pub request_timeout: Duration,
+    /// Configure the node itself (tun0's address, MTU and routes, forwarding sysctls, the
+    /// nftables NAT/filter table), as openshift-sdn's SetupSDN does. Never for the dummy
+    /// datapath, whose ports are not real devices.
+    pub host_network: bool,
+    /// Where to write the CNI network configuration once pods can be served (`None`: not).
+    pub cni_conf_dir: Option<std::path::PathBuf>,
+    /// The pod API socket, named in that configuration.
+    pub api_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -59,6 +68,9 @@ impl Default for Config {
             datapath_type: "system".into(),
             port_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
+            host_network: true,
+            cni_conf_dir: None,
+            api_socket: None,
         }
     }
 }
@@ -146,6 +158,8 @@ pub enum ConvergeError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     NotReady(&'static str),
+    #[error("host network: {0}")]
+    Host(String),
 }
 
 /// What one converge pass did.
@@ -180,6 +194,11 @@ pub struct Reconciler {
     generation: u32,
     /// The cluster's VXLAN port (vxlan0's dst_port).
     vxlan_port: u16,
+    /// The host configuration last applied (tun0, routes, sysctls, nftables), to apply it
+    /// again only when it changes (or after an OVSDB reconnect, which may have recreated tun0).
+    host_applied: Option<String>,
+    /// The CNI configuration was written.
+    conflist_written: bool,
 }
 
 impl Reconciler {
@@ -194,6 +213,8 @@ impl Reconciler {
             resync_pending: false,
             generation: 1,
             vxlan_port: 4789,
+            host_applied: None,
+            conflist_written: false,
         }
     }
 
@@ -205,6 +226,7 @@ impl Reconciler {
         self.node.set_ovs(ovs);
         self.base_ready = false;
         self.verify_ports = true;
+        self.host_applied = None;
     }
 
     fn telemetry_reconnect(&self, target: &str) {
@@ -253,7 +275,8 @@ impl Reconciler {
         }
         let (version, doomed) = {
             let m = self.node.model();
-            (m.version, m.doomed_pods())
+            let doomed: Vec<_> = m.doomed_pods().into_iter().filter_map(|p| m.doomed(&p.key()).cloned()).collect();
+            (m.version, doomed)
         };
         let ovs = self.node.ovs();
         let ports_result = match &ovs {
@@ -275,11 +298,15 @@ impl Reconciler {
         ports_result?;
         // Pods doomed before this pass: their ports are gone (the pass removed every unwanted
         // port) and their flows are off the switch (it committed a model without them).
-        {
-            let mut m = self.node.model();
-            for p in doomed {
-                m.buried(&p.key());
+        for (p, req) in doomed {
+            // The interface the agent created for a CNI pod goes too.
+            if req.cni.is_some() {
+                if let Err(e) = pods::remove_iface(&p.host_veth).await {
+                    warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %e, "could not remove a torn-down pod's interface; will retry");
+                    continue;
+                }
             }
+            self.node.model().buried(&p.key());
         }
         if self.node.model().version == version {
             self.node.telemetry.health.converged.store(true, Ordering::Relaxed);
@@ -306,6 +333,7 @@ impl Reconciler {
                 self.generation = g & 0xff_ffff;
             }
         }
+        self.host_network().await?;
         if !self.recovered {
             self.recover_api_pods(ovs).await?;
         }
@@ -323,6 +351,46 @@ impl Reconciler {
             }
         }
         r
+    }
+
+    /// SetupSDN's host part, idempotent: tun0 gets the local subnet's gateway address with the
+    /// subnet's prefix and the MTU, and is up; routes for the cluster network (scope link) and
+    /// the service network via tun0; forwarding sysctls; openshift-sdn VERSION 1 leftovers
+    /// removed; our nftables table (masquerade out of the cluster network, forward accepts,
+    /// VXLAN and tun0 input, conntrack-INVALID drop) replaced in one atomic transaction.
+    async fn host_network(&mut self) -> Result<(), ConvergeError> {
+        let cfg = &self.node.cfg;
+        if !cfg.host_network || cfg.datapath_type == "dummy" {
+            return Ok(());
+        }
+        let Some((host, fw)) = ({
+            let m = self.node.model();
+            m.effective().and_then(|st| {
+                let local = st.local_subnet()?;
+                let host = hostnet::HostConfig {
+                    tun: "tun0".into(),
+                    node_subnet: local.subnet,
+                    mtu: st.mtu,
+                    cluster_network: st.cluster_network,
+                    service_network: st.service_network,
+                };
+                let mut fw = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
+                fw.vxlan_port = st.vxlan_port;
+                Some((host, fw))
+            })
+        }) else {
+            return Ok(());
+        };
+        let key = format!("{host:?} {fw:?}");
+        if self.host_applied.as_deref() == Some(key.as_str()) {
+            return Ok(());
+        }
+        let ns = hostnet::Netns::current().map_err(|e| ConvergeError::Host(e.to_string()))?;
+        let changes = hostnet::setup_host(&ns, &host).await.map_err(|e| ConvergeError::Host(e.to_string()))?;
+        hostnet::install_firewall(&ns, &fw).await.map_err(|e| ConvergeError::Host(e.to_string()))?;
+        info!(gateway = %host.gateway(), subnet = %host.node_subnet, mtu = host.mtu, ?changes, "host network configured (tun0, routes, sysctls, nftables)");
+        self.host_applied = Some(key);
+        Ok(())
     }
 
     /// Rebuilds the API pod registry from the ports that carry their request.
@@ -456,6 +524,9 @@ impl Reconciler {
             self.resync_pending = false;
             self.node.flows_ready.store(true, Ordering::Release);
         }
+        if !self.conflist_written {
+            self.write_conflist();
+        }
         if outcome.flow_mods() > 0 || resync {
             info!(adds = outcome.adds, modifies = outcome.modifies, deletes = outcome.deletes, full_replay = outcome.full_replay, resync, "flows converged");
         }
@@ -502,6 +573,22 @@ impl Reconciler {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Tells the kubelet the network is ready: writes `80-sdn-node.conflist` (naming the pod API
+    /// socket) into the CNI configuration directory, once pods can be served.
+    fn write_conflist(&mut self) {
+        let (Some(dir), Some(sock)) = (&self.node.cfg.cni_conf_dir, &self.node.cfg.api_socket) else {
+            self.conflist_written = true;
+            return;
+        };
+        match sdn_node_cni::write_conflist(dir, sock) {
+            Ok(path) => {
+                info!(path = %path.display(), "CNI network configuration written");
+                self.conflist_written = true;
+            }
+            Err(e) => warn!(dir = %dir.display(), error = %e, "could not write the CNI network configuration; will retry"),
         }
     }
 

@@ -49,7 +49,10 @@ pub struct Model {
     /// port, listed by the API).
     api_pods: BTreeMap<PodKey, (Pod, PodRequest)>,
     reserved: BTreeMap<PodKey, Pod>,
-    doomed: BTreeMap<PodKey, Pod>,
+    doomed: BTreeMap<PodKey, (Pod, PodRequest)>,
+    /// The address IPAM handed out last: the next search starts after it, so a released
+    /// address is not reused at once.
+    last_ip: Option<std::net::Ipv4Addr>,
     /// The source's state plus the API pods, validated together.
     effective: Option<ClusterState>,
     /// Problems of the last rebuild (API pods that no longer fit).
@@ -85,8 +88,8 @@ impl Model {
         if let Some(live) = &loaded.live_pods {
             gone = self.api_pods.keys().filter(|k| !live.contains(*k)).cloned().collect();
             for k in &gone {
-                if let Some((p, _)) = self.api_pods.remove(k) {
-                    self.doomed.insert(k.clone(), p);
+                if let Some(pr) = self.api_pods.remove(k) {
+                    self.doomed.insert(k.clone(), pr);
                 }
             }
         }
@@ -154,7 +157,7 @@ impl Model {
             }
         }
         state.check_pod(pod).map_err(|p| if p.message.contains("already used") { Refusal::Conflict(p) } else { Refusal::Invalid(p) })?;
-        for other in self.reserved.values().chain(self.doomed.values()) {
+        for other in self.reserved.values().chain(self.doomed.values().map(|(p, _)| p)) {
             let conflict = if other.ip == pod.ip {
                 Some(("ip", format!("{} is already used by pod {}/{}", pod.ip, other.namespace, other.name)))
             } else if other.host_veth == pod.host_veth {
@@ -194,22 +197,60 @@ impl Model {
     /// Removes an API pod from the effective state (its flows go); it stays *doomed* until
     /// [`Model::buried`] confirms its port is gone too.
     pub fn tear_down(&mut self, key: &PodKey) -> Option<Pod> {
-        let (pod, _) = self.api_pods.remove(key)?;
+        let (pod, req) = self.api_pods.remove(key)?;
         if let Some(st) = &mut self.effective {
             st.pods.retain(|p| p.key() != *key);
         }
         self.ports.remove(key);
-        self.doomed.insert(key.clone(), pod.clone());
+        self.doomed.insert(key.clone(), (pod.clone(), req));
         self.version += 1;
         Some(pod)
     }
 
-    pub fn doomed(&self, key: &PodKey) -> Option<&Pod> {
+    /// A doomed pod and its record.
+    pub fn doomed(&self, key: &PodKey) -> Option<&(Pod, PodRequest)> {
         self.doomed.get(key)
     }
 
     pub fn doomed_pods(&self) -> Vec<Pod> {
-        self.doomed.values().cloned().collect()
+        self.doomed.values().map(|(p, _)| p.clone()).collect()
+    }
+
+    /// An API pod and its record.
+    pub fn api_pod(&self, key: &PodKey) -> Option<&(Pod, PodRequest)> {
+        self.api_pods.get(key)
+    }
+
+    /// IPAM: the next free host address of this node's subnet (not the gateway, not used by
+    /// any pod, reservation or unfinished teardown), searching after the last one handed out.
+    /// The caller reserves it (with [`Model::reserve`]) before the lock is released.
+    pub fn allocate_ip(&mut self) -> Result<std::net::Ipv4Addr, Refusal> {
+        use std::net::Ipv4Addr;
+        let Some(st) = &self.effective else { return Err(Refusal::NoState) };
+        let Some(local) = st.local_subnet() else { return Err(Refusal::NoState) };
+        let net = local.subnet;
+        let first = u32::from(net.network()) + 2; // after the gateway
+        let last = u32::from(net.broadcast()).saturating_sub(1);
+        if first > last {
+            return Err(Refusal::Invalid(Problem::new(format!("hostsubnet {}", local.host), "subnet", "has no room for pods")));
+        }
+        let used: HashSet<Ipv4Addr> = st
+            .pods
+            .iter()
+            .map(|p| p.ip)
+            .chain(self.reserved.values().map(|p| p.ip))
+            .chain(self.doomed.values().map(|(p, _)| p.ip))
+            .collect();
+        let size = last - first + 1;
+        let start = self.last_ip.map(u32::from).filter(|a| (first..=last).contains(a)).map(|a| a - first + 1).unwrap_or(0);
+        for i in 0..size {
+            let a = Ipv4Addr::from(first + (start + i) % size);
+            if !used.contains(&a) {
+                self.last_ip = Some(a);
+                return Ok(a);
+            }
+        }
+        Err(Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnet", format!("no free address left in {net}"))))
     }
 
     /// The doomed pod's port is gone and its flows are off the switch.

@@ -76,14 +76,40 @@ async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Re
 pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiError> {
     let deadline = Instant::now() + node.cfg.request_timeout;
     let pod = req.to_pod().map_err(ApiError::Invalid)?;
-    let ovs = node.ovs().ok_or_else(|| ApiError::Unavailable("ovsdb-server is not connected".into()))?;
+    ready(node)?;
+    node.model().reserve(&pod).map_err(refused)?;
+    commit_reserved(node, pod, req, deadline).await
+}
+
+/// OVSDB and the switch are there (else 503 before anything is reserved).
+pub(super) fn ready(node: &Node) -> Result<(), ApiError> {
+    if node.ovs().is_none() {
+        return Err(ApiError::Unavailable("ovsdb-server is not connected".into()));
+    }
     if node.engine_ready().is_none() {
         return Err(ApiError::Unavailable("the switch is not connected or not synced yet".into()));
     }
+    Ok(())
+}
+
+pub(super) fn refusal(r: Refusal) -> ApiError {
+    refused(r)
+}
+
+/// The rest of a setup, for a pod already reserved in the model: port, record, flows. Any
+/// failure undoes every step (including the pod's interface, if the agent created it: a CNI
+/// pod's record has `cni`).
+pub(super) async fn commit_reserved(node: &Arc<Node>, pod: Pod, req: PodRequest, deadline: Instant) -> Result<SetupReply, ApiError> {
     let key = pod.key();
-    node.model().reserve(&pod).map_err(refused)?;
+    let owns_iface = req.cni.is_some();
+    let Some(ovs) = node.ovs() else {
+        node.model().unreserve(&key);
+        undo_iface(owns_iface, &pod).await;
+        return Err(ApiError::Unavailable("ovsdb-server is not connected".into()));
+    };
     let Ok(guard) = timeout_at(deadline, node.locks.lock(&pod.host_veth)).await else {
         node.model().unreserve(&key);
+        undo_iface(owns_iface, &pod).await;
         return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
     };
     let record = serde_json::to_string(&req).unwrap_or_default();
@@ -96,6 +122,7 @@ pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiE
                 _ => ApiError::Timeout("ovsdb-server did not set the port up in time".into()),
             };
             undo_port(node, &pod).await;
+            undo_iface(owns_iface, &pod).await;
             node.model().unreserve(&key);
             drop(guard);
             return Err(err);
@@ -130,13 +157,33 @@ pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiE
             if node.model().doomed(&key).is_some() {
                 let _ = finish_teardown(node, &key, Instant::now() + UNDO_GRACE).await;
             } else {
-                // Never reached the model: only the port is left.
+                // Never reached the model: only the port (and interface) are left.
                 let _g = node.locks.lock(&pod.host_veth).await;
                 undo_port(node, &pod).await;
-                node.model().buried(&key);
+                undo_iface(owns_iface, &pod).await;
+                node.model().unreserve(&key);
             }
             Err(e)
         }
+    }
+}
+
+/// Removes the pod interface the agent created (CNI pods), if any.
+async fn undo_iface(owned: bool, pod: &Pod) {
+    if !owned {
+        return;
+    }
+    if let Err(e) = remove_iface(&pod.host_veth).await {
+        warn!(veth = %pod.host_veth, error = %e, "could not remove a failed setup's interface; a DEL of the container removes it");
+    }
+}
+
+/// Deletes a pod's veth by its host-side name (idempotent), within the undo grace period.
+pub(super) async fn remove_iface(host_veth: &str) -> Result<(), String> {
+    let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
+    match tokio::time::timeout(UNDO_GRACE * 5, hostnet::teardown_pod(&host, host_veth)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("deleting {host_veth} took too long")),
     }
 }
 
@@ -178,8 +225,8 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Resu
 
 /// Takes a doomed pod's flows off the switch and its port off the bridge; buries it when both
 /// are confirmed.
-async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), ApiError> {
-    let Some(pod) = node.model().doomed(key).cloned() else { return Ok(()) };
+pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), ApiError> {
+    let Some((pod, req)) = node.model().doomed(key).cloned() else { return Ok(()) };
     node.not_converged();
     // Flows: the pod's owner is empty in the model now; its VNID's flows are recomputed.
     let queued = {
@@ -204,7 +251,12 @@ async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadlin
             },
         },
     };
-    match flows.and(port) {
+    // The interface the agent created for a CNI pod.
+    let iface = match &req.cni {
+        Some(_) => remove_iface(&pod.host_veth).await.map_err(|e| ApiError::Failed(format!("pod interface {}: {e}", pod.host_veth))),
+        None => Ok(()),
+    };
+    match flows.and(port).and(iface) {
         Ok(()) => {
             node.model().buried(key);
             info!(pod = %format!("{}/{}", key.0, key.1), "pod torn down");

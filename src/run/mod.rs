@@ -48,6 +48,10 @@ pub struct RunOptions {
     pub ovsdb: ClientOptions,
     /// How long one reconcile pass may take before `/healthz` fails.
     pub watchdog: Duration,
+    /// Configure the node's own networking (tun0, routes, sysctls, nftables).
+    pub host_network: bool,
+    /// Where the CNI network configuration is written once the agent serves pods.
+    pub cni_conf_dir: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -67,6 +71,8 @@ impl RunOptions {
             request_timeout: Duration::from_secs(30),
             ovsdb: ClientOptions::default(),
             watchdog: Duration::from_secs(120),
+            host_network: true,
+            cni_conf_dir: None,
         }
     }
     fn config(&self) -> Config {
@@ -75,6 +81,9 @@ impl RunOptions {
             datapath_type: self.datapath_type.clone(),
             port_timeout: self.port_timeout,
             request_timeout: self.request_timeout,
+            host_network: self.host_network,
+            cni_conf_dir: self.cni_conf_dir.clone(),
+            api_socket: self.api_socket.clone(),
         }
     }
     fn db_socket(&self) -> String {

@@ -146,6 +146,8 @@ impl Agent {
             .args(["--echo-interval", "0.5", "--echo-timeout", "1", "--max-backoff", "0.2"])
             // Parallel agents: no shared pod API socket or metrics port.
             .args(["--pod-api-socket", "none", "--metrics-addr", "none"])
+            // The node's own networking is not the test host's to change.
+            .args(["--no-host-network", "--cni-conf-dir", "none"])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -69,6 +69,7 @@ pub fn pod(name: &str, ns: &str, ip: &str, n: u8) -> PodRequest {
         mac: format!("0a:58:0a:80:00:{n:02x}"),
         annotations: Default::default(),
         internal: true,
+        cni: None,
     }
 }
 

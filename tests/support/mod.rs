@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod cninode;
 pub mod fake_kube;
 pub mod inproc;
 

@@ -1,0 +1,225 @@
+//! CNI end to end (issue 12): pods created through libcni — the library container runtimes
+//! use — calling the real `sdn-node-cni`, served by `sdn-node run` inside a node network
+//! namespace on a netdev switch; real packets between the pods, to the gateway and out through
+//! the node's masquerade; and after every path, success or failure, nothing left behind.
+
+mod support;
+
+use std::time::Duration;
+
+use support::agent::{signal_pid, vsctl};
+use support::cninode::*;
+
+const STATE: &str = r#"
+node: node-a
+plugin: multitenant
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+mtu: 1450
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
+  - {host: node-b, hostIP: 172.17.0.3, subnet: 10.128.2.0/23}
+netNamespaces:
+  - {name: default, netid: 0}
+  - {name: team-a, netid: 11}
+  - {name: team-b, netid: 12}
+"#;
+
+/// Everything a pod could leave behind on a node.
+#[derive(Debug, PartialEq)]
+struct Leftovers {
+    veths: Vec<String>,
+    ports: Vec<String>,
+    flows: Vec<String>,
+    nft: String,
+    qos: String,
+}
+
+fn snapshot(n: &CniNode) -> Leftovers {
+    Leftovers {
+        veths: n.veths(),
+        ports: n.ports(),
+        flows: n.flows(),
+        nft: n.nft(),
+        qos: vsctl(&n.sb, &["--no-wait", "--columns=_uuid", "list", "QoS"]),
+    }
+}
+
+fn mac_of(r: &CniRun) -> String {
+    r.out["result100"]["interfaces"][1]["mac"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn pods_through_libcni_reach_by_vnid_and_leave_nothing() {
+    if !can_run() {
+        return;
+    }
+    let node = CniNode::start(STATE).await;
+    let before = snapshot(&node);
+    assert!(before.nft.contains("masquerade"), "the node's nftables table is installed:\n{}", before.nft);
+    let pods = [("team-a", "a1"), ("team-a", "a2"), ("team-b", "b1"), ("default", "d1")];
+    let mut ns = Vec::new();
+    let mut addr = std::collections::BTreeMap::new();
+    for (i, (pod_ns, name)) in pods.iter().enumerate() {
+        let p = PodNs::new(name);
+        let r = node.cni("add", pod_ns, name, &container(i as u32 + 1), &p.path());
+        assert!(r.ok(), "ADD {pod_ns}/{name}: {:?}\n{}", r.out, node.log());
+        let ip = r.addr();
+        assert!(ip.starts_with("10.128.0.") || ip.starts_with("10.128.1."), "{ip}");
+        assert!(r.ip().ends_with("/23"), "{}", r.ip());
+        let o: Vec<u8> = ip.split('.').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(mac_of(&r), format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3]));
+        assert!(addr.insert(*name, ip).is_none());
+        ns.push(p);
+    }
+    let ips: std::collections::BTreeSet<_> = addr.values().collect();
+    assert_eq!(ips.len(), 4, "no address twice: {addr:?}");
+    let r = node.cni("check", "team-a", "a1", &container(1), &ns[0].path());
+    assert!(r.ok(), "CHECK: {:?}", r.out);
+    // MTU and routes as the agent configured them.
+    let (_, link) = in_ns(&ns[0].name, &["ip", "-o", "link", "show", "eth0"]);
+    assert!(link.contains("mtu 1450"), "{link}");
+    let (_, routes) = in_ns(&ns[0].name, &["ip", "route"]);
+    for want in ["default via 10.128.0.1", "10.128.0.0/14", "224.0.0.0/4"] {
+        assert!(routes.contains(want), "missing route {want}:\n{routes}");
+    }
+    // Real packets.
+    assert!(ping(&ns[0].name, &addr["a2"]), "same VNID reaches");
+    assert!(!ping(&ns[0].name, &addr["b1"]), "another VNID does not");
+    assert!(!ping(&ns[2].name, &addr["a1"]), "nor the other way");
+    assert!(ping(&ns[3].name, &addr["b1"]), "VNID 0 reaches every VNID");
+    assert!(ping(&ns[2].name, &addr["d1"]), "and is reached from every VNID");
+    assert!(ping(&ns[0].name, "10.128.0.1"), "the gateway (tun0) is reached");
+    // DEL twice (idempotent), then nothing is left.
+    for (i, (pod_ns, name)) in pods.iter().enumerate() {
+        for _ in 0..2 {
+            let r = node.cni("del", pod_ns, name, &container(i as u32 + 1), &ns[i].path());
+            assert!(r.ok(), "DEL {pod_ns}/{name}: {:?}", r.out);
+        }
+    }
+    assert_eq!(snapshot(&node), before, "nothing of the pods is left");
+}
+
+/// Pod → a host outside the cluster: works only through the node's masquerade (the outside
+/// host has no route back to the pod network).
+#[tokio::test]
+async fn traffic_leaving_the_cluster_is_masqueraded() {
+    if !can_run() {
+        return;
+    }
+    let node = CniNode::start(STATE).await;
+    let ext = PodNs::new("ext");
+    let (a, b) = (format!("vx{}", std::process::id() % 100000), format!("vy{}", std::process::id() % 100000));
+    assert!(sh(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]).status.success());
+    assert!(sh(&["ip", "link", "set", &a, "netns", &node.ns]).status.success());
+    assert!(sh(&["ip", "link", "set", &b, "netns", &ext.name]).status.success());
+    in_ns(&node.ns, &["ip", "addr", "add", "203.0.113.1/24", "dev", &a]);
+    in_ns(&node.ns, &["ip", "link", "set", &a, "up"]);
+    in_ns(&ext.name, &["ip", "addr", "add", "203.0.113.2/24", "dev", &b]);
+    in_ns(&ext.name, &["ip", "link", "set", &b, "up"]);
+    let p = PodNs::new("out");
+    let r = node.cni("add", "team-a", "out", &container(9), &p.path());
+    assert!(r.ok(), "{:?}\n{}", r.out, node.log());
+    assert!(ping(&p.name, "203.0.113.2"), "the outside host answers the node's address\n{}", node.nft());
+    let (_, rules) = in_ns(&node.ns, &["nft", "list", "ruleset"]);
+    assert!(rules.contains("masquerade"), "{rules}");
+    // Without our table (removed by hand) the outside host cannot answer: the masquerade did it.
+    let table = rules.lines().find(|l| l.starts_with("table ip ")).unwrap_or_default().trim_end_matches(" {").to_string();
+    let parts: Vec<&str> = table.split_whitespace().collect();
+    assert!(in_ns(&node.ns, &["nft", "delete", "table", "ip", parts[2]]).0, "{table}");
+    assert!(!ping(&p.name, "203.0.113.2"), "no reply without the masquerade");
+    assert!(node.cni("del", "team-a", "out", &container(9), &p.path()).ok());
+}
+
+/// 50 pods: half added, the agent killed and restarted, the other half added (no address handed
+/// out twice), then all deleted: nothing left that was not there before.
+#[tokio::test]
+async fn churn_across_an_agent_restart_leaves_nothing() {
+    if !can_run() {
+        return;
+    }
+    let mut node = CniNode::start(STATE).await;
+    let before = snapshot(&node);
+    let mut pods = Vec::new();
+    let mut ips = std::collections::BTreeSet::new();
+    for i in 0..50u32 {
+        if i == 25 {
+            node.kill_agent().await;
+            node.spawn_agent().await;
+        }
+        let p = PodNs::new(&format!("c{i}"));
+        let ns = if i % 2 == 0 { "team-a" } else { "team-b" };
+        let r = node.cni("add", ns, &format!("c{i}"), &container(100 + i), &p.path());
+        assert!(r.ok(), "ADD c{i}: {:?}\n{}", r.out, node.log());
+        assert!(ips.insert(r.addr()), "address {} handed out twice", r.addr());
+        pods.push((ns, i, p));
+    }
+    // A restart between ADD and DEL: DEL still cleans up.
+    node.kill_agent().await;
+    node.spawn_agent().await;
+    for (ns, i, p) in &pods {
+        let r = node.cni("del", ns, &format!("c{i}"), &container(100 + i), &p.path());
+        assert!(r.ok(), "DEL c{i}: {:?}", r.out);
+    }
+    assert_eq!(snapshot(&node), before, "nothing of 50 pods is left");
+}
+
+/// Every failure path of an ADD undoes everything it did.
+#[tokio::test]
+async fn failed_adds_leave_nothing() {
+    if !can_run() {
+        return;
+    }
+    let node = CniNode::start(STATE).await;
+    let before = snapshot(&node);
+    // Before the veth: the namespace has no NetNamespace (no VNID).
+    let p = PodNs::new("f1");
+    let r = node.cni("add", "nowhere", "f1", &container(201), &p.path());
+    assert!(!r.ok(), "{:?}", r.out);
+    assert_eq!(r.out["code"], 7, "invalid network configuration: {:?}", r.out);
+    assert!(r.out["msg"].as_str().unwrap_or_default().contains("namespace"), "{:?}", r.out);
+    assert_eq!(snapshot(&node), before);
+    // The interface name is taken in the sandbox.
+    in_ns(&p.name, &["ip", "link", "add", "eth0", "type", "dummy"]);
+    let r = node.cni("add", "team-a", "f1", &container(202), &p.path());
+    assert!(!r.ok(), "{:?}", r.out);
+    assert_eq!(snapshot(&node), before, "after an interface conflict");
+    // After the veth, at the port: ovsdb-server frozen.
+    let p2 = PodNs::new("f2");
+    {
+        let pid = node.sb.ovsdb_pid().unwrap();
+        signal_pid(pid, libc::SIGSTOP);
+        let r = node.cni("add", "team-a", "f2", &container(203), &p2.path());
+        signal_pid(pid, libc::SIGCONT);
+        assert!(!r.ok(), "{:?}", r.out);
+        assert_eq!(r.out["code"], 11, "try again later: {:?}", r.out);
+    }
+    // The agent removes what the frozen server applied late.
+    let mut same = false;
+    for _ in 0..300 {
+        if snapshot(&node) == before {
+            same = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(same, "after a frozen ovsdb-server: {:?} vs {before:?}", snapshot(&node));
+    // At the commit: the switch refuses the flows (table full).
+    vsctl(&node.sb, &["--", "--id=@ft", "create", "Flow_Table", "flow_limit=1", "overflow_policy=refuse", "--", "set", "Bridge", "br0", "flow_tables:20=@ft"]);
+    let p3 = PodNs::new("f3");
+    let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
+    assert!(!r.ok(), "{:?}", r.out);
+    vsctl(&node.sb, &["clear", "Bridge", "br0", "flow_tables"]);
+    let mut same = false;
+    for _ in 0..100 {
+        if snapshot(&node) == before {
+            same = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(same, "after a refused commit: {:?} vs {before:?}", snapshot(&node));
+    // And the same pod then comes up.
+    let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
+    assert!(r.ok(), "{:?}\n{}", r.out, node.log());
+}

@@ -1,0 +1,285 @@
+//! A node networked through CNI, as kubelet drives it: a netdev Open vSwitch in its own network
+//! namespace, `sdn-node run` inside that namespace (so tun0, routes, sysctls and nftables are
+//! the node's), pods as network namespaces, and every ADD/CHECK/DEL through libcni — the
+//! reference Go library container runtimes use — calling the real `sdn-node-cni` binary.
+//!
+//! Without Go/libcni or root the tests fail under CI (`CI` set) and skip with a printed reason
+//! otherwise; a CI run never passes without the real client.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::agent::Lines;
+use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+
+/// Bound of every wait here.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
+
+/// Whether the test can run (root, Go, libcni); prints why not, and fails under CI.
+pub fn can_run() -> bool {
+    let why = if unsafe { libc::geteuid() } != 0 {
+        Some("needs root (network namespaces)".to_string())
+    } else {
+        go_client().err()
+    };
+    match why {
+        None => true,
+        Some(w) if in_ci() => panic!("CI is set and this test cannot run: {w}"),
+        Some(w) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED: {w}");
+            false
+        }
+    }
+}
+
+/// Builds tests/cni-client (the libcni client) once per test binary.
+pub fn go_client() -> Result<PathBuf, String> {
+    static CLIENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cni-client");
+            let gopath = "/usr/share/gocode";
+            if !Path::new(gopath).join("src/github.com/containernetworking/cni/libcni").is_dir() {
+                return Err(format!("{gopath}: libcni missing (apt-get install golang-github-appc-cni-dev)"));
+            }
+            let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            let out = scratch.join("cni-client-main");
+            let tmp = scratch.join(format!("cni-client-main.{}.tmp", std::process::id()));
+            let r = Command::new("go")
+                .args(["build", "-o"])
+                .arg(&tmp)
+                .arg(".")
+                .current_dir(&src)
+                .env("GO111MODULE", "off")
+                .env("GOPATH", gopath)
+                .env("GOFLAGS", "")
+                .env("GOCACHE", scratch.join("go-build-cache"))
+                .output()
+                .map_err(|e| format!("cannot run go: {e}"))?;
+            if !r.status.success() {
+                return Err(format!("go build: {}", String::from_utf8_lossy(&r.stderr)));
+            }
+            std::fs::rename(&tmp, &out).map_err(|e| e.to_string())?;
+            Ok(out)
+        })
+        .clone()
+}
+
+/// The `sdn-node-cni` binary next to `sdn-node` (built by `cargo test --workspace`; built here
+/// otherwise).
+pub fn plugin_binary() -> PathBuf {
+    let p = Path::new(env!("CARGO_BIN_EXE_sdn-node")).with_file_name("sdn-node-cni");
+    if !p.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .args(["build", "-p", "sdn-node-cni", "--bin", "sdn-node-cni"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo build sdn-node-cni");
+        assert!(st.success(), "building sdn-node-cni failed");
+    }
+    p
+}
+
+pub fn sh(args: &[&str]) -> std::process::Output {
+    Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// Runs `args` inside network namespace `ns`; returns (success, stdout).
+pub fn in_ns(ns: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("ip").args(["netns", "exec", ns]).args(args).output().expect("ip netns exec");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn ping(from: &str, to: &str) -> bool {
+    in_ns(from, &["ping", "-c", "1", "-W", "2", to]).0
+}
+
+/// A network namespace standing for a pod's sandbox; deleted on drop.
+pub struct PodNs {
+    pub name: String,
+}
+
+impl PodNs {
+    pub fn new(tag: &str) -> PodNs {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!("sdnp{}-{}-{tag}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let out = sh(&["ip", "netns", "add", &name]);
+        assert!(out.status.success(), "ip netns add {name}: {}", String::from_utf8_lossy(&out.stderr));
+        PodNs { name }
+    }
+    pub fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.name)
+    }
+}
+
+impl Drop for PodNs {
+    fn drop(&mut self) {
+        let _ = sh(&["ip", "netns", "del", &self.name]);
+    }
+}
+
+/// What libcni returned.
+#[derive(Debug)]
+pub struct CniRun {
+    pub exit: i32,
+    pub out: Value,
+}
+
+impl CniRun {
+    pub fn ok(&self) -> bool {
+        self.exit == 0
+    }
+    /// The pod's address (CIDR) from an ADD result.
+    pub fn ip(&self) -> String {
+        self.out["result100"]["ips"][0]["address"].as_str().unwrap_or_default().to_string()
+    }
+    pub fn addr(&self) -> String {
+        self.ip().split('/').next().unwrap_or_default().to_string()
+    }
+}
+
+/// One node: switch, agent, CNI configuration.
+pub struct CniNode {
+    pub sb: OvsSandbox,
+    pub ns: String,
+    pub state: PathBuf,
+    pub socket: PathBuf,
+    pub conf_dir: PathBuf,
+    pub agent: Option<(tokio::process::Child, Lines)>,
+    bin: PathBuf,
+    client: PathBuf,
+}
+
+impl CniNode {
+    pub async fn start(state_yaml: &str) -> CniNode {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let ns = format!("sdnn{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
+        let dir = sb.dir().to_path_buf();
+        let state = dir.join("state.yaml");
+        std::fs::write(&state, state_yaml).unwrap();
+        let bin = dir.join("cni-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(plugin_binary(), bin.join("sdn-node-cni")).unwrap();
+        let mut n = CniNode {
+            sb,
+            ns,
+            state,
+            socket: dir.join("cni.sock"),
+            conf_dir: dir.join("net.d"),
+            agent: None,
+            bin,
+            client: go_client().expect("go client"),
+        };
+        n.spawn_agent().await;
+        n
+    }
+
+    pub fn conflist(&self) -> PathBuf {
+        self.conf_dir.join("80-sdn-node.conflist")
+    }
+
+    /// Starts `sdn-node run` inside the node's namespace and waits for its CNI configuration
+    /// (written once it serves pods: the signal kubelet waits for).
+    pub async fn spawn_agent(&mut self) {
+        let _ = std::fs::remove_file(self.conflist());
+        let mut child = tokio::process::Command::new("ip")
+            .args(["netns", "exec", &self.ns])
+            .arg(env!("CARGO_BIN_EXE_sdn-node"))
+            .args(["run", "--state"])
+            .arg(&self.state)
+            .arg("--ovs-rundir")
+            .arg(self.sb.dir())
+            .args(["--datapath-type", "netdev", "--metrics-addr", "none"])
+            .args(["--echo-interval", "0.5", "--echo-timeout", "2", "--max-backoff", "0.2"])
+            .arg("--pod-api-socket")
+            .arg(&self.socket)
+            .arg("--cni-conf-dir")
+            .arg(&self.conf_dir)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the agent");
+        let log = Lines::follow(child.stderr.take().expect("stderr"));
+        self.agent = Some((child, log));
+        for _ in 0..600 {
+            if self.conflist().exists() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the agent never wrote its CNI configuration; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        self.agent.as_ref().map(|(_, l)| l.all().join("\n")).unwrap_or_default()
+    }
+
+    /// SIGKILLs the agent (a crash).
+    pub async fn kill_agent(&mut self) {
+        if let Some((mut c, _)) = self.agent.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// Runs the libcni client: `add`, `check` or `del` for pod `ns/name` in `netns`.
+    pub fn cni(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> CniRun {
+        let cache = self.sb.dir().join("cni-cache");
+        let out = Command::new(&self.client)
+            .arg("-conflist")
+            .arg(self.conflist())
+            .arg("-bin")
+            .arg(&self.bin)
+            .arg("-cache")
+            .arg(&cache)
+            .args(["-containerid", container, "-netns", netns, "-ifname", "eth0"])
+            .args(["-args", &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container}")])
+            .arg(command)
+            .output()
+            .expect("run the libcni client");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let out_v = serde_json::from_str(stdout.trim()).unwrap_or(Value::String(format!("{stdout} {}", String::from_utf8_lossy(&out.stderr))));
+        CniRun { exit: out.status.code().unwrap_or(-1), out: out_v }
+    }
+
+    /// Host-side veths in the node's namespace.
+    pub fn veths(&self) -> Vec<String> {
+        let (_, out) = in_ns(&self.ns, &["ip", "-o", "link", "show", "type", "veth"]);
+        let mut v: Vec<String> =
+            out.lines().filter_map(|l| l.split(':').nth(1)).map(|n| n.trim().split('@').next().unwrap_or("").to_string()).collect();
+        v.sort();
+        v
+    }
+
+    pub fn ports(&self) -> Vec<String> {
+        super::agent::try_list_ports(&self.sb).unwrap_or_default()
+    }
+
+    pub fn flows(&self) -> Vec<String> {
+        super::dump_sorted(&self.sb, &[])
+    }
+
+    pub fn nft(&self) -> String {
+        in_ns(&self.ns, &["nft", "list", "ruleset"]).1
+    }
+}
+
+/// A 64-hex container ID from a number.
+pub fn container(n: u32) -> String {
+    format!("{n:08x}").repeat(8)
+}
