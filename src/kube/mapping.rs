@@ -699,7 +699,9 @@ mod tests {
     fn flows(l: &Loaded) -> BTreeMap<Owner, Vec<String>> {
         let mut state = l.state.clone();
         let mut ofports = HashMap::new();
-        for (i, (ns, name)) in l.live_pods.iter().flatten().enumerate() {
+        for (ns, name) in l.live_pods.iter().flatten() {
+            // Stable per pod (pN): another pod's departure must not move it.
+            let i: usize = name[1..].parse().unwrap();
             let ip = format!("10.128.2.{}", 10 + i);
             let mac = format!("0a:58:0a:80:02:{:02x}", 10 + i);
             let raw = state_file::RawPod {
