@@ -175,12 +175,11 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
                 );
                 tx.send_replace(Some(Arc::new(loaded)));
             }
-            Some(Err(e)) => {
-                if last_error.as_ref() != Some(&e) {
-                    error!(error = %e, "cluster state rejected; keeping the last good state");
-                    last_error = Some(e);
-                }
+            Some(Err(e)) if last_error.as_ref() != Some(&e) => {
+                error!(error = %e, "cluster state rejected; keeping the last good state");
+                last_error = Some(e);
             }
+            Some(Err(_)) => {}
         }
     }
 }
