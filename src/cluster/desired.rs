@@ -2,12 +2,12 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{ClusterState, PodKey, Problem};
+use super::{ClusterState, NetNamespace, PodKey, Problem};
 use crate::model::{OfPort, Plugin, Vnid};
 use crate::pipeline::egress::{self, DnsAnswers};
 use crate::pipeline::pod::PodPort;
 use crate::pipeline::subnet::RemoteSubnet;
-use crate::pipeline::{base, multicast, policy, pod, service, subnet, NodeConfig};
+use crate::pipeline::{base, multicast, policy, pod, service, subnet, Flow, NodeConfig};
 use crate::store::{DesiredState, Owner};
 
 /// The desired flows of `state`, given the ofports of the local pods that have one (a pod
@@ -22,7 +22,8 @@ pub fn desired_state(
 }
 
 /// [`desired_state`], plus the operational warnings (DNS failures that made a VNID drop all
-/// egress traffic, corrected selectors).
+/// egress traffic, corrected selectors). Built owner by owner from the same functions as
+/// [`owner_flows`], so the two cannot drift.
 pub fn desired_state_with_warnings(
     state: &ClusterState,
     ofports: &HashMap<PodKey, OfPort>,
@@ -31,133 +32,276 @@ pub fn desired_state_with_warnings(
     let mut d = DesiredState::default();
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
-    let Some(local) = state.local_subnet() else {
-        // ClusterState::validate guarantees a local subnet; without one there is no pipeline.
-        problems.push(Problem::new(format!("node {}", state.node), "hostSubnets", "no HostSubnet for this node"));
+    let Some(cfg) = node_config(state) else {
+        problems.push(no_local_subnet(state));
         return (d, problems, warnings);
     };
-    let cfg = NodeConfig {
-        plugin: state.plugin,
-        cluster_network: state.cluster_network,
-        service_network: state.service_network,
-        local_subnet: local.subnet,
-    };
-    put(&mut d, &mut problems, Owner::Base, base::flows(&cfg), "node".into());
-    put(&mut d, &mut problems, Owner::Version, vec![base::version_flow(state.plugin)], "node".into());
-    put(&mut d, &mut problems, Owner::PolicyPlugin, policy::plugin_flows(state.plugin), "node".into());
-
-    let remotes: Vec<_> = state.host_subnets.iter().filter(|h| h.host != state.node).collect();
-    for h in &remotes {
-        let r = RemoteSubnet { host_ip: h.host_ip, subnet: h.subnet, fixed_vnid: h.fixed_vnid };
-        put(&mut d, &mut problems, Owner::HostSubnet { host: h.host.clone() }, subnet::flows(&r), format!("hostsubnet {}", h.host));
-    }
-    let remote_ips: Vec<_> = match state.plugin {
-        Plugin::Multitenant => remotes.iter().map(|h| h.host_ip).collect(),
-        // Multicast is a multitenant feature; subnet mode keeps SetupOVS's plain table 111.
-        Plugin::Subnet => vec![],
-    };
-    put(&mut d, &mut problems, Owner::MulticastVxlan, vec![multicast::vxlan_flow(&remote_ips)], "node".into());
-
-    let mut in_use: BTreeSet<Vnid> = BTreeSet::new();
-    let mut ports_by_vnid: BTreeMap<Vnid, Vec<OfPort>> = BTreeMap::new();
-    for p in &state.pods {
-        let (Some(&ofport), Some(vnid)) = (ofports.get(&p.key()), state.vnid_of(&p.namespace)) else { continue };
-        let port = PodPort { ofport, ip: p.ip, mac: p.mac, container_id: p.container_id.clone(), vnid };
-        let owner = Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() };
-        put(&mut d, &mut problems, owner, pod::flows(&port), format!("pod {}/{}", p.namespace, p.name));
-        in_use.insert(vnid);
-        ports_by_vnid.entry(vnid).or_default().push(ofport);
-    }
-    for s in &state.services {
-        let Some(vnid) = state.vnid_of(&s.namespace) else { continue };
-        let owner = Owner::Service { namespace: s.namespace.clone(), name: s.name.clone() };
-        put(&mut d, &mut problems, owner, service::flows(s.cluster_ip, &s.ports, vnid), format!("service {}/{}", s.namespace, s.name));
-        in_use.insert(vnid);
-    }
-
+    let facts = VnidFacts::gather(state, ofports, None);
+    let mut owners = vec![Owner::Base, Owner::Version, Owner::PolicyPlugin];
+    owners.extend(state.host_subnets.iter().filter(|h| h.host != state.node).map(|h| Owner::HostSubnet { host: h.host.clone() }));
+    owners.push(Owner::MulticastVxlan);
+    owners.extend(
+        state
+            .pods
+            .iter()
+            .filter(|p| ofports.contains_key(&p.key()) && facts.vnid_of(&p.namespace).is_some())
+            .map(|p| Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() }),
+    );
+    owners.extend(
+        state
+            .services
+            .iter()
+            .filter(|s| facts.vnid_of(&s.namespace).is_some())
+            .map(|s| Owner::Service { namespace: s.namespace.clone(), name: s.name.clone() }),
+    );
     if state.plugin == Plugin::Multitenant {
-        // EnsureVNIDRules for every VNID a local pod or a service uses; none for the others
-        // (FindUnusedVNIDs/SyncVNIDRules, computed from the model).
-        for v in &in_use {
-            put(&mut d, &mut problems, Owner::VnidRule { vnid: *v }, vec![policy::vnid_flow(*v)], format!("vnid {v}"));
-        }
-        for (vnid, namespaces) in state.namespaces_by_vnid() {
-            let enabled = namespaces.iter().any(|n| n.multicast);
-            let ports = ports_by_vnid.get(&vnid).map(Vec::as_slice).unwrap_or(&[]);
-            put(&mut d, &mut problems, Owner::Multicast { vnid }, multicast::local_flows(vnid, enabled, ports), format!("multicast {vnid}"));
-        }
+        owners.extend(facts.in_use.iter().map(|v| Owner::VnidRule { vnid: *v }));
+        owners.extend(facts.namespaces.keys().map(|v| Owner::Multicast { vnid: *v }));
     }
-
-    // Egress policies, per VNID.
-    let by_vnid = state.namespaces_by_vnid();
-    let mut policies_by_vnid: BTreeMap<Vnid, Vec<egress::Policy>> = BTreeMap::new();
-    for p in &state.egress_policies {
-        if let Some(v) = state.vnid_of(&p.namespace) {
-            policies_by_vnid.entry(v).or_default().push(p.clone());
-        }
-    }
-    for (vnid, policies) in policies_by_vnid {
-        let namespaces: Vec<String> = match state.plugin {
-            Plugin::Multitenant => by_vnid.get(&vnid).map(|ns| ns.iter().map(|n| n.name.clone()).collect()).unwrap_or_default(),
-            Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
-        };
-        let out = egress::flows(vnid, &policies, &namespaces, dns);
-        let object = policies.iter().map(|p| format!("egressnetworkpolicy {}/{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ");
-        for w in out.warnings.iter().chain(&out.dns_error) {
-            warnings.push(Problem::new(object.clone(), "", w.clone()));
-        }
-        if let Some(e) = out.error {
-            problems.push(Problem::new(object.clone(), "", e));
-        }
-        put(&mut d, &mut problems, Owner::EgressPolicy { vnid }, out.flows, object);
+    owners.extend(facts.policies.keys().map(|v| Owner::EgressPolicy { vnid: *v }));
+    for owner in owners {
+        let out = flows_of_owner(state, &cfg, ofports, dns, &facts, &owner);
+        problems.extend(out.problems);
+        warnings.extend(out.warnings);
+        put(&mut d, &mut problems, owner, out.flows, out.object);
     }
     (d, problems, warnings)
 }
 
-/// The flows of one local pod (none if it has no ofport or its namespace is unknown).
-pub fn pod_owner_flows(
+/// The flows [`desired_state_with_warnings`] gives `owner` (none if it has none), with the
+/// problems and warnings found computing them: (flows, problems, warnings). A conflict with
+/// another owner's flows is found only when the flows are set into a [`DesiredState`].
+pub fn owner_flows(
     state: &ClusterState,
     ofports: &HashMap<PodKey, OfPort>,
-    pod: &super::Pod,
-) -> (Owner, Vec<crate::pipeline::Flow>) {
-    let owner = Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() };
-    let flows = match (ofports.get(&pod.key()), state.vnid_of(&pod.namespace)) {
+    dns: &DnsAnswers,
+    owner: &Owner,
+) -> (Vec<Flow>, Vec<Problem>, Vec<Problem>) {
+    let Some(cfg) = node_config(state) else {
+        return (vec![], vec![no_local_subnet(state)], vec![]);
+    };
+    let only = match owner {
+        Owner::VnidRule { vnid } | Owner::Multicast { vnid } | Owner::EgressPolicy { vnid } => Some(*vnid),
+        _ => None,
+    };
+    let facts = match only {
+        Some(v) => VnidFacts::gather(state, ofports, Some(v)),
+        None => VnidFacts::lookup_only(state),
+    };
+    let out = flows_of_owner(state, &cfg, ofports, dns, &facts, owner);
+    (out.flows, out.problems, out.warnings)
+}
+
+fn no_local_subnet(state: &ClusterState) -> Problem {
+    // ClusterState::validate guarantees a local subnet; without one there is no pipeline.
+    Problem::new(format!("node {}", state.node), "hostSubnets", "no HostSubnet for this node")
+}
+
+fn node_config(state: &ClusterState) -> Option<NodeConfig> {
+    let local = state.local_subnet()?;
+    Some(NodeConfig {
+        plugin: state.plugin,
+        cluster_network: state.cluster_network,
+        service_network: state.service_network,
+        local_subnet: local.subnet,
+    })
+}
+
+/// What the per-VNID owners depend on, gathered in one pass over the state: for every VNID (the
+/// full computation) or for one (a single owner).
+struct VnidFacts<'a> {
+    plugin: Plugin,
+    /// Namespace name to VNID (the first NetNamespace of a name, as `vnid_of`).
+    vnids: HashMap<&'a str, Vnid>,
+    /// VNIDs a local pod (with an ofport) or a service uses.
+    in_use: BTreeSet<Vnid>,
+    /// Local pods' ofports by VNID, in pod order.
+    ports: BTreeMap<Vnid, Vec<OfPort>>,
+    /// Egress policies by VNID, in policy order.
+    policies: BTreeMap<Vnid, Vec<egress::Policy>>,
+    /// NetNamespaces by VNID, in namespace order.
+    namespaces: BTreeMap<Vnid, Vec<&'a NetNamespace>>,
+}
+
+impl<'a> VnidFacts<'a> {
+    fn lookup_only(state: &'a ClusterState) -> VnidFacts<'a> {
+        let mut vnids = HashMap::with_capacity(state.net_namespaces.len());
+        if state.plugin == Plugin::Multitenant {
+            for n in &state.net_namespaces {
+                vnids.entry(n.name.as_str()).or_insert(n.vnid);
+            }
+        }
+        VnidFacts {
+            plugin: state.plugin,
+            vnids,
+            in_use: BTreeSet::new(),
+            ports: BTreeMap::new(),
+            policies: BTreeMap::new(),
+            namespaces: BTreeMap::new(),
+        }
+    }
+
+    fn gather(state: &'a ClusterState, ofports: &HashMap<PodKey, OfPort>, only: Option<Vnid>) -> VnidFacts<'a> {
+        let mut f = VnidFacts::lookup_only(state);
+        let wanted = |v: Vnid| only.is_none_or(|o| o == v);
+        for p in &state.pods {
+            let (Some(&ofport), Some(vnid)) = (ofports.get(&p.key()), f.vnid_of(&p.namespace)) else { continue };
+            if wanted(vnid) {
+                f.in_use.insert(vnid);
+                f.ports.entry(vnid).or_default().push(ofport);
+            }
+        }
+        for s in &state.services {
+            if let Some(vnid) = f.vnid_of(&s.namespace).filter(|v| wanted(*v)) {
+                f.in_use.insert(vnid);
+            }
+        }
+        for p in &state.egress_policies {
+            if let Some(vnid) = f.vnid_of(&p.namespace).filter(|v| wanted(*v)) {
+                f.policies.entry(vnid).or_default().push(p.clone());
+            }
+        }
+        for n in state.net_namespaces.iter().filter(|n| wanted(n.vnid)) {
+            f.namespaces.entry(n.vnid).or_default().push(n);
+        }
+        f
+    }
+
+    /// As [`ClusterState::vnid_of`].
+    fn vnid_of(&self, namespace: &str) -> Option<Vnid> {
+        match self.plugin {
+            Plugin::Subnet => Some(Vnid::GLOBAL),
+            Plugin::Multitenant => self.vnids.get(namespace).copied(),
+        }
+    }
+}
+
+/// One owner's flows, the problems and warnings found computing them, and the object a
+/// conflict is reported on.
+struct OwnerOut {
+    flows: Vec<Flow>,
+    problems: Vec<Problem>,
+    warnings: Vec<Problem>,
+    object: String,
+}
+
+/// The one definition of every owner's flows.
+fn flows_of_owner(
+    state: &ClusterState,
+    cfg: &NodeConfig,
+    ofports: &HashMap<PodKey, OfPort>,
+    dns: &DnsAnswers,
+    facts: &VnidFacts<'_>,
+    owner: &Owner,
+) -> OwnerOut {
+    let simple = |flows: Vec<Flow>, object: String| OwnerOut { flows, problems: vec![], warnings: vec![], object };
+    let multitenant = state.plugin == Plugin::Multitenant;
+    match owner {
+        Owner::Base => simple(base::flows(cfg), "node".into()),
+        Owner::Version => simple(vec![base::version_flow(state.plugin)], "node".into()),
+        Owner::PolicyPlugin => simple(policy::plugin_flows(state.plugin), "node".into()),
+        Owner::HostSubnet { host } => {
+            let flows = match state.host_subnets.iter().find(|h| &h.host == host && h.host != state.node) {
+                Some(h) => subnet::flows(&RemoteSubnet { host_ip: h.host_ip, subnet: h.subnet, fixed_vnid: h.fixed_vnid }),
+                None => vec![],
+            };
+            simple(flows, format!("hostsubnet {host}"))
+        }
+        Owner::MulticastVxlan => {
+            let remote_ips: Vec<_> = match state.plugin {
+                Plugin::Multitenant => state.host_subnets.iter().filter(|h| h.host != state.node).map(|h| h.host_ip).collect(),
+                // Multicast is a multitenant feature; subnet mode keeps SetupOVS's plain table 111.
+                Plugin::Subnet => vec![],
+            };
+            simple(vec![multicast::vxlan_flow(&remote_ips)], "node".into())
+        }
+        Owner::Pod { namespace, name } => {
+            let flows = state
+                .pods
+                .iter()
+                .find(|p| &p.namespace == namespace && &p.name == name)
+                .map(|p| pod_flows(facts.vnid_of(&p.namespace), ofports, p))
+                .unwrap_or_default();
+            simple(flows, format!("pod {namespace}/{name}"))
+        }
+        Owner::Service { namespace, name } => {
+            let flows = match (state.services.iter().find(|s| &s.namespace == namespace && &s.name == name), facts.vnid_of(namespace)) {
+                (Some(s), Some(vnid)) => service::flows(s.cluster_ip, &s.ports, vnid),
+                _ => vec![],
+            };
+            simple(flows, format!("service {namespace}/{name}"))
+        }
+        // EnsureVNIDRules for every VNID a local pod or a service uses; none for the others
+        // (FindUnusedVNIDs/SyncVNIDRules, computed from the model).
+        Owner::VnidRule { vnid } => {
+            let flows = if multitenant && facts.in_use.contains(vnid) { vec![policy::vnid_flow(*vnid)] } else { vec![] };
+            simple(flows, format!("vnid {vnid}"))
+        }
+        Owner::Multicast { vnid } => {
+            let flows = match facts.namespaces.get(vnid).filter(|_| multitenant) {
+                Some(namespaces) => {
+                    let enabled = namespaces.iter().any(|n| n.multicast);
+                    let ports = facts.ports.get(vnid).map(Vec::as_slice).unwrap_or(&[]);
+                    multicast::local_flows(*vnid, enabled, ports)
+                }
+                None => vec![],
+            };
+            simple(flows, format!("multicast {vnid}"))
+        }
+        Owner::EgressPolicy { vnid } => {
+            let Some(policies) = facts.policies.get(vnid) else {
+                return simple(vec![], format!("egress {vnid}"));
+            };
+            let namespaces: Vec<String> = match state.plugin {
+                Plugin::Multitenant => {
+                    facts.namespaces.get(vnid).map(|ns| ns.iter().map(|n| n.name.clone()).collect()).unwrap_or_default()
+                }
+                Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
+            };
+            let out = egress::flows(*vnid, policies, &namespaces, dns);
+            let object =
+                policies.iter().map(|p| format!("egressnetworkpolicy {}/{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ");
+            let warnings = out.warnings.iter().chain(&out.dns_error).map(|w| Problem::new(object.clone(), "", w.clone())).collect();
+            let problems = out.error.map(|e| Problem::new(object.clone(), "", e)).into_iter().collect();
+            OwnerOut { flows: out.flows, problems, warnings, object }
+        }
+    }
+}
+
+fn pod_flows(vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> Vec<Flow> {
+    match (ofports.get(&pod.key()), vnid) {
         (Some(&ofport), Some(vnid)) => {
             pod::flows(&PodPort { ofport, ip: pod.ip, mac: pod.mac, container_id: pod.container_id.clone(), vnid })
         }
         _ => vec![],
-    };
-    (owner, flows)
+    }
+}
+
+/// The flows of one local pod (none if it has no ofport or its namespace is unknown).
+pub fn pod_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> (Owner, Vec<Flow>) {
+    let owner = Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() };
+    (owner, pod_flows(state.vnid_of(&pod.namespace), ofports, pod))
 }
 
 /// The per-VNID owners a local pod's arrival or departure changes (multitenant only): the
 /// table-80 rule (present while a local pod or a service uses the VNID) and the multicast
-/// flows (which list the VNID's local ports). Computed exactly as [`desired_state`] does.
-pub fn vnid_owner_flows(
-    state: &ClusterState,
-    ofports: &HashMap<PodKey, OfPort>,
-    vnid: Vnid,
-) -> Vec<(Owner, Vec<crate::pipeline::Flow>)> {
+/// flows (which list the VNID's local ports). Computed by [`owner_flows`].
+pub fn vnid_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, vnid: Vnid) -> Vec<(Owner, Vec<Flow>)> {
     if state.plugin != Plugin::Multitenant {
         return vec![];
     }
-    let ports: Vec<OfPort> = state
-        .pods
-        .iter()
-        .filter(|p| state.vnid_of(&p.namespace) == Some(vnid))
-        .filter_map(|p| ofports.get(&p.key()).copied())
-        .collect();
-    let in_use = !ports.is_empty() || state.services.iter().any(|s| state.vnid_of(&s.namespace) == Some(vnid));
-    let rule = if in_use { vec![policy::vnid_flow(vnid)] } else { vec![] };
-    let enabled = state.net_namespaces.iter().any(|n| n.vnid == vnid && n.multicast);
-    vec![
-        (Owner::VnidRule { vnid }, rule),
-        (Owner::Multicast { vnid }, multicast::local_flows(vnid, enabled, &ports)),
-    ]
+    let dns = DnsAnswers::new();
+    [Owner::VnidRule { vnid }, Owner::Multicast { vnid }]
+        .into_iter()
+        .map(|o| {
+            let flows = owner_flows(state, ofports, &dns, &o).0;
+            (o, flows)
+        })
+        .collect()
 }
 
 /// Sets an owner's flows; a conflict with another owner becomes a problem of `object`.
-fn put(d: &mut DesiredState, problems: &mut Vec<Problem>, owner: Owner, flows: Vec<crate::pipeline::Flow>, object: String) {
+fn put(d: &mut DesiredState, problems: &mut Vec<Problem>, owner: Owner, flows: Vec<Flow>, object: String) {
     if let Err(c) = d.set(owner, flows) {
         problems.push(Problem::new(object, "", c.to_string()));
     }
@@ -217,5 +361,105 @@ mod tests {
         state.pods.clear();
         let (d, _) = desired_state(&state, &HashMap::new(), &DnsAnswers::new());
         assert!(d.owners().all(|o| !matches!(o, Owner::VnidRule { .. })));
+    }
+
+    /// Every owner the state could give flows to (those it gives none included).
+    fn candidate_owners(state: &ClusterState, d: &DesiredState) -> BTreeSet<Owner> {
+        let mut owners: BTreeSet<Owner> = d.owners().cloned().collect();
+        owners.extend([Owner::Base, Owner::Version, Owner::PolicyPlugin, Owner::MulticastVxlan]);
+        owners.extend(state.host_subnets.iter().map(|h| Owner::HostSubnet { host: h.host.clone() }));
+        owners.extend(state.services.iter().map(|s| Owner::Service { namespace: s.namespace.clone(), name: s.name.clone() }));
+        owners.extend(state.pods.iter().map(|p| Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() }));
+        for n in &state.net_namespaces {
+            owners.extend([Owner::VnidRule { vnid: n.vnid }, Owner::Multicast { vnid: n.vnid }, Owner::EgressPolicy { vnid: n.vnid }]);
+        }
+        owners.extend([Owner::VnidRule { vnid: Vnid::GLOBAL }, Owner::EgressPolicy { vnid: Vnid::GLOBAL }]);
+        owners
+    }
+
+    /// `owner_flows` gives every owner exactly what the full computation gives it.
+    fn assert_incremental_is_full(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, dns: &DnsAnswers) {
+        let (d, problems, warnings) = desired_state_with_warnings(state, ofports, dns);
+        let (mut all_problems, mut all_warnings) = (Vec::new(), Vec::new());
+        for owner in candidate_owners(state, &d) {
+            let (flows, p, w) = owner_flows(state, ofports, dns, &owner);
+            let got: Vec<String> = flows.iter().map(|f| crate::store::Compiled::compile(f).to_string()).collect();
+            let want: Vec<String> = d.flows_of(&owner).iter().map(|c| c.to_string()).collect();
+            assert_eq!(got, want, "{owner}");
+            all_problems.extend(p);
+            all_warnings.extend(w);
+        }
+        for p in &all_problems {
+            assert!(problems.contains(p), "{p}");
+        }
+        for w in &all_warnings {
+            assert!(warnings.contains(w), "{w}");
+        }
+    }
+
+    fn example_ofports(state: &ClusterState) -> HashMap<PodKey, OfPort> {
+        state.pods.iter().enumerate().map(|(i, p)| (p.key(), OfPort(3 + i as u32))).collect()
+    }
+
+    #[test]
+    fn owner_flows_agree_with_the_full_computation_on_the_examples() {
+        let mut dns = DnsAnswers::new();
+        dns.insert("www.example.com".into(), Ok(vec!["93.184.216.34".parse().unwrap()]));
+        for text in [EXAMPLE, include_str!("../../deploy/examples/subnet.yaml")] {
+            let (state, _) = parse(text).unwrap();
+            let ofports = example_ofports(&state);
+            assert_incremental_is_full(&state, &ofports, &dns);
+            assert_incremental_is_full(&state, &HashMap::new(), &DnsAnswers::new());
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Random Service and HostSubnet changes: still incremental == full, owner by owner.
+        #[test]
+        fn owner_flows_agree_after_random_changes(
+            changes in proptest::collection::vec((0..3u8, 0..8u8, 0..4u8, 1..1000u16), 0..12),
+        ) {
+            let (mut state, _) = parse(EXAMPLE).unwrap();
+            let namespaces: Vec<String> = state.net_namespaces.iter().map(|n| n.name.clone()).collect();
+            for (what, i, ns, n) in changes {
+                match what {
+                    0 => {
+                        // Add or replace a service.
+                        let s = crate::cluster::Service {
+                            namespace: namespaces[ns as usize % namespaces.len()].clone(),
+                            name: format!("s{i}"),
+                            cluster_ip: std::net::Ipv4Addr::new(172, 30, 1, i),
+                            ports: vec![crate::pipeline::service::ServicePort { proto: crate::pipeline::service::ServiceProto::Tcp, port: n }],
+                        };
+                        state.services.retain(|o| !(o.namespace == s.namespace && o.name == s.name));
+                        state.services.push(s);
+                    }
+                    1 => {
+                        let k = i as usize % (state.services.len() + 1);
+                        if k < state.services.len() {
+                            state.services.remove(k);
+                        }
+                    }
+                    _ => {
+                        // Add, move or remove a remote HostSubnet.
+                        let host = format!("node-x{}", i % 4);
+                        state.host_subnets.retain(|h| h.host != host);
+                        if n % 3 != 0 {
+                            state.host_subnets.push(crate::cluster::HostSubnet {
+                                host,
+                                host_ip: std::net::Ipv4Addr::new(172, 17, 2, i),
+                                subnet: format!("10.131.{}.0/24", n % 200).parse().unwrap(),
+                                fixed_vnid: (ns == 0).then(|| Vnid::new(7).unwrap()),
+                            });
+                        }
+                    }
+                }
+            }
+            let (state, _) = state.validate().unwrap();
+            let ofports = example_ofports(&state);
+            assert_incremental_is_full(&state, &ofports, &DnsAnswers::new());
+        }
     }
 }

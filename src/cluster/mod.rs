@@ -132,7 +132,9 @@ impl ClusterState {
         let cluster = self.cluster_network;
 
         let mut hosts = BTreeSet::new();
-        let mut subnets: Vec<Ipv4Net> = Vec::new();
+        // Accepted subnets (pairwise disjoint) by first address, with their acceptance order:
+        // an overlap is found in O(log n) and reported against the earliest accepted subnet.
+        let mut subnets: BTreeMap<u32, (Ipv4Net, usize)> = BTreeMap::new();
         self.host_subnets.retain(|h| {
             let obj = format!("hostsubnet {}", h.host);
             let err = if !hosts.insert(h.host.clone()) {
@@ -140,10 +142,13 @@ impl ClusterState {
             } else if !cluster.contains(&h.subnet) {
                 Some(("subnet", format!("{} is outside the cluster network {cluster}", h.subnet)))
             } else {
-                subnets
-                    .iter()
-                    .find(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network()))
-                    .map(|o| ("subnet", format!("{} overlaps {o} of another node", h.subnet)))
+                let (start, end) = (u32::from(h.subnet.network()), u32::from(h.subnet.broadcast()));
+                let before = subnets.range(..start).next_back().filter(|(_, (o, _))| u32::from(o.broadcast()) >= start);
+                before
+                    .into_iter()
+                    .chain(subnets.range(start..=end))
+                    .min_by_key(|(_, (_, i))| *i)
+                    .map(|(_, (o, _))| ("subnet", format!("{} overlaps {o} of another node", h.subnet)))
             };
             match err {
                 Some((field, m)) => {
@@ -151,7 +156,8 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    subnets.push(h.subnet);
+                    let n = subnets.len();
+                    subnets.insert(u32::from(h.subnet.network()), (h.subnet, n));
                     true
                 }
             }

@@ -146,39 +146,121 @@ pub fn parse(text: &str) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     from_value(value)
 }
 
-/// Decodes and validates a state given as one JSON value of the state file's schema. Other
-/// sources (Kubernetes) map their objects to this schema, so every source is validated by the
-/// same code and reports problems the same way.
+/// Decodes and validates a state given as one JSON value of the state file's schema.
 pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     let raw: RawFile = serde_path_to_error::deserialize(&value).map_err(|e| Fatal(format!("field {}: {}", e.path(), e.inner())))?;
+    let header = header(raw.node, raw.plugin, &raw.cluster_network, &raw.service_network, raw.vxlan_port, raw.mtu)?;
     let mut problems = Vec::new();
-    let cluster_network = net(&raw.cluster_network).map_err(|e| Fatal(format!("field clusterNetwork: {e}")))?;
-    let service_network = net(&raw.service_network).map_err(|e| Fatal(format!("field serviceNetwork: {e}")))?;
-    if raw.node.is_empty() {
+    let host_subnets = each(raw.host_subnets, "hostsubnet", &["host"], |r: RawHostSubnet| host_subnet(&r.host, &r.host_ip, &r.subnet, r.fixed_vnid.map(Ok)), &mut problems);
+    let net_namespaces = each(raw.net_namespaces, "netnamespace", &["name"], |r: RawNetNamespace| net_namespace(&r.name, Ok(r.netid), r.multicast), &mut problems);
+    let services = each(
+        raw.services,
+        "service",
+        &["namespace", "name"],
+        |r: RawService| service(&r.namespace, &r.name, &r.cluster_ip, r.ports.iter().map(|p| (p.protocol.as_str(), p.port))),
+        &mut problems,
+    );
+    let pods = each(raw.pods, "pod", &["namespace", "name"], |r| pod(r).map(|p| (p, Vec::new())), &mut problems);
+    let egress_policies = each(
+        raw.egress_network_policies,
+        "egressnetworkpolicy",
+        &["namespace", "name"],
+        |r: RawEgressPolicy| {
+            let rules = r.egress.iter().map(|e| EgressRuleFields { kind: &e.kind, cidr_selector: e.to.cidr_selector.as_deref(), dns_name: e.to.dns_name.as_deref() });
+            egress_policy(&r.namespace, &r.name, rules).map(|p| (p, Vec::new()))
+        },
+        &mut problems,
+    );
+    assemble(header, host_subnets, net_namespaces, services, pods, egress_policies, problems)
+}
+
+/// The cluster-wide settings of a state, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub node: String,
+    pub plugin: Plugin,
+    pub cluster_network: Ipv4Net,
+    pub service_network: Ipv4Net,
+    pub vxlan_port: u16,
+    pub mtu: u32,
+}
+
+/// Validates the cluster-wide settings (the state cannot be used without them).
+pub fn header(
+    node: String,
+    plugin: Plugin,
+    cluster_network: &str,
+    service_network: &str,
+    vxlan_port: u16,
+    mtu: u32,
+) -> Result<Header, Fatal> {
+    let cluster_network = net(cluster_network).map_err(|e| Fatal(format!("field clusterNetwork: {e}")))?;
+    let service_network = net(service_network).map_err(|e| Fatal(format!("field serviceNetwork: {e}")))?;
+    if node.is_empty() {
         return Err(Fatal("field node: must not be empty".into()));
     }
-    if !(576..=9000).contains(&raw.mtu) {
-        return Err(Fatal(format!("field mtu: {} is outside 576..=9000", raw.mtu)));
+    if !(576..=9000).contains(&mtu) {
+        return Err(Fatal(format!("field mtu: {mtu} is outside 576..=9000")));
     }
-    if raw.vxlan_port == 0 {
+    if vxlan_port == 0 {
         return Err(Fatal("field vxlanPort: 0 is not a UDP port".into()));
     }
+    Ok(Header { node, plugin, cluster_network, service_network, vxlan_port, mtu })
+}
+
+/// Builds the state from objects validated one by one ([`host_subnet`], [`service`], ...) and
+/// runs the cross-object checks ([`ClusterState::validate`]); `problems` are the per-object
+/// problems found so far, the cross-object ones follow them.
+pub fn assemble(
+    h: Header,
+    host_subnets: Vec<HostSubnet>,
+    net_namespaces: Vec<NetNamespace>,
+    services: Vec<Service>,
+    pods: Vec<Pod>,
+    egress_policies: Vec<egress::Policy>,
+    mut problems: Vec<Problem>,
+) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     let state = ClusterState {
-        node: raw.node,
-        plugin: raw.plugin,
-        cluster_network,
-        service_network,
-        vxlan_port: raw.vxlan_port,
-        mtu: raw.mtu,
-        host_subnets: each(raw.host_subnets, "hostsubnet", &["host"], host_subnet, &mut problems),
-        net_namespaces: each(raw.net_namespaces, "netnamespace", &["name"], net_namespace, &mut problems),
-        services: each(raw.services, "service", &["namespace", "name"], service, &mut problems),
-        pods: each(raw.pods, "pod", &["namespace", "name"], |r, _| pod(r), &mut problems),
-        egress_policies: each(raw.egress_network_policies, "egressnetworkpolicy", &["namespace", "name"], |r, _| egress_policy(r), &mut problems),
+        node: h.node,
+        plugin: h.plugin,
+        cluster_network: h.cluster_network,
+        service_network: h.service_network,
+        vxlan_port: h.vxlan_port,
+        mtu: h.mtu,
+        host_subnets,
+        net_namespaces,
+        services,
+        pods,
+        egress_policies,
     };
     let (state, more) = state.validate()?;
     problems.extend(more);
     Ok((state, problems))
+}
+
+/// A rejected field: (field, message).
+pub type FieldError = (String, String);
+
+/// One object checked on its own: the model object and the problems of the parts that were
+/// dropped from it (named by field only; [`name_problems`] names the object), or why the whole
+/// object is rejected.
+pub type Checked<T> = Result<(T, Vec<Problem>), FieldError>;
+
+/// The problems of one checked object, named after it (`hostsubnet node-b`, `service ns/web`).
+pub fn name_problems<T>(object: &str, checked: Checked<T>) -> (Option<T>, Vec<Problem>) {
+    match checked {
+        Ok((t, local)) => (
+            Some(t),
+            local
+                .into_iter()
+                .map(|mut p| {
+                    p.object = object.to_string();
+                    p
+                })
+                .collect(),
+        ),
+        Err((field, msg)) => (None, vec![Problem::new(object, field, msg)]),
+    }
 }
 
 /// Decodes each object of a list; a failure becomes a problem naming the object (by the
@@ -187,7 +269,7 @@ fn each<R: DeserializeOwned, T>(
     items: Vec<Value>,
     kind: &str,
     name_fields: &[&str],
-    convert: impl Fn(R, &mut Vec<Problem>) -> Result<T, (String, String)>,
+    convert: impl Fn(R) -> Checked<T>,
     problems: &mut Vec<Problem>,
 ) -> Vec<T> {
     let mut out = Vec::new();
@@ -202,15 +284,9 @@ fn each<R: DeserializeOwned, T>(
                 continue;
             }
         };
-        let mut local = Vec::new();
-        match convert(raw, &mut local) {
-            Ok(t) => out.push(t),
-            Err((field, msg)) => problems.push(Problem::new(obj.clone(), field, msg)),
-        }
-        problems.extend(local.into_iter().map(|mut p| {
-            p.object = obj.clone();
-            p
-        }));
+        let (t, p) = name_problems(&obj, convert(raw));
+        out.extend(t);
+        problems.extend(p);
     }
     out
 }
@@ -227,41 +303,48 @@ fn vnid(v: u64) -> Result<Vnid, String> {
     u32::try_from(v).map_err(|_| format!("VNID {v} exceeds the 24-bit maximum")).and_then(Vnid::new)
 }
 
-fn at(field: &str) -> impl Fn(String) -> (String, String) + '_ {
+fn at(field: &str) -> impl Fn(String) -> FieldError + '_ {
     move |m| (field.to_string(), m)
 }
 
-fn name(field: &str, s: &str) -> Result<(), (String, String)> {
+fn name(field: &str, s: &str) -> Result<(), FieldError> {
     if s.is_empty() {
         return Err((field.into(), "must not be empty".into()));
     }
     Ok(())
 }
 
-fn host_subnet(r: RawHostSubnet, _: &mut Vec<Problem>) -> Result<HostSubnet, (String, String)> {
-    name("host", &r.host)?;
-    Ok(HostSubnet {
-        host: r.host,
-        host_ip: addr(&r.host_ip).map_err(at("hostIP"))?,
-        subnet: net(&r.subnet).map_err(at("subnet"))?,
-        fixed_vnid: r.fixed_vnid.map(vnid).transpose().map_err(at("fixedVNID"))?,
-    })
+/// Checks one HostSubnet. `fixed_vnid`: the fixed-VNID value, or why it is not a number.
+pub fn host_subnet(host: &str, host_ip: &str, subnet: &str, fixed_vnid: Option<Result<u64, String>>) -> Checked<HostSubnet> {
+    name("host", host)?;
+    let fixed_vnid = match fixed_vnid {
+        None => None,
+        Some(v) => Some(v.and_then(vnid).map_err(at("fixedVNID"))?),
+    };
+    Ok((
+        HostSubnet { host: host.to_string(), host_ip: addr(host_ip).map_err(at("hostIP"))?, subnet: net(subnet).map_err(at("subnet"))?, fixed_vnid },
+        Vec::new(),
+    ))
 }
 
-fn net_namespace(r: RawNetNamespace, _: &mut Vec<Problem>) -> Result<NetNamespace, (String, String)> {
-    name("name", &r.name)?;
-    Ok(NetNamespace { name: r.name, vnid: vnid(r.netid).map_err(at("netid"))?, multicast: r.multicast })
+/// Checks one NetNamespace. `netid`: the number, or why the value is not one.
+pub fn net_namespace(name_: &str, netid: Result<u64, String>, multicast: bool) -> Checked<NetNamespace> {
+    name("name", name_)?;
+    let vnid = netid.and_then(vnid).map_err(at("netid"))?;
+    Ok((NetNamespace { name: name_.to_string(), vnid, multicast }, Vec::new()))
 }
 
-/// A port with an unsupported protocol or number is dropped from the service with a problem;
-/// the service keeps its other ports (the seed logs and skips such a port).
-fn service(r: RawService, problems: &mut Vec<Problem>) -> Result<Service, (String, String)> {
-    name("namespace", &r.namespace)?;
-    name("name", &r.name)?;
-    let cluster_ip = addr(&r.cluster_ip).map_err(at("clusterIP"))?;
+/// Checks one service; `ports` are (protocol, port). A port with an unsupported protocol or
+/// number is dropped from the service with a problem; the service keeps its other ports (the
+/// seed logs and skips such a port).
+pub fn service<'a>(namespace: &str, name_: &str, cluster_ip: &str, ports_in: impl Iterator<Item = (&'a str, i64)>) -> Checked<Service> {
+    name("namespace", namespace)?;
+    name("name", name_)?;
+    let cluster_ip = addr(cluster_ip).map_err(at("clusterIP"))?;
+    let mut problems = Vec::new();
     let mut ports = Vec::new();
-    for (i, p) in r.ports.iter().enumerate() {
-        let proto = match p.protocol.as_str() {
+    for (i, (protocol, port)) in ports_in.enumerate() {
+        let proto = match protocol {
             "TCP" => ServiceProto::Tcp,
             "UDP" => ServiceProto::Udp,
             other => {
@@ -269,16 +352,16 @@ fn service(r: RawService, problems: &mut Vec<Problem>) -> Result<Service, (Strin
                 continue;
             }
         };
-        let Ok(port) = u16::try_from(p.port).map_err(|_| ()).and_then(|n| if n == 0 { Err(()) } else { Ok(n) }) else {
-            problems.push(Problem::new("", format!("ports[{i}].port"), format!("{} is not a port number (1..65535); this port is skipped", p.port)));
+        let Ok(n) = u16::try_from(port).map_err(|_| ()).and_then(|n| if n == 0 { Err(()) } else { Ok(n) }) else {
+            problems.push(Problem::new("", format!("ports[{i}].port"), format!("{port} is not a port number (1..65535); this port is skipped")));
             continue;
         };
-        let sp = ServicePort { proto, port };
+        let sp = ServicePort { proto, port: n };
         if !ports.contains(&sp) {
             ports.push(sp);
         }
     }
-    Ok(Service { namespace: r.namespace, name: r.name, cluster_ip, ports })
+    Ok((Service { namespace: namespace.to_string(), name: name_.to_string(), cluster_ip, ports }, problems))
 }
 
 /// Validates one pod (the state file's and the pod API's single rule set).
@@ -353,28 +436,37 @@ fn valid_dns_name(s: &str) -> bool {
         })
 }
 
-fn egress_policy(r: RawEgressPolicy) -> Result<egress::Policy, (String, String)> {
-    name("namespace", &r.namespace)?;
-    name("name", &r.name)?;
-    if r.egress.len() > MAX_EGRESS_RULES {
-        return Err(("egress".into(), format!("{} rules exceed the limit of {MAX_EGRESS_RULES}", r.egress.len())));
+/// One egress rule's fields, as an EgressNetworkPolicy gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct EgressRuleFields<'a> {
+    pub kind: &'a str,
+    pub cidr_selector: Option<&'a str>,
+    pub dns_name: Option<&'a str>,
+}
+
+/// Checks one EgressNetworkPolicy.
+pub fn egress_policy<'a>(namespace: &str, name_: &str, rules_in: impl ExactSizeIterator<Item = EgressRuleFields<'a>>) -> Result<egress::Policy, FieldError> {
+    name("namespace", namespace)?;
+    name("name", name_)?;
+    if rules_in.len() > MAX_EGRESS_RULES {
+        return Err(("egress".into(), format!("{} rules exceed the limit of {MAX_EGRESS_RULES}", rules_in.len())));
     }
-    let mut rules = Vec::with_capacity(r.egress.len());
-    for (i, rule) in r.egress.into_iter().enumerate() {
-        let kind = match rule.kind.as_str() {
+    let mut rules = Vec::with_capacity(rules_in.len());
+    for (i, rule) in rules_in.enumerate() {
+        let kind = match rule.kind {
             "Allow" => RuleType::Allow,
             "Deny" => RuleType::Deny,
             other => return Err((format!("egress[{i}].type"), format!("{other:?} is neither Allow nor Deny"))),
         };
-        let to = match (rule.to.cidr_selector, rule.to.dns_name) {
-            (Some(c), None) => Target::Cidr(net(&c).map_err(at(&format!("egress[{i}].to.cidrSelector")))?),
-            (None, Some(d)) if valid_dns_name(&d) => Target::DnsName(d.trim_end_matches('.').to_ascii_lowercase()),
+        let to = match (rule.cidr_selector, rule.dns_name) {
+            (Some(c), None) => Target::Cidr(net(c).map_err(at(&format!("egress[{i}].to.cidrSelector")))?),
+            (None, Some(d)) if valid_dns_name(d) => Target::DnsName(d.trim_end_matches('.').to_ascii_lowercase()),
             (None, Some(d)) => return Err((format!("egress[{i}].to.dnsName"), format!("{d:?} is not a valid DNS name"))),
             _ => return Err((format!("egress[{i}].to"), "exactly one of cidrSelector and dnsName is required".into())),
         };
         rules.push(egress::Rule { kind, to });
     }
-    Ok(egress::Policy { namespace: r.namespace, name: r.name, rules })
+    Ok(egress::Policy { namespace: namespace.to_string(), name: name_.to_string(), rules })
 }
 
 #[cfg(test)]

@@ -1,11 +1,16 @@
-//! The Kubernetes source: kube-rs watchers and reflectors for openshift-sdn's objects, mapped to
-//! the cluster state (the state file's schema, validated by the same code).
+//! The Kubernetes source: kube-rs watchers for openshift-sdn's objects. Each event's object is
+//! converted to the model once ([`mapping`], through the state file's per-object validators:
+//! one rule set), kept in per-kind maps of converted objects (no reflector caches; this node's
+//! pods are watched metadata-only), and each published state is assembled from those maps and
+//! validated across objects as a state file is.
 //!
 //! CONTRACT (used by `run` and by deploy/ tests):
 //! - [`spawn`] starts the watchers and returns a receiver of [`Loaded`] states, published once
-//!   every reflector has listed (`InitDone`) and after each change (debounced). `live_pods` is
+//!   every watcher has listed (`InitDone`) and after each change (debounced). `live_pods` is
 //!   `Some` (this node's pods) so that pods set up through the pod API but deleted in the
-//!   cluster are torn down after a relist.
+//!   cluster are torn down after a relist. `touched` names the owners whose flows may differ
+//!   from the previously published state (`None` after a list, a ClusterNetwork or NetNamespace
+//!   change, or a change to this node's HostSubnet).
 //! - [`WATCHED`] lists every resource the daemon watches or changes, with the verbs it uses:
 //!   the single source for both the watchers and the RBAC rules (deploy/ checks its ClusterRole
 //!   against [`rbac_rules`]).

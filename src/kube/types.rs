@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The annotation that gives a HostSubnet's node a fixed VNID.
 pub const FIXED_VNID_ANNOTATION: &str = "pod.network.openshift.io/fixed-vnid-host";
@@ -54,23 +53,21 @@ pub struct ClusterNetwork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hostsubnetlength: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plugin_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vxlan_port: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_networks: Vec<ClusterNetworkEntry>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vxlan_port: Option<Value>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 pub struct ClusterNetworkEntry {
     #[serde(default, rename = "CIDR")]
     pub cidr: String,
-    #[serde(default, rename = "hostSubnetLength", skip_serializing_if = "Option::is_none")]
-    pub host_subnet_length: Option<Value>,
 }
 
 /// A node's pod subnet.
@@ -93,9 +90,84 @@ pub struct NetNamespace {
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub netname: String,
-    /// A number in a valid object; kept as JSON so that a bad value is a problem of this object.
+    /// A number in a valid object; read leniently so that a bad value is a problem of this
+    /// object, not a failure of the whole list.
     #[serde(default)]
-    pub netid: Value,
+    pub netid: Number,
+}
+
+/// A field that should hold an unsigned integer: the number, or a description of the value
+/// that is not one (`invalid type: string "x", expected u64`). Never fails to decode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Number(pub Result<u64, String>);
+
+impl Default for Number {
+    fn default() -> Number {
+        Number(Err("missing field, expected u64".into()))
+    }
+}
+
+impl From<u64> for Number {
+    fn from(n: u64) -> Number {
+        Number(Ok(n))
+    }
+}
+
+impl Serialize for Number {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            Ok(n) => s.serialize_u64(*n),
+            Err(_) => s.serialize_none(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Number, D::Error> {
+        struct V;
+        fn bad(what: std::fmt::Arguments<'_>) -> Number {
+            Number(Err(format!("invalid type: {what}, expected u64")))
+        }
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Number;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Number, E> {
+                Ok(Number(Ok(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Number, E> {
+                Ok(u64::try_from(v).map(|n| Number(Ok(n))).unwrap_or_else(|_| Number(Err(format!("invalid value: integer `{v}`, expected u64")))))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Number, E> {
+                Ok(bad(format_args!("floating point `{v}`")))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Number, E> {
+                Ok(bad(format_args!("boolean `{v}`")))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Number, E> {
+                Ok(bad(format_args!("string {v:?}")))
+            }
+            fn visit_unit<E>(self) -> Result<Number, E> {
+                Ok(bad(format_args!("null")))
+            }
+            fn visit_none<E>(self) -> Result<Number, E> {
+                Ok(bad(format_args!("null")))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Number, D::Error> {
+                d.deserialize_any(V)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Number, A::Error> {
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(bad(format_args!("sequence")))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Number, A::Error> {
+                while a.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+                Ok(bad(format_args!("map")))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A namespace's egress firewall.

@@ -2,23 +2,20 @@
 //! per kind (set by its `InitDone`), and a publisher that rebuilds the state from the stores
 //! (debounced) once every kind has listed.
 
-use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
+use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
-use serde::de::DeserializeOwned;
 use serde_json::json;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
-use super::mapping::{self, Snapshot};
+use super::mapping::{self, Object, Objects, Update};
 use super::types::{ClusterNetwork, EgressNetworkPolicy, HostSubnet, NetNamespace};
 use super::KubeOptions;
 use crate::metrics::{TargetLabel, Telemetry};
@@ -63,37 +60,13 @@ impl Kind {
         }
     }
 
+    /// The kind's slot in [`Kind::ALL`].
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+
     /// The verbs a watcher uses.
     pub const VERBS: [&'static str; 2] = ["list", "watch"];
-}
-
-#[derive(Default)]
-struct Status {
-    /// Per [`Kind::ALL`] slot: the kind's store is complete (it has seen `InitDone`).
-    ready: [bool; 6],
-    /// Listing EgressNetworkPolicies is forbidden: policies count as none (and as listed).
-    egress_forbidden: bool,
-}
-
-struct Shared {
-    status: Mutex<Status>,
-    changed: Notify,
-}
-
-impl Shared {
-    fn update(&self, f: impl FnOnce(&mut Status)) {
-        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
-        self.changed.notify_one();
-    }
-}
-
-struct Stores {
-    cluster_networks: Store<ClusterNetwork>,
-    host_subnets: Store<HostSubnet>,
-    net_namespaces: Store<NetNamespace>,
-    egress_policies: Store<EgressNetworkPolicy>,
-    services: Store<Service>,
-    pods: Store<Pod>,
 }
 
 async fn client(opts: &KubeOptions) -> Result<Client, String> {
@@ -133,80 +106,64 @@ pub fn spawn(opts: KubeOptions, telemetry: Telemetry) -> watch::Receiver<Option<
     rx
 }
 
+/// How many converted updates may wait for the publisher (a full queue holds the watchers back).
+const QUEUE: usize = 1024;
+
 async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch::Sender<Option<Arc<Loaded>>>) {
-    let shared = Arc::new(Shared { status: Mutex::new(Status::default()), changed: Notify::new() });
+    let (up_tx, mut up_rx) = mpsc::channel::<Update>(QUEUE);
     let mut tasks = tokio::task::JoinSet::new();
-    let start = |kind: Kind| (shared.clone(), telemetry.clone(), kind);
+    let t = &telemetry;
 
-    let (cluster_networks, w) = reflector::store();
+    // No reflector stores: each event is converted to the model once, in its watcher's task,
+    // and only the converted objects are kept (by the publisher's `Objects`).
     let cfg = watcher::Config::default().fields("metadata.name=default");
-    let (s, t, k) = start(Kind::ClusterNetwork);
-    tasks.spawn(follow(Api::<ClusterNetwork>::all(client.clone()), cfg, w, k, s, t, None));
+    let stream = watcher::watcher(Api::<ClusterNetwork>::all(client.clone()), cfg);
+    tasks.spawn(follow(stream, Kind::ClusterNetwork, |c| Object::ClusterNetwork(mapping::cluster_network(c)), up_tx.clone(), t.clone(), None));
 
-    let (host_subnets, w) = reflector::store();
-    let (s, t, k) = start(Kind::HostSubnet);
-    tasks.spawn(follow(Api::<HostSubnet>::all(client.clone()), watcher::Config::default(), w, k, s, t, None));
+    let stream = watcher::watcher(Api::<HostSubnet>::all(client.clone()), watcher::Config::default());
+    tasks.spawn(follow(stream, Kind::HostSubnet, |h| Object::HostSubnet(mapping::host_subnet(h)), up_tx.clone(), t.clone(), None));
 
-    let (net_namespaces, w) = reflector::store();
-    let (s, t, k) = start(Kind::NetNamespace);
-    tasks.spawn(follow(Api::<NetNamespace>::all(client.clone()), watcher::Config::default(), w, k, s, t, None));
+    let stream = watcher::watcher(Api::<NetNamespace>::all(client.clone()), watcher::Config::default());
+    tasks.spawn(follow(stream, Kind::NetNamespace, |n| Object::NetNamespace(mapping::net_namespace(n)), up_tx.clone(), t.clone(), None));
 
-    let (egress_policies, w) = reflector::store();
-    let (s, t, k) = start(Kind::EgressNetworkPolicy);
     let label = EgressLabel { nodes: Api::<Node>::all(client.clone()), node: opts.node.clone(), set: None };
-    tasks.spawn(follow(
-        Api::<EgressNetworkPolicy>::all(client.clone()),
-        watcher::Config::default(),
-        w,
-        k,
-        s,
-        t,
-        Some(label),
-    ));
+    let stream = watcher::watcher(Api::<EgressNetworkPolicy>::all(client.clone()), watcher::Config::default());
+    let convert = |p: &EgressNetworkPolicy| Object::EgressPolicy(mapping::egress_policy(p));
+    tasks.spawn(follow(stream, Kind::EgressNetworkPolicy, convert, up_tx.clone(), t.clone(), Some(label)));
 
-    let (services, w) = reflector::store();
-    let (s, t, k) = start(Kind::Service);
-    tasks.spawn(follow(Api::<Service>::all(client.clone()), watcher::Config::default(), w, k, s, t, None));
+    let stream = watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
+    tasks.spawn(follow(stream, Kind::Service, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None));
 
-    let (pods, w) = reflector::store();
+    // This node's pods: only their names are used, so only their metadata is watched.
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", opts.node));
-    let (s, t, k) = start(Kind::Pod);
-    tasks.spawn(follow(Api::<Pod>::all(client.clone()), cfg, w, k, s, t, None));
+    let stream = watcher::watcher(Api::<PartialObjectMeta<Pod>>::all(client.clone()), cfg);
+    tasks.spawn(follow(stream, Kind::Pod, |_| Object::Pod, up_tx, t.clone(), None));
 
-    let stores = Stores { cluster_networks, host_subnets, net_namespaces, egress_policies, services, pods };
-    let mut last: Option<(serde_json::Value, std::collections::BTreeSet<crate::cluster::PodKey>)> = None;
+    let mut objects = Objects::new(&opts.node);
     let mut last_error: Option<String> = None;
+    // Numbers each published state (see `Loaded::seq`).
+    let mut seq: u64 = 0;
     loop {
-        tokio::select! {
+        let first = tokio::select! {
             // The consumer is gone: stop the watchers (dropping the JoinSet aborts them).
             _ = tx.closed() => return,
-            _ = shared.changed.notified() => {}
-        }
+            u = up_rx.recv() => match u {
+                Some(u) => u,
+                None => return,
+            },
+        };
+        objects.apply(first);
         tokio::time::sleep(DEBOUNCE).await;
-        let (ready, forbidden) = {
-            let st = shared.status.lock().unwrap_or_else(|e| e.into_inner());
-            (st.ready, st.egress_forbidden)
-        };
-        if !ready.iter().enumerate().all(|(i, r)| *r || (forbidden && Kind::ALL[i] == Kind::EgressNetworkPolicy)) {
-            continue;
+        while let Ok(u) = up_rx.try_recv() {
+            objects.apply(u);
         }
-        let built = build(&stores, &opts.node, forbidden);
-        let (value, live) = match built {
-            Ok(v) => v,
-            Err(e) => {
-                if last_error.as_ref() != Some(&e) {
-                    error!(error = %e, "the cluster state cannot be built; keeping the last good state");
-                    last_error = Some(e);
-                }
-                continue;
-            }
-        };
-        if last.as_ref().is_some_and(|(v, l)| *v == value && *l == live) {
-            continue;
-        }
-        match mapping::load(value.clone(), live.clone()) {
-            Ok(loaded) => {
+        let last = tx.borrow().clone();
+        match objects.publish(last.as_deref()) {
+            None => {}
+            Some(Ok(mut loaded)) => {
                 last_error = None;
+                seq += 1;
+                loaded.seq = seq;
                 for p in &loaded.problems {
                     warn!(object = %p.object, field = %p.field, "rejected: {}", p.message);
                 }
@@ -215,47 +172,20 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
                     net_namespaces = loaded.state.net_namespaces.len(),
                     services = loaded.state.services.len(),
                     egress_policies = loaded.state.egress_policies.len(),
-                    live_pods = live.len(),
+                    live_pods = objects.live_pods().len(),
                     rejected = loaded.problems.len(),
+                    touched = loaded.touched.as_ref().map_or(-1, |t| t.len() as i64),
                     "cluster state loaded"
                 );
-                last = Some((value, live));
                 tx.send_replace(Some(Arc::new(loaded)));
             }
-            Err(e) => {
-                if last_error.as_ref() != Some(&e) {
-                    error!(error = %e, "cluster state rejected; keeping the last good state");
-                    last_error = Some(e);
-                }
+            Some(Err(e)) if last_error.as_ref() != Some(&e) => {
+                error!(error = %e, "cluster state rejected; keeping the last good state");
+                last_error = Some(e);
             }
+            Some(Err(_)) => {}
         }
     }
-}
-
-fn build(
-    stores: &Stores,
-    node: &str,
-    egress_forbidden: bool,
-) -> Result<(serde_json::Value, std::collections::BTreeSet<crate::cluster::PodKey>), String> {
-    let cns = stores.cluster_networks.state();
-    let hs = stores.host_subnets.state();
-    let nn = stores.net_namespaces.state();
-    let svc = stores.services.state();
-    let enp = if egress_forbidden { Vec::new() } else { stores.egress_policies.state() };
-    let pods = stores.pods.state();
-    fn refs_of<K>(v: &[Arc<K>]) -> Vec<&K> {
-        v.iter().map(|a| &**a).collect()
-    }
-    let cn = cns.iter().find(|c| c.metadata.name.as_deref() == Some("default")).map(|a| &**a);
-    mapping::to_value(&Snapshot {
-        node,
-        cluster_network: cn,
-        host_subnets: &refs_of(&hs),
-        net_namespaces: &refs_of(&nn),
-        services: &refs_of(&svc),
-        egress_policies: &refs_of(&enp),
-        pods: &refs_of(&pods),
-    })
 }
 
 /// The node label that says egress policies are not enforced, and whether it is set (`None`:
@@ -310,49 +240,50 @@ fn forbidden(e: &watcher::Error) -> bool {
     }
 }
 
-/// Follows one kind: watcher (retried with kube's default backoff) into its reflector store;
-/// marks the kind listed at each `InitDone` and wakes the publisher on every change.
-async fn follow<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    writer: reflector::store::Writer<K>,
+/// Follows one kind: watcher events (retried with kube's default backoff) converted to the
+/// model and queued for the publisher; the egress-policy label follows whether the kind can be
+/// listed.
+async fn follow<K, S>(
+    stream: S,
     kind: Kind,
-    shared: Arc<Shared>,
+    convert: fn(&K) -> Object,
+    tx: mpsc::Sender<Update>,
     telemetry: Telemetry,
     mut egress_label: Option<EgressLabel>,
 ) where
-    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: kube::Resource,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send,
 {
-    let slot = Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
-    let stream = watcher::watcher(api, config).default_backoff().reflect(writer);
+    let stream = stream.default_backoff();
     futures::pin_mut!(stream);
     let mut failing = false;
     while let Some(ev) = stream.next().await {
-        match ev {
+        let update = match ev {
+            Ok(Event::Init) => Update::ListStart(kind),
+            Ok(Event::InitApply(o)) => Update::ListApply(mapping::id_of(o.meta()), convert(&o)),
             Ok(Event::InitDone) => {
                 if failing {
                     info!(kind = ?kind, "listed again");
                     failing = false;
                 }
                 if let Some(l) = egress_label.as_mut() {
-                    shared.update(|s| s.egress_forbidden = false);
                     l.ensure(false).await;
                 }
-                shared.update(|s| s.ready[slot] = true);
+                Update::ListDone(kind)
             }
-            Ok(Event::Init | Event::InitApply(_)) => {}
-            Ok(Event::Apply(_) | Event::Delete(_)) => shared.changed.notify_one(),
+            Ok(Event::Apply(o)) => Update::Apply(mapping::id_of(o.meta()), convert(&o)),
+            Ok(Event::Delete(o)) => Update::Delete(kind, mapping::id_of(o.meta())),
             Err(e) => {
                 telemetry
                     .metrics
                     .reconnects
                     .get_or_create(&TargetLabel { target: format!("kube-{}", kind.resource().1) })
                     .inc();
-                if let (Some(l), true) = (egress_label.as_mut(), forbidden(&e)) {
+                let is_forbidden = egress_label.is_some() && forbidden(&e);
+                if let (Some(l), true) = (egress_label.as_mut(), is_forbidden) {
                     if !failing {
                         error!("WARNING: EgressNetworkPolicy is not being enforced - please ensure this node may list egressnetworkpolicies.network.openshift.io");
                     }
-                    shared.update(|s| s.egress_forbidden = true);
                     l.ensure(true).await;
                 } else if !failing {
                     warn!(kind = ?kind, error = %e, "watch failed; retrying with backoff");
@@ -360,7 +291,14 @@ async fn follow<K>(
                     tracing::debug!(kind = ?kind, error = %e, "watch failed again");
                 }
                 failing = true;
+                if !is_forbidden {
+                    continue;
+                }
+                Update::EgressForbidden
             }
+        };
+        if tx.send(update).await.is_err() {
+            return;
         }
     }
 }

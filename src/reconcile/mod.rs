@@ -501,6 +501,41 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Commits the flows of `owners` alone, recomputed from the model (a source that named what
+    /// it changed: one Service among thousands costs that Service's flows, not a full diff).
+    /// False if that is not possible now (not synced, engine busy, commit failed): the caller
+    /// then converges fully.
+    pub async fn update_owners(&mut self, owners: &[crate::store::Owner]) -> bool {
+        let Some(engine) = self.node.engine_ready() else { return false };
+        if self.resync_pending {
+            return false;
+        }
+        let rx = {
+            let m = self.node.model();
+            let Some((update, problems, warnings)) = m.owners_update(owners) else { return false };
+            for p in &problems {
+                self.node.telemetry.metrics.reject(&p.object);
+                warn!("rejected: {p}");
+            }
+            for w in &warnings {
+                warn!("{w}");
+            }
+            match engine.submit_update(update, crate::engine::OnFailure::Keep) {
+                Ok(rx) => rx,
+                Err(_) => return false,
+            }
+        };
+        match rx.await {
+            Ok(Ok(o)) => {
+                if o.flow_mods() > 0 {
+                    info!(owners = owners.len(), adds = o.adds, modifies = o.modifies, deletes = o.deletes, "flows converged (incremental)");
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Commits the model's desired flows (a resync from a dump first after a new connection).
     async fn converge_flows(&mut self, pass: &mut Pass) -> Result<Outcome, ConvergeError> {
         if !self.ports_ready {

@@ -63,6 +63,16 @@ pub struct Model {
     pub version: u64,
 }
 
+/// How the reconciler may bring the switch up to a new source state.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SourceChange {
+    /// Anything may have changed: a full converge.
+    Full,
+    /// Only these owners' flows can have changed (the source said so, relative to the state the
+    /// model had): recompute and commit just them.
+    Owners(Vec<Owner>),
+}
+
 /// The names the agent itself owns on the bridge.
 pub fn reserved_port_names(bridge: &str) -> [&str; 3] {
     [bridge, "vxlan0", "tun0"]
@@ -84,6 +94,45 @@ impl Model {
     /// A new state from the source. API pods that the source says no longer exist (Kubernetes
     /// relist) are dropped and returned: their ports and flows go with the next converge.
     pub fn set_source(&mut self, loaded: Arc<Loaded>) -> Vec<PodKey> {
+        self.set_source_change(loaded).0
+    }
+
+    /// [`Model::set_source`], also saying whether the change can be applied owner by owner:
+    /// only when the source numbered it as the successor of the state the model had, named
+    /// the owners it touched, no pod went, and none of the touched owners is a pod's.
+    pub fn set_source_change(&mut self, loaded: Arc<Loaded>) -> (Vec<PodKey>, SourceChange) {
+        let prev_seq = self.source.as_ref().map(|l| l.seq);
+        let incremental = match (&loaded.touched, prev_seq) {
+            (Some(t), Some(prev)) if loaded.seq != 0 && loaded.seq == prev + 1 && !t.iter().any(|o| matches!(o, Owner::Pod { .. })) => {
+                Some(t.clone())
+            }
+            _ => None,
+        };
+        let gone = self.replace_source(loaded);
+        let change = match incremental {
+            Some(t) if gone.is_empty() && self.rebuild_problems.is_empty() => SourceChange::Owners(t),
+            _ => SourceChange::Full,
+        };
+        (gone, change)
+    }
+
+    /// The flows of `owners` computed from the model as it is now (the incremental form of
+    /// [`Model::desired`]), with the problems and warnings found.
+    pub fn owners_update(&self, owners: &[Owner]) -> Option<(Update, Vec<Problem>, Vec<Problem>)> {
+        let st = self.effective.as_ref()?;
+        let dns = self.dns_with_pending();
+        let ofports = self.ofports();
+        let (mut update, mut problems, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
+        for o in owners {
+            let (f, p, w) = crate::cluster::desired::owner_flows(st, &ofports, &dns, o);
+            update.push((o.clone(), f));
+            problems.extend(p);
+            warnings.extend(w);
+        }
+        Some((update, problems, warnings))
+    }
+
+    fn replace_source(&mut self, loaded: Arc<Loaded>) -> Vec<PodKey> {
         let mut gone = Vec::new();
         if let Some(live) = &loaded.live_pods {
             gone = self.api_pods.keys().filter(|k| !live.contains(*k)).cloned().collect();
@@ -352,13 +401,20 @@ impl Model {
     /// The desired flows of the whole model, with the objects it rejected and the warnings.
     pub fn desired(&self) -> Option<(DesiredState, Vec<Problem>, Vec<Problem>)> {
         let st = self.effective.as_ref()?;
+        Some(desired_state_with_warnings(st, &self.ofports(), &self.dns_with_pending()))
+    }
+
+    /// The DNS answers, with every name not resolved yet treated as a failed lookup (that
+    /// VNID drops all egress, as for a failure) until its answer arrives: never allow more
+    /// than the policy says.
+    fn dns_with_pending(&self) -> DnsAnswers {
         let mut dns = self.dns.clone();
-        // A name not resolved yet is treated as a failed lookup (that VNID drops all egress,
-        // as for a failure) until its answer arrives: never allow more than the policy says.
-        for n in dns_names(&st.egress_policies) {
-            dns.entry(n).or_insert_with(|| Err("not resolved yet".to_string()));
+        if let Some(st) = &self.effective {
+            for n in dns_names(&st.egress_policies) {
+                dns.entry(n).or_insert_with(|| Err("not resolved yet".to_string()));
+            }
         }
-        Some(desired_state_with_warnings(st, &self.ofports(), &dns))
+        dns
     }
 
     /// The incremental change for one pod's arrival or departure: its flows and its VNID's rule
@@ -386,7 +442,7 @@ mod tests {
     fn model() -> Model {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let mut m = Model::new("br0");
-        m.set_source(Arc::new(Loaded { state, problems, live_pods: None }));
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0 }));
         m
     }
 

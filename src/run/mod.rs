@@ -207,9 +207,9 @@ pub async fn run_with(
                     telemetry.metrics.reject(&p.object);
                 }
                 telemetry.health.synced.store(true, Ordering::Relaxed);
-                let gone = {
+                let (gone, change) = {
                     let mut m = node.model();
-                    let gone = m.set_source(loaded);
+                    let (gone, change) = m.set_source_change(loaded);
                     for p in std::mem::take(&mut m.rebuild_problems) {
                         telemetry.metrics.reject(&p.object);
                         warn!("rejected: {p}");
@@ -222,13 +222,20 @@ pub async fn run_with(
                         }
                         changed
                     });
-                    gone
+                    (gone, change)
                 };
                 for k in gone {
                     info!(pod = %format!("{}/{}", k.0, k.1), "pod no longer exists; tearing it down");
                 }
-                node.not_converged();
-                dirty = true;
+                // Only some owners changed and nothing else is pending: commit just those.
+                let incremental = match change {
+                    crate::reconcile::model::SourceChange::Owners(owners) if !dirty => rec.update_owners(&owners).await,
+                    _ => false,
+                };
+                if !incremental {
+                    node.not_converged();
+                    dirty = true;
+                }
             }
             r = ovs_rx.changed() => {
                 if r.is_err() {

@@ -20,6 +20,15 @@ pub struct Loaded {
     /// listed them: pods set up through the pod API that are not in it are torn down. `None`
     /// for sources that do not know (the state file).
     pub live_pods: Option<std::collections::BTreeSet<crate::cluster::PodKey>>,
+    /// A hint for the reconciler: `None` = anything may have changed since the previously
+    /// published state (a first list, a relist, a ClusterNetwork or NetNamespace change, or a
+    /// source that does not know, like the state file); `Some(owners)` = only these owners'
+    /// flows can differ from the previously published state's.
+    pub touched: Option<Vec<crate::store::Owner>>,
+    /// The publisher's sequence number (1, 2, ...; 0 = unnumbered). `touched` is relative to
+    /// the state numbered one less: a consumer that skipped a state (the channel keeps only the
+    /// latest) must recompute everything.
+    pub seq: u64,
 }
 
 /// Loads the file once and then follows it. The returned receiver always holds the last good
@@ -88,7 +97,7 @@ fn load_into(path: &Path, tx: &watch::Sender<Option<Arc<Loaded>>>, last: &mut Op
                 warn!(object = %p.object, field = %p.field, "rejected: {}", p.message);
             }
             info!(path = %path.display(), pods = state.pods.len(), rejected = problems.len(), "state loaded");
-            tx.send_replace(Some(Arc::new(Loaded { state, problems, live_pods: None })));
+            tx.send_replace(Some(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0 })));
         }
         Err(e) => {
             let kept = if tx.borrow().is_some() { "keeping the last good state" } else { "no state applied yet" };
