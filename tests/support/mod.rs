@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod fake_kube;
 pub mod inproc;
+pub mod nodes;
 
 use std::net::Ipv4Addr;
 use std::process::Command;
