@@ -34,7 +34,11 @@
 //!   never answer ARP (`arp_ignore=8`), and ul0 filters by reverse path (its peers are routed
 //!   through br-phy), so nothing reaches the kernel's IP stack through ul0.
 //! - Pods are veth pairs whose pod end has TX checksum offload off: the netdev datapath
-//!   forwards partial checksums unfixed, so TCP/UDP would fail while ping works.
+//!   forwards partial checksums unfixed, so TCP/UDP would fail while ping works. Pods and tun0
+//!   have MTU [`POD_MTU`] so that encapsulated frames fit the underlay.
+//! - No nc/socat needed for TCP: [`in_netns`] runs a closure on a thread that has entered a
+//!   namespace; sockets opened there stay in that namespace wherever they are used later
+//!   ([`Pod::tcp_listen`], [`Pod::tcp_connect`]).
 //!
 //! Use:
 //! ```ignore
@@ -67,6 +71,9 @@ pub const CLUSTER_NETWORK: &str = "10.128.0.0/14";
 pub const SERVICE_NETWORK: &str = "172.30.0.0/16";
 /// The underlay subnet the node IPs ([`NodeSpec::host_ip`]) are in.
 pub const UNDERLAY_PREFIX: u8 = 24;
+/// MTU of the pods' interfaces and tun0: the underlay's 1500 less VXLAN's 50 bytes, as
+/// openshift-sdn sets it (a full-size inner frame would not fit the underlay veth).
+pub const POD_MTU: u32 = 1450;
 
 /// Bound for each external command (ip, ovs-vsctl, ovs-appctl, converge).
 const CMD_BOUND: Duration = Duration::from_secs(30);
@@ -104,11 +111,7 @@ pub async fn run(args: &[&str]) -> String {
 
 /// Runs a command to completion (bounded): (success, stdout, stderr).
 pub async fn run_status(args: &[&str]) -> (bool, String, String) {
-    let child = tokio::process::Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
+    let child = tokio::process::Command::new(args[0]).args(&args[1..]).stdin(Stdio::null()).kill_on_drop(true).output();
     let out = tokio::time::timeout(CMD_BOUND, child)
         .await
         .unwrap_or_else(|_| panic!("{args:?} did not end within {CMD_BOUND:?}"))
@@ -151,6 +154,26 @@ impl Drop for Netns {
             Err(e) => eprintln!("cleanup: ip netns del {}: {e}", self.0),
         }
     }
+}
+
+/// Runs `f` on a fresh thread that has entered network namespace `ns` (`setns`, which a
+/// thread of a multi-threaded process may do for network namespaces). Sockets created by `f`
+/// belong to `ns` for good, also when used from other threads afterwards.
+pub async fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::fd::AsRawFd;
+    let path = format!("/run/netns/{ns}");
+    let handle = std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: setns on a valid namespace fd; it affects only this thread, which ends
+        // when `f` returns.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+        f()
+    });
+    tokio::task::spawn_blocking(move || handle.join())
+        .await
+        .expect("join helper")
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
 /// What one `ping` run did.
@@ -258,6 +281,30 @@ impl Pod {
         ping_in(&self.netns, &dst.to_string()).await
     }
 
+    /// A TCP listener on `0.0.0.0:port` inside the pod (non-blocking, ready for
+    /// `tokio::net::TcpListener::from_std`).
+    pub async fn tcp_listen(&self, port: u16) -> std::net::TcpListener {
+        let l = in_netns(&self.netns, move || std::net::TcpListener::bind(("0.0.0.0", port)))
+            .await
+            .unwrap_or_else(|e| panic!("listen on {}:{port} in {}: {e}", self.ip, self.netns));
+        l.set_nonblocking(true).expect("non-blocking listener");
+        l
+    }
+
+    /// A TCP connection from the pod to `dst:port` (bounded by `timeout`; non-blocking, ready
+    /// for `tokio::net::TcpStream::from_std`).
+    pub async fn tcp_connect(
+        &self,
+        dst: Ipv4Addr,
+        port: u16,
+        timeout: Duration,
+    ) -> std::io::Result<std::net::TcpStream> {
+        let addr = std::net::SocketAddr::from((dst, port));
+        let s = in_netns(&self.netns, move || std::net::TcpStream::connect_timeout(&addr, timeout)).await?;
+        s.set_nonblocking(true)?;
+        Ok(s)
+    }
+
     /// The pod's entry in a state file's `pods:`.
     pub fn state_entry(&self) -> String {
         format!(
@@ -345,9 +392,10 @@ impl Node {
         // through a packet socket) and would answer ARP for its addresses on any interface:
         // a switch port is not an IP interface (8 = answer for no local address).
         sysctl_in(&node_ns, &format!("net/ipv4/conf/{host_veth}/arp_ignore"), "8").await;
+        ip_in(&node_ns, &format!("link set {host_veth} mtu {POD_MTU}")).await;
         ip_in(&node_ns, &format!("link set {host_veth} up")).await;
         ip_in(&netns, "link set lo up").await;
-        ip_in(&netns, &format!("link set eth0 address {mac}")).await;
+        ip_in(&netns, &format!("link set eth0 address {mac} mtu {POD_MTU}")).await;
         ip_in(&netns, &format!("addr add {ip}/{} dev eth0", self.spec.subnet.prefix_len())).await;
         ip_in(&netns, "link set eth0 up").await;
         run(&["ip", "netns", "exec", &netns, "ethtool", "-K", "eth0", "tx", "off"]).await;
@@ -386,7 +434,7 @@ impl Node {
         // converge has waited for tun0's ofport: the tap exists.
         let ns = &self.netns;
         ip_in(ns, &format!("addr replace {}/{} dev tun0", self.spec.gateway(), self.spec.subnet.prefix_len())).await;
-        ip_in(ns, "link set tun0 up").await;
+        ip_in(ns, &format!("link set tun0 mtu {POD_MTU} up")).await;
         ip_in(ns, &format!("route replace {CLUSTER_NETWORK} dev tun0")).await;
         report
     }
@@ -535,7 +583,8 @@ impl Cluster {
             node.spec.host()
         );
         for n in &self.nodes {
-            let _ = writeln!(s, "  - {{host: {}, hostIP: {}, subnet: {}}}", n.spec.host(), n.spec.host_ip, n.spec.subnet);
+            let _ =
+                writeln!(s, "  - {{host: {}, hostIP: {}, subnet: {}}}", n.spec.host(), n.spec.host_ip, n.spec.subnet);
         }
         s.push_str("netNamespaces:\n");
         for (ns, id) in net_namespaces {
@@ -576,7 +625,13 @@ impl Cluster {
     pub async fn assert_reaches(&self, from: &Pod, dst: impl std::fmt::Display, what: &str) {
         let r = from.ping_result(&dst).await;
         if !r.answered() {
-            panic!("{what}: {} -> {dst}: expected a reply; ping exited {:?}:\n{}\n{}", from.ip, r.code, r.output, self.diagnostics().await);
+            panic!(
+                "{what}: {} -> {dst}: expected a reply; ping exited {:?}:\n{}\n{}",
+                from.ip,
+                r.code,
+                r.output,
+                self.diagnostics().await
+            );
         }
     }
 
@@ -584,7 +639,13 @@ impl Cluster {
     pub async fn assert_isolated(&self, from: &Pod, dst: impl std::fmt::Display, what: &str) {
         let r = from.ping_result(&dst).await;
         if !r.unanswered() {
-            panic!("{what}: {} -> {dst}: expected no reply; ping exited {:?}:\n{}\n{}", from.ip, r.code, r.output, self.diagnostics().await);
+            panic!(
+                "{what}: {} -> {dst}: expected no reply; ping exited {:?}:\n{}\n{}",
+                from.ip,
+                r.code,
+                r.output,
+                self.diagnostics().await
+            );
         }
     }
 }
