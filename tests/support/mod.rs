@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cninode;
 pub mod fake_kube;
 pub mod inproc;
+pub mod nodes;
 
 use std::net::Ipv4Addr;
 use std::process::Command;
