@@ -180,7 +180,7 @@ async fn failed_adds_leave_nothing() {
     assert!(r.out["msg"].as_str().unwrap_or_default().contains("namespace"), "{:?}", r.out);
     assert_eq!(snapshot(&node), before);
     // The interface name is taken in the sandbox.
-    in_ns(&p.name, &["ip", "link", "add", "eth0", "type", "dummy"]);
+    assert!(in_ns(&p.name, &["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"]).0);
     let r = node.cni("add", "team-a", "f1", &container(202), &p.path());
     assert!(!r.ok(), "{:?}", r.out);
     assert_eq!(snapshot(&node), before, "after an interface conflict");
