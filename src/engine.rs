@@ -97,6 +97,22 @@ pub struct Stats {
     pub updates: u64,
     pub resyncs: u64,
     pub full_replays: u64,
+    /// The last bundle sent (committed or not): `sdn-node status` shows when the switch last
+    /// changed and how long that took, without a dump.
+    pub last_commit: Option<CommitRecord>,
+    /// The last bundle that failed, and why (kept after later successes: an operator asking
+    /// "what went wrong" wants the last failure, not only the current state).
+    pub last_error: Option<CommitRecord>,
+}
+
+/// One bundle commit, as remembered for status.
+#[derive(Clone, Debug)]
+pub struct CommitRecord {
+    pub at: std::time::SystemTime,
+    pub latency: std::time::Duration,
+    pub flow_mods: usize,
+    /// `None` if committed; the switch's error otherwise.
+    pub error: Option<String>,
 }
 
 /// The engine's state, for health checks and metrics.
@@ -336,6 +352,16 @@ impl State {
         let r = b.commit().await;
         let latency = t.elapsed();
         self.stats.bundles += 1;
+        let record = CommitRecord {
+            at: std::time::SystemTime::now(),
+            latency,
+            flow_mods: plan.len(),
+            error: r.as_ref().err().map(|e| e.to_string()),
+        };
+        if record.error.is_some() {
+            self.stats.last_error = Some(record.clone());
+        }
+        self.stats.last_commit = Some(record);
         if let Some(m) = &self.metrics {
             m.bundle(r.is_ok(), plan.adds, plan.modifies, plan.deletes, latency);
         }

@@ -21,3 +21,4 @@ pub mod run;
 pub mod sandbox;
 pub mod store;
 pub mod switch;
+pub mod trace;

@@ -141,6 +141,18 @@ enum Cmd {
         #[arg(long)]
         stats: bool,
     },
+    /// Follow one packet through the installed pipeline: every table hit with its flow and
+    /// the object that owns it, and the verdict (delivered, tunnelled, dropped by whom).
+    Trace(sdn_node::trace::TraceArgs),
+    /// A running agent's status: connections, pipeline, flows per table and owner, last commit.
+    Status {
+        /// The agent's pod API socket.
+        #[arg(long, default_value = sdn_node::api::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks on a real ovs-vswitchd.
     Bench {
         #[command(subcommand)]
@@ -262,8 +274,29 @@ fn secs(v: f64) -> Duration {
     Duration::try_from_secs_f64(v.max(0.001)).unwrap_or(Duration::from_secs(5))
 }
 
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
+}
+
+fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> ExitCode {
+    match r {
+        Ok(v) => {
+            print!("{}", show(&v));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
+        Cmd::Trace(args) => print_result(sdn_node::trace::run(&args).await, |r| if args.json { json(r) } else { r.text() }),
+        Cmd::Status { socket, json: as_json } => {
+            print_result(sdn_node::api::status::fetch(&socket).await, |s| if as_json { json(s) } else { s.to_string() })
+        }
         Cmd::Pod { socket, op } => {
             let (method, path, body) = match op {
                 PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod quantity;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -243,6 +244,7 @@ pub async fn serve(
         .route("/v1/pods", get(list).post(setup))
         .route("/v1/pods/{namespace}/{name}", delete(teardown))
         .route("/v1/cni", axum::routing::post(cni))
+        .route("/v1/status", get(status::handler))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(node);
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await

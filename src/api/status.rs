@@ -1,0 +1,305 @@
+//! `GET /v1/status`: the agent's own account of itself, for `sdn-node status`.
+//!
+//! Everything comes from the agent's state — the connections' health flags, the flow engine's
+//! counters and its installed mirror, the model — never from dumping the switch: status must
+//! answer instantly on a node whose switch is sick, and must not add load to a busy
+//! ovs-vswitchd. The installed mirror is what the engine last confirmed (a dump, then every
+//! committed bundle), so its per-table counts agree with `ovs-ofctl dump-flows` whenever the
+//! engine is not dirty; `dirty` says when they may not.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use crate::reconcile::Node;
+
+/// One peer connection.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Connection {
+    pub connected: bool,
+    /// Connections established so far (the first one included).
+    pub connects: u64,
+}
+
+/// One bundle commit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Commit {
+    /// Milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    pub latency_seconds: f64,
+    pub flow_mods: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl From<&crate::engine::CommitRecord> for Commit {
+    fn from(r: &crate::engine::CommitRecord) -> Commit {
+        Commit {
+            at_unix_ms: r.at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+            latency_seconds: r.latency.as_secs_f64(),
+            flow_mods: r.flow_mods,
+            error: r.error.clone(),
+        }
+    }
+}
+
+/// The flow engine's view.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Flows {
+    /// The cookie generation of the flows this run wrote.
+    pub generation: u32,
+    /// A commit failed or the connection is new: the mirror may differ from the switch until
+    /// the next resync.
+    pub dirty: bool,
+    pub desired: usize,
+    pub installed: usize,
+    /// Installed flows per table.
+    pub per_table: BTreeMap<u8, usize>,
+    /// Installed flows per owner kind (`pod`, `base`, `vnid`, ...; from the cookies).
+    pub per_owner_kind: BTreeMap<String, usize>,
+    pub bundles: u64,
+    pub bundle_failures: u64,
+    pub flow_mods: u64,
+    pub resyncs: u64,
+    pub full_replays: u64,
+    pub last_commit: Option<Commit>,
+    pub last_error: Option<Commit>,
+}
+
+/// The pods the agent knows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pods {
+    /// Pods in the effective state (source and pod API).
+    pub total: usize,
+    /// Of which set up through the pod API.
+    pub api: usize,
+    /// Pods with a port on the bridge (an ofport).
+    pub with_port: usize,
+    /// `namespace/name`, sorted.
+    pub names: Vec<String>,
+}
+
+/// The agent's status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub bridge: String,
+    pub switch: Connection,
+    pub ovsdb: Connection,
+    /// `None` when ready, else why not (as `/readyz` says).
+    pub not_ready: Option<String>,
+    pub synced: bool,
+    pub converged: bool,
+    /// The pipeline's rule version (the table-253 note).
+    pub pipeline_version: u8,
+    pub plugin: Option<String>,
+    /// `None` while the engine has not started (no switch connection yet).
+    pub flows: Option<Flows>,
+    pub pods: Pods,
+    /// Objects the model rejected, by kind (counted since start).
+    pub rejected: BTreeMap<String, u64>,
+    pub model_version: u64,
+}
+
+/// Builds the status from the node's state.
+pub async fn status(node: &Node) -> Status {
+    let t = &node.telemetry;
+    let h = &t.health;
+    let metrics_text = t.metrics.encode();
+    let counter = |family: &str, label: &str| -> u64 {
+        // The exposition text is the one public view of the counters' values.
+        let prefix = format!("sdn_node_{family}_total{{{label}}} ");
+        metrics_text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    };
+    let mut rejected = BTreeMap::new();
+    for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {
+        rejected.insert(kind.to_string(), counter("objects_rejected", &format!("kind=\"{kind}\"")));
+    }
+    let (pods, plugin, model_version) = {
+        let m = node.model();
+        let api = m.api_requests().len();
+        let (names, plugin) = match m.effective() {
+            Some(s) => {
+                let mut n: Vec<String> = s.pods.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
+                n.sort();
+                (n, Some(format!("{:?}", s.plugin).to_lowercase()))
+            }
+            None => (vec![], None),
+        };
+        (Pods { total: names.len(), api, with_port: m.ofports().len(), names }, plugin, m.version)
+    };
+    let flows = match node.engine() {
+        None => None,
+        Some(e) => match (e.status().await, e.snapshot().await) {
+            (Ok(st), Ok((desired, installed, dirty))) => {
+                let mut per_table = BTreeMap::new();
+                let mut per_owner_kind = BTreeMap::new();
+                for (k, f) in installed.iter() {
+                    *per_table.entry(k.table).or_insert(0) += 1;
+                    let kind = crate::trace::owners::kind_name((f.cookie >> 56) as u8)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| {
+                            if f.cookie == 0 {
+                                "none".into()
+                            } else {
+                                format!("unknown({})", f.cookie >> 56)
+                            }
+                        });
+                    *per_owner_kind.entry(kind).or_insert(0) += 1;
+                }
+                Some(Flows {
+                    generation: st.generation,
+                    dirty,
+                    desired: desired.len(),
+                    installed: installed.len(),
+                    per_table,
+                    per_owner_kind,
+                    bundles: st.stats.bundles,
+                    bundle_failures: st.stats.bundle_failures,
+                    flow_mods: st.stats.flow_mods,
+                    resyncs: st.stats.resyncs,
+                    full_replays: st.stats.full_replays,
+                    last_commit: st.stats.last_commit.as_ref().map(Commit::from),
+                    last_error: st.stats.last_error.as_ref().map(Commit::from),
+                })
+            }
+            _ => None,
+        },
+    };
+    Status {
+        bridge: node.cfg.bridge.clone(),
+        switch: Connection {
+            connected: h.switch.load(Ordering::Relaxed),
+            connects: counter("reconnects", "target=\"openflow\""),
+        },
+        ovsdb: Connection {
+            connected: h.ovsdb.load(Ordering::Relaxed),
+            connects: counter("reconnects", "target=\"ovsdb\""),
+        },
+        not_ready: h.not_ready(),
+        synced: h.synced.load(Ordering::Relaxed),
+        converged: h.converged.load(Ordering::Relaxed),
+        pipeline_version: crate::pipeline::VERSION,
+        plugin,
+        flows,
+        pods,
+        rejected,
+        model_version,
+    }
+}
+
+/// The route's handler.
+pub async fn handler(State(node): State<Arc<Node>>) -> Json<Status> {
+    Json(status(&node).await)
+}
+
+/// Asks a running agent for its status.
+pub async fn fetch(socket: &Path) -> Result<Status, String> {
+    let (code, body) =
+        tokio::time::timeout(Duration::from_secs(10), crate::api::client::call(socket, "GET", "/v1/status", None))
+            .await
+            .map_err(|_| format!("{}: no answer within 10s", socket.display()))??;
+    if code != 200 {
+        return Err(format!("{}: GET /v1/status: {code} {}", socket.display(), body.trim()));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("{}: unreadable status: {e}", socket.display()))
+}
+
+fn ago(at_unix_ms: u64) -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let s = now.saturating_sub(at_unix_ms) as f64 / 1000.0;
+    format!("{s:.1}s ago")
+}
+
+impl std::fmt::Display for Status {
+    /// The text form of `sdn-node status`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = String::new();
+        let up = |c: &Connection| {
+            if c.connected {
+                format!("connected ({} connects)", c.connects)
+            } else {
+                format!("DISCONNECTED ({} connects)", c.connects)
+            }
+        };
+        let _ = writeln!(s, "bridge:     {}", self.bridge);
+        let _ = writeln!(s, "switch:     {}", up(&self.switch));
+        let _ = writeln!(s, "ovsdb:      {}", up(&self.ovsdb));
+        let _ = writeln!(
+            s,
+            "ready:      {}",
+            self.not_ready.as_deref().map(|w| format!("no: {w}")).unwrap_or_else(|| "yes".into())
+        );
+        let _ = writeln!(
+            s,
+            "pipeline:   version {} ({})",
+            self.pipeline_version,
+            self.plugin.as_deref().unwrap_or("no state yet")
+        );
+        match &self.flows {
+            None => {
+                let _ = writeln!(s, "flows:      engine not started (no switch connection yet)");
+            }
+            Some(fl) => {
+                let _ = writeln!(
+                    s,
+                    "flows:      {} installed, {} desired, generation {}{}",
+                    fl.installed,
+                    fl.desired,
+                    fl.generation,
+                    if fl.dirty { " (DIRTY: resync pending)" } else { "" }
+                );
+                let _ = writeln!(
+                    s,
+                    "engine:     {} bundles ({} failed), {} flow-mods, {} resyncs ({} full replays)",
+                    fl.bundles, fl.bundle_failures, fl.flow_mods, fl.resyncs, fl.full_replays
+                );
+                let commit = |c: &Commit| {
+                    let mut t =
+                        format!("{}, {:.3} ms, {} flow-mods", ago(c.at_unix_ms), c.latency_seconds * 1e3, c.flow_mods);
+                    if let Some(e) = &c.error {
+                        let _ = write!(t, ", failed: {e}");
+                    }
+                    t
+                };
+                let _ = writeln!(
+                    s,
+                    "last commit: {}",
+                    fl.last_commit.as_ref().map(commit).unwrap_or_else(|| "none".into())
+                );
+                let _ =
+                    writeln!(s, "last error:  {}", fl.last_error.as_ref().map(commit).unwrap_or_else(|| "none".into()));
+                let _ = writeln!(s, "per table:");
+                for (t, n) in &fl.per_table {
+                    let _ = writeln!(s, "  table {t:>3}: {n}");
+                }
+                let _ = writeln!(s, "per owner kind:");
+                for (k, n) in &fl.per_owner_kind {
+                    let _ = writeln!(s, "  {k:<16} {n}");
+                }
+            }
+        }
+        let _ = writeln!(
+            s,
+            "pods:       {} ({} through the pod API, {} with a port)",
+            self.pods.total, self.pods.api, self.pods.with_port
+        );
+        for p in &self.pods.names {
+            let _ = writeln!(s, "  {p}");
+        }
+        let rejected: Vec<String> =
+            self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
+        let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { rejected.join(", ") });
+        f.write_str(&s)
+    }
+}

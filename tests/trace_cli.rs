@@ -1,0 +1,389 @@
+//! `sdn-node trace` and `sdn-node status` against a real switch run by the agent.
+//!
+//! The agent runs in-process ([`support::inproc`]) on a private Open vSwitch with the
+//! multitenant state of `tests/trace.rs` (three nodes, two tenants and the global VNID, a
+//! service, an egress policy). Traces go through ovs-vswitchd's unixctl socket with the
+//! library's own client, exactly as the command does; the assertions are on the verdict and on
+//! the owners named for the table hits, which is what an operator reads. `ovs-ofctl` is used
+//! only as the oracle for `status`'s per-table counts.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sdn_node::trace::{self, Output, Proto, Report, TraceArgs, Verdict};
+
+/// The state of `tests/trace.rs`, taken from its source so the two stay one scenario.
+fn state() -> String {
+    let src = include_str!("trace.rs");
+    let start =
+        src.find("const STATE: &str = r#\"").expect("STATE in tests/trace.rs") + "const STATE: &str = r#\"".len();
+    let len = src[start..].find("\"#;").expect("end of STATE");
+    src[start..start + len].to_string()
+}
+
+struct Node {
+    agent: support::inproc::Running,
+}
+
+impl Node {
+    async fn start() -> Node {
+        let agent = support::inproc::start(&state()).await;
+        let ctl = trace::unixctl::find_vswitchd_ctl(agent.sb.dir()).expect("vswitchd control socket");
+        // The dummy datapath would encapsulate natively (needing routes to the other nodes);
+        // as in tests/trace.rs, show tunnel output as the kernel datapath does.
+        trace::unixctl::call(&ctl, "dpif/set-dp-features", &["br0", "tnl_push_pop", "false"], Duration::from_secs(10))
+            .await
+            .expect("set dp features");
+        Node { agent }
+    }
+
+    fn args(&self) -> TraceArgs {
+        TraceArgs {
+            from: None,
+            to: None,
+            proto: None,
+            vnid: None,
+            flow: None,
+            ovs_rundir: self.agent.sb.dir().to_path_buf(),
+            bridge: "br0".into(),
+            ctl: None,
+            state: Some(self.agent.state.clone()),
+            socket: self.agent.socket.clone(),
+            json: false,
+        }
+    }
+
+    async fn trace(&self, from: &str, to: &str, proto: Option<Proto>) -> Report {
+        let mut a = self.args();
+        a.from = Some(from.into());
+        a.to = Some(to.into());
+        a.proto = proto;
+        let r = trace::run(&a).await.unwrap_or_else(|e| panic!("trace {from} -> {to}: {e}"));
+        assert!(r.notes.is_empty(), "every source is available: {:?}", r.notes);
+        r
+    }
+}
+
+/// The owner named for the first hit in `table`.
+fn owner_in(r: &Report, table: u8) -> String {
+    r.steps
+        .iter()
+        .find(|s| s.step.table == table)
+        .and_then(|s| s.owner.as_ref())
+        .and_then(|o| o.owner.clone())
+        .unwrap_or_else(|| panic!("no owned hit in table {table}\n{}", r.text()))
+}
+
+fn tables(r: &Report) -> Vec<u8> {
+    r.steps.iter().map(|s| s.step.table).collect()
+}
+
+fn outputs(r: &Report) -> &[Output] {
+    match &r.verdict {
+        Verdict::Forwarded { outputs } => outputs,
+        v => panic!("expected forwarding, got {v:?}\n{}", r.text()),
+    }
+}
+
+/// Asserts a drop in `table` by `owner`.
+fn assert_dropped(r: &Report, table: u8, owner: &str) {
+    match &r.verdict {
+        Verdict::Dropped { table: t, owner: Some(o), .. } => {
+            assert_eq!((*t, o.owner.as_deref()), (table, Some(owner)), "{}", r.text());
+        }
+        v => panic!("expected a drop in table {table} by {owner}, got {v:?}\n{}", r.text()),
+    }
+    assert_eq!(r.datapath_actions.as_deref(), Some("drop"), "{}", r.text());
+    assert!(r.summary.starts_with(&format!("DROPPED in table {table} by {owner}")), "{}", r.summary);
+}
+
+fn assert_delivered_to_pod(r: &Report, pod: &str) {
+    let o = outputs(r);
+    assert_eq!(o.len(), 1, "{}", r.text());
+    assert_eq!(o[0].pod.as_deref(), Some(pod), "{}", r.text());
+    assert!(o[0].tunnel.is_none());
+    assert!(r.summary.contains(&format!("pod {pod}")), "{}", r.summary);
+}
+
+fn assert_to_host(r: &Report) {
+    let o = outputs(r);
+    assert_eq!(o.len(), 1, "{}", r.text());
+    assert_eq!((o[0].port, o[0].interface.as_deref()), (2, Some("tun0")), "{}", r.text());
+}
+
+fn assert_tunnelled(r: &Report, node: &str, dst: &str, vnid: u64) {
+    let o = outputs(r);
+    assert_eq!(o.len(), 1, "{}", r.text());
+    let t = o[0].tunnel.as_ref().unwrap_or_else(|| panic!("not a tunnel\n{}", r.text()));
+    assert_eq!(
+        (t.node.as_deref(), t.dst.map(|d| d.to_string()), t.vnid),
+        (Some(node), Some(dst.to_string()), Some(vnid)),
+        "{}",
+        r.text()
+    );
+    // The switch agrees: the datapath sets exactly that tunnel.
+    let dp = r.datapath_actions.as_deref().unwrap_or("");
+    assert!(dp.contains(&format!("tun_id={vnid:#x}")) && dp.contains(&format!("dst={dst}")), "{}", r.text());
+}
+
+#[tokio::test]
+async fn same_vnid_is_delivered_with_its_owners() {
+    let n = Node::start().await;
+    let r = n.trace("team-a/a1", "team-a/a2", None).await;
+    assert_delivered_to_pod(&r, "team-a/a2");
+    assert_eq!(tables(&r), [0, 20, 21, 30, 70, 80]);
+    assert_eq!(owner_in(&r, 20), "pod/team-a/a1");
+    assert_eq!(owner_in(&r, 70), "pod/team-a/a2");
+    assert_eq!(owner_in(&r, 80), "vnid/11", "allowed by VNID 11's rule");
+    assert_eq!(owner_in(&r, 30), "base");
+    // By IP and by bare name, with a port: the same path.
+    let r = n.trace("10.128.2.5", "a2:8080", None).await;
+    assert_delivered_to_pod(&r, "team-a/a2");
+    assert!(r.flow.contains("tcp") && r.flow.contains("tcp_dst=8080"), "{}", r.flow);
+    let r = n.trace("team-b/b1", "team-b/b2:53", Some(Proto::Udp)).await;
+    assert_delivered_to_pod(&r, "team-b/b2");
+    assert_eq!(owner_in(&r, 80), "vnid/12");
+}
+
+#[tokio::test]
+async fn different_tenants_are_dropped_by_the_default_policy_drop() {
+    let n = Node::start().await;
+    for (src, dst, dst_owner) in [
+        ("team-a/a1", "team-b/b1", "pod/team-b/b1"),
+        ("team-b/b1", "team-a/a1", "pod/team-a/a1"),
+        ("b2", "a3", "pod/team-a/a3"),
+    ] {
+        let r = n.trace(src, dst, Some(Proto::Icmp)).await;
+        // Routed to the pod by its own flow, then refused in table 80: no VNID rule matches,
+        // the base pipeline's priority-0 drop does.
+        assert_eq!(owner_in(&r, 70), dst_owner);
+        assert_dropped(&r, 80, "base");
+        assert!(r.summary.contains("default drop"), "{}", r.summary);
+        assert!(r.summary.contains("no rule lets VNID"), "{}", r.summary);
+    }
+    // The global VNID may.
+    let r = n.trace("default/d1", "team-a/a1", None).await;
+    assert_delivered_to_pod(&r, "team-a/a1");
+    assert_eq!(owner_in(&r, 80), "policy", "the policy plugin's VNID-0 rule");
+}
+
+#[tokio::test]
+async fn services_on_listed_ports_within_the_vnid() {
+    let n = Node::start().await;
+    let r = n.trace("team-a/a1", "team-a/web:80", None).await;
+    assert_to_host(&r);
+    assert_eq!(owner_in(&r, 60), "service/team-a/web");
+    assert_eq!(tables(&r), [0, 20, 21, 30, 60, 80]);
+    // By address too.
+    let r = n.trace("a2", "172.30.0.10:53", Some(Proto::Udp)).await;
+    assert_to_host(&r);
+    assert_eq!(owner_in(&r, 60), "service/team-a/web");
+    // An unlisted port: table 60's default drop.
+    let r = n.trace("team-a/a1", "team-a/web:8080", None).await;
+    assert_dropped(&r, 60, "base");
+    // Another tenant on a listed port: the service flow matches, the policy table drops.
+    let r = n.trace("team-b/b1", "team-a/web:80", None).await;
+    assert_eq!(owner_in(&r, 60), "service/team-a/web");
+    assert_dropped(&r, 80, "base");
+}
+
+#[tokio::test]
+async fn egress_policy_allows_and_denies_by_its_own_flows() {
+    let n = Node::start().await;
+    let r = n.trace("team-a/a1", "1.2.3.4:443", None).await;
+    assert_to_host(&r);
+    assert_eq!(owner_in(&r, 100), "egress/11");
+    let r = n.trace("team-a/a1", "8.8.8.8:53", Some(Proto::Udp)).await;
+    assert_dropped(&r, 100, "egress/11");
+    let Verdict::Dropped { owner: Some(o), .. } = &r.verdict else { unreachable!() };
+    assert_eq!(o.detail.as_deref(), Some("EgressNetworkPolicy team-a/default"), "{}", r.text());
+    // team-b has no policy: out through tun0.
+    let r = n.trace("team-b/b1", "8.8.8.8:53", Some(Proto::Udp)).await;
+    assert_to_host(&r);
+}
+
+#[tokio::test]
+async fn remote_pods_are_tunnelled_to_their_node() {
+    let n = Node::start().await;
+    let r = n.trace("team-a/a1", "10.129.0.5", None).await;
+    assert_tunnelled(&r, "node-b", "172.17.0.3", 11);
+    assert_eq!(owner_in(&r, 90), "hostsubnet/node-b");
+    assert!(r.summary.starts_with("TUNNELLED to node node-b (172.17.0.3) with VNID 11"), "{}", r.summary);
+    // node-c's fixed VNID replaces the sender's.
+    let r = n.trace("team-b/b1", "10.130.0.5:80", None).await;
+    assert_tunnelled(&r, "node-c", "172.17.0.4", 7);
+    assert_eq!(owner_in(&r, 90), "hostsubnet/node-c");
+    // An address no node owns: table 90's default drop.
+    let r = n.trace("team-a/a1", "10.131.0.5", None).await;
+    assert_dropped(&r, 90, "base");
+    // From node-b's pod over VXLAN, with the destination's VNID (the default) or another.
+    let r = n.trace("10.129.0.5", "team-a/a1", None).await;
+    assert_delivered_to_pod(&r, "team-a/a1");
+    assert_eq!(owner_in(&r, 10), "hostsubnet/node-b", "accepted from a known node");
+    let mut a = n.args();
+    (a.from, a.to, a.vnid) = (Some("10.129.0.5".into()), Some("team-a/a1".into()), Some(12));
+    let r = trace::run(&a).await.unwrap();
+    assert_dropped(&r, 80, "base");
+}
+
+#[tokio::test]
+async fn raw_flows_and_missing_sources() {
+    let n = Node::start().await;
+    let ofport = |veth: &str| -> u32 {
+        let out = support::agent::vsctl(&n.agent.sb, &["get", "interface", veth, "ofport"]);
+        out.trim().parse().unwrap()
+    };
+    let mut a = n.args();
+    a.flow = Some(format!("in_port={},ip,nw_src=10.128.2.5,nw_dst=10.128.2.7", ofport("veth-a1")));
+    let r = trace::run(&a).await.unwrap();
+    assert_dropped(&r, 80, "base");
+    assert_eq!(owner_in(&r, 70), "pod/team-b/b1");
+
+    // No state file and no agent: pods unknown, yet the VNID-keyed owner is still named (found
+    // by search) and the singletons are; pod owners are "pod (unknown object)".
+    a.state = None;
+    a.socket = PathBuf::from("/nonexistent/cni.sock");
+    a.flow = Some(format!("in_port={},ip,nw_src=10.128.2.5,nw_dst=10.128.2.6", ofport("veth-a1")));
+    let r = trace::run(&a).await.unwrap();
+    assert!(!r.notes.is_empty());
+    assert_eq!(owner_in(&r, 80), "vnid/11");
+    let s20 = r.steps.iter().find(|s| s.step.table == 20).unwrap();
+    assert_eq!(s20.owner.as_ref().unwrap().to_string(), "pod (unknown object)");
+    assert_eq!(outputs(&r)[0].interface.as_deref(), Some("veth-a2"), "named from OVSDB");
+
+    // A flow OVS cannot parse: its own error, no panic.
+    a.flow = Some("in_port=3,nw_src=banana".into());
+    let e = trace::run(&a).await.unwrap_err();
+    assert!(e.contains("ovs-vswitchd"), "{e}");
+    // Unknown pods name the known ones.
+    let mut a = n.args();
+    (a.from, a.to) = (Some("team-a/nope".into()), Some("a2".into()));
+    let e = trace::run(&a).await.unwrap_err();
+    assert!(e.contains("team-a/a1"), "{e}");
+}
+
+#[tokio::test]
+async fn the_command_prints_a_blocked_pair() {
+    let n = Node::start().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+        .args(["trace", "--from", "team-a/a1", "--to", "team-b/b1:80", "--bridge", "br0"])
+        .arg("--ovs-rundir")
+        .arg(n.agent.sb.dir())
+        .arg("--state")
+        .arg(&n.agent.state)
+        .arg("--socket")
+        .arg(&n.agent.socket)
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        text.contains("verdict: DROPPED in table 80 by base (the pipeline's fixed flows): the table's default drop: no rule lets VNID 11 reach VNID 12"),
+        "{text}"
+    );
+    assert!(text.contains("owner: pod/team-b/b1"), "{text}");
+    assert!(!text.contains("note:"), "the state file, the agent and OVSDB all answered: {text}");
+    let json = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+        .args(["trace", "--json", "--from", "team-a/a1", "--to", "team-a/a2"])
+        .arg("--ovs-rundir")
+        .arg(n.agent.sb.dir())
+        .arg("--state")
+        .arg(&n.agent.state)
+        .arg("--socket")
+        .arg(&n.agent.socket)
+        .output()
+        .await
+        .unwrap();
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["verdict"], "forwarded");
+    assert_eq!(v["outputs"][0]["pod"], "team-a/a2");
+}
+
+/// Installed flows per table and per owner kind, as ovs-ofctl sees them.
+fn ofctl_counts(sb: &sdn_node::sandbox::OvsSandbox) -> (BTreeMap<u8, usize>, BTreeMap<String, usize>) {
+    let mut tables = BTreeMap::new();
+    let mut kinds = BTreeMap::new();
+    for line in support::ofctl(sb, &["dump-flows", "br0"]).lines().filter(|l| l.contains("actions=")) {
+        let field = |name: &str| line.split([',', ' ']).find_map(|w| w.trim().strip_prefix(name)).map(str::to_string);
+        let table: u8 = field("table=").map(|t| t.parse().unwrap()).unwrap_or(0);
+        *tables.entry(table).or_insert(0) += 1;
+        let cookie = field("cookie=0x").map(|c| u64::from_str_radix(&c, 16).unwrap()).unwrap_or(0);
+        let kind = trace::owners::kind_name((cookie >> 56) as u8).unwrap_or("none").to_string();
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    (tables, kinds)
+}
+
+#[tokio::test]
+async fn status_agrees_with_the_switch() {
+    let n = Node::start().await;
+    let s = sdn_node::api::status::fetch(&n.agent.socket).await.unwrap();
+    println!("{s}");
+    assert!(s.switch.connected && s.ovsdb.connected, "{s}");
+    assert_eq!(s.not_ready, None);
+    assert_eq!(s.pipeline_version, 3);
+    assert_eq!(s.plugin.as_deref(), Some("multitenant"));
+    assert_eq!(s.pods.total, 6);
+    assert_eq!(s.pods.with_port, 6);
+    let fl = s.flows.as_ref().expect("engine running");
+    assert!(!fl.dirty);
+    let (tables, kinds) = ofctl_counts(&n.agent.sb);
+    assert_eq!(fl.per_table, tables, "{s}");
+    assert_eq!(fl.per_owner_kind, kinds, "{s}");
+    assert_eq!(fl.installed, tables.values().sum::<usize>());
+    assert_eq!(fl.desired, fl.installed);
+    let last = fl.last_commit.as_ref().expect("a commit happened");
+    assert!(last.flow_mods > 0 && last.error.is_none() && last.latency_seconds > 0.0, "{last:?}");
+    assert!(fl.last_error.is_none());
+    assert_eq!(kinds["pod"], s.pods.total * tables_per_pod(&n).await, "pod flows are counted as pods'");
+
+    // A pod set up through the API shows up, and the counts still agree.
+    let p = support::inproc::pod("x1", "team-b", "10.128.2.40", 0x40);
+    assert_eq!(support::inproc::add(&n.agent.socket, &p).await.0, 200);
+    let s2 = sdn_node::api::status::fetch(&n.agent.socket).await.unwrap();
+    assert_eq!((s2.pods.total, s2.pods.api), (7, 1));
+    assert!(s2.pods.names.contains(&"team-b/x1".to_string()));
+    let (tables, _) = ofctl_counts(&n.agent.sb);
+    assert_eq!(s2.flows.as_ref().unwrap().per_table, tables);
+    assert!(s2.flows.as_ref().unwrap().bundles > fl.bundles);
+
+    // The command, both forms.
+    for json in [false, true] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"));
+        cmd.arg("status").arg("--socket").arg(&n.agent.socket);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().await.unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        if json {
+            let v: sdn_node::api::status::Status = serde_json::from_str(&text).unwrap();
+            assert_eq!(v.flows.unwrap().per_table, tables);
+        } else {
+            assert!(text.contains("switch:     connected"), "{text}");
+        }
+    }
+}
+
+/// Flows one pod owns (the pipeline's, counted on the switch for team-a/a1).
+async fn tables_per_pod(n: &Node) -> usize {
+    let lines = support::ofctl(&n.agent.sb, &["dump-flows", "br0"]);
+    let cookie = sdn_node::store::Owner::Pod { namespace: "team-a".into(), name: "a1".into() }.cookie(0)
+        & sdn_node::store::Owner::OWNER_MASK;
+    lines
+        .lines()
+        .filter(|l| {
+            l.split([',', ' '])
+                .find_map(|w| w.trim().strip_prefix("cookie=0x"))
+                .and_then(|c| u64::from_str_radix(c, 16).ok())
+                .is_some_and(|c| c & sdn_node::store::Owner::OWNER_MASK == cookie)
+        })
+        .count()
+}
