@@ -931,9 +931,10 @@ impl<'a> Seed<'a> {
         self.end_transaction(otx);
     }
 
-    /// EnsureVNIDRules (a no-op in the subnet plugin).
+    /// EnsureVNIDRules (a no-op in the subnet plugin, and for VNID 0: openshift-sdn's
+    /// multitenant plugin returns early for the global VNID).
     fn ensure_vnid_rules(&mut self, vnid: u32) {
-        if !self.multitenant || !self.vnid_in_use.insert(vnid) {
+        if !self.multitenant || vnid == 0 || !self.vnid_in_use.insert(vnid) {
             return;
         }
         let mut otx = Txn::default();

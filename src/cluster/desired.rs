@@ -234,7 +234,9 @@ fn flows_of_owner(
         // EnsureVNIDRules for every VNID a local pod or a service uses; none for the others
         // (FindUnusedVNIDs/SyncVNIDRules, computed from the model).
         Owner::VnidRule { vnid } => {
-            let flows = if multitenant && facts.in_use.contains(vnid) { vec![policy::vnid_flow(*vnid)] } else { vec![] };
+            // EnsureVNIDRules returns early for VNID 0: the global VNID's traffic is accepted by
+            // the policy plugin's own table-80 flows, never by a per-VNID rule.
+            let flows = if multitenant && *vnid != Vnid::GLOBAL && facts.in_use.contains(vnid) { vec![policy::vnid_flow(*vnid)] } else { vec![] };
             simple(flows, format!("vnid {vnid}"))
         }
         Owner::Multicast { vnid } => {
@@ -361,6 +363,25 @@ mod tests {
         state.pods.clear();
         let (d, _) = desired_state(&state, &HashMap::new(), &DnsAnswers::new());
         assert!(d.owners().all(|o| !matches!(o, Owner::VnidRule { .. })));
+    }
+
+    /// Regression (issue 11): openshift-sdn's EnsureVNIDRules returns early for VNID 0; we
+    /// installed `table=80, priority=100, reg0=0, reg1=0` on every multitenant node.
+    #[test]
+    fn the_global_vnid_has_no_vnid_rule() {
+        let (mut state, _) = parse(EXAMPLE).unwrap();
+        let mut pod = state.pods[0].clone();
+        pod.namespace = "default".into();
+        pod.name = "in-default".into();
+        pod.ip = "10.128.3.250".parse().unwrap();
+        pod.host_veth = "veth-default".into();
+        state.pods.push(pod);
+        let ofports: HashMap<_, _> = state.pods.iter().enumerate().map(|(i, p)| (p.key(), OfPort(3 + i as u32))).collect();
+        let (d, _) = desired_state(&state, &ofports, &DnsAnswers::new());
+        assert!(state.net_namespaces.iter().any(|n| n.name == "default" && n.vnid == Vnid::GLOBAL));
+        assert!(d.flows_of(&Owner::VnidRule { vnid: Vnid::GLOBAL }).is_empty());
+        assert!(d.iter().all(|(_, f)| !f.to_string().contains("reg0=0,reg1=0")), "no VNID-0 rule");
+        assert!(!d.flows_of(&Owner::VnidRule { vnid: Vnid::new(11).unwrap() }).is_empty(), "other VNIDs keep theirs");
     }
 
     /// Every owner the state could give flows to (those it gives none included).
