@@ -149,41 +149,40 @@ impl CniRun {
     }
 }
 
-/// One node: switch, agent, CNI configuration.
-pub struct CniNode {
-    pub sb: OvsSandbox,
+/// `sdn-node run` inside a node's network namespace, with its CNI configuration and the
+/// libcni client to drive it.
+pub struct NodeAgent {
     pub ns: String,
+    pub rundir: PathBuf,
     pub state: PathBuf,
     pub socket: PathBuf,
     pub conf_dir: PathBuf,
-    pub agent: Option<(tokio::process::Child, Lines)>,
+    pub proc: Option<(tokio::process::Child, Lines)>,
     bin: PathBuf,
     client: PathBuf,
 }
 
-impl CniNode {
-    pub async fn start(state_yaml: &str) -> CniNode {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let ns = format!("sdnn{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
-        let dir = sb.dir().to_path_buf();
-        let state = dir.join("state.yaml");
+impl NodeAgent {
+    /// Writes `state_yaml` into `rundir` and starts the agent in `ns` against the switch whose
+    /// sockets are in `rundir`; returns once it serves pods.
+    pub async fn start(ns: &str, rundir: &Path, state_yaml: &str) -> NodeAgent {
+        let state = rundir.join("state.yaml");
         std::fs::write(&state, state_yaml).unwrap();
-        let bin = dir.join("cni-bin");
+        let bin = rundir.join("cni-bin");
         std::fs::create_dir_all(&bin).unwrap();
         std::os::unix::fs::symlink(plugin_binary(), bin.join("sdn-node-cni")).unwrap();
-        let mut n = CniNode {
-            sb,
-            ns,
+        let mut a = NodeAgent {
+            ns: ns.to_string(),
+            rundir: rundir.to_path_buf(),
             state,
-            socket: dir.join("cni.sock"),
-            conf_dir: dir.join("net.d"),
-            agent: None,
+            socket: rundir.join("cni.sock"),
+            conf_dir: rundir.join("net.d"),
+            proc: None,
             bin,
             client: go_client().expect("go client"),
         };
-        n.spawn_agent().await;
-        n
+        a.spawn().await;
+        a
     }
 
     pub fn conflist(&self) -> PathBuf {
@@ -192,7 +191,7 @@ impl CniNode {
 
     /// Starts `sdn-node run` inside the node's namespace and waits for its CNI configuration
     /// (written once it serves pods: the signal kubelet waits for).
-    pub async fn spawn_agent(&mut self) {
+    pub async fn spawn(&mut self) {
         let _ = std::fs::remove_file(self.conflist());
         let mut child = tokio::process::Command::new("ip")
             .args(["netns", "exec", &self.ns])
@@ -200,7 +199,7 @@ impl CniNode {
             .args(["run", "--state"])
             .arg(&self.state)
             .arg("--ovs-rundir")
-            .arg(self.sb.dir())
+            .arg(&self.rundir)
             .args(["--datapath-type", "netdev", "--metrics-addr", "none"])
             .args(["--echo-interval", "0.5", "--echo-timeout", "2", "--max-backoff", "0.2"])
             .arg("--pod-api-socket")
@@ -216,7 +215,7 @@ impl CniNode {
             .spawn()
             .expect("spawn the agent");
         let log = Lines::follow(child.stderr.take().expect("stderr"));
-        self.agent = Some((child, log));
+        self.proc = Some((child, log));
         for _ in 0..600 {
             if self.conflist().exists() {
                 return;
@@ -227,26 +226,25 @@ impl CniNode {
     }
 
     pub fn log(&self) -> String {
-        self.agent.as_ref().map(|(_, l)| l.all().join("\n")).unwrap_or_default()
+        self.proc.as_ref().map(|(_, l)| l.all().join("\n")).unwrap_or_default()
     }
 
     /// SIGKILLs the agent (a crash).
-    pub async fn kill_agent(&mut self) {
-        if let Some((mut c, _)) = self.agent.take() {
+    pub async fn kill(&mut self) {
+        if let Some((mut c, _)) = self.proc.take() {
             let _ = c.kill().await;
         }
     }
 
     /// Runs the libcni client: `add`, `check` or `del` for pod `ns/name` in `netns`.
     pub fn cni(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> CniRun {
-        let cache = self.sb.dir().join("cni-cache");
         let out = Command::new(&self.client)
             .arg("-conflist")
             .arg(self.conflist())
             .arg("-bin")
             .arg(&self.bin)
             .arg("-cache")
-            .arg(&cache)
+            .arg(self.rundir.join("cni-cache"))
             .args(["-containerid", container, "-netns", netns, "-ifname", "eth0"])
             .args(["-args", &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container}")])
             .arg(command)
@@ -255,6 +253,39 @@ impl CniNode {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let out_v = serde_json::from_str(stdout.trim()).unwrap_or(Value::String(format!("{stdout} {}", String::from_utf8_lossy(&out.stderr))));
         CniRun { exit: out.status.code().unwrap_or(-1), out: out_v }
+    }
+}
+
+/// One node: a switch in its own namespace, and the agent.
+pub struct CniNode {
+    pub agent: NodeAgent,
+    pub sb: OvsSandbox,
+    pub ns: String,
+}
+
+impl CniNode {
+    pub async fn start(state_yaml: &str) -> CniNode {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let ns = format!("sdnn{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
+        let agent = NodeAgent::start(&ns, sb.dir(), state_yaml).await;
+        CniNode { agent, sb, ns }
+    }
+
+    pub fn log(&self) -> String {
+        self.agent.log()
+    }
+
+    pub async fn kill_agent(&mut self) {
+        self.agent.kill().await
+    }
+
+    pub async fn spawn_agent(&mut self) {
+        self.agent.spawn().await
+    }
+
+    pub fn cni(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> CniRun {
+        self.agent.cni(command, pod_ns, name, container, netns)
     }
 
     /// Host-side veths in the node's namespace.
