@@ -804,3 +804,35 @@ async fn sandbox_in_own_network_namespace() {
         .lines()
         .any(|l| l.split_whitespace().next() == Some(ns.as_str())));
 }
+
+/// A new pod port costs two requests on a warm connection (one transaction with Interface,
+/// Port, its record and the bridge membership; the ofport from the long-lived Interface
+/// monitor), where the general path takes seven or more; the port and its record are written
+/// together, and an existing port still takes the general path.
+#[tokio::test]
+async fn a_new_port_and_its_record_are_one_transaction() {
+    let sb = sandbox_with_bridge().await;
+    let ovs = sb.ovs();
+    let mut spec = PortSpec::internal(None);
+    spec.external_ids.insert("sdn-node-pod".into(), "{}".into());
+    // Warm: the Interface monitor is started once per connection.
+    let (_, created) = timeout(T, ovs.add_port_fast("br0", "warm", &spec, T)).await.unwrap().unwrap();
+    assert!(created);
+    let before = ovs.client().requests_sent();
+    let (ofport, created) = timeout(T, ovs.add_port_fast("br0", "p1", &spec, T)).await.unwrap().unwrap();
+    let fast = ovs.client().requests_sent() - before;
+    assert!(created && ofport > 0);
+    assert_eq!(fast, 1, "one transaction; the ofport came from the monitor");
+    assert_eq!(
+        ovs.ports_with_external_id("sdn-node-pod").await.unwrap().into_iter().map(|(p, _)| p).collect::<Vec<_>>(),
+        vec!["p1".to_string(), "warm".to_string()]
+    );
+    // The general path, for comparison (and what an existing port takes).
+    let before = ovs.client().requests_sent();
+    timeout(T, ovs.add_port_and_wait_ofport("br0", "p2", &PortSpec::internal(None), T)).await.unwrap().unwrap();
+    timeout(T, ovs.set_port_external_id("p2", "sdn-node-pod", Some("{}"))).await.unwrap().unwrap();
+    let general = ovs.client().requests_sent() - before;
+    assert!(general >= 5, "general path took {general} requests");
+    let (again, created) = timeout(T, ovs.add_port_fast("br0", "p1", &spec, T)).await.unwrap().unwrap();
+    assert_eq!((again, created), (ofport, false), "an existing port is kept");
+}

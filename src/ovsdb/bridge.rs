@@ -62,6 +62,8 @@ pub struct PortSpec {
     pub iface_type: String,
     /// Interface options, e.g. `remote_ip=flow`, `key=flow`.
     pub options: BTreeMap<String, String>,
+    /// The Port's `external_ids`, written with the port when [`Ovs::add_port_fast`] creates it.
+    pub external_ids: BTreeMap<String, String>,
 }
 
 impl PortSpec {
@@ -74,6 +76,7 @@ impl PortSpec {
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            external_ids: BTreeMap::new(),
         }
     }
 
@@ -83,6 +86,7 @@ impl PortSpec {
             ofport_request,
             iface_type: "internal".into(),
             options: BTreeMap::new(),
+            external_ids: BTreeMap::new(),
         }
     }
 
@@ -113,6 +117,8 @@ pub enum Ensured {
 pub struct Ovs {
     client: OvsdbClient,
     max_attempts: u32,
+    /// The connection's Interface monitor, started on first use (and again if it ended).
+    ifwatch: std::sync::Arc<tokio::sync::Mutex<Option<super::ifwatch::InterfaceWatch>>>,
 }
 
 fn where_name(name: &str) -> Vec<Value> {
@@ -155,6 +161,7 @@ impl Ovs {
         Ovs {
             client,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            ifwatch: Default::default(),
         }
     }
 
@@ -492,6 +499,67 @@ impl Ovs {
             let _ = self.client.monitor_cancel(&mon.id).await;
         }
         result
+    }
+
+    /// The connection's Interface monitor.
+    pub async fn interface_watch(&self) -> Result<super::ifwatch::InterfaceWatch, OvsdbError> {
+        let mut w = self.ifwatch.lock().await;
+        if let Some(live) = w.as_ref().filter(|w| w.is_live()) {
+            return Ok(live.clone());
+        }
+        let new = super::ifwatch::InterfaceWatch::start(&self.client).await?;
+        *w = Some(new.clone());
+        Ok(new)
+    }
+
+    /// The fast path for a new port (a pod's): one transaction that inserts Interface and Port
+    /// (with `spec.external_ids`) and adds the port to `bridge` — guarded by "no port of that
+    /// name exists" — then the ofport from the connection's long-lived Interface monitor. Two
+    /// round trips instead of seven. Returns `(ofport, created)`; a port that already exists
+    /// takes [`Ovs::add_port_and_wait_ofport`] (and its external_ids are set), `created` false.
+    pub async fn add_port_fast(
+        &self,
+        bridge: &str,
+        name: &str,
+        spec: &PortSpec,
+        timeout: Duration,
+    ) -> Result<(u32, bool), OvsdbError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let watch = tokio::time::timeout_at(deadline, self.interface_watch())
+            .await
+            .map_err(|_| OvsdbError::Timeout("starting the Interface monitor".into()))??;
+        let iface = json!({
+            "name": name,
+            "type": spec.iface_type,
+            "options": string_map(&spec.options),
+            "ofport_request": optional_integer(spec.ofport_request),
+        });
+        let port = json!({"name": name, "interfaces": named_uuid("iface"), "external_ids": string_map(&spec.external_ids)});
+        let r = self
+            .transact(vec![
+                wait_absent("Port", name),
+                txn::insert("Interface", iface, Some("iface")),
+                txn::insert("Port", port, Some("port")),
+                txn::mutate("Bridge", where_name(bridge), vec![json!(["ports", "insert", set([named_uuid("port")])])]),
+            ])
+            .await;
+        match r {
+            Ok(results) => {
+                if results.get(3).and_then(|r| r.count) != Some(1) {
+                    // The rows inserted are not referenced by any bridge: OVSDB collects them.
+                    return Err(OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() });
+                }
+                Ok((watch.ofport(name, deadline).await?, true))
+            }
+            Err(e) if e.is_wait_conflict() => {
+                let ofport = self.add_port_and_wait_ofport(bridge, name, spec, deadline.saturating_duration_since(tokio::time::Instant::now())).await?;
+                for (k, v) in &spec.external_ids {
+                    self.set_port_external_id(name, k, Some(v)).await?;
+                }
+                Ok((ofport, false))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Removes the port from the bridge (rows are garbage-collected).

@@ -472,6 +472,12 @@ impl OvsdbClient {
         self.inner.shutdown();
     }
 
+    /// Number of requests sent so far on this connection (for tests and benchmarks: round
+    /// trips are what a slow server makes expensive).
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.next_id.load(Ordering::Relaxed).saturating_sub(1)
+    }
+
     /// Number of `echo` requests from the server answered so far.
     pub fn echoes_answered(&self) -> u64 {
         self.inner.echoes_answered.load(Ordering::Relaxed)

@@ -14,6 +14,7 @@
 
 pub mod bridge;
 pub mod client;
+pub mod ifwatch;
 pub mod framing;
 pub mod txn;
 pub mod types;

@@ -40,11 +40,15 @@ pub async fn add_pod_port(
     record: Option<(&str, &str)>,
     timeout: Duration,
 ) -> Result<u32, OvsdbError> {
-    let spec = if pod.internal { PortSpec::internal(None) } else { PortSpec::system() };
-    let ofport = ovs.add_port_and_wait_ofport(bridge, &pod.host_veth, &spec, timeout).await?;
-    ovs.set_pod_bandwidth(&pod.host_veth, pod.ingress_bps, pod.egress_bps).await?;
+    let mut spec = if pod.internal { PortSpec::internal(None) } else { PortSpec::system() };
     if let Some((key, value)) = record {
-        ovs.set_port_external_id(&pod.host_veth, key, Some(value)).await?;
+        spec.external_ids.insert(key.to_string(), value.to_string());
+    }
+    // Port and record in one transaction: they exist together or not at all.
+    let (ofport, created) = ovs.add_port_fast(bridge, &pod.host_veth, &spec, timeout).await?;
+    // A port created just now has no QoS: only a limit needs a transaction.
+    if !created || pod.ingress_bps > 0 || pod.egress_bps > 0 {
+        ovs.set_pod_bandwidth(&pod.host_veth, pod.ingress_bps, pod.egress_bps).await?;
     }
     Ok(ofport)
 }

@@ -1,0 +1,129 @@
+//! One long-lived monitor of the `Interface` table per connection: waiting for a new port's
+//! ofport then costs no `monitor_cond`/`monitor_cancel` round trips per port, and any number
+//! of concurrent waiters share one stream of notifications.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
+use super::types::{row_opt_i64, row_opt_string, row_string};
+use super::{OvsdbError, VSWITCH_DB};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Iface {
+    name: String,
+    ofport: Option<i64>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    by_uuid: HashMap<String, Iface>,
+    by_name: HashMap<String, String>,
+    /// Why the monitor ended (the watch is then useless: a new one must be started).
+    ended: Option<MonitorEnd>,
+}
+
+/// The `Interface` rows' names, ofports and errors, kept current.
+#[derive(Debug, Clone)]
+pub struct InterfaceWatch {
+    state: Arc<Mutex<State>>,
+    /// Bumped after every applied notification.
+    changed: watch::Receiver<u64>,
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl State {
+    fn apply(&mut self, updates: &TableUpdates) {
+        let Some(rows) = updates.get("Interface") else { return };
+        for (uuid, u) in rows {
+            if let Some(old) = self.by_uuid.remove(uuid) {
+                if self.by_name.get(&old.name) == Some(uuid) {
+                    self.by_name.remove(&old.name);
+                }
+            }
+            let Some(new) = &u.new else { continue };
+            // A row that does not parse is left out (never a panic on server data).
+            let Ok(name) = row_string(new, "name") else { continue };
+            let iface = Iface {
+                name: name.clone(),
+                ofport: row_opt_i64(new, "ofport").ok().flatten(),
+                error: row_opt_string(new, "error").ok().flatten(),
+            };
+            self.by_name.insert(name, uuid.clone());
+            self.by_uuid.insert(uuid.clone(), iface);
+        }
+    }
+}
+
+impl InterfaceWatch {
+    /// Starts the monitor (its initial contents are applied before this returns).
+    pub async fn start(client: &OvsdbClient) -> Result<InterfaceWatch, OvsdbError> {
+        let reqs: BTreeMap<String, MonitorRequest> =
+            [("Interface".to_string(), MonitorRequest::columns(["name", "ofport", "error"]))].into();
+        let mut mon = client.monitor(VSWITCH_DB, &reqs).await?;
+        let state = Arc::new(Mutex::new(State::default()));
+        lock(&state).apply(&mon.initial);
+        let (tx, changed) = watch::channel(0u64);
+        let st = state.clone();
+        tokio::spawn(async move {
+            while let Some(u) = mon.updates.recv().await {
+                lock(&st).apply(&u);
+                tx.send_modify(|n| *n += 1);
+            }
+            let why = mon.updates.end_reason().unwrap_or(MonitorEnd::Disconnected);
+            debug!(?why, "interface monitor ended");
+            lock(&st).ended = Some(why);
+            tx.send_modify(|n| *n += 1);
+        });
+        Ok(InterfaceWatch { state, changed })
+    }
+
+    /// False once the monitor has ended (start a new one).
+    pub fn is_live(&self) -> bool {
+        lock(&self.state).ended.is_none()
+    }
+
+    /// Waits until interface `name` has an ofport (or fails with `Interface.error` when OVS
+    /// could not create it), until `deadline`.
+    pub async fn ofport(&self, name: &str, deadline: Instant) -> Result<u32, OvsdbError> {
+        let mut changed = self.changed.clone();
+        loop {
+            {
+                let st = lock(&self.state);
+                if let Some(i) = st.by_name.get(name).and_then(|u| st.by_uuid.get(u)) {
+                    match i.ofport {
+                        Some(-1) => {
+                            return Err(OvsdbError::InterfaceError {
+                                name: name.to_string(),
+                                error: i.error.clone().unwrap_or_else(|| "ofport is -1 (no error reported)".into()),
+                            })
+                        }
+                        Some(p) if p > 0 => {
+                            return u32::try_from(p).map_err(|_| OvsdbError::Protocol(format!("ofport {p} out of range")));
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(end) = &st.ended {
+                    return Err(match end {
+                        MonitorEnd::Disconnected => OvsdbError::Disconnected,
+                        other => OvsdbError::Protocol(format!("interface monitor ended: {other:?}")),
+                    });
+                }
+            }
+            match tokio::time::timeout_at(deadline, changed.changed()).await {
+                Err(_) => return Err(OvsdbError::Timeout(format!("waiting for an ofport for interface {name:?}"))),
+                Ok(Err(_)) => return Err(OvsdbError::Disconnected),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+}
