@@ -836,3 +836,32 @@ async fn a_new_port_and_its_record_are_one_transaction() {
     let (again, created) = timeout(T, ovs.add_port_fast("br0", "p1", &spec, T)).await.unwrap().unwrap();
     assert_eq!((again, created), (ofport, false), "an existing port is kept");
 }
+
+/// Group commit: new ports requested together share one transaction (one ovs-vswitchd
+/// reconfiguration); a name that exists already fails the group, which is then retried port
+/// by port so only that port takes the slow path.
+#[tokio::test]
+async fn concurrent_new_ports_share_a_transaction() {
+    let sb = sandbox_with_bridge().await;
+    let ovs = sb.ovs();
+    let spec = PortSpec::internal(None);
+    let (_, created) = timeout(T, ovs.add_port_fast("br0", "warm", &spec, T)).await.unwrap().unwrap();
+    assert!(created);
+    let before = ovs.client().requests_sent();
+    let names: Vec<String> = (0..20).map(|i| format!("g{i}")).collect();
+    let results = futures::future::join_all(names.iter().map(|n| ovs.add_port_fast("br0", n, &spec, T))).await;
+    let sent = ovs.client().requests_sent() - before;
+    for (n, r) in names.iter().zip(&results) {
+        let (ofport, created) = r.as_ref().unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert!(*ofport > 0 && *created, "{n}");
+    }
+    eprintln!("20 concurrent new ports: {sent} OVSDB requests");
+    assert!(sent < 20, "20 ports took {sent} requests: no group commit");
+    // One existing name among new ones: that one is kept, the others are created.
+    let mixed = ["warm".to_string(), "h1".to_string(), "h2".to_string()];
+    let results = futures::future::join_all(mixed.iter().map(|n| ovs.add_port_fast("br0", n, &spec, T))).await;
+    let created: Vec<bool> = results.iter().map(|r| r.as_ref().unwrap().1).collect();
+    assert_eq!(created, vec![false, true, true]);
+    let ports = vsctl(&sb, &["list-ports", "br0"]);
+    assert_eq!(ports.lines().count(), 23, "{ports}");
+}

@@ -119,6 +119,32 @@ pub struct Ovs {
     max_attempts: u32,
     /// The connection's Interface monitor, started on first use (and again if it ended).
     ifwatch: std::sync::Arc<tokio::sync::Mutex<Option<super::ifwatch::InterfaceWatch>>>,
+    /// Group commit of new ports (see [`Ovs::add_port_fast`]), started on first use.
+    inserts: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<NewPort>>>,
+}
+
+/// A new port waiting for the group transaction that inserts it.
+#[derive(Debug)]
+struct NewPort {
+    bridge: String,
+    name: String,
+    spec: PortSpec,
+    /// `Ok(true)`: inserted; `Ok(false)`: a port of that name exists already.
+    reply: tokio::sync::oneshot::Sender<Result<bool, OvsdbError>>,
+}
+
+/// How many new ports one group transaction carries at most.
+const MAX_GROUP_PORTS: usize = 256;
+
+fn new_port_ops(i: usize, p: &NewPort) -> [Value; 2] {
+    let iface = json!({
+        "name": p.name,
+        "type": p.spec.iface_type,
+        "options": string_map(&p.spec.options),
+        "ofport_request": optional_integer(p.spec.ofport_request),
+    });
+    let port = json!({"name": p.name, "interfaces": named_uuid(&format!("iface{i}")), "external_ids": string_map(&p.spec.external_ids)});
+    [txn::insert("Interface", iface, Some(&format!("iface{i}"))), txn::insert("Port", port, Some(&format!("port{i}")))]
 }
 
 fn where_name(name: &str) -> Vec<Value> {
@@ -162,6 +188,7 @@ impl Ovs {
             client,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             ifwatch: Default::default(),
+            inserts: Default::default(),
         }
     }
 
@@ -528,36 +555,98 @@ impl Ovs {
         let watch = tokio::time::timeout_at(deadline, self.interface_watch())
             .await
             .map_err(|_| OvsdbError::Timeout("starting the Interface monitor".into()))??;
-        let iface = json!({
-            "name": name,
-            "type": spec.iface_type,
-            "options": string_map(&spec.options),
-            "ofport_request": optional_integer(spec.ofport_request),
-        });
-        let port = json!({"name": name, "interfaces": named_uuid("iface"), "external_ids": string_map(&spec.external_ids)});
-        let r = self
-            .transact(vec![
-                wait_absent("Port", name),
-                txn::insert("Interface", iface, Some("iface")),
-                txn::insert("Port", port, Some("port")),
-                txn::mutate("Bridge", where_name(bridge), vec![json!(["ports", "insert", set([named_uuid("port")])])]),
-            ])
-            .await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let req = NewPort { bridge: bridge.to_string(), name: name.to_string(), spec: spec.clone(), reply: tx };
+        tokio::time::timeout_at(deadline, self.inserter().send(req))
+            .await
+            .map_err(|_| OvsdbError::Timeout("queueing a new port".into()))?
+            .map_err(|_| OvsdbError::Disconnected)?;
+        let r = tokio::time::timeout_at(deadline, rx)
+            .await
+            .map_err(|_| OvsdbError::Timeout(format!("inserting port {name:?}")))?
+            .map_err(|_| OvsdbError::Disconnected)?;
         match r {
-            Ok(results) => {
-                if results.get(3).and_then(|r| r.count) != Some(1) {
-                    // The rows inserted are not referenced by any bridge: OVSDB collects them.
-                    return Err(OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() });
-                }
-                Ok((watch.ofport(name, deadline).await?, true))
-            }
-            Err(e) if e.is_wait_conflict() => {
+            Ok(true) => Ok((watch.ofport(name, deadline).await?, true)),
+            Ok(false) => {
                 let ofport = self.add_port_and_wait_ofport(bridge, name, spec, deadline.saturating_duration_since(tokio::time::Instant::now())).await?;
                 for (k, v) in &spec.external_ids {
                     self.set_port_external_id(name, k, Some(v)).await?;
                 }
                 Ok((ofport, false))
             }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The group-commit task for new ports: whatever is queued while a transaction is in
+    /// flight goes into the next one, so a burst of C pods costs ovs-vswitchd one
+    /// reconfiguration instead of C. The group is optimistic (no per-port guard): if it fails
+    /// — a port of one of the names exists, the bridge is missing — each port is retried on
+    /// its own with a guard, so only the port at fault fails.
+    fn inserter(&self) -> tokio::sync::mpsc::Sender<NewPort> {
+        self.inserts
+            .get_or_init(|| {
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<NewPort>(1024);
+                // Not `self.clone()`: the task must not hold the sender it waits on, or it (and
+                // the connection) would outlive every handle.
+                let ovs = Ovs {
+                    client: self.client.clone(),
+                    max_attempts: self.max_attempts,
+                    ifwatch: self.ifwatch.clone(),
+                    inserts: Default::default(),
+                };
+                tokio::spawn(async move {
+                    let mut group = Vec::new();
+                    loop {
+                        let n = tokio::select! {
+                            _ = ovs.client.closed() => return,
+                            n = rx.recv_many(&mut group, MAX_GROUP_PORTS) => n,
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        ovs.insert_group(std::mem::take(&mut group)).await;
+                    }
+                });
+                tx
+            })
+            .clone()
+    }
+
+    async fn insert_group(&self, group: Vec<NewPort>) {
+        if group.len() > 1 && group.iter().all(|p| p.bridge == group[0].bridge) {
+            let mut ops = Vec::with_capacity(2 * group.len() + 1);
+            for (i, p) in group.iter().enumerate() {
+                ops.extend(new_port_ops(i, p));
+            }
+            let ports: Vec<Value> = (0..group.len()).map(|i| named_uuid(&format!("port{i}"))).collect();
+            ops.push(txn::mutate("Bridge", where_name(&group[0].bridge), vec![json!(["ports", "insert", set(ports)])]));
+            if let Ok(r) = self.transact(ops).await {
+                if r.last().and_then(|r| r.count) == Some(1) {
+                    debug!(ports = group.len(), "new ports inserted in one transaction");
+                    for p in group {
+                        let _ = p.reply.send(Ok(true));
+                    }
+                    return;
+                }
+            }
+        }
+        for p in group {
+            let r = self.insert_one(&p).await;
+            let _ = p.reply.send(r);
+        }
+    }
+
+    /// One new port, guarded by "no port of that name exists".
+    async fn insert_one(&self, p: &NewPort) -> Result<bool, OvsdbError> {
+        let mut ops = vec![wait_absent("Port", &p.name)];
+        ops.extend(new_port_ops(0, p));
+        ops.push(txn::mutate("Bridge", where_name(&p.bridge), vec![json!(["ports", "insert", set([named_uuid("port0")])])]));
+        match self.transact(ops).await {
+            Ok(r) if r.get(3).and_then(|r| r.count) == Some(1) => Ok(true),
+            // The rows inserted are not referenced by any bridge: OVSDB collects them.
+            Ok(_) => Err(OvsdbError::NotFound { table: "Bridge", name: p.bridge.clone() }),
+            Err(e) if e.is_wait_conflict() => Ok(false),
             Err(e) => Err(e),
         }
     }
