@@ -117,6 +117,10 @@ enum Cmd {
         /// serves pods; `none` disables it.
         #[arg(long, default_value = "/etc/cni/net.d")]
         cni_conf_dir: String,
+        /// Name server (IP:PORT) for egress policies' dnsName rules, instead of the system's
+        /// resolv.conf; repeatable.
+        #[arg(long)]
+        dns_server: Vec<std::net::SocketAddr>,
     },
     /// Client for the pod API of a running agent.
     Pod {
@@ -349,6 +353,7 @@ async fn run(cli: Cli) -> ExitCode {
             watchdog,
             no_host_network,
             cni_conf_dir,
+            dns_server,
         } => {
             let kube = (kubeconfig.is_some() || in_cluster)
                 .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
@@ -374,6 +379,7 @@ async fn run(cli: Cli) -> ExitCode {
             opts.ovsdb.probe_interval = Some(secs(ovsdb_probe));
             opts.watchdog = secs(watchdog);
             opts.host_network = !no_host_network;
+            opts.dns_servers = (!dns_server.is_empty()).then_some(dns_server);
             opts.cni_conf_dir = (cni_conf_dir != "none").then(|| PathBuf::from(cni_conf_dir));
             let result = match kube {
                 Some(k) => {

@@ -247,3 +247,38 @@ async fn hostile_requests_are_refused() {
     assert_eq!(dump_sorted(&r.sb, &[]), before, "nothing changed");
     assert_eq!(try_list_ports(&r.sb).unwrap(), ports);
 }
+
+/// An egress dnsName whose name server never answers does not delay pod setup: resolution
+/// runs off the reconcile path. Proof by order of events, not by time: the name server has
+/// received the query and not answered (no DNS failure counted yet) when the setup returns.
+#[tokio::test]
+async fn an_unanswered_dns_name_does_not_delay_pod_setup() {
+    let ns = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = ns.local_addr().unwrap();
+    ns.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let state = format!(
+        "{STATE}egressNetworkPolicies:\n  - namespace: team-a\n    name: default\n    egress:\n      - {{type: Allow, to: {{dnsName: never.example.com}}}}\n      - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}\n"
+    );
+    let r = start_with(&state, |o| {
+        fast(o);
+        o.dns_servers = Some(vec![addr]);
+        o.dns_timeout = Duration::from_secs(120);
+    })
+    .await;
+    let got = tokio::task::spawn_blocking(move || {
+        let mut buf = [0u8; 512];
+        ns.recv_from(&mut buf).map(|(n, _)| n).map(|n| (n, ns))
+    })
+    .await
+    .unwrap();
+    let (n, _ns) = got.expect("the agent asked the name server");
+    assert!(n > 12, "a DNS query");
+    let (code, body) = add(&r.socket, &pod("dns", "team-a", "10.128.0.40", 40)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(flows_with(&r, "10.128.0.40").len(), 4);
+    let (_, metrics) = http_get(&r.metrics, "/metrics").await;
+    assert!(metrics.contains("sdn_node_dns_failures_total 0"), "the lookup is still outstanding:\n{metrics}");
+    // Until the name resolves, team-a drops all egress (as for a failed lookup).
+    let egress: Vec<String> = dump_sorted(&r.sb, &[]).into_iter().filter(|l| l.contains("table=100") && l.contains("reg0=0xb")).collect();
+    assert!(!egress.is_empty() && egress.iter().all(|l| l.contains("actions=drop")), "{egress:#?}");
+}

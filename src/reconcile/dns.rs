@@ -53,6 +53,19 @@ impl Dns {
         Dns { resolver, cache: BTreeMap::new(), timeout }
     }
 
+    /// Asks the given name servers (`IP:PORT`, UDP then TCP) instead of the system's.
+    pub fn with_servers(timeout: Duration, servers: &[std::net::SocketAddr]) -> Dns {
+        use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+        let mut group = NameServerConfigGroup::new();
+        for s in servers {
+            group.merge(NameServerConfigGroup::from_ips_clear(&[s.ip()], s.port(), true));
+        }
+        let config = ResolverConfig::from_parts(None, vec![], group);
+        let resolver =
+            TokioResolver::builder_with_config(config, hickory_resolver::name_server::TokioConnectionProvider::default()).build();
+        Dns { resolver: Some(resolver), cache: BTreeMap::new(), timeout }
+    }
+
     async fn lookup(&self, name: &str) -> Entry {
         let now = Instant::now();
         let Some(r) = &self.resolver else {

@@ -50,6 +50,8 @@ pub struct RunOptions {
     pub watchdog: Duration,
     /// Configure the node's own networking (tun0, routes, sysctls, nftables).
     pub host_network: bool,
+    /// Name servers for egress policies' dnsName rules (`None`: the system's).
+    pub dns_servers: Option<Vec<SocketAddr>>,
     /// Where the CNI network configuration is written once the agent serves pods.
     pub cni_conf_dir: Option<PathBuf>,
 }
@@ -73,6 +75,7 @@ impl RunOptions {
             watchdog: Duration::from_secs(120),
             host_network: true,
             cni_conf_dir: None,
+            dns_servers: None,
         }
     }
     fn config(&self) -> Config {
@@ -179,7 +182,11 @@ pub async fn run_with(
         });
     }
     let (names_tx, names_rx) = watch::channel(Default::default());
-    let mut dns_rx = Dns::new(opts.dns_timeout).spawn(names_rx, cancel.clone());
+    let dns = match &opts.dns_servers {
+        Some(servers) => Dns::with_servers(opts.dns_timeout, servers),
+        None => Dns::new(opts.dns_timeout),
+    };
+    let mut dns_rx = dns.spawn(names_rx, cancel.clone());
     let mut ovs_rx = ovsdb_link(opts.db_socket(), opts.ovsdb.clone(), opts.backoff.clone(), cancel.clone());
     let sup = Supervisor::spawn(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone())?;
     let mut events = sup.subscribe();
@@ -292,7 +299,9 @@ pub async fn run_with(
                             warn!("rejected: {p}");
                         }
                         for w in &pass.warnings {
-                            if w.message.contains("DNS") || w.message.contains("resolve") {
+                            // A name not answered yet is pending, not failed.
+                            let pending = w.message.contains("not resolved yet");
+                            if (w.message.contains("DNS") || w.message.contains("resolve")) && !pending {
                                 telemetry.metrics.dns_failures.inc();
                             }
                             warn!("{w}");
