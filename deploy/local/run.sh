@@ -37,7 +37,8 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 T0=$(date +%s%N)
-elapsed() { echo "$(( ($(date +%s%N) - $1) / 1000000 ))" | sed -E 's/([0-9]{3})$/.\1/; s/^\./0./'; }
+# elapsed START [END]: seconds between two `date +%s%N` readings (END: now), e.g. 8.147.
+elapsed() { local ms=$(( (${2:-$(date +%s%N)} - $1) / 1000000 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }
 
 . deploy/local/packages.sh
 ensure_packages
@@ -106,9 +107,9 @@ export OVS_RUNDIR=$D OVS_LOGDIR=$D OVS_DBDIR=$D OVS_SYSCONFDIR=$D
 ip netns add "$NS"
 ip netns exec "$NS" ip link set lo up
 ovsdb-tool create "$D/conf.db" /usr/share/openvswitch/vswitch.ovsschema
-ip netns exec "$NS" ovsdb-server "$D/conf.db" --remote="punix:$D/db.sock" --pidfile="$D/s.pid" \
+ip netns exec "$NS" ovsdb-server -vconsole:off "$D/conf.db" --remote="punix:$D/db.sock" --pidfile="$D/s.pid" \
   --detach --log-file="$D/s.log"
-ip netns exec "$NS" ovs-vswitchd "unix:$D/db.sock" --pidfile="$D/v.pid" --detach \
+ip netns exec "$NS" ovs-vswitchd -vconsole:off "unix:$D/db.sock" --pidfile="$D/v.pid" --detach \
   --log-file="$D/v.log" --disable-system
 
 # The agent, inside the node's namespace (tun0, routes, sysctls and nftables are the node's).
@@ -264,8 +265,12 @@ fi
 # Why a blocked pair is blocked: the switch's own trace, with the owner of the dropping flow.
 echo
 echo "== sdn-node trace --from team-a/a1 --to team-b/b1"
-"$BIN" trace --from team-a/a1 --to team-b/b1 --ovs-rundir "$D" --state "$STATE" --socket "$SOCK" \
-  || fail "sdn-node trace failed"
+trace=$("$BIN" trace --from team-a/a1 --to team-b/b1 --ovs-rundir "$D" --state "$STATE" --socket "$SOCK") \
+  || fail "sdn-node trace failed: $trace"
+echo "$trace"
+if [ "$PLUGIN" = multitenant ] && ! expected team-a team-b; then
+  grep -q '^verdict: DROPPED' <<<"$trace" || { echo "Result: the trace does not say DROPPED"; mismatches=$((mismatches + 1)); }
+fi
 
 if [ "$KEEP" = 1 ]; then
   cat >&2 <<EOT
@@ -290,5 +295,5 @@ else
   left=$(ip netns exec "$NS" ip -o link show type veth | wc -l)
   [ "$left" = 0 ] || fail "$left veths left on the node after DEL"
 fi
-echo "Took $(elapsed "$T0")s in all: $(elapsed "$T1")s for the demo, $(( (T1 - T0) / 1000000000 ))s to install and build."
+echo "Took $(elapsed "$T0")s in all: $(elapsed "$T0" "$T1")s to install and build, $(elapsed "$T1")s for the demo."
 [ "$mismatches" = 0 ]
