@@ -682,7 +682,8 @@ fn agent_may_write_sysctls_under_net_only() {
                  h=$(cat /proc/sys/kernel/hostname); (echo $h > /proc/sys/kernel/hostname) 2>/dev/null || echo KERNEL-RO";
     let script = script.replace(&format!("exec {AGENT_BINARY} \"$@\""), agent);
     let runtime = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && \
-                   ! (echo 0 > /proc/sys/net/ipv4/ip_forward) 2>/dev/null && echo RO-FIRST";
+                   v=$(cat /proc/sys/net/ipv4/ip_forward) && ! (echo $v > /proc/sys/net/ipv4/ip_forward) 2>/dev/null && \
+                   echo RO-FIRST";
     let out = std::process::Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c"])
         .arg(format!("{runtime} && sh -c '{}' sdn-node run", script.replace('\'', "'\\''")))
