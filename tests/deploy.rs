@@ -1,8 +1,10 @@
 //! Checks of deploy/: every Kubernetes manifest decodes into its typed k8s-openapi struct with
 //! no unknown field, the ClusterRole grants exactly `sdn_node::kube::rbac_rules()`, the
 //! DaemonSet has the properties the agent relies on (and passes only flags `sdn-node run`
-//! accepts), the CRDs describe the fields the daemon reads, and the example state files load
-//! without problems.
+//! accepts; its capabilities, host paths and mount propagation; the init container that
+//! installs the CNI plugin, whose script is run here against a temporary directory), the CRDs
+//! describe the fields the daemon reads, the example state files load without problems, and
+//! the Dockerfile builds and ships both binaries.
 //!
 //! How unknown fields are found: k8s-openapi's structs skip fields they do not know, so decoding
 //! alone accepts a misspelt `hostNetwrok: true` (only an API server's strict field validation
@@ -31,6 +33,14 @@ use serde_json::Value;
 
 const NAMESPACE: &str = "sdn-node";
 const OVS_RUNDIR: &str = "/var/run/openvswitch";
+/// Where container runtimes read CNI configurations and find plugins (their defaults).
+const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+const CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// Where containerd and CRI-O create pod network namespaces (CNI_NETNS).
+const NETNS_DIR: &str = "/var/run/netns";
+/// The binaries in the image (deploy/Dockerfile).
+const AGENT_BINARY: &str = "/usr/local/bin/sdn-node";
+const PLUGIN_BINARY: &str = "/usr/local/bin/sdn-node-cni";
 /// Peak RSS measured by `sdn-node bench churn` (README, Performance), MiB.
 const MEASURED_PEAK_RSS_MIB: f64 = 51.0;
 
@@ -188,6 +198,13 @@ impl Manifests {
         &spec.containers[0]
     }
 
+    fn init_container(&self) -> &Container {
+        let spec = self.daemon_set().spec.as_ref().unwrap().template.spec.as_ref().expect("pod spec");
+        let init = spec.init_containers.as_deref().unwrap_or_default();
+        assert_eq!(init.len(), 1, "one init container (the CNI plugin's installer)");
+        &init[0]
+    }
+
     fn config_map(&self) -> &ConfigMap {
         Self::one(&self.config_maps, "ConfigMap")
     }
@@ -337,14 +354,20 @@ fn run_help() -> String {
 fn assert_parses(args: &[String]) {
     let ovs = tempfile::tempdir().unwrap();
     let mut args = args.to_vec();
-    for (flag, value) in
-        [("--pod-api-socket", "none"), ("--metrics-addr", "none"), ("--ovs-rundir", ovs.path().to_str().unwrap())]
-    {
+    for (flag, value) in [
+        ("--pod-api-socket", "none"),
+        ("--metrics-addr", "none"),
+        ("--cni-conf-dir", "none"),
+        ("--ovs-rundir", ovs.path().to_str().unwrap()),
+    ] {
         if let Some(i) = args.iter().position(|a| a == flag) {
             args[i + 1] = value.to_string();
         } else {
             args.extend([flag.to_string(), value.to_string()]);
         }
+    }
+    if !args.iter().any(|a| a == "--no-host-network") {
+        args.push("--no-host-network".to_string());
     }
     let stderr = tempfile::NamedTempFile::new().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
@@ -473,9 +496,19 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)), "never two agents on one node");
     assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
 
+    // The command: a shell that only makes /proc/sys/net writable, then execs the binary with
+    // the args (see agent_may_write_sysctls_under_net_only).
+    let command = c.command.clone().expect("command");
+    assert_eq!(command.len(), 4, "sh -c SCRIPT NAME: {command:?}");
+    assert_eq!(&command[..2], ["/bin/sh", "-c"]);
+    assert!(
+        command[2].trim_end().ends_with(&format!("exec {AGENT_BINARY} \"$@\"")),
+        "the script ends by exec'ing the agent with the args: {}",
+        command[2]
+    );
+
     // Only flags `sdn-node run` accepts.
     let args = c.args.clone().unwrap_or_default();
-    assert!(c.command.is_none(), "the image's ENTRYPOINT is the binary");
     assert_eq!(args.first().map(String::as_str), Some("run"));
     let help = run_help();
     let flags: Vec<&str> = args.iter().filter(|a| a.starts_with("--")).map(|a| a.split('=').next().unwrap()).collect();
@@ -500,25 +533,37 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     let datapath = resolved(&m, arg_value(&args, "--datapath-type").unwrap_or("system")).unwrap();
     assert!(["system", "netdev"].contains(&datapath.as_str()), "--datapath-type {datapath}");
 
-    // The two hostPath mounts, at the paths the flags name.
+    // The hostPath mounts, at the paths the flags name. Each at the node's path of the same
+    // name: the socket path goes into the conflist, which the runtime reads on the node.
     let volumes = pod.volumes.clone().unwrap_or_default();
     let mounts = c.volume_mounts.clone().unwrap_or_default();
-    let host_path_mount = |dir: &str| {
-        let mount = mounts.iter().find(|vm| vm.mount_path == dir).unwrap_or_else(|| panic!("no mount at {dir}"));
-        assert_ne!(mount.read_only, Some(true), "{dir} must be writable (unix sockets)");
-        let vol = volumes.iter().find(|v| v.name == mount.name).unwrap();
-        let hp = vol.host_path.as_ref().unwrap_or_else(|| panic!("{dir}: not a hostPath volume"));
-        assert_eq!(hp.path, dir, "{dir}: the node's directory of the same name");
-    };
     let ovs_rundir = resolved(&m, arg_value(&args, "--ovs-rundir").unwrap_or(OVS_RUNDIR)).unwrap();
     assert_eq!(ovs_rundir, OVS_RUNDIR);
-    host_path_mount(OVS_RUNDIR);
+    host_path_mount(&volumes, &mounts, OVS_RUNDIR, Writable::Yes, None);
     let socket = resolved(&m, arg_value(&args, "--pod-api-socket").unwrap_or(sdn_node::api::DEFAULT_SOCKET)).unwrap();
     assert_eq!(socket, sdn_node::api::DEFAULT_SOCKET, "the CNI plugin's default socket");
     let socket_dir = Path::new(&socket).parent().unwrap().to_str().unwrap().to_string();
     assert_eq!(socket_dir, "/var/run/sdn-node");
-    host_path_mount(&socket_dir);
-    assert_eq!(volumes.len(), 2, "only the two hostPath volumes");
+    host_path_mount(&volumes, &mounts, &socket_dir, Writable::Yes, None);
+    // The conflist goes where the runtime reads CNI configurations.
+    let conf_dir = resolved(&m, arg_value(&args, "--cni-conf-dir").expect("--cni-conf-dir")).unwrap();
+    assert_eq!(conf_dir, CNI_CONF_DIR, "--cni-conf-dir is the runtime's configuration directory");
+    host_path_mount(&volumes, &mounts, &conf_dir, Writable::Yes, None);
+    // Pod network namespaces created after the agent started must appear in the container.
+    host_path_mount(&volumes, &mounts, NETNS_DIR, Writable::No, Some("HostToContainer"));
+    assert_eq!(mounts.len(), 4, "the agent mounts OVS's, its own, the CNI config and the netns directories");
+    // The plugin directory: mounted by the init container only.
+    let init = m.init_container();
+    let init_mounts = init.volume_mounts.clone().unwrap_or_default();
+    assert_eq!(init_mounts.len(), 1, "the installer mounts the plugin directory only");
+    let bin_vol = volumes.iter().find(|v| v.name == init_mounts[0].name).expect("the installer's volume");
+    assert_eq!(bin_vol.host_path.as_ref().map(|h| h.path.as_str()), Some(CNI_BIN_DIR));
+    assert!(!mounts.iter().any(|vm| vm.name == bin_vol.name), "the agent does not mount the plugin directory");
+    assert_eq!(volumes.len(), 5, "only the five hostPath volumes");
+    for v in &volumes {
+        let hp = v.host_path.as_ref().unwrap_or_else(|| panic!("volume {}: not a hostPath", v.name));
+        assert_eq!(hp.type_.as_deref(), Some("DirectoryOrCreate"), "{}: the agent may start first", hp.path);
+    }
 
     // Probes on /healthz and /readyz, on the address --metrics-addr serves.
     let metrics_addr: std::net::SocketAddr = resolved(&m, arg_value(&args, "--metrics-addr").expect("--metrics-addr"))
@@ -557,14 +602,153 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     );
     assert!(lim_mem >= 2.0 * req_mem, "memory limit leaves headroom for the API caches");
 
-    // No capability, no privilege.
+    // Two capabilities, not privileged.
     let sc = c.security_context.as_ref().expect("securityContext");
+    assert_eq!(sc.privileged, Some(false), "capabilities, not privileged");
+    assert_eq!(sc.run_as_user, Some(0), "root: OVS's sockets are root-owned");
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    let caps = sc.capabilities.as_ref().expect("capabilities");
+    assert_eq!(caps.drop, Some(vec!["ALL".to_string()]), "every capability dropped first");
+    let added: BTreeSet<String> = caps.add.clone().unwrap_or_default().into_iter().collect();
+    assert_eq!(
+        added,
+        BTreeSet::from(["NET_ADMIN".to_string(), "SYS_ADMIN".to_string()]),
+        "NET_ADMIN (netlink, nftables, ethtool, net.* sysctls) and SYS_ADMIN (setns into pod namespaces), nothing else"
+    );
+    for c in &added {
+        assert!(!c.starts_with("CAP_"), "{c}: Kubernetes names capabilities without CAP_");
+    }
+    // The API server refuses allowPrivilegeEscalation: false together with SYS_ADMIN.
+    assert_ne!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()), Some("RuntimeDefault"));
+    // The runtimes' default AppArmor profile denies mount and writes under /proc/sys/net.
+    assert_eq!(sc.app_armor_profile.as_ref().map(|p| p.type_.as_str()), Some("Unconfined"));
+    assert!(pod.security_context.as_ref().and_then(|p| p.app_armor_profile.as_ref()).is_none());
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Writable {
+    Yes,
+    No,
+}
+
+/// Asserts a mount at `dir` of the node's directory `dir` (a hostPath volume), writable or
+/// not, with `propagation` (None: the default, none).
+fn host_path_mount(
+    volumes: &[k8s_openapi::api::core::v1::Volume],
+    mounts: &[k8s_openapi::api::core::v1::VolumeMount],
+    dir: &str,
+    writable: Writable,
+    propagation: Option<&str>,
+) {
+    let mount = mounts.iter().find(|vm| vm.mount_path == dir).unwrap_or_else(|| panic!("no mount at {dir}"));
+    match writable {
+        Writable::Yes => assert_ne!(mount.read_only, Some(true), "{dir} must be writable"),
+        Writable::No => assert_eq!(mount.read_only, Some(true), "{dir} is only read: mount it read-only"),
+    }
+    assert_eq!(mount.mount_propagation.as_deref(), propagation, "{dir}: mountPropagation");
+    let vol = volumes.iter().find(|v| v.name == mount.name).unwrap();
+    let hp = vol.host_path.as_ref().unwrap_or_else(|| panic!("{dir}: not a hostPath volume"));
+    assert_eq!(hp.path, dir, "{dir}: the node's directory of the same name");
+}
+
+/// The agent's command makes /proc/sys/net, and only it, writable in its own mount namespace
+/// (the runtime mounts /proc/sys read-only and refuses volumes inside /proc), then runs the
+/// agent. The script is run here in a private mount namespace with /proc/sys made read-only
+/// the way runtimes do it, the agent replaced by a sysctl write and a write elsewhere.
+#[test]
+fn agent_may_write_sysctls_under_net_only() {
+    let m = Manifests::load();
+    let script = m.container().command.clone().unwrap()[2].clone();
+    let lines: Vec<&str> = script.split(';').map(str::trim).collect();
+    assert_eq!(
+        lines,
+        [
+            "set -e",
+            "mount --bind /proc/sys/net /proc/sys/net",
+            "mount -o remount,bind,rw /proc/sys/net",
+            &format!("exec {AGENT_BINARY} \"$@\"") as &str
+        ],
+        "the script does nothing else"
+    );
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(std::env::var_os("CI").is_none_or(|v| v.is_empty()), "CI is set and this test needs root");
+        eprintln!("SKIPPED: running the script needs root (mount)");
+        return;
+    }
+    // The write the agent does (same value: nothing changes on this machine), then one under
+    // kernel.*, which must still fail.
+    let agent = "v=$(cat /proc/sys/net/ipv4/ip_forward); echo $v > /proc/sys/net/ipv4/ip_forward && echo NET-OK; \
+                 h=$(cat /proc/sys/kernel/hostname); (echo $h > /proc/sys/kernel/hostname) 2>/dev/null || echo KERNEL-RO";
+    let script = script.replace(&format!("exec {AGENT_BINARY} \"$@\""), agent);
+    let runtime = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && \
+                   v=$(cat /proc/sys/net/ipv4/ip_forward) && ! (echo $v > /proc/sys/net/ipv4/ip_forward) 2>/dev/null && \
+                   echo RO-FIRST";
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{runtime} && sh -c '{}' sdn-node run", script.replace('\'', "'\\''")))
+        .output()
+        .expect("unshare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.split_whitespace().collect::<Vec<_>>(), ["RO-FIRST", "NET-OK", "KERNEL-RO"]);
+}
+
+/// The init container copies the plugin from the image to the node's plugin directory under a
+/// temporary name in that directory, then renames it: runtimes see the old or the new binary,
+/// never a partial one. Its script is run here against temporary directories.
+#[test]
+fn init_container_installs_the_plugin_atomically() {
+    let m = Manifests::load();
+    let init = m.init_container();
+    assert_eq!(init.image, m.container().image, "the plugin comes from the agent's image (same version)");
+    let mount = &init.volume_mounts.clone().unwrap_or_default()[0];
+    assert_ne!(mount.read_only, Some(true));
+    let command = init.command.clone().expect("command");
+    assert_eq!(&command[..2], ["/bin/sh", "-c"]);
+    assert_eq!(command.len(), 3);
+    assert!(init.args.is_none());
+    let script = &command[2];
+    let dir = mount.mount_path.trim_end_matches('/');
+    let steps: Vec<&str> = script.split(';').map(str::trim).filter(|s| !s.is_empty()).collect();
+    assert_eq!(steps.len(), 3, "set -e, copy, rename: {script}");
+    assert_eq!(steps[0], "set -e");
+    let copy: Vec<&str> = steps[1].split_whitespace().collect();
+    let rename: Vec<&str> = steps[2].split_whitespace().collect();
+    assert_eq!(copy[..copy.len() - 2], ["install", "-m", "0755"], "{}", steps[1]);
+    assert_eq!(copy[copy.len() - 2], PLUGIN_BINARY);
+    let tmp = copy[copy.len() - 1];
+    assert_eq!(Path::new(tmp).parent(), Some(Path::new(dir)), "the temporary file is in the same directory");
+    let tmp_name = Path::new(tmp).file_name().unwrap().to_str().unwrap();
+    assert!(tmp_name.starts_with('.') && !tmp_name.ends_with(".conf"), "hidden: not taken for a plugin");
+    assert_eq!(rename, ["mv", "-f", tmp, format!("{dir}/{}", sdn_node_cni::PLUGIN_TYPE).as_str()], "rename over the plugin's name");
+
+    // Run it: a stand-in for the image's plugin, a node directory holding an older plugin.
+    let scratch = tempfile::tempdir().unwrap();
+    let src = scratch.path().join("image-sdn-node-cni");
+    std::fs::write(&src, b"#!/bin/sh\necho new\n").unwrap();
+    let node_dir = scratch.path().join("opt-cni-bin");
+    std::fs::create_dir(&node_dir).unwrap();
+    let installed = node_dir.join(sdn_node_cni::PLUGIN_TYPE);
+    std::fs::write(&installed, b"old").unwrap();
+    let script = script.replace(PLUGIN_BINARY, src.to_str().unwrap()).replace(dir, node_dir.to_str().unwrap());
+    let out = std::process::Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&installed).unwrap(), std::fs::read(&src).unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777, 0o755);
+    let names: Vec<String> = std::fs::read_dir(&node_dir).unwrap().map(|e| file_name(&e.unwrap().path())).collect();
+    assert_eq!(names, [sdn_node_cni::PLUGIN_TYPE], "nothing else left in the directory");
+
+    // Root without capabilities: writing a root-owned directory needs none.
+    let sc = init.security_context.as_ref().expect("securityContext");
+    assert_eq!(sc.run_as_user, Some(0));
     assert_ne!(sc.privileged, Some(true));
     assert_eq!(sc.allow_privilege_escalation, Some(false));
     assert_eq!(sc.read_only_root_filesystem, Some(true));
     let caps = sc.capabilities.as_ref().expect("capabilities");
     assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
-    assert!(caps.add.clone().unwrap_or_default().is_empty(), "no capability is needed");
+    assert!(caps.add.clone().unwrap_or_default().is_empty());
 }
 
 // ---- CRDs -------------------------------------------------------------------------------------
@@ -712,7 +896,7 @@ fn example_states_load_without_problems() {
 }
 
 #[test]
-fn dockerfile_builds_and_runs_the_binary() {
+fn dockerfile_builds_and_ships_both_binaries() {
     let text = std::fs::read_to_string(repo().join("deploy/Dockerfile")).unwrap();
     // Instructions (continuation lines and comments aside) are ones Dockerfiles have.
     let known = ["FROM", "WORKDIR", "COPY", "ENV", "RUN", "USER", "ENTRYPOINT", "CMD", "ARG", "LABEL"];
@@ -734,11 +918,29 @@ fn dockerfile_builds_and_runs_the_binary() {
     assert_eq!(froms.len(), 2, "two stages");
     assert!(froms[0].starts_with("FROM rust:1-bookworm "));
     assert_eq!(froms[1], "FROM debian:bookworm-slim");
-    assert!(text.contains("cargo build --release --locked --bin sdn-node"));
-    assert!(instructions.iter().any(|i| i == r#"ENTRYPOINT ["/usr/local/bin/sdn-node"]"#));
-    // The runtime stage copies only the binary from the build stage.
+    // Both binaries: the agent, and the plugin from the workspace member cni/.
+    assert!(text.contains("cargo build --release --locked -p sdn-node --bin sdn-node -p sdn-node-cni --bin sdn-node-cni"));
+    let cni_manifest = std::fs::read_to_string(repo().join("cni/Cargo.toml")).unwrap();
+    assert!(cni_manifest.contains("name = \"sdn-node-cni\"\npath = \"src/main.rs\""), "cni/ has the bin sdn-node-cni");
+    assert!(std::fs::read_to_string(repo().join("Cargo.toml")).unwrap().contains("\"cni\""), "cni/ is a workspace member");
+    assert_eq!(Path::new(PLUGIN_BINARY).file_name().unwrap(), sdn_node_cni::PLUGIN_TYPE);
+    assert!(instructions.iter().any(|i| *i == format!(r#"ENTRYPOINT ["{AGENT_BINARY}"]"#)));
+    // hostnet links libnftnl and libmnl: headers and pkg-config to build, libraries to run.
+    let stages: Vec<&str> = text.split("\nFROM ").collect();
+    assert_eq!(stages.len(), 3);
+    for pkg in ["pkg-config", "libnftnl-dev", "libmnl-dev"] {
+        assert!(stages[1].contains(pkg), "the build stage installs {pkg}");
+    }
+    for pkg in ["libnftnl11", "libmnl0"] {
+        assert!(stages[2].contains(pkg), "the runtime stage installs {pkg}");
+    }
+    // The runtime stage copies only the two binaries from the build stage.
     let copies: Vec<&String> =
         instructions.iter().skip_while(|i| !i.starts_with("FROM debian")).filter(|i| i.starts_with("COPY")).collect();
     assert_eq!(copies.len(), 1);
-    assert!(copies[0].starts_with("COPY --from=build ") && copies[0].ends_with(" /usr/local/bin/sdn-node"));
+    assert_eq!(copies[0], "COPY --from=build /out/sdn-node /out/sdn-node-cni /usr/local/bin/");
+    let dir = Path::new(AGENT_BINARY).parent().unwrap();
+    assert_eq!(Path::new(PLUGIN_BINARY).parent().unwrap(), dir);
+    assert!(text.contains("install -D -m 0755 target/release/sdn-node /out/sdn-node"));
+    assert!(text.contains("install -D -m 0755 target/release/sdn-node-cni /out/sdn-node-cni"));
 }
