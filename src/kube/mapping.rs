@@ -139,8 +139,30 @@ pub enum Object {
     /// `None`: the service has no cluster IP.
     Service(Option<Converted<Service>>),
     EgressPolicy(Converted<Policy>),
-    /// One of this node's pods (only its identity is used).
-    Pod,
+    /// One of this node's pods: its identity, and its bandwidth annotations (applied when
+    /// the pod is set up through CNI).
+    Pod(PodInfo),
+}
+
+/// What the agent uses of one of this node's Pods beyond its name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    /// `kubernetes.io/ingress-bandwidth` and `kubernetes.io/egress-bandwidth`, as written.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The bandwidth annotations of a pod's metadata.
+pub fn pod_info(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> PodInfo {
+    let keep = [crate::api::INGRESS_ANNOTATION, crate::api::EGRESS_ANNOTATION];
+    PodInfo {
+        annotations: meta
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| keep.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
 }
 
 /// What a watcher reports, converted.
@@ -270,6 +292,8 @@ pub struct Objects {
     ready: [bool; 6],
     egress_forbidden: bool,
     changes: Changes,
+    /// This node's pods' annotations that matter (bandwidth), by pod.
+    pod_info: BTreeMap<PodKey, PodInfo>,
 }
 
 impl Objects {
@@ -281,6 +305,7 @@ impl Objects {
             ready: [false; 6],
             egress_forbidden: false,
             changes: Changes { full: true, any: true, ..Changes::default() },
+            pod_info: BTreeMap::new(),
         }
     }
 
@@ -300,7 +325,10 @@ impl Objects {
                     Object::NetNamespace(c) => drop(m.net_namespaces.put(id, Some(c))),
                     Object::Service(c) => drop(m.services.put(id, c)),
                     Object::EgressPolicy(c) => drop(m.egress_policies.put(id, Some(c))),
-                    Object::Pod => drop(m.pods.insert(id)),
+                    Object::Pod(info) => {
+                        self.pod_info.insert(id.clone(), info);
+                        m.pods.insert(id);
+                    }
                 }
             }
             Update::ListDone(kind) => {
@@ -327,7 +355,10 @@ impl Objects {
                     Object::NetNamespace(_) => Kind::NetNamespace,
                     Object::Service(_) => Kind::Service,
                     Object::EgressPolicy(_) => Kind::EgressNetworkPolicy,
-                    Object::Pod => Kind::Pod,
+                    Object::Pod(info) => {
+                        self.pod_info.insert(id.clone(), info.clone());
+                        Kind::Pod
+                    }
                 };
                 self.change(kind, id, Some(obj))
             }
@@ -483,7 +514,10 @@ impl Objects {
         if unchanged {
             return None;
         }
-        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0 }))
+        let live = &self.live.pods;
+        self.pod_info.retain(|k, _| live.contains(k));
+        let pod_annotations = self.pod_info.iter().filter(|(_, i)| !i.annotations.is_empty()).map(|(k, i)| (k.clone(), i.annotations.clone())).collect();
+        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0, pod_annotations }))
     }
 
     /// The state from the converted objects (every watched kind as listed), validated.
@@ -607,11 +641,18 @@ mod tests {
             (id("team-a", "headless"), Object::Service(service(&svc("team-a", "headless", "None", &[])))),
             (id("team-a", "sctp"), Object::Service(service(&svc("team-a", "sctp", "172.30.0.11", &[("SCTP", 80), ("TCP", 0)])))),
             (id("team-a", "default"), Object::EgressPolicy(egress_policy(&enp))),
-            (id("team-a", "a1"), Object::Pod),
+            (id("team-a", "a1"), Object::Pod(PodInfo::default())),
+            (id("team-a", "a2"), Object::Pod(pod_info(&meta(Some("team-a"), "a2", &[("kubernetes.io/ingress-bandwidth", "10M"), ("other", "x")])))),
         ];
         let mut o = listed("node-a", list);
         let l = o.publish(None).unwrap().unwrap();
         assert!(l.touched.is_none());
+        // CNI pods get their bandwidth from their Pod's annotations (only those are kept).
+        assert_eq!(
+            l.pod_annotations.get(&id("team-a", "a2")).map(|a| a.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()),
+            Some(vec!["kubernetes.io/ingress-bandwidth=10M".to_string()])
+        );
+        assert!(!l.pod_annotations.contains_key(&id("team-a", "a1")));
         assert_eq!(l.state.plugin, Plugin::Multitenant);
         assert_eq!(l.state.host_subnets[1].fixed_vnid.map(|v| v.get()), Some(7));
         assert_eq!(l.state.net_namespaces.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), ["default", "team-a"]);
@@ -668,7 +709,7 @@ mod tests {
             list.push((id("", n), Object::NetNamespace(net_namespace(&nn(n, json!(vnid), &[])))));
         }
         for p in 0..3 {
-            list.push((id(&format!("ns{p}"), &format!("p{p}")), Object::Pod));
+            list.push((id(&format!("ns{p}"), &format!("p{p}")), Object::Pod(PodInfo::default())));
         }
         listed("node-a", list)
     }

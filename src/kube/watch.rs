@@ -134,10 +134,11 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     let stream = watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
     tasks.spawn(follow(stream, Kind::Service, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None));
 
-    // This node's pods: only their names are used, so only their metadata is watched.
+    // This node's pods: only their names and bandwidth annotations are used, so only their
+    // metadata is watched.
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", opts.node));
     let stream = watcher::watcher(Api::<PartialObjectMeta<Pod>>::all(client.clone()), cfg);
-    tasks.spawn(follow(stream, Kind::Pod, |_| Object::Pod, up_tx, t.clone(), None));
+    tasks.spawn(follow(stream, Kind::Pod, |p| Object::Pod(mapping::pod_info(&p.metadata)), up_tx, t.clone(), None));
 
     let mut objects = Objects::new(&opts.node);
     let mut last_error: Option<String> = None;

@@ -168,7 +168,8 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
             host_veth: host_veth_name(&req.container_id),
             ip: ip.to_string(),
             mac: mac_for(ip),
-            annotations: Default::default(),
+            // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
+            annotations: m.source().and_then(|l| l.pod_annotations.get(&key)).cloned().unwrap_or_default(),
             internal: false,
             cni: Some(rec),
         };

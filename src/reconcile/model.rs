@@ -442,7 +442,7 @@ mod tests {
     fn model() -> Model {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let mut m = Model::new("br0");
-        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0 }));
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() }));
         m
     }
 

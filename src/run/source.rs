@@ -29,6 +29,9 @@ pub struct Loaded {
     /// the state numbered one less: a consumer that skipped a state (the channel keeps only the
     /// latest) must recompute everything.
     pub seq: u64,
+    /// This node's pods' bandwidth annotations (Kubernetes), applied when a pod is set up
+    /// through CNI; the state file gives none.
+    pub pod_annotations: std::collections::BTreeMap<crate::cluster::PodKey, std::collections::BTreeMap<String, String>>,
 }
 
 /// Loads the file once and then follows it. The returned receiver always holds the last good
@@ -97,7 +100,7 @@ fn load_into(path: &Path, tx: &watch::Sender<Option<Arc<Loaded>>>, last: &mut Op
                 warn!(object = %p.object, field = %p.field, "rejected: {}", p.message);
             }
             info!(path = %path.display(), pods = state.pods.len(), rejected = problems.len(), "state loaded");
-            tx.send_replace(Some(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0 })));
+            tx.send_replace(Some(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() })));
         }
         Err(e) => {
             let kept = if tx.borrow().is_some() { "keeping the last good state" } else { "no state applied yet" };
