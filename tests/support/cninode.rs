@@ -42,37 +42,13 @@ pub fn can_run() -> bool {
     }
 }
 
+#[path = "../cni-client/build.rs"]
+mod gobuild;
+
 /// Builds tests/cni-client (the libcni client) once per test binary.
 pub fn go_client() -> Result<PathBuf, String> {
     static CLIENT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    CLIENT
-        .get_or_init(|| {
-            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cni-client");
-            let gopath = "/usr/share/gocode";
-            if !Path::new(gopath).join("src/github.com/containernetworking/cni/libcni").is_dir() {
-                return Err(format!("{gopath}: libcni missing (apt-get install golang-github-appc-cni-dev)"));
-            }
-            let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
-            let out = scratch.join("cni-client-main");
-            let tmp = scratch.join(format!("cni-client-main.{}.tmp", std::process::id()));
-            let r = Command::new("go")
-                .args(["build", "-o"])
-                .arg(&tmp)
-                .arg(".")
-                .current_dir(&src)
-                .env("GO111MODULE", "off")
-                .env("GOPATH", gopath)
-                .env("GOFLAGS", "")
-                .env("GOCACHE", scratch.join("go-build-cache"))
-                .output()
-                .map_err(|e| format!("cannot run go: {e}"))?;
-            if !r.status.success() {
-                return Err(format!("go build: {}", String::from_utf8_lossy(&r.stderr)));
-            }
-            std::fs::rename(&tmp, &out).map_err(|e| e.to_string())?;
-            Ok(out)
-        })
-        .clone()
+    CLIENT.get_or_init(|| gobuild::build_cni_client(Path::new(env!("CARGO_TARGET_TMPDIR")), "cni-client-main")).clone()
 }
 
 /// The `sdn-node-cni` binary next to `sdn-node` (built by `cargo test --workspace`; built here

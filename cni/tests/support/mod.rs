@@ -66,38 +66,11 @@ pub fn go_client() -> Option<&'static Path> {
     }
 }
 
-/// Builds into cargo's per-target scratch dir (a static's temp dir would never be dropped, so
-/// it would leak one copy per run); the build goes to a private name and is renamed into
-/// place, so concurrent test runs never exec a half-written file.
+#[path = "../../../tests/cni-client/build.rs"]
+mod gobuild;
+
 fn build_client() -> Result<PathBuf, String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cni-client");
-    let gopath = "/usr/share/gocode";
-    if !Path::new(gopath).join("src/github.com/containernetworking/cni/libcni").is_dir() {
-        return Err(format!("{gopath}/src/github.com/containernetworking/cni/libcni is missing"));
-    }
-    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let out = scratch.join("cni-client");
-    let tmp = scratch.join(format!("cni-client.{}.tmp", std::process::id()));
-    // The Go build cache lives there too, so that reruns are quick without writing to $HOME
-    // (which CI may not set).
-    let gocache = scratch.join("go-build-cache");
-    let result = Command::new("go")
-        .arg("build")
-        .arg("-o")
-        .arg(&tmp)
-        .arg(".")
-        .current_dir(&src)
-        .env("GO111MODULE", "off")
-        .env("GOPATH", gopath)
-        .env("GOFLAGS", "")
-        .env("GOCACHE", &gocache)
-        .output()
-        .map_err(|e| format!("cannot run `go`: {e}"))?;
-    if !result.status.success() {
-        return Err(format!("go build failed: {}", String::from_utf8_lossy(&result.stderr)));
-    }
-    std::fs::rename(&tmp, &out).map_err(|e| format!("rename {} to {}: {e}", tmp.display(), out.display()))?;
-    Ok(out)
+    gobuild::build_cni_client(Path::new(env!("CARGO_TARGET_TMPDIR")), "cni-client")
 }
 
 /// A CNI setup for one test: a bin dir holding the plugin, a result cache, a conflist.
