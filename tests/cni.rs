@@ -90,6 +90,27 @@ async fn pods_through_libcni_reach_by_vnid_and_leave_nothing() {
     assert!(ping(&ns[3].name, &addr["b1"]), "VNID 0 reaches every VNID");
     assert!(ping(&ns[2].name, &addr["d1"]), "and is reached from every VNID");
     assert!(ping(&ns[0].name, "10.128.0.1"), "the gateway (tun0) is reached");
+    // `sdn-node trace` agrees with the packets, naming the owner that decides.
+    for (to, reached) in [("team-a/a2", true), ("team-b/b1", false), ("default/d1", true)] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+            .args(["trace", "--from", "team-a/a1", "--to", to, "--ovs-rundir"])
+            .arg(node.sb.dir())
+            .arg("--state")
+            .arg(&node.agent.state)
+            .arg("--socket")
+            .arg(&node.agent.socket)
+            .output()
+            .expect("sdn-node trace");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "trace to {to}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        let verdict = text.lines().find(|l| l.starts_with("verdict:")).unwrap_or_default();
+        if reached {
+            assert!(verdict.contains("DELIVERED") && verdict.contains(to), "{to}: {text}");
+        } else {
+            assert!(verdict.contains("DROPPED in table 80 by base"), "{to}: {text}");
+        }
+        assert_eq!(ping(&ns[0].name, &addr[to.split('/').nth(1).unwrap()]), reached, "ping agrees with the trace to {to}");
+    }
     // DEL twice (idempotent), then nothing is left.
     for (i, (pod_ns, name)) in pods.iter().enumerate() {
         for _ in 0..2 {
