@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{ClusterState, NetNamespace, PodKey, Problem};
+use super::{netpol, ClusterState, NetNamespace, PodKey, Problem};
 use crate::model::{OfPort, Plugin, Vnid};
 use crate::pipeline::egress::{self, DnsAnswers};
 use crate::pipeline::pod::PodPort;
@@ -56,7 +56,13 @@ pub fn desired_state_with_warnings(
     );
     if state.plugin == Plugin::Multitenant {
         owners.extend(facts.in_use.iter().map(|v| Owner::VnidRule { vnid: *v }));
+    }
+    if state.plugin.uses_netids() {
         owners.extend(facts.namespaces.keys().map(|v| Owner::Multicast { vnid: *v }));
+    }
+    if state.plugin == Plugin::NetworkPolicy {
+        let with_policies: BTreeSet<&str> = state.network_policies.iter().map(|p| p.namespace.as_str()).collect();
+        owners.extend(with_policies.into_iter().map(|ns| Owner::NetworkPolicy { namespace: ns.to_string() }));
     }
     owners.extend(facts.policies.keys().map(|v| Owner::EgressPolicy { vnid: *v }));
     for owner in owners {
@@ -126,7 +132,7 @@ struct VnidFacts<'a> {
 impl<'a> VnidFacts<'a> {
     fn lookup_only(state: &'a ClusterState) -> VnidFacts<'a> {
         let mut vnids = HashMap::with_capacity(state.net_namespaces.len());
-        if state.plugin == Plugin::Multitenant {
+        if state.plugin.uses_netids() {
             for n in &state.net_namespaces {
                 vnids.entry(n.name.as_str()).or_insert(n.vnid);
             }
@@ -169,9 +175,10 @@ impl<'a> VnidFacts<'a> {
 
     /// As [`ClusterState::vnid_of`].
     fn vnid_of(&self, namespace: &str) -> Option<Vnid> {
-        match self.plugin {
-            Plugin::Subnet => Some(Vnid::GLOBAL),
-            Plugin::Multitenant => self.vnids.get(namespace).copied(),
+        if self.plugin.uses_netids() {
+            self.vnids.get(namespace).copied()
+        } else {
+            Some(Vnid::GLOBAL)
         }
     }
 }
@@ -196,6 +203,7 @@ fn flows_of_owner(
 ) -> OwnerOut {
     let simple = |flows: Vec<Flow>, object: String| OwnerOut { flows, problems: vec![], warnings: vec![], object };
     let multitenant = state.plugin == Plugin::Multitenant;
+    let netids = state.plugin.uses_netids();
     match owner {
         Owner::Base => simple(base::flows(cfg), "node".into()),
         Owner::Version => simple(vec![base::version_flow(state.plugin)], "node".into()),
@@ -209,7 +217,9 @@ fn flows_of_owner(
         }
         Owner::MulticastVxlan => {
             let remote_ips: Vec<_> = match state.plugin {
-                Plugin::Multitenant => state.host_subnets.iter().filter(|h| h.host != state.node).map(|h| h.host_ip).collect(),
+                Plugin::Multitenant | Plugin::NetworkPolicy => {
+                    state.host_subnets.iter().filter(|h| h.host != state.node).map(|h| h.host_ip).collect()
+                }
                 // Multicast is a multitenant feature; subnet mode keeps SetupOVS's plain table 111.
                 Plugin::Subnet => vec![],
             };
@@ -226,6 +236,8 @@ fn flows_of_owner(
         }
         Owner::Service { namespace, name } => {
             let flows = match (state.services.iter().find(|s| &s.namespace == namespace && &s.name == name), facts.vnid_of(namespace)) {
+                // networkpolicy: table 60 sends every service's traffic to tun0 (base flows).
+                _ if state.plugin == Plugin::NetworkPolicy => vec![],
                 (Some(s), Some(vnid)) => service::flows(s.cluster_ip, &s.ports, vnid),
                 _ => vec![],
             };
@@ -238,7 +250,7 @@ fn flows_of_owner(
             simple(flows, format!("vnid {vnid}"))
         }
         Owner::Multicast { vnid } => {
-            let flows = match facts.namespaces.get(vnid).filter(|_| multitenant) {
+            let flows = match facts.namespaces.get(vnid).filter(|_| netids) {
                 Some(namespaces) => {
                     let enabled = namespaces.iter().any(|n| n.multicast);
                     let ports = facts.ports.get(vnid).map(Vec::as_slice).unwrap_or(&[]);
@@ -253,7 +265,7 @@ fn flows_of_owner(
                 return simple(vec![], format!("egress {vnid}"));
             };
             let namespaces: Vec<String> = match state.plugin {
-                Plugin::Multitenant => {
+                Plugin::Multitenant | Plugin::NetworkPolicy => {
                     facts.namespaces.get(vnid).map(|ns| ns.iter().map(|n| n.name.clone()).collect()).unwrap_or_default()
                 }
                 Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
@@ -265,7 +277,27 @@ fn flows_of_owner(
             let problems = out.error.map(|e| Problem::new(object.clone(), "", e)).into_iter().collect();
             OwnerOut { flows: out.flows, problems, warnings, object }
         }
+        Owner::NetworkPolicy { namespace } => {
+            let object = format!("networkpolicies of namespace {namespace}");
+            if state.plugin != Plugin::NetworkPolicy {
+                return simple(vec![], object);
+            }
+            let view = netpol::View::new(state);
+            let (pods, warnings) = netpol::isolation(state, &view, namespace);
+            let (flows, errors) = crate::pipeline::netpol::namespace_flows(&pods);
+            let problems = errors.into_iter().map(|e| Problem::new(object.clone(), "", e)).collect();
+            OwnerOut { flows, problems, warnings, object }
+        }
     }
+}
+
+/// The NetworkPolicy owners a local pod's arrival, departure or relabelling in `namespace`
+/// changes (networkpolicy plugin): its namespace's, and those whose policies select pods there.
+pub fn netpol_owners_for_pods_of(state: &ClusterState, namespace: &str) -> Vec<Owner> {
+    if state.plugin != Plugin::NetworkPolicy {
+        return vec![];
+    }
+    netpol::namespaces_watching_pods_of(state, namespace).into_iter().map(|namespace| Owner::NetworkPolicy { namespace }).collect()
 }
 
 fn pod_flows(vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> Vec<Flow> {
@@ -287,11 +319,20 @@ pub fn pod_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, 
 /// table-80 rule (present while a local pod or a service uses the VNID) and the multicast
 /// flows (which list the VNID's local ports). Computed by [`owner_flows`].
 pub fn vnid_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, vnid: Vnid) -> Vec<(Owner, Vec<Flow>)> {
-    if state.plugin != Plugin::Multitenant {
-        return vec![];
-    }
+    let owners = match state.plugin {
+        Plugin::Subnet => return vec![],
+        Plugin::Multitenant => vec![Owner::VnidRule { vnid }, Owner::Multicast { vnid }],
+        // networkpolicy: also the NetworkPolicy owners that see pods of the VNID's namespaces.
+        Plugin::NetworkPolicy => {
+            let mut o: BTreeSet<Owner> = BTreeSet::new();
+            for n in state.net_namespaces.iter().filter(|n| n.vnid == vnid) {
+                o.extend(netpol_owners_for_pods_of(state, &n.name));
+            }
+            std::iter::once(Owner::Multicast { vnid }).chain(o).collect()
+        }
+    };
     let dns = DnsAnswers::new();
-    [Owner::VnidRule { vnid }, Owner::Multicast { vnid }]
+    owners
         .into_iter()
         .map(|o| {
             let flows = owner_flows(state, ofports, &dns, &o).0;

@@ -6,7 +6,8 @@ use super::{output_reg2, Flow, Reg, Table};
 use crate::model::{Plugin, Vnid};
 
 /// The plugin's fixed rules: subnet delivers everything; multitenant delivers from and to
-/// VNID 0 (the global network).
+/// VNID 0 (the global network); networkpolicy tracks, accepts replies and accepts pods no
+/// policy selects ([`super::netpol::plugin_flows`]).
 pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
     match plugin {
         Plugin::Subnet => vec![Flow::new(Table::Policy, 200, Match::any(), vec![output_reg2()], None)],
@@ -14,6 +15,7 @@ pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
             Flow::new(Table::Policy, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output_reg2()], None),
             Flow::new(Table::Policy, 200, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
         ],
+        Plugin::NetworkPolicy => super::netpol::plugin_flows(),
     }
 }
 
