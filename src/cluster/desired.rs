@@ -415,7 +415,31 @@ mod tests {
             owners.extend([Owner::VnidRule { vnid: n.vnid }, Owner::Multicast { vnid: n.vnid }, Owner::EgressPolicy { vnid: n.vnid }]);
         }
         owners.extend([Owner::VnidRule { vnid: Vnid::GLOBAL }, Owner::EgressPolicy { vnid: Vnid::GLOBAL }]);
+        owners.extend(state.net_namespaces.iter().map(|n| Owner::NetworkPolicy { namespace: n.name.clone() }));
         owners
+    }
+
+    #[test]
+    fn networkpolicy_example() {
+        let (state, problems) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let (d, problems, warnings) = desired_state_with_warnings(&state, &example_ofports(&state), &DnsAnswers::new());
+        assert!(problems.is_empty() && warnings.is_empty(), "{problems:?} {warnings:?}");
+        let text: Vec<String> = d.iter().map(|(_, f)| f.to_string()).collect();
+        let has = |s: &str| assert!(text.iter().any(|t| t == s), "missing {s}\n{}", text.join("\n"));
+        has("table=253, actions=note:02.03.00.00.00.00");
+        has("table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30)");
+        has("table=60, priority=200 actions=output:2");
+        // db: the named port sql (5432) from web pods (local and remote), 5000-5500 from api.
+        has("table=80, priority=199,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,tcp,nw_src=10.129.0.8,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,tcp,nw_src=10.129.0.9,nw_dst=10.128.2.5,tp_dst=0x1388/0xfff8 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=100,ip,nw_dst=10.128.2.5 actions=drop");
+        // web: every namespace by VNID, and the block without its except.
+        has("table=80, priority=198,ip,reg0=0xc,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,ip,nw_src=10.129.1.0/24,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
+        assert!(!text.iter().any(|t| t.contains("nw_dst=10.128.2.7")), "team-b's pod is selected by no policy");
+        assert!(!text.iter().any(|t| t.starts_with("table=80, priority=100,reg0") || t.contains("reg1=0xb")), "no per-VNID rule");
     }
 
     /// `owner_flows` gives every owner exactly what the full computation gives it.
@@ -446,7 +470,7 @@ mod tests {
     fn owner_flows_agree_with_the_full_computation_on_the_examples() {
         let mut dns = DnsAnswers::new();
         dns.insert("www.example.com".into(), Ok(vec!["93.184.216.34".parse().unwrap()]));
-        for text in [EXAMPLE, include_str!("../../deploy/examples/subnet.yaml")] {
+        for text in [EXAMPLE, include_str!("../../deploy/examples/subnet.yaml"), include_str!("../../deploy/examples/networkpolicy.yaml")] {
             let (state, _) = parse(text).unwrap();
             let ofports = example_ofports(&state);
             assert_incremental_is_full(&state, &ofports, &dns);
