@@ -35,12 +35,15 @@ const PROBE_RETRY: Duration = Duration::from_secs(6);
 /// How many seeded random scenarios.
 const RANDOM_SCENARIOS: u64 = 24;
 
-/// (namespace, labels).
-const NAMESPACES: [(&str, u32, &[(&str, &str)]); 3] =
+/// (namespace, netid, labels).
+type NsSpec = (&'static str, u32, &'static [(&'static str, &'static str)]);
+/// (node, namespace, name, IP, app label, the named port "http" -> this port, if any).
+type PodSpec = (&'static str, &'static str, &'static str, &'static str, &'static str, Option<u16>);
+
+const NAMESPACES: [NsSpec; 3] =
     [("ns1", 11, &[("team", "a")]), ("ns2", 12, &[("team", "b")]), ("ns3", 13, &[("env", "prod")])];
 
-/// (node, namespace, name, IP, app label, the named port "http" -> this port, if any).
-const PODS: [(&str, &str, &str, &str, &str, Option<u16>); 6] = [
+const PODS: [PodSpec; 6] = [
     ("a", "ns1", "p1a", "10.128.0.11", "web", Some(8080)),
     ("b", "ns1", "p1b", "10.128.2.11", "db", Some(9090)),
     ("a", "ns2", "p2a", "10.128.0.12", "db", Some(9090)),
