@@ -95,6 +95,10 @@ pub enum Plugin {
     Subnet,
     /// `redhat/openshift-ovs-multitenant`: namespaces isolated by VNID.
     Multitenant,
+    /// `redhat/openshift-ovs-networkpolicy`: VNIDs from NetNamespaces as in multitenant mode,
+    /// isolation by Kubernetes NetworkPolicy (conntrack in table 21, per namespace in table 80).
+    #[serde(rename = "networkpolicy")]
+    NetworkPolicy,
 }
 
 impl Plugin {
@@ -102,7 +106,14 @@ impl Plugin {
         match self {
             Plugin::Subnet => 0,
             Plugin::Multitenant => 1,
+            Plugin::NetworkPolicy => 2,
         }
+    }
+
+    /// Whether a namespace's traffic carries its NetNamespace's netid (multitenant and
+    /// networkpolicy) rather than the global VNID 0 everywhere (subnet).
+    pub fn uses_netids(self) -> bool {
+        matches!(self, Plugin::Multitenant | Plugin::NetworkPolicy)
     }
 }
 

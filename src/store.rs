@@ -39,6 +39,9 @@ pub enum Owner {
     MulticastVxlan,
     /// Table 80's "same VNID may talk" rule.
     VnidRule { vnid: Vnid },
+    /// Table 80's NetworkPolicy flows for the local pods of one namespace (networkpolicy
+    /// plugin): recomputed from the namespace's policies and what they select.
+    NetworkPolicy { namespace: String },
 }
 
 impl Owner {
@@ -54,6 +57,7 @@ impl Owner {
             Owner::Multicast { .. } => 8,
             Owner::MulticastVxlan => 9,
             Owner::VnidRule { .. } => 10,
+            Owner::NetworkPolicy { .. } => 11,
         }
     }
 
@@ -106,7 +110,8 @@ impl Owner {
             ["egress", v] => Owner::EgressPolicy { vnid: vnid(v)? },
             ["multicast", v] => Owner::Multicast { vnid: vnid(v)? },
             ["vnid", v] => Owner::VnidRule { vnid: vnid(v)? },
-            _ => return Err(format!("unknown owner {s:?}: expected pod/NS/NAME, service/NS/NAME, hostsubnet/HOST, egress/VNID, multicast/VNID, vnid/VNID, multicast-vxlan, policy, base or version")),
+            ["netpol", ns] => Owner::NetworkPolicy { namespace: ns.to_string() },
+            _ => return Err(format!("unknown owner {s:?}: expected pod/NS/NAME, service/NS/NAME, hostsubnet/HOST, egress/VNID, multicast/VNID, vnid/VNID, netpol/NS, multicast-vxlan, policy, base or version")),
         })
     }
 }
@@ -124,6 +129,7 @@ impl fmt::Display for Owner {
             Owner::Multicast { vnid } => write!(f, "multicast/{vnid}"),
             Owner::MulticastVxlan => f.write_str("multicast-vxlan"),
             Owner::VnidRule { vnid } => write!(f, "vnid/{vnid}"),
+            Owner::NetworkPolicy { namespace } => write!(f, "netpol/{namespace}"),
         }
     }
 }

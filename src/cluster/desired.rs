@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{ClusterState, NetNamespace, PodKey, Problem};
+use super::{netpol, ClusterState, NetNamespace, PodKey, Problem};
 use crate::model::{OfPort, Plugin, Vnid};
 use crate::pipeline::egress::{self, DnsAnswers};
 use crate::pipeline::pod::PodPort;
@@ -56,7 +56,13 @@ pub fn desired_state_with_warnings(
     );
     if state.plugin == Plugin::Multitenant {
         owners.extend(facts.in_use.iter().map(|v| Owner::VnidRule { vnid: *v }));
+    }
+    if state.plugin.uses_netids() {
         owners.extend(facts.namespaces.keys().map(|v| Owner::Multicast { vnid: *v }));
+    }
+    if state.plugin == Plugin::NetworkPolicy {
+        let with_policies: BTreeSet<&str> = state.network_policies.iter().map(|p| p.namespace.as_str()).collect();
+        owners.extend(with_policies.into_iter().map(|ns| Owner::NetworkPolicy { namespace: ns.to_string() }));
     }
     owners.extend(facts.policies.keys().map(|v| Owner::EgressPolicy { vnid: *v }));
     for owner in owners {
@@ -126,7 +132,7 @@ struct VnidFacts<'a> {
 impl<'a> VnidFacts<'a> {
     fn lookup_only(state: &'a ClusterState) -> VnidFacts<'a> {
         let mut vnids = HashMap::with_capacity(state.net_namespaces.len());
-        if state.plugin == Plugin::Multitenant {
+        if state.plugin.uses_netids() {
             for n in &state.net_namespaces {
                 vnids.entry(n.name.as_str()).or_insert(n.vnid);
             }
@@ -169,9 +175,10 @@ impl<'a> VnidFacts<'a> {
 
     /// As [`ClusterState::vnid_of`].
     fn vnid_of(&self, namespace: &str) -> Option<Vnid> {
-        match self.plugin {
-            Plugin::Subnet => Some(Vnid::GLOBAL),
-            Plugin::Multitenant => self.vnids.get(namespace).copied(),
+        if self.plugin.uses_netids() {
+            self.vnids.get(namespace).copied()
+        } else {
+            Some(Vnid::GLOBAL)
         }
     }
 }
@@ -196,6 +203,7 @@ fn flows_of_owner(
 ) -> OwnerOut {
     let simple = |flows: Vec<Flow>, object: String| OwnerOut { flows, problems: vec![], warnings: vec![], object };
     let multitenant = state.plugin == Plugin::Multitenant;
+    let netids = state.plugin.uses_netids();
     match owner {
         Owner::Base => simple(base::flows(cfg), "node".into()),
         Owner::Version => simple(vec![base::version_flow(state.plugin)], "node".into()),
@@ -209,7 +217,9 @@ fn flows_of_owner(
         }
         Owner::MulticastVxlan => {
             let remote_ips: Vec<_> = match state.plugin {
-                Plugin::Multitenant => state.host_subnets.iter().filter(|h| h.host != state.node).map(|h| h.host_ip).collect(),
+                Plugin::Multitenant | Plugin::NetworkPolicy => {
+                    state.host_subnets.iter().filter(|h| h.host != state.node).map(|h| h.host_ip).collect()
+                }
                 // Multicast is a multitenant feature; subnet mode keeps SetupOVS's plain table 111.
                 Plugin::Subnet => vec![],
             };
@@ -226,6 +236,8 @@ fn flows_of_owner(
         }
         Owner::Service { namespace, name } => {
             let flows = match (state.services.iter().find(|s| &s.namespace == namespace && &s.name == name), facts.vnid_of(namespace)) {
+                // networkpolicy: table 60 sends every service's traffic to tun0 (base flows).
+                _ if state.plugin == Plugin::NetworkPolicy => vec![],
                 (Some(s), Some(vnid)) => service::flows(s.cluster_ip, &s.ports, vnid),
                 _ => vec![],
             };
@@ -240,7 +252,7 @@ fn flows_of_owner(
             simple(flows, format!("vnid {vnid}"))
         }
         Owner::Multicast { vnid } => {
-            let flows = match facts.namespaces.get(vnid).filter(|_| multitenant) {
+            let flows = match facts.namespaces.get(vnid).filter(|_| netids) {
                 Some(namespaces) => {
                     let enabled = namespaces.iter().any(|n| n.multicast);
                     let ports = facts.ports.get(vnid).map(Vec::as_slice).unwrap_or(&[]);
@@ -255,7 +267,7 @@ fn flows_of_owner(
                 return simple(vec![], format!("egress {vnid}"));
             };
             let namespaces: Vec<String> = match state.plugin {
-                Plugin::Multitenant => {
+                Plugin::Multitenant | Plugin::NetworkPolicy => {
                     facts.namespaces.get(vnid).map(|ns| ns.iter().map(|n| n.name.clone()).collect()).unwrap_or_default()
                 }
                 Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
@@ -267,7 +279,27 @@ fn flows_of_owner(
             let problems = out.error.map(|e| Problem::new(object.clone(), "", e)).into_iter().collect();
             OwnerOut { flows: out.flows, problems, warnings, object }
         }
+        Owner::NetworkPolicy { namespace } => {
+            let object = format!("networkpolicies of namespace {namespace}");
+            if state.plugin != Plugin::NetworkPolicy {
+                return simple(vec![], object);
+            }
+            let view = netpol::View::new(state);
+            let (pods, warnings) = netpol::isolation(state, &view, namespace);
+            let (flows, errors) = crate::pipeline::netpol::namespace_flows(&pods);
+            let problems = errors.into_iter().map(|e| Problem::new(object.clone(), "", e)).collect();
+            OwnerOut { flows, problems, warnings, object }
+        }
     }
+}
+
+/// The NetworkPolicy owners a local pod's arrival, departure or relabelling in `namespace`
+/// changes (networkpolicy plugin): its namespace's, and those whose policies select pods there.
+pub fn netpol_owners_for_pods_of(state: &ClusterState, namespace: &str) -> Vec<Owner> {
+    if state.plugin != Plugin::NetworkPolicy {
+        return vec![];
+    }
+    netpol::namespaces_watching_pods_of(state, namespace).into_iter().map(|namespace| Owner::NetworkPolicy { namespace }).collect()
 }
 
 fn pod_flows(vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> Vec<Flow> {
@@ -289,11 +321,20 @@ pub fn pod_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, 
 /// table-80 rule (present while a local pod or a service uses the VNID) and the multicast
 /// flows (which list the VNID's local ports). Computed by [`owner_flows`].
 pub fn vnid_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, vnid: Vnid) -> Vec<(Owner, Vec<Flow>)> {
-    if state.plugin != Plugin::Multitenant {
-        return vec![];
-    }
+    let owners = match state.plugin {
+        Plugin::Subnet => return vec![],
+        Plugin::Multitenant => vec![Owner::VnidRule { vnid }, Owner::Multicast { vnid }],
+        // networkpolicy: also the NetworkPolicy owners that see pods of the VNID's namespaces.
+        Plugin::NetworkPolicy => {
+            let mut o: BTreeSet<Owner> = BTreeSet::new();
+            for n in state.net_namespaces.iter().filter(|n| n.vnid == vnid) {
+                o.extend(netpol_owners_for_pods_of(state, &n.name));
+            }
+            std::iter::once(Owner::Multicast { vnid }).chain(o).collect()
+        }
+    };
     let dns = DnsAnswers::new();
-    [Owner::VnidRule { vnid }, Owner::Multicast { vnid }]
+    owners
         .into_iter()
         .map(|o| {
             let flows = owner_flows(state, ofports, &dns, &o).0;
@@ -395,7 +436,31 @@ mod tests {
             owners.extend([Owner::VnidRule { vnid: n.vnid }, Owner::Multicast { vnid: n.vnid }, Owner::EgressPolicy { vnid: n.vnid }]);
         }
         owners.extend([Owner::VnidRule { vnid: Vnid::GLOBAL }, Owner::EgressPolicy { vnid: Vnid::GLOBAL }]);
+        owners.extend(state.net_namespaces.iter().map(|n| Owner::NetworkPolicy { namespace: n.name.clone() }));
         owners
+    }
+
+    #[test]
+    fn networkpolicy_example() {
+        let (state, problems) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let (d, problems, warnings) = desired_state_with_warnings(&state, &example_ofports(&state), &DnsAnswers::new());
+        assert!(problems.is_empty() && warnings.is_empty(), "{problems:?} {warnings:?}");
+        let text: Vec<String> = d.iter().map(|(_, f)| f.to_string()).collect();
+        let has = |s: &str| assert!(text.iter().any(|t| t == s), "missing {s}\n{}", text.join("\n"));
+        has("table=253, actions=note:02.03.00.00.00.00");
+        has("table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30)");
+        has("table=60, priority=200 actions=output:2");
+        // db: the named port sql (5432) from web pods (local and remote), 5000-5500 from api.
+        has("table=80, priority=199,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,tcp,nw_src=10.129.0.8,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,tcp,nw_src=10.129.0.9,nw_dst=10.128.2.5,tp_dst=0x1388/0xfff8 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=100,ip,nw_dst=10.128.2.5 actions=drop");
+        // web: every namespace by VNID, and the block without its except.
+        has("table=80, priority=198,ip,reg0=0xc,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,ip,nw_src=10.129.1.0/24,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
+        assert!(!text.iter().any(|t| t.starts_with("table=80") && t.contains("nw_dst=10.128.2.7")), "team-b's pod is selected by no policy");
+        assert!(!text.iter().any(|t| t.starts_with("table=80, priority=100,reg0") || t.contains("reg1=0xb")), "no per-VNID rule");
     }
 
     /// `owner_flows` gives every owner exactly what the full computation gives it.
@@ -426,7 +491,7 @@ mod tests {
     fn owner_flows_agree_with_the_full_computation_on_the_examples() {
         let mut dns = DnsAnswers::new();
         dns.insert("www.example.com".into(), Ok(vec!["93.184.216.34".parse().unwrap()]));
-        for text in [EXAMPLE, include_str!("../../deploy/examples/subnet.yaml")] {
+        for text in [EXAMPLE, include_str!("../../deploy/examples/subnet.yaml"), include_str!("../../deploy/examples/networkpolicy.yaml")] {
             let (state, _) = parse(text).unwrap();
             let ofports = example_ofports(&state);
             assert_incremental_is_full(&state, &ofports, &dns);

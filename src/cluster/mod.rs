@@ -2,6 +2,7 @@
 //! file, or Kubernetes): validated objects, and the problems found in the others.
 
 pub mod desired;
+pub mod netpol;
 pub mod state_file;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -54,6 +55,8 @@ pub struct NetNamespace {
     pub name: String,
     pub vnid: Vnid,
     pub multicast: bool,
+    /// The namespace's labels, for NetworkPolicy namespace selectors (optional).
+    pub labels: netpol::Labels,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +80,10 @@ pub struct Pod {
     pub ingress_bps: i64,
     pub egress_bps: i64,
     pub internal: bool,
+    /// The pod's labels, for NetworkPolicy pod selectors (optional).
+    pub labels: netpol::Labels,
+    /// The pod's container ports, which named NetworkPolicy ports resolve against (optional).
+    pub container_ports: Vec<netpol::ContainerPort>,
 }
 
 impl Pod {
@@ -104,6 +111,10 @@ pub struct ClusterState {
     pub services: Vec<Service>,
     pub pods: Vec<Pod>,
     pub egress_policies: Vec<egress::Policy>,
+    /// Pods on other nodes, known only as NetworkPolicy peers (networkpolicy plugin).
+    pub remote_pods: Vec<netpol::RemotePod>,
+    /// Kubernetes NetworkPolicies (networkpolicy plugin; ignored by the others).
+    pub network_policies: Vec<netpol::NetworkPolicy>,
 }
 
 /// The state cannot be used at all (no local subnet, bad cluster network).
@@ -119,9 +130,10 @@ impl ClusterState {
 
     /// The VNID traffic of `namespace` carries: its netid in multitenant mode, 0 in subnet mode.
     pub fn vnid_of(&self, namespace: &str) -> Option<Vnid> {
-        match self.plugin {
-            Plugin::Subnet => Some(Vnid::GLOBAL),
-            Plugin::Multitenant => self.net_namespaces.iter().find(|n| n.name == namespace).map(|n| n.vnid),
+        if self.plugin.uses_netids() {
+            self.net_namespaces.iter().find(|n| n.name == namespace).map(|n| n.vnid)
+        } else {
+            Some(Vnid::GLOBAL)
         }
     }
 
@@ -239,6 +251,48 @@ impl ClusterState {
                 Some(("name", "duplicate EgressNetworkPolicy".to_string()))
             } else if !known(&p.namespace, &names) {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
+            } else {
+                None
+            };
+            match err {
+                Some((f, m)) => {
+                    problems.push(Problem::new(obj, f, m));
+                    false
+                }
+                None => true,
+            }
+        });
+        let mut remote_names = BTreeSet::new();
+        self.remote_pods.retain(|p| {
+            let obj = format!("remotepod {}/{}", p.namespace, p.name);
+            let err = if !remote_names.insert((p.namespace.clone(), p.name.clone())) || pod_names.contains(&(p.namespace.clone(), p.name.clone())) {
+                Some(("name", "duplicate pod".to_string()))
+            } else if !known(&p.namespace, &names) {
+                Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
+            } else if !cluster.contains(&p.ip) || local.subnet.contains(&p.ip) {
+                Some(("ip", format!("{} is not in the cluster network {cluster} outside this node's subnet", p.ip)))
+            } else {
+                ips.get(&p.ip).map(|other| ("ip", format!("{} is already used by {other}", p.ip)))
+            };
+            match err {
+                Some((f, m)) => {
+                    problems.push(Problem::new(obj, f, m));
+                    false
+                }
+                None => {
+                    ips.insert(p.ip, obj);
+                    true
+                }
+            }
+        });
+
+        let mut np_names = BTreeSet::new();
+        self.network_policies.retain(|p| {
+            let obj = format!("networkpolicy {}/{}", p.namespace, p.name);
+            let err = if !np_names.insert((p.namespace.clone(), p.name.clone())) {
+                Some(("metadata.name", "duplicate NetworkPolicy".to_string()))
+            } else if !known(&p.namespace, &names) {
+                Some(("metadata.namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
             } else {
                 None
             };

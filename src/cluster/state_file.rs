@@ -40,6 +40,12 @@ struct RawFile {
     pods: Vec<Value>,
     #[serde(default)]
     egress_network_policies: Vec<Value>,
+    /// Pods on other nodes (NetworkPolicy peers): `{namespace, name, ip, labels}`.
+    #[serde(default)]
+    remote_pods: Vec<Value>,
+    /// Whole networking.k8s.io/v1 NetworkPolicy objects.
+    #[serde(default)]
+    network_policies: Vec<Value>,
 }
 
 fn default_vxlan_port() -> u16 {
@@ -68,6 +74,18 @@ struct RawNetNamespace {
     netid: u64,
     #[serde(default)]
     multicast: bool,
+    #[serde(default)]
+    labels: super::netpol::Labels,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRemotePod {
+    namespace: String,
+    name: String,
+    ip: String,
+    #[serde(default)]
+    labels: super::netpol::Labels,
 }
 
 #[derive(Deserialize)]
@@ -152,7 +170,18 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     let header = header(raw.node, raw.plugin, &raw.cluster_network, &raw.service_network, raw.vxlan_port, raw.mtu)?;
     let mut problems = Vec::new();
     let host_subnets = each(raw.host_subnets, "hostsubnet", &["host"], |r: RawHostSubnet| host_subnet(&r.host, &r.host_ip, &r.subnet, r.fixed_vnid.map(Ok)), &mut problems);
-    let net_namespaces = each(raw.net_namespaces, "netnamespace", &["name"], |r: RawNetNamespace| net_namespace(&r.name, Ok(r.netid), r.multicast), &mut problems);
+    let net_namespaces = each(
+        raw.net_namespaces,
+        "netnamespace",
+        &["name"],
+        |r: RawNetNamespace| {
+            net_namespace(&r.name, Ok(r.netid), r.multicast).map(|(mut n, p)| {
+                n.labels = r.labels;
+                (n, p)
+            })
+        },
+        &mut problems,
+    );
     let services = each(
         raw.services,
         "service",
@@ -160,7 +189,33 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         |r: RawService| service(&r.namespace, &r.name, &r.cluster_ip, r.ports.iter().map(|p| (p.protocol.as_str(), p.port))),
         &mut problems,
     );
-    let pods = each(raw.pods, "pod", &["namespace", "name"], |r| pod(r).map(|p| (p, Vec::new())), &mut problems);
+    // Labels and containerPorts are taken out before the pod is decoded as the pod API's
+    // RawPod (which has no such fields), and put back on the validated pod.
+    let mut extras = std::collections::HashMap::new();
+    let mut pod_values = Vec::with_capacity(raw.pods.len());
+    for (i, mut v) in raw.pods.into_iter().enumerate() {
+        let key = |v: &Value, f: &str| v.get(f).and_then(Value::as_str).map(str::to_string);
+        let obj = match (key(&v, "namespace"), key(&v, "name")) {
+            (Some(ns), Some(n)) => format!("pod {ns}/{n}"),
+            _ => format!("pod #{i}"),
+        };
+        match pod_extras(&mut v) {
+            Ok(x) => {
+                extras.insert((key(&v, "namespace"), key(&v, "name")), x);
+                pod_values.push(v);
+            }
+            Err((f, m)) => problems.push(Problem::new(obj, f, m)),
+        }
+    }
+    let mut pods = each(pod_values, "pod", &["namespace", "name"], |r| pod(r).map(|p| (p, Vec::new())), &mut problems);
+    for p in &mut pods {
+        if let Some((labels, ports)) = extras.remove(&(Some(p.namespace.clone()), Some(p.name.clone()))) {
+            p.labels = labels;
+            p.container_ports = ports;
+        }
+    }
+    let remote_pods = each(raw.remote_pods, "remotepod", &["namespace", "name"], |r: RawRemotePod| remote_pod(r).map(|p| (p, Vec::new())), &mut problems);
+    let network_policies = each_policy(raw.network_policies, &mut problems);
     let egress_policies = each(
         raw.egress_network_policies,
         "egressnetworkpolicy",
@@ -171,7 +226,60 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         },
         &mut problems,
     );
-    assemble(header, host_subnets, net_namespaces, services, pods, egress_policies, problems)
+    assemble_with_policies(header, host_subnets, net_namespaces, services, pods, egress_policies, (remote_pods, network_policies), problems)
+}
+
+/// A pod's `labels` and `containerPorts` (Kubernetes' ContainerPort shape), removed from `v`.
+fn pod_extras(v: &mut Value) -> Result<(super::netpol::Labels, Vec<super::netpol::ContainerPort>), FieldError> {
+    let Some(o) = v.as_object_mut() else { return Ok(Default::default()) };
+    let labels = match o.remove("labels") {
+        None | Some(Value::Null) => Default::default(),
+        Some(l) => serde_path_to_error::deserialize(&l).map_err(|e| (format!("labels.{}", e.path()), e.inner().to_string()))?,
+    };
+    let mut ports = Vec::new();
+    if let Some(cp) = o.remove("containerPorts").filter(|v| !v.is_null()) {
+        let raw: Vec<k8s_openapi::api::core::v1::ContainerPort> =
+            serde_path_to_error::deserialize(&cp).map_err(|e| (format!("containerPorts{}", e.path()), e.inner().to_string()))?;
+        for (i, c) in raw.iter().enumerate() {
+            let port = u16::try_from(c.container_port)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| (format!("containerPorts[{i}].containerPort"), format!("{} is not a port number (1..65535)", c.container_port)))?;
+            let proto = super::netpol::Proto::parse(c.protocol.as_deref()).map_err(|m| (format!("containerPorts[{i}].protocol"), m))?;
+            ports.push(super::netpol::ContainerPort { name: c.name.clone().filter(|n| !n.is_empty()), port, proto });
+        }
+    }
+    Ok((labels, ports))
+}
+
+fn remote_pod(r: RawRemotePod) -> Result<super::netpol::RemotePod, FieldError> {
+    name("namespace", &r.namespace)?;
+    name("name", &r.name)?;
+    Ok(super::netpol::RemotePod { ip: addr(&r.ip).map_err(at("ip"))?, namespace: r.namespace, name: r.name, labels: r.labels })
+}
+
+/// Decodes each NetworkPolicy as the Kubernetes object (k8s-openapi's type) and checks it.
+fn each_policy(items: Vec<Value>, problems: &mut Vec<Problem>) -> Vec<super::netpol::NetworkPolicy> {
+    let mut out = Vec::new();
+    for (i, v) in items.into_iter().enumerate() {
+        let meta = |f: &str| v.get("metadata").and_then(|m| m.get(f)).and_then(Value::as_str).map(str::to_string);
+        let obj = match (meta("namespace"), meta("name")) {
+            (Some(ns), Some(n)) => format!("networkpolicy {ns}/{n}"),
+            _ => format!("networkpolicy #{i}"),
+        };
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy = match serde_path_to_error::deserialize(&v) {
+            Ok(np) => np,
+            Err(e) => {
+                let path = e.path().to_string();
+                problems.push(Problem::new(obj, if path == "." { String::new() } else { path }, e.into_inner().to_string()));
+                continue;
+            }
+        };
+        let (t, p) = name_problems(&obj, super::netpol::network_policy(&np));
+        out.extend(t);
+        problems.extend(p);
+    }
+    out
 }
 
 /// The cluster-wide settings of a state, validated.
@@ -218,6 +326,21 @@ pub fn assemble(
     services: Vec<Service>,
     pods: Vec<Pod>,
     egress_policies: Vec<egress::Policy>,
+    problems: Vec<Problem>,
+) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    assemble_with_policies(h, host_subnets, net_namespaces, services, pods, egress_policies, (Vec::new(), Vec::new()), problems)
+}
+
+/// [`assemble`] with the NetworkPolicy plugin's objects: pods on other nodes and policies.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble_with_policies(
+    h: Header,
+    host_subnets: Vec<HostSubnet>,
+    net_namespaces: Vec<NetNamespace>,
+    services: Vec<Service>,
+    pods: Vec<Pod>,
+    egress_policies: Vec<egress::Policy>,
+    (remote_pods, network_policies): (Vec<super::netpol::RemotePod>, Vec<super::netpol::NetworkPolicy>),
     mut problems: Vec<Problem>,
 ) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     let state = ClusterState {
@@ -232,6 +355,8 @@ pub fn assemble(
         services,
         pods,
         egress_policies,
+        remote_pods,
+        network_policies,
     };
     let (state, more) = state.validate()?;
     problems.extend(more);
@@ -331,7 +456,7 @@ pub fn host_subnet(host: &str, host_ip: &str, subnet: &str, fixed_vnid: Option<R
 pub fn net_namespace(name_: &str, netid: Result<u64, String>, multicast: bool) -> Checked<NetNamespace> {
     name("name", name_)?;
     let vnid = netid.and_then(vnid).map_err(at("netid"))?;
-    Ok((NetNamespace { name: name_.to_string(), vnid, multicast }, Vec::new()))
+    Ok((NetNamespace { name: name_.to_string(), vnid, multicast, labels: Default::default() }, Vec::new()))
 }
 
 /// Checks one service; `ports` are (protocol, port). A port with an unsupported protocol or
@@ -405,6 +530,8 @@ fn pod(r: RawPod) -> Result<Pod, (String, String)> {
         ingress_bps: r.ingress_bps,
         egress_bps: r.egress_bps,
         internal: r.internal,
+        labels: Default::default(),
+        container_ports: Vec::new(),
     })
 }
 

@@ -27,7 +27,12 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
     let ipm = |src, dst| EthMatch::Ipv4(Ipv4Match { src, dst, ..Default::default() });
     let mcast = cidr(multicast_net());
     let with = |port: Option<OfPort>, eth: EthMatch| Match { in_port: port.map(Into::into), eth, ..Default::default() };
-    vec![
+    let networkpolicy = cfg.plugin == crate::model::Plugin::NetworkPolicy;
+    // Table 60: in networkpolicy mode every pod may reach every service (policies apply at
+    // the endpoints, as Kubernetes defines them; openshift-sdn VERSION 4 does the same);
+    // otherwise VNID 0 may reach every service and the services' own flows admit the rest.
+    let services = if networkpolicy { Match::any() } else { Match::any().reg(Reg::SrcVnid.n(), 0) };
+    let mut flows = vec![
         // Table 0: initial dispatch based on in_port. vxlan0:
         Flow::new(Classify, 200, with(Some(vxlan), arp(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
         Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
@@ -66,7 +71,7 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
         // Table 50: ARP to remote pods, filled by host subnets.
         Flow::drop(ArpRemote, 0, Match::any()),
         // Table 60: services; VNID 0 may reach every service.
-        Flow::new(ServiceIp, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output(tun)], None),
+        Flow::new(ServiceIp, 200, services, vec![output(tun)], None),
         Flow::drop(ServiceIp, 0, Match::any()),
         // Table 70: IP to local pods, filled by pods.
         Flow::drop(PodIp, 0, Match::any()),
@@ -81,7 +86,11 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
         Flow::drop(MulticastOut, 0, Match::any()),
         // Table 120: multicast to local pods.
         Flow::drop(MulticastLocal, 0, Match::any()),
-    ]
+    ];
+    if networkpolicy {
+        flows.push(super::netpol::conntrack_flow(cfg.cluster_network));
+    }
+    flows
 }
 
 /// Table 253: the rule version note `%02X.%02X` (plugin id, VERSION).

@@ -9,6 +9,7 @@
 pub mod base;
 pub mod egress;
 pub mod multicast;
+pub mod netpol;
 pub mod pod;
 pub mod policy;
 pub mod service;

@@ -6,14 +6,19 @@ use super::{output_reg2, Flow, Reg, Table};
 use crate::model::{Plugin, Vnid};
 
 /// The plugin's fixed rules: subnet delivers everything; multitenant delivers from and to
-/// VNID 0 (the global network).
+/// VNID 0 (the global network); networkpolicy tracks, accepts replies and accepts pods no
+/// policy selects ([`super::netpol::plugin_flows`]).
 pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
     match plugin {
         Plugin::Subnet => vec![Flow::new(Table::Policy, 200, Match::any(), vec![output_reg2()], None)],
         Plugin::Multitenant => vec![
             Flow::new(Table::Policy, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output_reg2()], None),
-            Flow::new(Table::Policy, 200, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
+            // openshift-sdn gives both VNID-0 accepts priority 200: they overlap (reg0=0 and
+            // reg1=0 can both hold) at equal priority. Same actions, but the pipeline never
+            // relies on a tie: the second is one lower.
+            Flow::new(Table::Policy, 199, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
         ],
+        Plugin::NetworkPolicy => super::netpol::plugin_flows(),
     }
 }
 
@@ -37,7 +42,7 @@ mod tests {
     fn text() {
         assert_eq!(plugin_flows(Plugin::Subnet)[0].to_string(), "table=80, priority=200 actions=output:NXM_NX_REG2[]");
         let m = plugin_flows(Plugin::Multitenant);
-        assert_eq!(m[1].to_string(), "table=80, priority=200,reg1=0 actions=output:NXM_NX_REG2[]");
+        assert_eq!(m[1].to_string(), "table=80, priority=199,reg1=0 actions=output:NXM_NX_REG2[]");
         assert_eq!(vnid_flow(Vnid::new(11).unwrap()).to_string(), "table=80, priority=100,reg0=0xb,reg1=0xb actions=output:NXM_NX_REG2[]");
     }
 }

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cninode;
 pub mod fake_kube;
 pub mod inproc;
+pub mod netpol_eval;
 pub mod nodes;
 
 use std::net::Ipv4Addr;

@@ -1,0 +1,554 @@
+//! Kubernetes NetworkPolicy (networking.k8s.io/v1, ingress) for the networkpolicy plugin: the
+//! objects checked into a model, and resolved against the namespaces and pods in view into what
+//! table 80 allows per local pod ([`crate::pipeline::netpol`]).
+//!
+//! Where openshift-sdn and the Kubernetes specification disagree, the specification wins (the
+//! README's "NetworkPolicy plugin" section lists each difference). A part of a policy that
+//! cannot be used is dropped with a problem naming its field, and never widens what is
+//! allowed: a bad pod selector selects every pod of the namespace, a bad peer or port matches
+//! nothing.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use k8s_openapi::api::networking::v1 as knet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::state_file::{Checked, FieldError};
+use super::{ClusterState, Problem};
+use crate::model::Vnid;
+use crate::pipeline::netpol::{Allow, Dst, IsolatedPod, Src, L4};
+
+/// Labels of a namespace or pod.
+pub type Labels = BTreeMap<String, String>;
+
+/// The label every namespace carries with its name (set by the API server since 1.21).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// A container port's or a policy port's protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Proto {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl Proto {
+    /// `TCP`, `UDP`, `SCTP` (Kubernetes' spelling); absent means TCP.
+    pub fn parse(s: Option<&str>) -> Result<Proto, String> {
+        match s {
+            None | Some("TCP") => Ok(Proto::Tcp),
+            Some("UDP") => Ok(Proto::Udp),
+            Some("SCTP") => Ok(Proto::Sctp),
+            Some(o) => Err(format!("unknown protocol {o:?} (TCP, UDP or SCTP)")),
+        }
+    }
+}
+
+/// One of a pod's `containerPorts`, which named policy ports resolve against.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContainerPort {
+    pub name: Option<String>,
+    pub port: u16,
+    pub proto: Proto,
+}
+
+/// A pod on another node: only a policy peer, known by namespace, IP and labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemotePod {
+    pub namespace: String,
+    pub name: String,
+    pub ip: Ipv4Addr,
+    pub labels: Labels,
+}
+
+/// One `matchExpressions` requirement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requirement {
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
+    Exists(String),
+    DoesNotExist(String),
+}
+
+/// A label selector (`matchLabels` and `matchExpressions`, ANDed); the empty one selects all.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Selector {
+    pub match_labels: Labels,
+    pub exprs: Vec<Requirement>,
+}
+
+impl Selector {
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.exprs.is_empty()
+    }
+
+    pub fn matches(&self, labels: &Labels) -> bool {
+        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && self.exprs.iter().all(|r| match r {
+                Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+                Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
+                Requirement::Exists(k) => labels.contains_key(k),
+                Requirement::DoesNotExist(k) => !labels.contains_key(k),
+            })
+    }
+
+    /// Checks a Kubernetes LabelSelector as the API server does.
+    pub fn from_k8s(s: &LabelSelector, field: &str) -> Result<Selector, FieldError> {
+        let mut out = Selector { match_labels: s.match_labels.clone().unwrap_or_default(), exprs: Vec::new() };
+        for (i, e) in s.match_expressions.iter().flatten().enumerate() {
+            let f = format!("{field}.matchExpressions[{i}]");
+            if e.key.is_empty() {
+                return Err((format!("{f}.key"), "must not be empty".into()));
+            }
+            let values: BTreeSet<String> = e.values.iter().flatten().cloned().collect();
+            let r = match e.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return Err((format!("{f}.values"), format!("must not be empty for operator {}", e.operator)))
+                }
+                "In" => Requirement::In(e.key.clone(), values),
+                "NotIn" => Requirement::NotIn(e.key.clone(), values),
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return Err((format!("{f}.values"), format!("must be empty for operator {}", e.operator)))
+                }
+                "Exists" => Requirement::Exists(e.key.clone()),
+                "DoesNotExist" => Requirement::DoesNotExist(e.key.clone()),
+                o => return Err((format!("{f}.operator"), format!("unknown operator {o:?} (In, NotIn, Exists, DoesNotExist)"))),
+            };
+            out.exprs.push(r);
+        }
+        Ok(out)
+    }
+}
+
+/// One `from` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// Pods: of the namespaces `namespaces` selects (`None`: the policy's own namespace), those
+    /// `pods` selects (`None`: all of them). Both given = the intersection.
+    Pods { namespaces: Option<Selector>, pods: Option<Selector> },
+    /// Source addresses in `cidr` but in none of `except` (IPv4 only: an IPv6 block matches no
+    /// packet of this pipeline and is kept out).
+    IpBlock { cidr: Ipv4Net, except: Vec<Ipv4Net> },
+}
+
+/// What a policy port says about the destination port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortSpec {
+    /// No `port`: every port of the protocol.
+    All,
+    /// `port` (and `endPort`): `start..=end`.
+    Range(u16, u16),
+    /// A named port, resolved against each selected pod's `containerPorts`.
+    Named(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyPort {
+    pub proto: Proto,
+    pub port: PortSpec,
+}
+
+/// One ingress rule. `None` = the field was empty or absent: everything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub from: Option<Vec<Peer>>,
+    pub ports: Option<Vec<PolicyPort>>,
+}
+
+/// A checked NetworkPolicy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkPolicy {
+    pub namespace: String,
+    pub name: String,
+    pub pod_selector: Selector,
+    /// The ingress rules if the policy is of type Ingress (it then isolates the pods it
+    /// selects); `None` if it is not.
+    pub ingress: Option<Vec<Rule>>,
+    /// The policy is of type Egress: not enforced by this datapath, reported.
+    pub egress: bool,
+}
+
+/// Checks one NetworkPolicy. Unusable parts are dropped with a problem (never allowing more).
+pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
+    let namespace = np.metadata.namespace.clone().unwrap_or_default();
+    let name = np.metadata.name.clone().unwrap_or_default();
+    if namespace.is_empty() {
+        return Err(("metadata.namespace".into(), "must not be empty".into()));
+    }
+    if name.is_empty() {
+        return Err(("metadata.name".into(), "must not be empty".into()));
+    }
+    let mut problems = Vec::new();
+    let spec = np.spec.clone().unwrap_or_default();
+    let pod_selector = match spec.pod_selector.as_ref().map(|s| Selector::from_k8s(s, "spec.podSelector")).transpose() {
+        Ok(s) => s.unwrap_or_default(),
+        Err((f, m)) => {
+            problems.push(Problem::new("", f, format!("{m}; the policy selects every pod of its namespace")));
+            Selector::default()
+        }
+    };
+    let (ingress_type, egress) = match &spec.policy_types {
+        Some(types) => {
+            for (i, t) in types.iter().enumerate() {
+                if t != "Ingress" && t != "Egress" {
+                    problems.push(Problem::new("", format!("spec.policyTypes[{i}]"), format!("unknown policy type {t:?} (Ingress, Egress); ignored")));
+                }
+            }
+            (types.iter().any(|t| t == "Ingress"), types.iter().any(|t| t == "Egress"))
+        }
+        // The API server's default: Ingress, and Egress if there are egress rules.
+        None => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
+    };
+    let ingress = ingress_type.then(|| {
+        spec.ingress
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, r)| rule(r, &format!("spec.ingress[{i}]"), &mut problems))
+            .collect()
+    });
+    Ok((NetworkPolicy { namespace, name, pod_selector, ingress, egress }, problems))
+}
+
+fn rule(r: &knet::NetworkPolicyIngressRule, field: &str, problems: &mut Vec<Problem>) -> Rule {
+    let from = r.from.as_ref().filter(|f| !f.is_empty()).map(|peers| {
+        let mut out = Vec::new();
+        for (i, p) in peers.iter().enumerate() {
+            let f = format!("{field}.from[{i}]");
+            match peer(p, &f) {
+                Ok(Some(p)) => out.push(p),
+                Ok(None) => {}
+                Err((f, m)) => problems.push(Problem::new("", f, format!("{m}; this peer matches nothing"))),
+            }
+        }
+        out
+    });
+    let ports = r.ports.as_ref().filter(|p| !p.is_empty()).map(|ports| {
+        let mut out = Vec::new();
+        for (i, p) in ports.iter().enumerate() {
+            match port(p, &format!("{field}.ports[{i}]")) {
+                Ok(p) => out.push(p),
+                Err((f, m)) => problems.push(Problem::new("", f, format!("{m}; this port matches nothing"))),
+            }
+        }
+        out
+    });
+    Rule { from, ports }
+}
+
+fn peer(p: &knet::NetworkPolicyPeer, field: &str) -> Result<Option<Peer>, FieldError> {
+    if let Some(b) = &p.ip_block {
+        if p.pod_selector.is_some() || p.namespace_selector.is_some() {
+            return Err((field.into(), "ipBlock excludes podSelector and namespaceSelector".into()));
+        }
+        let cidr: IpNet = b.cidr.parse().map_err(|_| (format!("{field}.ipBlock.cidr"), format!("{:?} is not a CIDR", b.cidr)))?;
+        let mut except = Vec::new();
+        for (i, e) in b.except.iter().flatten().enumerate() {
+            let n: IpNet = e.parse().map_err(|_| (format!("{field}.ipBlock.except[{i}]"), format!("{e:?} is not a CIDR")))?;
+            match (cidr, n) {
+                (IpNet::V4(c), IpNet::V4(n)) if c.contains(&n) => except.push(n.trunc()),
+                _ => return Err((format!("{field}.ipBlock.except[{i}]"), format!("{e} is not within {}", b.cidr))),
+            }
+        }
+        return Ok(match cidr {
+            IpNet::V4(c) => Some(Peer::IpBlock { cidr: c.trunc(), except }),
+            IpNet::V6(_) => None,
+        });
+    }
+    let sel = |s: &Option<LabelSelector>, f: &str| -> Result<Option<Selector>, FieldError> {
+        s.as_ref().map(|s| Selector::from_k8s(s, &format!("{field}.{f}"))).transpose()
+    };
+    let namespaces = sel(&p.namespace_selector, "namespaceSelector")?;
+    let pods = sel(&p.pod_selector, "podSelector")?;
+    if namespaces.is_none() && pods.is_none() {
+        return Err((field.into(), "one of podSelector, namespaceSelector and ipBlock is required".into()));
+    }
+    // An empty pod selector selects every pod of the namespaces: the same as none.
+    Ok(Some(Peer::Pods { namespaces, pods: pods.filter(|s| !s.is_empty()) }))
+}
+
+fn port(p: &knet::NetworkPolicyPort, field: &str) -> Result<PolicyPort, FieldError> {
+    let proto = Proto::parse(p.protocol.as_deref()).map_err(|m| (format!("{field}.protocol"), m))?;
+    let number = |n: i32, f: &str| u16::try_from(n).ok().filter(|n| *n != 0).ok_or_else(|| (format!("{field}.{f}"), format!("{n} is not a port number (1..65535)")));
+    let spec = match (&p.port, p.end_port) {
+        (None, None) => PortSpec::All,
+        (None, Some(_)) => return Err((format!("{field}.endPort"), "endPort needs a numeric port".into())),
+        (Some(IntOrString::Int(n)), end) => {
+            let start = number(*n, "port")?;
+            let end = end.map(|e| number(e, "endPort")).transpose()?.unwrap_or(start);
+            if end < start {
+                return Err((format!("{field}.endPort"), format!("{end} is below port {start}")));
+            }
+            PortSpec::Range(start, end)
+        }
+        (Some(IntOrString::String(s)), None) => match s.parse::<i32>() {
+            // "80" is how some clients write a number.
+            Ok(n) => {
+                let n = number(n, "port")?;
+                PortSpec::Range(n, n)
+            }
+            Err(_) if !s.is_empty() && s.len() <= 15 => PortSpec::Named(s.clone()),
+            Err(_) => return Err((format!("{field}.port"), format!("{s:?} is not a port name (1 to 15 characters)"))),
+        },
+        (Some(IntOrString::String(_)), Some(_)) => return Err((format!("{field}.endPort"), "endPort needs a numeric port".into())),
+    };
+    Ok(PolicyPort { proto, port: spec })
+}
+
+/// `cidr` without every `except` block, as disjoint CIDRs.
+pub fn subtract(cidr: Ipv4Net, except: &[Ipv4Net]) -> Vec<Ipv4Net> {
+    let mut parts = vec![cidr];
+    for e in except {
+        let mut next = Vec::new();
+        for p in parts {
+            if e.contains(&p) {
+                continue;
+            }
+            if !p.contains(e) {
+                next.push(p);
+                continue;
+            }
+            // Split p down to e: each step keeps the half without e.
+            let mut cur = p;
+            while cur.prefix_len() < e.prefix_len() {
+                let Ok(mut halves) = cur.subnets(cur.prefix_len() + 1) else { break };
+                let (Some(a), Some(b)) = (halves.next(), halves.next()) else { break };
+                if a.contains(e) {
+                    next.push(b);
+                    cur = a;
+                } else {
+                    next.push(a);
+                    cur = b;
+                }
+            }
+        }
+        parts = next;
+    }
+    parts
+}
+
+/// The namespaces and pods policies are resolved against.
+pub struct View<'a> {
+    /// Namespace name to (VNID, labels with [`NAMESPACE_NAME_LABEL`]).
+    namespaces: BTreeMap<&'a str, (Vnid, Labels)>,
+    /// VNID to the namespaces carrying it.
+    by_vnid: HashMap<Vnid, Vec<&'a str>>,
+    /// Every pod in view (local and remote): (namespace, IP, labels).
+    pods: Vec<(&'a str, Ipv4Addr, &'a Labels)>,
+}
+
+impl<'a> View<'a> {
+    pub fn new(state: &'a ClusterState) -> View<'a> {
+        let mut namespaces = BTreeMap::new();
+        let mut by_vnid: HashMap<Vnid, Vec<&str>> = HashMap::new();
+        for n in &state.net_namespaces {
+            if namespaces.contains_key(n.name.as_str()) {
+                continue;
+            }
+            let mut labels = n.labels.clone();
+            labels.entry(NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| n.name.clone());
+            namespaces.insert(n.name.as_str(), (n.vnid, labels));
+            by_vnid.entry(n.vnid).or_default().push(n.name.as_str());
+        }
+        let pods = state
+            .pods
+            .iter()
+            .map(|p| (p.namespace.as_str(), p.ip, &p.labels))
+            .chain(state.remote_pods.iter().map(|p| (p.namespace.as_str(), p.ip, &p.labels)))
+            .collect();
+        View { namespaces, by_vnid, pods }
+    }
+
+    fn selected_namespaces(&self, policy_ns: &str, sel: &Option<Selector>) -> BTreeSet<&'a str> {
+        match sel {
+            None => self.namespaces.keys().copied().filter(|n| *n == policy_ns).collect(),
+            Some(s) => self.namespaces.iter().filter(|(_, (_, l))| s.matches(l)).map(|(n, _)| *n).collect(),
+        }
+    }
+
+    /// The sources a peer allows.
+    fn sources(&self, policy_ns: &str, p: &Peer, out: &mut Vec<Src>) {
+        match p {
+            Peer::IpBlock { cidr, except } => out.extend(subtract(*cidr, except).into_iter().map(Src::Net)),
+            Peer::Pods { namespaces, pods } => {
+                let selected = self.selected_namespaces(policy_ns, namespaces);
+                let pod_ips = |nss: &BTreeSet<&str>, sel: Option<&Selector>, out: &mut Vec<Src>| {
+                    for (ns, ip, labels) in &self.pods {
+                        if nss.contains(ns) && sel.is_none_or(|s| s.matches(labels)) {
+                            out.push(Src::Net(Ipv4Net::from(*ip)));
+                        }
+                    }
+                };
+                match pods {
+                    Some(sel) => pod_ips(&selected, Some(sel), out),
+                    None => {
+                        // Whole namespaces: by VNID where every namespace of the VNID is
+                        // selected, else pod by pod (the VNID would admit the others too).
+                        let mut by_ip = BTreeSet::new();
+                        let vnids: BTreeSet<Vnid> = selected.iter().filter_map(|n| self.namespaces.get(n).map(|(v, _)| *v)).collect();
+                        for v in vnids {
+                            let members = self.by_vnid.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+                            if members.iter().all(|m| selected.contains(m)) {
+                                out.push(Src::Vnid(v));
+                            } else {
+                                by_ip.extend(members.iter().filter(|m| selected.contains(*m)).copied());
+                            }
+                        }
+                        pod_ips(&by_ip, None, out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the policies of `namespace` make of its local pods: every pod some Ingress policy
+/// selects, with what its policies allow (their union), and the warnings (Egress not enforced,
+/// SCTP ports) naming each policy.
+pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec<IsolatedPod>, Vec<Problem>) {
+    let mut warnings = Vec::new();
+    let policies: Vec<&NetworkPolicy> = state.network_policies.iter().filter(|p| p.namespace == namespace).collect();
+    for p in &policies {
+        let obj = format!("networkpolicy {}/{}", p.namespace, p.name);
+        if p.egress {
+            warnings.push(Problem::new(&obj, "spec.policyTypes", "Egress rules are not enforced by this node: egress from the selected pods stays allowed"));
+        }
+        let sctp = p.ingress.iter().flatten().flat_map(|r| r.ports.iter().flatten()).any(|pp| pp.proto == Proto::Sctp);
+        if sctp {
+            warnings.push(Problem::new(&obj, "spec.ingress", "SCTP ports are not matched by this datapath: SCTP entries allow nothing"));
+        }
+    }
+    // Sources per (policy, rule), resolved once for all pods.
+    let sources: Vec<Vec<Option<Vec<Src>>>> = policies
+        .iter()
+        .map(|p| {
+            p.ingress
+                .iter()
+                .flatten()
+                .map(|r| {
+                    r.from.as_ref().map(|peers| {
+                        let mut out = Vec::new();
+                        for peer in peers {
+                            view.sources(&p.namespace, peer, &mut out);
+                        }
+                        out.sort();
+                        out.dedup();
+                        out
+                    })
+                })
+                .collect()
+        })
+        .collect();
+    let mut out = Vec::new();
+    for pod in state.pods.iter().filter(|p| p.namespace == namespace) {
+        let mut isolated = false;
+        let mut allows = Vec::new();
+        for (pi, p) in policies.iter().enumerate() {
+            let Some(rules) = &p.ingress else { continue };
+            if !p.pod_selector.matches(&pod.labels) {
+                continue;
+            }
+            isolated = true;
+            for (ri, r) in rules.iter().enumerate() {
+                let dsts = destinations(r, pod);
+                let srcs = sources[pi][ri].clone().unwrap_or_else(|| vec![Src::Any]);
+                for s in &srcs {
+                    for d in &dsts {
+                        allows.push(Allow { src: *s, dst: *d });
+                    }
+                }
+            }
+        }
+        if isolated {
+            out.push(IsolatedPod { ip: pod.ip, allows });
+        }
+    }
+    (out, warnings)
+}
+
+/// A rule's ports for one destination pod (named ports resolved against its containerPorts).
+fn destinations(r: &Rule, pod: &super::Pod) -> Vec<Dst> {
+    let Some(ports) = &r.ports else { return vec![Dst::Any] };
+    let mut out = Vec::new();
+    for p in ports {
+        let proto = match p.proto {
+            Proto::Tcp => L4::Tcp,
+            Proto::Udp => L4::Udp,
+            Proto::Sctp => continue,
+        };
+        match &p.port {
+            PortSpec::All => out.push(Dst::Ports { proto, start: 0, end: u16::MAX }),
+            PortSpec::Range(s, e) => out.push(Dst::Ports { proto, start: *s, end: *e }),
+            PortSpec::Named(n) => {
+                for cp in pod.container_ports.iter().filter(|c| c.name.as_deref() == Some(n.as_str()) && c.proto == p.proto) {
+                    out.push(Dst::Ports { proto, start: cp.port, end: cp.port });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The namespaces whose table-80 flows may change when a pod of `namespace` comes, goes or
+/// changes labels: its own (as a destination) and those with a policy whose peers select pods
+/// by label or list them one by one in `namespace`.
+pub fn namespaces_watching_pods_of(state: &ClusterState, namespace: &str) -> BTreeSet<String> {
+    let view = View::new(state);
+    let mut out = BTreeSet::new();
+    out.insert(namespace.to_string());
+    for p in &state.network_policies {
+        let watches = p.ingress.iter().flatten().flat_map(|r| r.from.iter().flatten()).any(|peer| match peer {
+            Peer::IpBlock { .. } => false,
+            Peer::Pods { namespaces, .. } => view.selected_namespaces(&p.namespace, namespaces).contains(namespace),
+        });
+        if watches {
+            out.insert(p.namespace.clone());
+        }
+    }
+    out
+}
+
+/// An IPv4 address from text, or why not.
+pub fn ipv4(s: &str) -> Result<Ipv4Addr, String> {
+    match s.parse::<IpAddr>() {
+        Ok(IpAddr::V4(a)) => Ok(a),
+        _ => Err(format!("{s:?} is not an IPv4 address")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subtract_leaves_disjoint_blocks() {
+        let c: Ipv4Net = "10.0.0.0/8".parse().unwrap();
+        let parts = subtract(c, &["10.1.0.0/16".parse().unwrap(), "10.2.3.0/24".parse().unwrap()]);
+        for a in ["10.0.0.1", "10.2.2.9", "10.255.0.1", "10.2.4.0"] {
+            let a: Ipv4Addr = a.parse().unwrap();
+            assert_eq!(parts.iter().filter(|p| p.contains(&a)).count(), 1, "{a} {parts:?}");
+        }
+        for a in ["10.1.0.1", "10.2.3.200", "11.0.0.1"] {
+            let a: Ipv4Addr = a.parse().unwrap();
+            assert!(parts.iter().all(|p| !p.contains(&a)), "{a} {parts:?}");
+        }
+        assert!(subtract(c, &[c]).is_empty());
+    }
+
+    #[test]
+    fn selectors() {
+        let l: Labels = [("app".to_string(), "db".to_string())].into();
+        let s = |m: &[(&str, &str)], e: Vec<Requirement>| Selector { match_labels: m.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect(), exprs: e };
+        assert!(s(&[], vec![]).matches(&l));
+        assert!(s(&[("app", "db")], vec![]).matches(&l));
+        assert!(!s(&[("app", "web")], vec![]).matches(&l));
+        assert!(s(&[], vec![Requirement::NotIn("app".into(), ["web".into()].into())]).matches(&l));
+        assert!(s(&[], vec![Requirement::NotIn("tier".into(), ["web".into()].into())]).matches(&l));
+        assert!(!s(&[], vec![Requirement::In("tier".into(), ["web".into()].into())]).matches(&l));
+        assert!(s(&[], vec![Requirement::DoesNotExist("tier".into())]).matches(&l));
+        assert!(!s(&[], vec![Requirement::Exists("tier".into())]).matches(&l));
+    }
+}
