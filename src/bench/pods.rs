@@ -135,12 +135,29 @@ fn run_cmd(mut c: Command, stdin: Option<&[u8]>) -> Result<String, BenchError> {
 struct NsSet(Vec<String>);
 
 impl NsSet {
-    fn add(&mut self, name: String) -> Result<String, BenchError> {
-        let mut c = Command::new("ip");
-        c.args(["netns", "add", &name]);
-        run_cmd(c, None)?;
-        self.0.push(name.clone());
-        Ok(format!("/var/run/netns/{name}"))
+    /// `ip netns add` for each name (off the async thread: the runtime keeps answering the
+    /// switches meanwhile); returns their paths.
+    async fn add(&mut self, names: Vec<String>) -> Result<Vec<String>, BenchError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let todo = names.clone();
+        std::thread::spawn(move || {
+            let mut done = Vec::new();
+            let mut res = Ok(());
+            for n in todo {
+                let mut c = Command::new("ip");
+                c.args(["netns", "add", &n]);
+                if let Err(e) = run_cmd(c, None) {
+                    res = Err(e);
+                    break;
+                }
+                done.push(n);
+            }
+            let _ = tx.send((done, res));
+        });
+        let (done, res) = rx.await.map_err(|_| fail("netns creation thread died"))?;
+        self.0.extend(done);
+        res?;
+        Ok(names.iter().map(|n| format!("/var/run/netns/{n}")).collect())
     }
 }
 
@@ -194,14 +211,14 @@ impl Site {
         format!("unix:{}", self.dir.join("db.sock").display())
     }
 
-    /// `ip [-n NS] -batch -`.
-    fn ip_batch(&self, script: &str) -> Result<(), BenchError> {
+    /// `ip [-n NS] -batch -` (off the async thread).
+    async fn ip_batch(&self, script: String) -> Result<(), BenchError> {
         let mut c = Command::new("ip");
         if let Some(n) = &self.ns {
             c.args(["-n", n]);
         }
         c.args(["-batch", "-"]);
-        run_cmd(c, Some(script.as_bytes())).map(|_| ())
+        tokio::task::spawn_blocking(move || run_cmd(c, Some(script.as_bytes())).map(|_| ())).await.map_err(fail)?
     }
 }
 
@@ -282,7 +299,9 @@ struct Baseline {
 
 impl Baseline {
     async fn open(tag: char, site: Site) -> Result<Baseline, BenchError> {
-        let client = OvsdbClient::connect(&site.db()).await?;
+        // No inactivity probe: a benchmark's connection to a private server.
+        let copts = crate::ovsdb::ClientOptions { probe_interval: None, ..Default::default() };
+        let client = OvsdbClient::connect_with(&site.db(), copts).await?;
         let opts = BridgeOptions { datapath_type: "netdev".into(), ..Default::default() };
         Ovs::new(client.clone()).ensure_bridge(&site.bridge, &opts).await?;
         let t = Instant::now();
@@ -311,7 +330,7 @@ impl Baseline {
             let peer = format!("p{}{i:011x}", self.tag);
             script.push_str(&format!("link add {veth} mtu {MTU} type veth peer name {peer} mtu {MTU}\nlink set {veth} up\nlink set {peer} up\n"));
         }
-        self.site.ip_batch(&script)?;
+        self.site.ip_batch(script).await?;
         let ports: Vec<(String, u32)> = (0..m).map(|i| (self.pod(i).0, self.pod(i).1.ofport.0)).collect();
         let waits = ports.iter().map(|(n, _)| self.watch.expect(n)).collect::<Result<Vec<_>, _>>()?;
         self.client.transact("Open_vSwitch", limit::add_ports_ops(&self.bridge_uuid, &ports)).await?;
@@ -622,15 +641,9 @@ async fn measure(
 ) -> Result<PodsReport, BenchError> {
     let pid = std::process::id();
     progress(&format!("creating {} pod network namespaces", m + 3 * (k + c)));
-    let mut agent_ns = Vec::new();
-    for i in 0..m + k + c {
-        agent_ns.push(nss.add(format!("sdnbp{pid}-a{i}"))?);
-    }
-    let (mut seed_ns, mut lim_ns) = (Vec::new(), Vec::new());
-    for i in 0..k + c {
-        seed_ns.push(nss.add(format!("sdnbp{pid}-s{i}"))?);
-        lim_ns.push(nss.add(format!("sdnbp{pid}-l{i}"))?);
-    }
+    let agent_ns = nss.add((0..m + k + c).map(|i| format!("sdnbp{pid}-a{i}")).collect()).await?;
+    let seed_ns = nss.add((0..k + c).map(|i| format!("sdnbp{pid}-s{i}")).collect()).await?;
+    let lim_ns = nss.add((0..k + c).map(|i| format!("sdnbp{pid}-l{i}")).collect()).await?;
 
     progress(&format!("installing {m} base pods: agent through CNI ({} at a time), baselines in bulk", opts.install_concurrency));
     let t = Instant::now();
