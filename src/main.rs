@@ -223,6 +223,31 @@ enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Whole pod setups and teardowns on the production path (a real `sdn-node run` agent,
+    /// every ADD/DEL through the `sdn-node-cni` binary, real netns + veth per pod), side by
+    /// side with the seed's way (ovs-vsctl + ovs-ofctl per pod) and the switch's limit (one raw
+    /// OVSDB transaction, ofport wait, one pre-encoded bundle), alternating. Needs root.
+    Pods {
+        /// Pods installed on each variant's bridge before measuring (M).
+        #[arg(long, default_value_t = 250)]
+        base_pods: u32,
+        /// Serial ADDs (and as many DELs) per variant (K).
+        #[arg(long, default_value_t = 50)]
+        ops: u32,
+        /// Pods started at once in the burst measurement (C).
+        #[arg(long, default_value_t = 30)]
+        concurrency: u32,
+        /// Use this running switch (agent on br0, baselines on bridges bpseed/bplimit, all in
+        /// the current network namespace) instead of three private ones.
+        #[arg(long)]
+        ovs_rundir: Option<PathBuf>,
+        /// The CNI plugin binary (default: sdn-node-cni next to this executable).
+        #[arg(long)]
+        cni_bin: Option<PathBuf>,
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+    },
     /// (Used by `churn`.) Measure the agent's peak RSS alone: replay M pods into the emptied
     /// bridge of a running switch, churn K pods, print the peak RSS in MiB.
     #[command(hide = true)]
@@ -401,6 +426,44 @@ async fn run(cli: Cli) -> ExitCode {
             match sdn_node::bench::rss(&ovs_rundir, base_pods, ops).await {
                 Ok(mib) => {
                     println!("{mib:.1}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::Bench { which: BenchCmd::Pods { base_pods, ops, concurrency, ovs_rundir, cni_bin, json } } => {
+            let node_bin = match std::env::current_exe() {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("error: own executable: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let cni_bin = cni_bin.unwrap_or_else(|| node_bin.with_file_name("sdn-node-cni"));
+            let opts = sdn_node::bench::pods::PodsOptions {
+                base_pods,
+                ops,
+                concurrency,
+                ovs_rundir,
+                node_bin,
+                cni_bin,
+                install_concurrency: 8,
+            };
+            match sdn_node::bench::pods::pods(&opts, |p| eprintln!("== {p}")).await {
+                Ok(r) => {
+                    print!("{}", r.table());
+                    if json {
+                        match serde_json::to_string(&r) {
+                            Ok(j) => println!("{j}"),
+                            Err(e) => {
+                                eprintln!("error: {e}");
+                                return ExitCode::FAILURE;
+                            }
+                        }
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -128,14 +128,23 @@ async fn churn_harness_runs_and_reports_every_figure() {
         "/serial/ratio",
         "/serial/agent_p50_us",
         "/serial/agent_p99_us",
+        "/serial/limit_tps",
+        "/serial/limit_p50_us",
+        "/serial/limit_p99_us",
+        "/serial/ratio_vs_limit",
         "/pipelined/agent_flow_mods_per_s",
-        "/pipelined/raw_flow_mods_per_s",
-        "/pipelined/ratio_vs_raw",
+        "/pipelined/unbundled_flow_mods_per_s",
+        "/pipelined/ratio_vs_unbundled",
+        "/pipelined/limit_tps",
+        "/pipelined/limit_flow_mods_per_s",
+        "/pipelined/ratio_vs_limit",
         "/resync/flows",
         "/resync/agent_s",
         "/resync/ofctl_bundle_s",
-        "/resync/raw_s",
-        "/resync/ratio_vs_raw",
+        "/resync/unbundled_s",
+        "/resync/ratio_vs_unbundled",
+        "/resync/limit_s",
+        "/resync/ratio_vs_limit",
         "/resync/ratio_vs_ofctl",
         "/teardown/p50_us_at_100",
         "/teardown/p50_us_at_base",
@@ -149,4 +158,6 @@ async fn churn_harness_runs_and_reports_every_figure() {
         assert!(v.as_f64().is_some_and(|x| x > 0.0), "{key} = {v}");
     }
     assert_eq!(r.resync.flows, workload::desired(50).len());
+    // The raw baselines track their xids: the switch rejected none of their messages.
+    assert_eq!((r.rejections.unbundled, r.rejections.limit), (0, 0), "{j}");
 }

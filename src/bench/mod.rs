@@ -1,8 +1,14 @@
 //! `sdn-node bench churn`: the agent's flow programming measured side by side with the seed's
-//! way (ovs-ofctl per transaction) and with the switch's own limit, on a real ovs-vswitchd, in
-//! one run, alternating A/B rounds.
+//! way (ovs-ofctl per transaction), with unbundled pre-encoded FLOW_MODs, and with the switch's
+//! limit for what the agent does (pre-encoded atomic bundles, serial and pipelined), on a real
+//! ovs-vswitchd, in one run, alternating A/B rounds. `sdn-node bench pods` (see [`pods`]) does
+//! the same for whole pod setups through CNI.
 
 pub mod baseline;
+pub mod limit;
+pub mod pods;
+pub mod rawof;
+pub mod seed;
 pub mod workload;
 
 use std::path::PathBuf;
@@ -29,6 +35,8 @@ pub enum BenchError {
     Ovsdb(#[from] crate::ovsdb::OvsdbError),
     #[error("baseline: {0}")]
     Baseline(String),
+    #[error("host network: {0}")]
+    Hostnet(#[from] hostnet::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -61,14 +69,27 @@ pub struct Serial {
     pub ofctl_p50_us: f64,
     pub ofctl_p99_us: f64,
     pub ofctl_max_us: f64,
+    /// The switch's limit: each transaction one pre-encoded atomic bundle and a barrier, on a
+    /// raw connection, waited for before the next.
+    pub limit_tps: f64,
+    pub limit_p50_us: f64,
+    pub limit_p99_us: f64,
+    /// agent_tps / limit_tps.
+    pub ratio_vs_limit: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Pipelined {
     pub agent_tps: f64,
     pub agent_flow_mods_per_s: f64,
-    pub raw_flow_mods_per_s: f64,
-    pub ratio_vs_raw: f64,
+    /// Pre-encoded FLOW_MODs without bundles, back to back, one barrier.
+    pub unbundled_flow_mods_per_s: f64,
+    pub ratio_vs_unbundled: f64,
+    /// The switch's limit: one pre-encoded atomic bundle per transaction, all back to back,
+    /// one barrier.
+    pub limit_tps: f64,
+    pub limit_flow_mods_per_s: f64,
+    pub ratio_vs_limit: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -76,9 +97,21 @@ pub struct Resync {
     pub flows: usize,
     pub agent_s: f64,
     pub ofctl_bundle_s: f64,
-    pub raw_s: f64,
-    pub ratio_vs_raw: f64,
+    /// Pre-encoded FLOW_MODs without a bundle, back to back, one barrier.
+    pub unbundled_s: f64,
+    pub ratio_vs_unbundled: f64,
+    /// The switch's limit: the whole table as one pre-encoded atomic bundle.
+    pub limit_s: f64,
+    pub ratio_vs_limit: f64,
     pub ratio_vs_ofctl: f64,
+}
+
+/// OFPT_ERRORs the raw baselines received (each counted by xid; any makes their figures
+/// suspect and is reported, not hidden).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Rejections {
+    pub unbundled: usize,
+    pub limit: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -120,6 +153,7 @@ pub struct ChurnReport {
     pub egress_swap: EgressSwap,
     pub recovery: Recovery,
     pub memory: Memory,
+    pub rejections: Rejections,
 }
 
 fn us(d: Duration) -> f64 {
@@ -156,6 +190,8 @@ struct Bench {
     env: Vec<(String, String)>,
     sw: Switch,
     engine: Engine,
+    /// The raw connection of the baselines (unbundled and limit).
+    raw: rawof::RawConn,
 }
 
 impl Bench {
@@ -225,7 +261,8 @@ async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
     };
     let sw = Switch::connect(&format!("unix:{}", dir.join("br0.mgmt").display()), SwitchOptions::default()).await?;
     let engine = Engine::start(sw.clone(), 1);
-    Ok(Bench { sandbox, dir, env, sw, engine })
+    let raw = rawof::RawConn::connect(&dir.join("br0.mgmt")).await?;
+    Ok(Bench { sandbox, dir, env, sw, engine, raw })
 }
 
 /// Runs every measurement; `progress` receives a line per phase.
@@ -250,9 +287,20 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
         }
         w.flush()?;
     }
-    let raw_chunks = baseline::encode_raw_bodies(plan.bodies().into_iter())?;
+    let bodies = plan.bodies();
     drop(plan);
-    let (mut ta, mut to, mut tr) = (Vec::new(), Vec::new(), Vec::new());
+    let mut unb = rawof::Encoder::new(1);
+    for body in &bodies {
+        unb.flow_mod(body)?;
+    }
+    let unb_barrier = unb.barrier();
+    let unb_chunks = unb.finish();
+    let mut lim = rawof::Encoder::new(1);
+    lim.bundle(bodies.iter())?;
+    let lim_barrier = lim.barrier();
+    let lim_chunks = lim.finish();
+    drop(bodies);
+    let (mut ta, mut to, mut tu, mut tl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         b.clear().await?;
         let desired = workload::desired(m);
@@ -260,21 +308,36 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
         b.clear().await?;
         to.push(baseline::ofctl_bundle_file(&b.env, "br0", file.path())?);
         b.clear().await?;
-        tr.push(baseline::raw(&b.sw, raw_chunks.clone()).await?);
+        tu.push(b.raw.send_and_wait(&unb_chunks, unb_barrier).await?);
+        r.rejections.unbundled += std::mem::take(&mut b.raw.rejected).len();
+        b.clear().await?;
+        tl.push(b.raw.send_and_wait(&lim_chunks, lim_barrier).await?);
+        r.rejections.limit += std::mem::take(&mut b.raw.rejected).len();
     }
-    let (a, o, rw) = (median(ta), median(to), median(tr));
+    let (a, o, u, l) = (median(ta), median(to), median(tu), median(tl));
     r.resync.agent_s = a.as_secs_f64();
     r.resync.ofctl_bundle_s = o.as_secs_f64();
-    r.resync.raw_s = rw.as_secs_f64();
-    r.resync.ratio_vs_raw = rw.as_secs_f64() / a.as_secs_f64();
+    r.resync.unbundled_s = u.as_secs_f64();
+    r.resync.ratio_vs_unbundled = u.as_secs_f64() / a.as_secs_f64();
+    r.resync.limit_s = l.as_secs_f64();
+    r.resync.ratio_vs_limit = l.as_secs_f64() / a.as_secs_f64();
     r.resync.ratio_vs_ofctl = o.as_secs_f64() / a.as_secs_f64();
-    drop(raw_chunks);
+    drop((unb_chunks, lim_chunks));
     b.set_pods(m).await?;
 
     // 1. Serial pod churn at M, alternating agent and ovs-ofctl rounds.
     progress(&format!("serial churn: {k} setups + {k} teardowns per round, {rounds} rounds each"));
-    let (mut lat_a, mut lat_o) = (Vec::new(), Vec::new());
-    let (mut time_a, mut time_o) = (Duration::ZERO, Duration::ZERO);
+    let (mut lat_a, mut lat_o, mut lat_l) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut time_a, mut time_o, mut time_l) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    // The limit's transactions, each one pre-encoded bundle + barrier (encoded before timing;
+    // xids continue across rounds so every error is attributable).
+    let mut enc = rawof::Encoder::new(1_000_000);
+    let mut limit_txs: Vec<(Vec<bytes::Bytes>, u32)> = Vec::new();
+    for tx in setup_bodies(m, k)?.iter().chain(teardown_bodies(m, k)?.iter()) {
+        enc.bundle(tx.iter())?;
+        let x = enc.barrier();
+        limit_txs.push((enc.take(), x));
+    }
     let mut teardown_at_base = Vec::new();
     let pods: Vec<_> = (0..k).map(|j| workload::pod(m + j)).collect();
     for _ in 0..rounds {
@@ -301,6 +364,12 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
             lat_o.push(baseline::ofctl_transaction(&b.env, "br0", &workload::seed_teardown_text(m + j))?);
         }
         time_o += t0.elapsed();
+        let t0 = Instant::now();
+        for (chunks, barrier) in &limit_txs {
+            lat_l.push(b.raw.send_and_wait(chunks, *barrier).await?);
+        }
+        time_l += t0.elapsed();
+        r.rejections.limit += std::mem::take(&mut b.raw.rejected).len();
     }
     let n = (2 * k * rounds) as f64;
     r.serial.agent_tps = n / time_a.as_secs_f64();
@@ -312,25 +381,27 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     r.serial.ofctl_p50_us = us(quantile(&mut lat_o, 0.5));
     r.serial.ofctl_p99_us = us(quantile(&mut lat_o, 0.99));
     r.serial.ofctl_max_us = us(quantile(&mut lat_o, 1.0));
+    r.serial.limit_tps = n / time_l.as_secs_f64();
+    r.serial.limit_p50_us = us(quantile(&mut lat_l, 0.5));
+    r.serial.limit_p99_us = us(quantile(&mut lat_l, 0.99));
+    r.serial.ratio_vs_limit = r.serial.agent_tps / r.serial.limit_tps;
     r.teardown.p50_us_at_base = us(quantile(&mut teardown_at_base, 0.5));
 
     // 2. Pipelined churn: the same transactions submitted concurrently.
     progress(&format!("pipelined churn: {k} concurrent setups, then {k} concurrent teardowns, {rounds} rounds"));
-    let setup_fms: Vec<FlowMod> = (0..k).flat_map(|j| {
-        let (o, f) = workload::pod_flows(m + j);
-        let c = o.cookie(1);
-        f.into_iter().map(move |fl| fl.add(c))
-    }).collect();
-    let teardown_fms: Vec<FlowMod> = (0..k)
-        .flat_map(|j| {
-            let (o, f) = workload::pod_flows(m + j);
-            let c = o.cookie(1);
-            f.into_iter().map(move |fl| FlowMod::delete_strict(fl.table.id(), fl.priority, fl.match_).with_cookie(c, u64::MAX))
-        })
-        .collect();
-    let raw_fms: Vec<FlowMod> = setup_fms.iter().chain(&teardown_fms).cloned().collect();
-    let raw_chunks = baseline::encode_raw(&raw_fms)?;
-    let (mut pa, mut pr) = (Vec::new(), Vec::new());
+    let (setups, teardowns) = (setup_bodies(m, k)?, teardown_bodies(m, k)?);
+    let txs: Vec<&Vec<bytes::Bytes>> = setups.iter().chain(teardowns.iter()).collect();
+    let fms: usize = txs.iter().map(|t| t.len()).sum();
+    let (mut unb, mut lim) = (rawof::Encoder::new(2_000_000), rawof::Encoder::new(3_000_000));
+    for tx in &txs {
+        for body in tx.iter() {
+            unb.flow_mod(body)?;
+        }
+        lim.bundle(tx.iter())?;
+    }
+    let (unb_barrier, lim_barrier) = (unb.barrier(), lim.barrier());
+    let (unb_chunks, lim_chunks) = (unb.finish(), lim.finish());
+    let (mut pa, mut pu, mut pl) = (Vec::new(), Vec::new(), Vec::new());
     // The pods arrive as objects; turning them into flows is the agent's work and is timed.
     let pods: Vec<_> = (0..k).map(|j| workload::pod(m + j)).collect();
     for _ in 0..rounds {
@@ -338,15 +409,21 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
         concurrently(&b.engine, pods.iter().map(|(o, p)| (o.clone(), crate::pipeline::pod::flows(p))).collect()).await?;
         concurrently(&b.engine, pods.iter().map(|(o, _)| (o.clone(), vec![])).collect()).await?;
         pa.push(t.elapsed());
-        pr.push(baseline::raw(&b.sw, raw_chunks.clone()).await?);
+        pu.push(b.raw.send_and_wait(&unb_chunks, unb_barrier).await?);
+        r.rejections.unbundled += std::mem::take(&mut b.raw.rejected).len();
+        pl.push(b.raw.send_and_wait(&lim_chunks, lim_barrier).await?);
+        r.rejections.limit += std::mem::take(&mut b.raw.rejected).len();
     }
-    let (a, rw) = (median(pa), median(pr));
-    let fms = raw_fms.len() as f64;
+    let (a, u, l) = (median(pa), median(pu), median(pl));
+    let fms = fms as f64;
     r.pipelined.agent_tps = (2 * k) as f64 / a.as_secs_f64();
     r.pipelined.agent_flow_mods_per_s = fms / a.as_secs_f64();
-    r.pipelined.raw_flow_mods_per_s = fms / rw.as_secs_f64();
-    r.pipelined.ratio_vs_raw = r.pipelined.agent_flow_mods_per_s / r.pipelined.raw_flow_mods_per_s;
-    drop(raw_chunks);
+    r.pipelined.unbundled_flow_mods_per_s = fms / u.as_secs_f64();
+    r.pipelined.ratio_vs_unbundled = r.pipelined.agent_flow_mods_per_s / r.pipelined.unbundled_flow_mods_per_s;
+    r.pipelined.limit_tps = (2 * k) as f64 / l.as_secs_f64();
+    r.pipelined.limit_flow_mods_per_s = fms / l.as_secs_f64();
+    r.pipelined.ratio_vs_limit = r.pipelined.agent_flow_mods_per_s / r.pipelined.limit_flow_mods_per_s;
+    drop((unb_chunks, lim_chunks));
 
     // 4. Egress swap: replace a 1000-rule policy with another, atomically.
     progress(&format!("egress swap: {} rules, {} swaps", opts.egress_rules, opts.egress_swaps));
@@ -437,6 +514,33 @@ pub async fn rss(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchErro
     Ok(peak_rss_mib())
 }
 
+/// Pods `m..m+k`'s setup transactions, each as its FLOW_MOD bodies (cookie of generation 1).
+fn setup_bodies(m: u32, k: u32) -> Result<Vec<Vec<bytes::Bytes>>, BenchError> {
+    (0..k)
+        .map(|j| {
+            let (o, f) = workload::pod_flows(m + j);
+            let c = o.cookie(1);
+            f.into_iter().map(|fl| crate::switch::flow_mod_body(&fl.add(c)).map_err(BenchError::from)).collect()
+        })
+        .collect()
+}
+
+/// The matching teardowns: a strict delete per flow, by cookie.
+fn teardown_bodies(m: u32, k: u32) -> Result<Vec<Vec<bytes::Bytes>>, BenchError> {
+    (0..k)
+        .map(|j| {
+            let (o, f) = workload::pod_flows(m + j);
+            let c = o.cookie(1);
+            f.into_iter()
+                .map(|fl| {
+                    let fm = FlowMod::delete_strict(fl.table.id(), fl.priority, fl.match_).with_cookie(c, u64::MAX);
+                    crate::switch::flow_mod_body(&fm).map_err(BenchError::from)
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Submits every update at once and waits for all.
 async fn concurrently(engine: &Engine, updates: Vec<(Owner, Vec<Flow>)>) -> Result<(), BenchError> {
     let futs = updates.into_iter().map(|u| {
@@ -468,16 +572,24 @@ impl ChurnReport {
             "base pods {m}, {k} ops x {rounds} rounds\n\
              serial churn      agent {:>9.0} tx/s (p50 {:.0} us, p99 {:.0} us, max {:.0} us)\n\
              \x20                 ovs-ofctl {:>5.0} tx/s (p50 {:.0} us, p99 {:.0} us)   ratio {:.1}x\n\
-             pipelined churn   agent {:>9.0} flow_mods/s ({:.0} tx/s), raw {:.0} flow_mods/s   ratio vs raw {:.2}\n\
-             bulk resync       {} flows: agent {:.3} s, ovs-ofctl --bundle {:.3} s, raw {:.3} s   vs raw {:.2}, vs ofctl {:.2}x\n\
+             \x20                 limit {:>9.0} tx/s (p50 {:.0} us, p99 {:.0} us)   ratio vs limit {:.2}\n\
+             pipelined churn   agent {:>9.0} flow_mods/s ({:.0} tx/s), unbundled {:.0} flow_mods/s (vs {:.2}),\n\
+             \x20                 limit (bundles) {:.0} flow_mods/s ({:.0} tx/s)   ratio vs limit {:.2}\n\
+             bulk resync       {} flows: agent {:.3} s, ovs-ofctl --bundle {:.3} s, unbundled {:.3} s, limit (one bundle) {:.3} s\n\
+             \x20                 vs unbundled {:.2}, vs limit {:.2}, vs ofctl {:.2}x\n\
+             rejections        unbundled {}, limit {}\n\
              teardown p50      {:.0} us at 100 pods, {:.0} us at {m}   growth {:.2}\n\
              egress swap       {} rules: p50 {:.0} us, p99 {:.0} us\n\
              switch restart    {} flows: {:.3} s from accepting connections to an equal dump\n\
              peak RSS          {:.1} MiB\n",
             s.agent_tps, s.agent_p50_us, s.agent_p99_us, s.agent_max_us,
             s.ofctl_tps, s.ofctl_p50_us, s.ofctl_p99_us, s.ratio,
-            p.agent_flow_mods_per_s, p.agent_tps, p.raw_flow_mods_per_s, p.ratio_vs_raw,
-            r.flows, r.agent_s, r.ofctl_bundle_s, r.raw_s, r.ratio_vs_raw, r.ratio_vs_ofctl,
+            s.limit_tps, s.limit_p50_us, s.limit_p99_us, s.ratio_vs_limit,
+            p.agent_flow_mods_per_s, p.agent_tps, p.unbundled_flow_mods_per_s, p.ratio_vs_unbundled,
+            p.limit_flow_mods_per_s, p.limit_tps, p.ratio_vs_limit,
+            r.flows, r.agent_s, r.ofctl_bundle_s, r.unbundled_s, r.limit_s,
+            r.ratio_vs_unbundled, r.ratio_vs_limit, r.ratio_vs_ofctl,
+            self.rejections.unbundled, self.rejections.limit,
             self.teardown.p50_us_at_100, self.teardown.p50_us_at_base, self.teardown.growth,
             self.egress_swap.rules, self.egress_swap.p50_us, self.egress_swap.p99_us,
             self.recovery.flows, self.recovery.restart_to_equal_s,

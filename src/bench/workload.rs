@@ -87,7 +87,11 @@ pub fn egress_flows(rules: u32, first_octet: u8) -> (Owner, Vec<Flow>) {
 
 /// The seed's setupPodFlows text for pod `i` (ovscontroller.go's format strings).
 pub fn seed_setup_text(i: u32) -> String {
-    let (_, p) = pod(i);
+    seed_setup_text_for(&pod(i).1)
+}
+
+/// The seed's setupPodFlows text for a pod.
+pub fn seed_setup_text_for(p: &PodPort) -> String {
     let note: Vec<String> = p.container_id.bytes().iter().map(|b| format!("{b:02x}")).collect();
     let note = note.join(".");
     let (port, ip, mac, vnid) = (p.ofport.0, p.ip, p.mac, p.vnid.get());
@@ -101,8 +105,11 @@ pub fn seed_setup_text(i: u32) -> String {
 
 /// The seed's cleanupPodFlows text: four loose deletes over every table.
 pub fn seed_teardown_text(i: u32) -> String {
-    let (_, p) = pod(i);
-    let ip = p.ip;
+    seed_teardown_text_for(pod(i).1.ip)
+}
+
+/// The seed's cleanupPodFlows text for a pod's address.
+pub fn seed_teardown_text_for(ip: Ipv4Addr) -> String {
     format!("delete ip, nw_dst={ip}\ndelete ip, nw_src={ip}\ndelete arp, nw_dst={ip}\ndelete arp, nw_src={ip}\n")
 }
 
