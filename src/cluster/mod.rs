@@ -115,6 +115,10 @@ pub struct ClusterState {
     pub remote_pods: Vec<netpol::RemotePod>,
     /// Kubernetes NetworkPolicies (networkpolicy plugin; ignored by the others).
     pub network_policies: Vec<netpol::NetworkPolicy>,
+    /// Labels and containerPorts of this node's pods as the source knows them (Kubernetes:
+    /// the Pod objects), by pod: pods set up through the pod API carry none, so these take
+    /// precedence over a pod's own for NetworkPolicy selection. Empty for the state file.
+    pub pod_meta: BTreeMap<PodKey, netpol::PodMeta>,
 }
 
 /// The state cannot be used at all (no local subnet, bad cluster network).
@@ -123,6 +127,17 @@ pub struct ClusterState {
 pub struct Fatal(pub String);
 
 impl ClusterState {
+    /// A local pod's labels: the source's ([`ClusterState::pod_meta`]) if it has them, else
+    /// the pod's own.
+    pub fn pod_labels<'a>(&'a self, pod: &'a Pod) -> &'a netpol::Labels {
+        self.pod_meta.get(&pod.key()).map_or(&pod.labels, |m| &m.labels)
+    }
+
+    /// A local pod's containerPorts, as [`ClusterState::pod_labels`].
+    pub fn pod_container_ports<'a>(&'a self, pod: &'a Pod) -> &'a [netpol::ContainerPort] {
+        self.pod_meta.get(&pod.key()).map_or(&pod.container_ports, |m| &m.container_ports)
+    }
+
     /// This node's HostSubnet.
     pub fn local_subnet(&self) -> Option<&HostSubnet> {
         self.host_subnets.iter().find(|h| h.host == self.node)

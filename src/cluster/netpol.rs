@@ -55,6 +55,13 @@ pub struct ContainerPort {
     pub proto: Proto,
 }
 
+/// What NetworkPolicies use of a local pod beyond its identity and IP.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodMeta {
+    pub labels: Labels,
+    pub container_ports: Vec<ContainerPort>,
+}
+
 /// A pod on another node: only a policy peer, known by namespace, IP and labels.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemotePod {
@@ -356,7 +363,7 @@ impl<'a> View<'a> {
         let pods = state
             .pods
             .iter()
-            .map(|p| (p.namespace.as_str(), p.ip, &p.labels))
+            .map(|p| (p.namespace.as_str(), p.ip, state.pod_labels(p)))
             .chain(state.remote_pods.iter().map(|p| (p.namespace.as_str(), p.ip, &p.labels)))
             .collect();
         View { namespaces, by_vnid, pods }
@@ -448,12 +455,12 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec
         let mut allows = Vec::new();
         for (pi, p) in policies.iter().enumerate() {
             let Some(rules) = &p.ingress else { continue };
-            if !p.pod_selector.matches(&pod.labels) {
+            if !p.pod_selector.matches(state.pod_labels(pod)) {
                 continue;
             }
             isolated = true;
             for (ri, r) in rules.iter().enumerate() {
-                let dsts = destinations(r, pod);
+                let dsts = destinations(r, state.pod_container_ports(pod));
                 let srcs = sources[pi][ri].clone().unwrap_or_else(|| vec![Src::Any]);
                 for s in &srcs {
                     for d in &dsts {
@@ -470,7 +477,7 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).
-fn destinations(r: &Rule, pod: &super::Pod) -> Vec<Dst> {
+fn destinations(r: &Rule, container_ports: &[ContainerPort]) -> Vec<Dst> {
     let Some(ports) = &r.ports else { return vec![Dst::Any] };
     let mut out = Vec::new();
     for p in ports {
@@ -483,7 +490,7 @@ fn destinations(r: &Rule, pod: &super::Pod) -> Vec<Dst> {
             PortSpec::All => out.push(Dst::Ports { proto, start: 0, end: u16::MAX }),
             PortSpec::Range(s, e) => out.push(Dst::Ports { proto, start: *s, end: *e }),
             PortSpec::Named(n) => {
-                for cp in pod.container_ports.iter().filter(|c| c.name.as_deref() == Some(n.as_str()) && c.proto == p.proto) {
+                for cp in container_ports.iter().filter(|c| c.name.as_deref() == Some(n.as_str()) && c.proto == p.proto) {
                     out.push(Dst::Ports { proto, start: cp.port, end: cp.port });
                 }
             }

@@ -357,6 +357,7 @@ pub fn assemble_with_policies(
         egress_policies,
         remote_pods,
         network_policies,
+        pod_meta: Default::default(),
     };
     let (state, more) = state.validate()?;
     problems.extend(more);

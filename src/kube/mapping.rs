@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use k8s_openapi::api::core::v1::Service as KubeService;
+use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod as KubePod, Service as KubeService};
+use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::types::{
@@ -16,6 +17,7 @@ use super::types::{
 };
 use super::watch::Kind;
 use crate::cluster::state_file::{self, name_problems, EgressRuleFields};
+use crate::cluster::netpol::{self, ContainerPort, Labels, NetworkPolicy, PodMeta, RemotePod};
 use crate::cluster::{ClusterState, HostSubnet, NetNamespace, PodKey, Problem, Service};
 use crate::model::Plugin;
 use crate::pipeline::egress::Policy;
@@ -27,6 +29,7 @@ pub fn plugin(name: &str) -> Option<Plugin> {
     match name {
         "redhat/openshift-ovs-subnet" => Some(Plugin::Subnet),
         "redhat/openshift-ovs-multitenant" => Some(Plugin::Multitenant),
+        "redhat/openshift-ovs-networkpolicy" => Some(Plugin::NetworkPolicy),
         _ => None,
     }
 }
@@ -49,7 +52,7 @@ pub fn cluster_network(cn: &ClusterNetwork) -> Result<NetworkConfig, String> {
     let plugin_name = cn.plugin_name.as_deref().unwrap_or("");
     let Some(plugin) = plugin(plugin_name) else {
         return Err(format!(
-            "ClusterNetwork \"default\": pluginName {plugin_name:?} is not handled (only redhat/openshift-ovs-subnet and redhat/openshift-ovs-multitenant)"
+            "ClusterNetwork \"default\": pluginName {plugin_name:?} is not handled (only redhat/openshift-ovs-subnet, redhat/openshift-ovs-multitenant and redhat/openshift-ovs-networkpolicy)"
         ));
     };
     let cluster_network = match cn.cluster_networks.first() {
@@ -130,6 +133,19 @@ pub fn egress_policy(p: &EgressNetworkPolicy) -> Converted<Policy> {
     converted(String::new(), &format!("egressnetworkpolicy {ns}/{name}"), checked)
 }
 
+/// A NetworkPolicy, through the state file's checks (`networkPolicies`).
+pub fn network_policy(np: &KubeNetworkPolicy) -> Converted<NetworkPolicy> {
+    let (ns, name) = (np.metadata.namespace.as_deref().unwrap_or_default(), name_of(&np.metadata));
+    converted(String::new(), &format!("networkpolicy {ns}/{name}"), netpol::network_policy(np))
+}
+
+/// A Namespace's labels (with `kubernetes.io/metadata.name`, which the API server sets anyway).
+pub fn namespace_labels(n: &KubeNamespace) -> Labels {
+    let mut labels = n.metadata.labels.clone().unwrap_or_default();
+    labels.entry(netpol::NAMESPACE_NAME_LABEL.to_string()).or_insert_with(|| name_of(&n.metadata).to_string());
+    labels
+}
+
 /// One watched object, converted.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
@@ -139,16 +155,26 @@ pub enum Object {
     /// `None`: the service has no cluster IP.
     Service(Option<Converted<Service>>),
     EgressPolicy(Converted<Policy>),
-    /// One of this node's pods: its identity, and its bandwidth annotations (applied when
-    /// the pod is set up through CNI).
+    /// A pod (any node): its identity, and what is used of it (see [`PodInfo`]).
     Pod(PodInfo),
+    /// A NetworkPolicy (networkpolicy plugin).
+    NetworkPolicy(Converted<NetworkPolicy>),
+    /// A Namespace's labels (networkpolicy plugin).
+    Namespace(Labels),
 }
 
-/// What the agent uses of one of this node's Pods beyond its name.
+/// What the agent uses of a Pod beyond its name (the full object is never kept).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInfo {
     /// `kubernetes.io/ingress-bandwidth` and `kubernetes.io/egress-bandwidth`, as written.
     pub annotations: BTreeMap<String, String>,
+    /// `spec.nodeName` (`None`: not scheduled yet).
+    pub node: Option<String>,
+    /// `status.podIP` if it is a pod-network IPv4 address in use (`None` for host-network
+    /// pods, finished pods and pods without an IP yet).
+    pub ip: Option<Ipv4Addr>,
+    /// Labels and containerPorts (NetworkPolicy selection and named ports).
+    pub meta: PodMeta,
 }
 
 /// The bandwidth annotations of a pod's metadata.
@@ -162,7 +188,34 @@ pub fn pod_info(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMet
             .filter(|(k, _)| keep.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        ..PodInfo::default()
     }
+}
+
+/// A Pod, converted at once to what is used of it.
+pub fn pod(p: &KubePod) -> PodInfo {
+    let mut info = pod_info(&p.metadata);
+    let spec = p.spec.as_ref();
+    info.node = spec.and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
+    let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+    let status = p.status.as_ref();
+    let finished = status.and_then(|s| s.phase.as_deref()).is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+    if !host_network && !finished {
+        info.ip = status.and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok());
+    }
+    info.meta.labels = p.metadata.labels.clone().unwrap_or_default();
+    // The API server validates container ports: one out of range cannot occur (skipped).
+    info.meta.container_ports = spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|c| {
+            let port = u16::try_from(c.container_port).ok().filter(|p| *p != 0)?;
+            let proto = netpol::Proto::parse(c.protocol.as_deref()).ok()?;
+            Some(ContainerPort { name: c.name.clone().filter(|n| !n.is_empty()), port, proto })
+        })
+        .collect();
+    info
 }
 
 /// What a watcher reports, converted.
@@ -232,7 +285,33 @@ struct Maps {
     net_namespaces: KindMap<NetNamespace>,
     services: KindMap<Service>,
     egress_policies: KindMap<Policy>,
+    /// This node's pods.
     pods: BTreeSet<PodKey>,
+    /// This node's pods' labels and containerPorts.
+    pod_meta: BTreeMap<PodKey, PodMeta>,
+    /// Other nodes' pods with a pod-network IP (NetworkPolicy peers).
+    remote_pods: BTreeMap<PodKey, RemotePod>,
+    /// Namespace labels, by namespace name.
+    namespaces: BTreeMap<String, Labels>,
+    network_policies: KindMap<NetworkPolicy>,
+}
+
+/// Files a pod: one of this node's (live, with its labels) or another node's with an IP (a
+/// policy peer); an unscheduled pod is neither.
+fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
+    match info.node.as_deref() {
+        Some(n) if n == node => {
+            m.pod_meta.insert(id.clone(), info.meta.clone());
+            m.pods.insert(id);
+        }
+        Some(_) => {
+            if let Some(ip) = info.ip {
+                let remote = RemotePod { namespace: id.0.clone(), name: id.1.clone(), ip, labels: info.meta.labels.clone() };
+                m.remote_pods.insert(id, remote);
+            }
+        }
+        None => {}
+    }
 }
 
 impl Maps {
@@ -244,7 +323,13 @@ impl Maps {
             Kind::NetNamespace => out.net_namespaces = std::mem::take(&mut self.net_namespaces),
             Kind::EgressNetworkPolicy => out.egress_policies = std::mem::take(&mut self.egress_policies),
             Kind::Service => out.services = std::mem::take(&mut self.services),
-            Kind::Pod => out.pods = std::mem::take(&mut self.pods),
+            Kind::Pod => {
+                out.pods = std::mem::take(&mut self.pods);
+                out.pod_meta = std::mem::take(&mut self.pod_meta);
+                out.remote_pods = std::mem::take(&mut self.remote_pods);
+            }
+            Kind::NetworkPolicy => out.network_policies = std::mem::take(&mut self.network_policies),
+            Kind::Namespace => out.namespaces = std::mem::take(&mut self.namespaces),
         }
         out
     }
@@ -256,7 +341,13 @@ impl Maps {
             Kind::NetNamespace => self.net_namespaces = from.net_namespaces,
             Kind::EgressNetworkPolicy => self.egress_policies = from.egress_policies,
             Kind::Service => self.services = from.services,
-            Kind::Pod => self.pods = from.pods,
+            Kind::Pod => {
+                self.pods = from.pods;
+                self.pod_meta = from.pod_meta;
+                self.remote_pods = from.remote_pods;
+            }
+            Kind::NetworkPolicy => self.network_policies = from.network_policies,
+            Kind::Namespace => self.namespaces = from.namespaces,
         }
     }
 }
@@ -278,6 +369,9 @@ struct Changes {
     subnets: Vec<Ipv4Net>,
     egress_namespaces: BTreeSet<String>,
     gone_pods: BTreeSet<PodKey>,
+    /// A NetworkPolicy, a Namespace's labels, a pod's labels or containerPorts, or another
+    /// node's pod changed: with the networkpolicy plugin, anything may have changed.
+    netpol: bool,
 }
 
 /// The converted objects of every watched kind, updated one event at a time; each published
@@ -289,7 +383,7 @@ pub struct Objects {
     /// The objects of the kinds being (re)listed.
     listing: Maps,
     /// Per [`Kind::ALL`] slot: the kind has listed (seen `InitDone`).
-    ready: [bool; 6],
+    ready: [bool; Kind::ALL.len()],
     egress_forbidden: bool,
     changes: Changes,
     /// This node's pods' annotations that matter (bandwidth), by pod.
@@ -302,7 +396,7 @@ impl Objects {
             node: node.to_string(),
             live: Maps::default(),
             listing: Maps::default(),
-            ready: [false; 6],
+            ready: [false; Kind::ALL.len()],
             egress_forbidden: false,
             changes: Changes { full: true, any: true, ..Changes::default() },
             pod_info: BTreeMap::new(),
@@ -326,9 +420,13 @@ impl Objects {
                     Object::Service(c) => drop(m.services.put(id, c)),
                     Object::EgressPolicy(c) => drop(m.egress_policies.put(id, Some(c))),
                     Object::Pod(info) => {
-                        self.pod_info.insert(id.clone(), info);
-                        m.pods.insert(id);
+                        if info.node.as_deref() == Some(self.node.as_str()) {
+                            self.pod_info.insert(id.clone(), info.clone());
+                        }
+                        place_pod(&self.node, m, id, &info);
                     }
+                    Object::NetworkPolicy(c) => drop(m.network_policies.put(id, Some(c))),
+                    Object::Namespace(labels) => drop(m.namespaces.insert(id.1, labels)),
                 }
             }
             Update::ListDone(kind) => {
@@ -356,9 +454,13 @@ impl Objects {
                     Object::Service(_) => Kind::Service,
                     Object::EgressPolicy(_) => Kind::EgressNetworkPolicy,
                     Object::Pod(info) => {
-                        self.pod_info.insert(id.clone(), info.clone());
+                        if info.node.as_deref() == Some(self.node.as_str()) {
+                            self.pod_info.insert(id.clone(), info.clone());
+                        }
                         Kind::Pod
                     }
+                    Object::NetworkPolicy(_) => Kind::NetworkPolicy,
+                    Object::Namespace(_) => Kind::Namespace,
                 };
                 self.change(kind, id, Some(obj))
             }
@@ -426,15 +528,46 @@ impl Objects {
                     ch.egress_namespaces.insert(id.0);
                 }
             }
-            (Kind::Pod, Some(_)) => {
-                if m.pods.insert(id) {
+            (Kind::Pod, obj) => {
+                let was_local = m.pods.remove(&id);
+                let old_meta = m.pod_meta.remove(&id);
+                let old_remote = m.remote_pods.remove(&id);
+                if let Some(Object::Pod(info)) = &obj {
+                    place_pod(&self.node, m, id.clone(), info);
+                }
+                if was_local != m.pods.contains(&id) {
                     ch.any = true;
+                    if was_local {
+                        ch.gone_pods.insert(id.clone());
+                    }
+                }
+                if old_meta.as_ref() != m.pod_meta.get(&id) || old_remote.as_ref() != m.remote_pods.get(&id) {
+                    ch.any = true;
+                    ch.netpol = true;
                 }
             }
-            (Kind::Pod, None) => {
-                if m.pods.remove(&id) {
+            (Kind::NetworkPolicy, obj) => {
+                let new = match obj {
+                    Some(Object::NetworkPolicy(c)) => Some(c),
+                    _ => None,
+                };
+                if m.network_policies.put(id, new).is_some() {
                     ch.any = true;
-                    ch.gone_pods.insert(id);
+                    ch.netpol = true;
+                }
+            }
+            (Kind::Namespace, obj) => {
+                let new = match obj {
+                    Some(Object::Namespace(l)) => Some(l),
+                    _ => None,
+                };
+                let old = m.namespaces.remove(&id.1);
+                if let Some(l) = &new {
+                    m.namespaces.insert(id.1.clone(), l.clone());
+                }
+                if old != new {
+                    ch.any = true;
+                    ch.netpol = true;
                 }
             }
         }
@@ -443,7 +576,7 @@ impl Objects {
     /// The owners whose flows may differ from the last published state's (`None`: any).
     fn touched(&self, state: &ClusterState) -> Option<Vec<Owner>> {
         let ch = &self.changes;
-        if ch.full {
+        if ch.full || (ch.netpol && state.plugin == Plugin::NetworkPolicy) {
             return None;
         }
         let mut owners: BTreeSet<Owner> = BTreeSet::new();
@@ -532,25 +665,46 @@ impl Objects {
             .map_err(|e| format!("ClusterNetwork \"default\": {e}"))?;
         let empty = KindMap::default();
         let egress = if self.egress_forbidden { &empty } else { &m.egress_policies };
+        // NetworkPolicy objects, namespace and pod labels and other nodes' pods only matter
+        // to the networkpolicy plugin (the other plugins' states leave them out).
+        let netpol = cfg.plugin == Plugin::NetworkPolicy;
+        let no_policies = KindMap::default();
+        let policies = if netpol { &m.network_policies } else { &no_policies };
         let problems: Vec<Problem> = m
             .host_subnets
             .problems()
             .chain(m.net_namespaces.problems())
             .chain(m.services.problems())
             .chain(egress.problems())
+            .chain(policies.problems())
             .cloned()
             .collect();
-        state_file::assemble(
+        let mut net_namespaces: Vec<NetNamespace> = m.net_namespaces.values().cloned().collect();
+        if netpol {
+            for n in &mut net_namespaces {
+                if let Some(l) = m.namespaces.get(&n.name) {
+                    n.labels = l.clone();
+                }
+            }
+        }
+        let remote_pods = if netpol { m.remote_pods.values().cloned().collect() } else { Vec::new() };
+        let (mut state, problems) = state_file::assemble_with_policies(
             header,
             m.host_subnets.values().cloned().collect(),
-            m.net_namespaces.values().cloned().collect(),
+            net_namespaces,
             m.services.values().cloned().collect(),
-            // Pods are set up through the pod API; the cluster only says which still exist.
+            // Pods are set up through the pod API; the cluster only says which still exist
+            // (and, for NetworkPolicies, their labels: `pod_meta`).
             Vec::new(),
             egress.values().cloned().collect(),
+            (remote_pods, policies.values().cloned().collect()),
             problems,
         )
-        .map_err(|e| e.0)
+        .map_err(|e| e.0)?;
+        if netpol {
+            state.pod_meta = m.pod_meta.clone();
+        }
+        Ok((state, problems))
     }
 
     /// This node's pods, as listed.
@@ -641,8 +795,11 @@ mod tests {
             (id("team-a", "headless"), Object::Service(service(&svc("team-a", "headless", "None", &[])))),
             (id("team-a", "sctp"), Object::Service(service(&svc("team-a", "sctp", "172.30.0.11", &[("SCTP", 80), ("TCP", 0)])))),
             (id("team-a", "default"), Object::EgressPolicy(egress_policy(&enp))),
-            (id("team-a", "a1"), Object::Pod(PodInfo::default())),
-            (id("team-a", "a2"), Object::Pod(pod_info(&meta(Some("team-a"), "a2", &[("kubernetes.io/ingress-bandwidth", "10M"), ("other", "x")])))),
+            (id("team-a", "a1"), Object::Pod(PodInfo { node: Some("node-a".into()), ..PodInfo::default() })),
+            (id("team-a", "a2"), Object::Pod(PodInfo {
+                node: Some("node-a".into()),
+                ..pod_info(&meta(Some("team-a"), "a2", &[("kubernetes.io/ingress-bandwidth", "10M"), ("other", "x")]))
+            })),
         ];
         let mut o = listed("node-a", list);
         let l = o.publish(None).unwrap().unwrap();
@@ -679,6 +836,152 @@ mod tests {
         assert!(o.publish(None).unwrap().unwrap_err().contains("does not exist"));
     }
 
+    fn kpod(ns: &str, name: &str, node: &str, ip: &str, labels: serde_json::Value) -> KubePod {
+        serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]},
+            "status": {"podIP": ip, "phase": "Running"}}))
+        .unwrap()
+    }
+
+    fn kns(name: &str, labels: serde_json::Value) -> KubeNamespace {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+    }
+
+    fn knp(ns: &str, name: &str, spec: serde_json::Value) -> KubeNetworkPolicy {
+        serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name}, "spec": spec})).unwrap()
+    }
+
+    fn netpol_objects(plugin: &str) -> Objects {
+        let list = vec![
+            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn(plugin)))),
+            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23")))),
+            (id("", "node-b"), Object::HostSubnet(host_subnet(&hs("node-b", "172.17.0.3", "10.129.0.0/23")))),
+            (id("", "team-a"), Object::NetNamespace(net_namespace(&nn("team-a", json!(11), &[])))),
+            (id("", "team-b"), Object::NetNamespace(net_namespace(&nn("team-b", json!(12), &[])))),
+            (id("", "team-a"), Object::Namespace(namespace_labels(&kns("team-a", json!({"env": "prod"}))))),
+            (id("", "team-b"), Object::Namespace(namespace_labels(&kns("team-b", json!({}))))),
+            (id("team-a", "a1"), Object::Pod(pod(&kpod("team-a", "a1", "node-a", "10.128.2.5", json!({"app": "web"}))))),
+            (id("team-b", "b1"), Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "client"}))))),
+            (
+                id("team-a", "web"),
+                Object::NetworkPolicy(network_policy(&knp(
+                    "team-a",
+                    "web",
+                    json!({"podSelector": {"matchLabels": {"app": "web"}},
+                        "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "client"}}}], "ports": [{"port": "http"}]}]}),
+                ))),
+            ),
+            (
+                id("team-a", "bad"),
+                Object::NetworkPolicy(network_policy(&knp(
+                    "team-a",
+                    "bad",
+                    json!({"podSelector": {"matchExpressions": [{"key": "x", "operator": "Near"}]}}),
+                ))),
+            ),
+        ];
+        listed("node-a", list)
+    }
+
+    #[test]
+    fn networkpolicy_plugin_objects_reach_the_state() {
+        assert_eq!(plugin("redhat/openshift-ovs-networkpolicy"), Some(Plugin::NetworkPolicy));
+        let mut o = netpol_objects("redhat/openshift-ovs-networkpolicy");
+        let l = o.publish(None).unwrap().unwrap();
+        let st = &l.state;
+        assert_eq!(st.plugin, Plugin::NetworkPolicy);
+        // Namespace labels, with the name label.
+        let a = st.net_namespaces.iter().find(|n| n.name == "team-a").unwrap();
+        assert_eq!(a.labels.get("env").map(String::as_str), Some("prod"));
+        assert_eq!(a.labels.get(netpol::NAMESPACE_NAME_LABEL).map(String::as_str), Some("team-a"));
+        // The bad policy is checked as in a state file: its selector is dropped, with a problem.
+        assert_eq!(st.network_policies.len(), 2);
+        let t: Vec<String> = l.problems.iter().map(|p| p.to_string()).collect();
+        assert!(t.iter().any(|p| p.starts_with("networkpolicy team-a/bad: field spec.podSelector.matchExpressions[0].operator")), "{t:?}");
+        // The other node's pod is a peer; this node's pod is live, with its labels and ports.
+        assert_eq!(st.remote_pods.len(), 1);
+        assert_eq!(st.remote_pods[0].ip, "10.129.0.5".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(st.remote_pods[0].labels.get("app").map(String::as_str), Some("client"));
+        assert!(l.live_pods.as_ref().unwrap().contains(&id("team-a", "a1")));
+        assert!(!l.live_pods.as_ref().unwrap().contains(&id("team-b", "b1")));
+        let meta = st.pod_meta.get(&id("team-a", "a1")).unwrap();
+        assert_eq!(meta.labels.get("app").map(String::as_str), Some("web"));
+        assert_eq!(meta.container_ports[0].name.as_deref(), Some("http"));
+        assert_eq!(meta.container_ports[0].port, 8080);
+
+        // A CNI pod (no labels of its own) is selected through the source's labels: the
+        // policy isolates it and resolves its named port.
+        let mut eff = st.clone();
+        let raw = state_file::RawPod {
+            namespace: "team-a".into(),
+            name: "a1".into(),
+            container_id: "ab".repeat(32),
+            host_veth: "veth1".into(),
+            ip: "10.128.2.5".into(),
+            mac: "0a:58:0a:80:02:05".into(),
+            ingress_bps: 0,
+            egress_bps: 0,
+            internal: false,
+        };
+        eff.pods.push(state_file::validate_pod(raw).unwrap());
+        let view = netpol::View::new(&eff);
+        let (isolated, _) = netpol::isolation(&eff, &view, "team-a");
+        assert_eq!(isolated.len(), 1, "{isolated:?}");
+        let text = format!("{:?}", isolated[0].allows);
+        assert!(text.contains("10.129.0.5") && text.contains("8080"), "{text}");
+
+        // A pod label change, a namespace label change, a policy change: full recompute.
+        o.apply(Update::Apply(id("team-b", "b1"), Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "other"}))))));
+        let l2 = o.publish(Some(&l)).unwrap().unwrap();
+        assert!(l2.touched.is_none());
+        assert!(l2.state.remote_pods[0].labels.get("app").is_some_and(|v| v == "other"));
+        o.apply(Update::Apply(id("", "team-b"), Object::Namespace(namespace_labels(&kns("team-b", json!({"env": "dev"}))))));
+        let l3 = o.publish(Some(&l2)).unwrap().unwrap();
+        assert!(l3.touched.is_none());
+        o.apply(Update::Delete(Kind::NetworkPolicy, id("team-a", "bad")));
+        let l4 = o.publish(Some(&l3)).unwrap().unwrap();
+        assert!(l4.touched.is_none());
+        assert_eq!(l4.state.network_policies.len(), 1);
+        // This node's pod's labels change.
+        o.apply(Update::Apply(id("team-a", "a1"), Object::Pod(pod(&kpod("team-a", "a1", "node-a", "10.128.2.5", json!({"app": "db"}))))));
+        let l5 = o.publish(Some(&l4)).unwrap().unwrap();
+        assert!(l5.touched.is_none());
+        assert_eq!(l5.state.pod_meta[&id("team-a", "a1")].labels.get("app").map(String::as_str), Some("db"));
+        // The pod is deleted: gone from the live pods and the labels.
+        o.apply(Update::Delete(Kind::Pod, id("team-a", "a1")));
+        let l6 = o.publish(Some(&l5)).unwrap().unwrap();
+        assert!(!l6.live_pods.as_ref().unwrap().contains(&id("team-a", "a1")));
+        assert!(l6.state.pod_meta.is_empty());
+    }
+
+    #[test]
+    fn other_plugins_leave_the_networkpolicy_objects_out() {
+        let mut o = netpol_objects("redhat/openshift-ovs-multitenant");
+        let l = o.publish(None).unwrap().unwrap();
+        assert!(l.state.network_policies.is_empty() && l.state.remote_pods.is_empty() && l.state.pod_meta.is_empty());
+        assert!(l.state.net_namespaces.iter().all(|n| n.labels.is_empty()));
+        assert!(l.problems.is_empty(), "{:?}", l.problems);
+        // Their changes publish nothing.
+        o.apply(Update::Apply(id("team-b", "b1"), Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "other"}))))));
+        o.apply(Update::Apply(id("", "team-b"), Object::Namespace(namespace_labels(&kns("team-b", json!({"env": "dev"}))))));
+        assert!(o.publish(Some(&l)).is_none());
+    }
+
+    #[test]
+    fn pods_convert_to_what_is_used() {
+        let p = pod(&kpod("ns", "p", "node-b", "10.129.0.9", json!({"a": "b"})));
+        assert_eq!(p.node.as_deref(), Some("node-b"));
+        assert_eq!(p.ip, Some("10.129.0.9".parse().unwrap()));
+        let host: KubePod = serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": "h"},
+            "spec": {"nodeName": "node-b", "hostNetwork": true, "containers": []}, "status": {"podIP": "172.17.0.3"}}))
+        .unwrap();
+        assert_eq!(pod(&host).ip, None, "host-network pods are not peers");
+        let done: KubePod = serde_json::from_value(json!({"metadata": {"namespace": "ns", "name": "d"},
+            "spec": {"nodeName": "node-b", "containers": []}, "status": {"podIP": "10.129.0.10", "phase": "Succeeded"}}))
+        .unwrap();
+        assert_eq!(pod(&done).ip, None, "finished pods' IPs may be reused");
+    }
+
     /// One random change to a small cluster (collisions of cluster IPs and subnets on purpose).
     #[derive(Clone, Debug)]
     enum Ev {
@@ -709,7 +1012,7 @@ mod tests {
             list.push((id("", n), Object::NetNamespace(net_namespace(&nn(n, json!(vnid), &[])))));
         }
         for p in 0..3 {
-            list.push((id(&format!("ns{p}"), &format!("p{p}")), Object::Pod(PodInfo::default())));
+            list.push((id(&format!("ns{p}"), &format!("p{p}")), Object::Pod(PodInfo { node: Some("node-a".into()), ..PodInfo::default() })));
         }
         listed("node-a", list)
     }

@@ -1,8 +1,8 @@
 //! The Kubernetes source: kube-rs watchers for openshift-sdn's objects. Each event's object is
 //! converted to the model once ([`mapping`], through the state file's per-object validators:
-//! one rule set), kept in per-kind maps of converted objects (no reflector caches; this node's
-//! pods are watched metadata-only), and each published state is assembled from those maps and
-//! validated across objects as a state file is.
+//! one rule set), kept in per-kind maps of converted objects (no reflector caches; every pod is
+//! converted at once to the few fields used), and each published state is assembled from
+//! those maps and validated across objects as a state file is.
 //!
 //! CONTRACT (used by `run` and by deploy/ tests):
 //! - [`spawn`] starts the watchers and returns a receiver of [`Loaded`] states, published once
@@ -10,7 +10,8 @@
 //!   `Some` (this node's pods) so that pods set up through the pod API but deleted in the
 //!   cluster are torn down after a relist. `touched` names the owners whose flows may differ
 //!   from the previously published state (`None` after a list, a ClusterNetwork or NetNamespace
-//!   change, or a change to this node's HostSubnet).
+//!   change, or a change to this node's HostSubnet; with the networkpolicy plugin, also after
+//!   a NetworkPolicy, Namespace-label, pod-label/containerPorts or other-node pod change).
 //! - [`WATCHED`] lists every resource the daemon watches or changes, with the verbs it uses:
 //!   the single source for both the watchers and the RBAC rules (deploy/ checks its ClusterRole
 //!   against [`rbac_rules`]).
@@ -40,6 +41,9 @@ pub const WATCHED: &[Watched] = &[
     Watched { group: "network.openshift.io", resource: "egressnetworkpolicies", verbs: &["get", "list", "watch"] },
     Watched { group: "", resource: "services", verbs: &["get", "list", "watch"] },
     Watched { group: "", resource: "pods", verbs: &["get", "list", "watch"] },
+    // The networkpolicy plugin: policies, namespace labels (pods above: cluster-wide).
+    Watched { group: "networking.k8s.io", resource: "networkpolicies", verbs: &["get", "list", "watch"] },
+    Watched { group: "", resource: "namespaces", verbs: &["get", "list", "watch"] },
     // The egress-policy label: `network.openshift.io/not-enforcing-egress-network-policy`.
     Watched { group: "", resource: "nodes", verbs: &["get", "patch"] },
 ];

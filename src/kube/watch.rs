@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
@@ -36,16 +37,20 @@ pub enum Kind {
     EgressNetworkPolicy,
     Service,
     Pod,
+    NetworkPolicy,
+    Namespace,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 8] = [
         Kind::ClusterNetwork,
         Kind::HostSubnet,
         Kind::NetNamespace,
         Kind::EgressNetworkPolicy,
         Kind::Service,
         Kind::Pod,
+        Kind::NetworkPolicy,
+        Kind::Namespace,
     ];
 
     /// (API group, plural resource): the [`super::WATCHED`] entry that allows watching it.
@@ -57,6 +62,8 @@ impl Kind {
             Kind::EgressNetworkPolicy => ("network.openshift.io", "egressnetworkpolicies"),
             Kind::Service => ("", "services"),
             Kind::Pod => ("", "pods"),
+            Kind::NetworkPolicy => ("networking.k8s.io", "networkpolicies"),
+            Kind::Namespace => ("", "namespaces"),
         }
     }
 
@@ -134,11 +141,19 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     let stream = watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
     tasks.spawn(follow(stream, Kind::Service, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None));
 
-    // This node's pods: only their names and bandwidth annotations are used, so only their
-    // metadata is watched.
-    let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", opts.node));
-    let stream = watcher::watcher(Api::<PartialObjectMeta<Pod>>::all(client.clone()), cfg);
-    tasks.spawn(follow(stream, Kind::Pod, |p| Object::Pod(mapping::pod_info(&p.metadata)), up_tx, t.clone(), None));
+    // Every pod: this node's (names, bandwidth annotations, labels, containerPorts) and, as
+    // NetworkPolicy peers, other nodes' (IP and labels). Each is converted at once to that
+    // small record; the full object is not kept.
+    let stream = watcher::watcher(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    tasks.spawn(follow(stream, Kind::Pod, |p| Object::Pod(mapping::pod(p)), up_tx.clone(), t.clone(), None));
+
+    // NetworkPolicies and Namespace labels (the networkpolicy plugin; watched whatever the
+    // plugin, which may change).
+    let stream = watcher::watcher(Api::<NetworkPolicy>::all(client.clone()), watcher::Config::default());
+    tasks.spawn(follow(stream, Kind::NetworkPolicy, |p| Object::NetworkPolicy(mapping::network_policy(p)), up_tx.clone(), t.clone(), None));
+
+    let stream = watcher::watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default());
+    tasks.spawn(follow(stream, Kind::Namespace, |n| Object::Namespace(mapping::namespace_labels(n)), up_tx, t.clone(), None));
 
     let mut objects = Objects::new(&opts.node);
     let mut last_error: Option<String> = None;

@@ -49,7 +49,8 @@ pub struct FakeKube {
 
 fn api_version(resource: &str) -> &'static str {
     match resource {
-        "pods" | "services" | "nodes" => "v1",
+        "pods" | "services" | "nodes" | "namespaces" => "v1",
+        "networkpolicies" => "networking.k8s.io/v1",
         _ => "network.openshift.io/v1",
     }
 }
@@ -59,6 +60,8 @@ fn kind_of(resource: &str) -> &'static str {
         "pods" => "Pod",
         "services" => "Service",
         "nodes" => "Node",
+        "namespaces" => "Namespace",
+        "networkpolicies" => "NetworkPolicy",
         "clusternetworks" => "ClusterNetwork",
         "hostsubnets" => "HostSubnet",
         "netnamespaces" => "NetNamespace",
@@ -216,7 +219,7 @@ impl FakeKube {
         // /api/v1/[namespaces/NS/]RES[/NAME] or /apis/GROUP/v1/[namespaces/NS/]RES[/NAME]
         let rest: &[&str] = match segs.as_slice() {
             ["api", "v1", rest @ ..] => rest,
-            ["apis", "network.openshift.io", "v1", rest @ ..] => rest,
+            ["apis", "network.openshift.io" | "networking.k8s.io", "v1", rest @ ..] => rest,
             _ => return respond(404, &status(404, "NotFound", "no such path")),
         };
         let (ns, rest) = match rest {
