@@ -402,3 +402,52 @@ fn run_takes_either_a_state_file_or_a_cluster() {
     let (code, err) = run(&["--kubeconfig", "k"]);
     assert_eq!(code, Some(2), "--node is required: {err}");
 }
+
+/// The networkpolicy plugin in Kubernetes mode: a NetworkPolicy, the Namespace's labels and the
+/// Pods it selects (a local pod set up through the pod API, a peer on another node) drive table
+/// 80; deleting the policy removes its flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_policies_drive_table_80() {
+    let fake = FakeKube::start().await;
+    fake.put("nodes", json!({"metadata": {"name": NODE}}));
+    let mut cn = cluster_network();
+    cn["pluginName"] = json!("redhat/openshift-ovs-networkpolicy");
+    fake.put("clusternetworks", cn);
+    fake.put("hostsubnets", host_subnet(NODE, "172.17.0.2", "10.128.2.0/23"));
+    fake.put("hostsubnets", host_subnet("node-b", "172.17.0.3", "10.129.0.0/23"));
+    fake.put("netnamespaces", net_namespace("default", 0));
+    fake.put("netnamespaces", net_namespace("team-a", 11));
+    fake.put("namespaces", json!({"metadata": {"name": "team-a", "labels": {"team": "a"}}}));
+    fake.put("namespaces", json!({"metadata": {"name": "default"}}));
+    fake.put(
+        "pods",
+        json!({"metadata": {"namespace": "team-a", "name": "db", "labels": {"app": "db"}},
+            "spec": {"nodeName": NODE, "containers": [{"name": "c", "ports": [{"name": "sql", "containerPort": 5432, "protocol": "TCP"}]}]},
+            "status": {"phase": "Running", "podIP": "10.128.2.5"}}),
+    );
+    fake.put(
+        "pods",
+        json!({"metadata": {"namespace": "team-a", "name": "web", "labels": {"app": "web"}},
+            "spec": {"nodeName": "node-b", "containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "podIP": "10.129.0.5"}}),
+    );
+    fake.put(
+        "networkpolicies",
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"namespace": "team-a", "name": "db-from-web"},
+            "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "sql"}]}]}}),
+    );
+    let d = Daemon::start(&fake).await;
+    d.add_pod("team-a", "db", "veth-db", "10.128.2.5", "0a:58:0a:80:02:05").await;
+    let flows = d
+        .until("the policy's flows", 80, |f| {
+            has(f, &["priority=100", "nw_dst=10.128.2.5", "actions=drop"]) && has(f, &["nw_src=10.129.0.5", "nw_dst=10.128.2.5", "tp_dst=5432"])
+        })
+        .await;
+    // Only the selected source and the named port (resolved to 5432) are allowed.
+    assert!(!has(&flows, &["nw_dst=10.128.2.5", "tp_dst=5432", "nw_src=10.128"]), "{flows:#?}");
+    fake.delete("networkpolicies", "team-a", "db-from-web");
+    d.until("the policy's flows gone", 80, |f| !f.iter().any(|l| l.contains("nw_dst=10.128.2.5"))).await;
+    d.stop().await;
+}
