@@ -244,3 +244,33 @@ async fn failed_adds_leave_nothing() {
     let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
     assert!(r.ok(), "{:?}\n{}", r.out, node.log());
 }
+
+/// IPAM's GC pass: a pod whose sandbox disappears without a DEL (a crashed runtime) gets its
+/// address, port, flows and veth back; the address can be handed out again.
+#[tokio::test]
+async fn a_sandbox_gone_without_del_is_collected() {
+    if !can_run() {
+        return;
+    }
+    let node = CniNode::start(STATE).await;
+    let before = snapshot(&node);
+    let p = PodNs::new("gc");
+    let r = node.cni("add", "team-a", "gc", &container(301), &p.path());
+    assert!(r.ok(), "{:?}", r.out);
+    let ip = r.addr();
+    drop(p); // `ip netns del`: the sandbox is gone, no DEL.
+    let mut same = false;
+    for _ in 0..300 {
+        if snapshot(&node) == before {
+            same = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(same, "the dead sandbox's pod is collected: {:?} vs {before:?}\n{}", snapshot(&node), node.log());
+    // The next pod gets another address (round robin: a released one is not reused at once).
+    let q = PodNs::new("gc2");
+    let r = node.cni("add", "team-a", "gc2", &container(302), &q.path());
+    assert!(r.ok() && r.addr() != ip, "round robin: not reused at once");
+    assert!(node.cni("del", "team-a", "gc2", &container(302), &q.path()).ok());
+}

@@ -591,6 +591,20 @@ impl Reconciler {
         end_flow_restore_wait(&ovs).await;
     }
 
+    /// IPAM's GC pass: a CNI pod whose sandbox (network namespace) no longer exists lost its
+    /// container without a DEL; it is torn down like a DEL would (flows, port, veth, address).
+    /// True if any was found (the caller converges).
+    pub fn collect_dead_sandboxes(&mut self) -> bool {
+        let dead: Vec<_> = self.node.model().cni_sandboxes().into_iter().filter(|(_, ns)| !std::path::Path::new(ns).exists()).collect();
+        let mut m = self.node.model();
+        for (k, ns) in &dead {
+            if m.tear_down(k).is_some() {
+                info!(pod = %format!("{}/{}", k.0, k.1), netns = %ns, "the pod's sandbox is gone without a DEL; releasing its address, port and flows");
+            }
+        }
+        !dead.is_empty()
+    }
+
     /// Repairs a dirty engine (a failed commit left the switch's state unknown).
     pub async fn repair(&mut self) {
         let Some(engine) = self.node.engine() else { return };

@@ -319,6 +319,11 @@ impl Model {
         self.reserved.contains_key(key)
     }
 
+    /// The CNI pods and their sandboxes' network namespace paths (for the GC pass).
+    pub fn cni_sandboxes(&self) -> Vec<(PodKey, String)> {
+        self.api_pods.iter().filter_map(|(k, (_, r))| r.cni.as_ref().map(|c| (k.clone(), c.netns.clone()))).collect()
+    }
+
     pub fn api_requests(&self) -> Vec<PodRequest> {
         self.api_pods.values().map(|(_, r)| r.clone()).collect()
     }

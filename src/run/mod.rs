@@ -284,6 +284,10 @@ pub async fn run_with(
             _ = node.kicked() => { dirty = true; }
             _ = tick.tick() => {
                 rec.repair().await;
+                if rec.collect_dead_sandboxes() {
+                    node.not_converged();
+                    dirty = true;
+                }
             }
         }
         if dirty && node.model().has_state() {
