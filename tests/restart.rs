@@ -540,7 +540,7 @@ impl Drop for Netns {
 #[tokio::test]
 async fn ping_loses_nothing_across_an_agent_restart() {
     if !is_root() {
-        eprintln!("skipping: needs root to create network namespaces and veth pairs");
+        eprintln!("skipping: needs root to create network namespaces and veth pairs (under CI is_root() fails the test instead)");
         return;
     }
     let id = format!("sdnrst-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));

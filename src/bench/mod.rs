@@ -8,7 +8,7 @@ pub mod baseline;
 pub mod limit;
 pub mod pods;
 pub mod rawof;
-pub mod seed;
+pub use baseline::seed;
 pub mod workload;
 
 use std::path::PathBuf;
