@@ -45,6 +45,18 @@ fn snapshot(n: &CniNode) -> Leftovers {
     }
 }
 
+/// Polls (bounded: 30 s) until the node is as `before` again; panics with the difference and
+/// the agent's log.
+async fn back_to(node: &CniNode, before: &Leftovers, what: &str) {
+    for _ in 0..300 {
+        if snapshot(node) == *before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{what}: {:?} vs {before:?}\n{}", snapshot(node), node.log());
+}
+
 fn mac_of(r: &CniRun) -> String {
     r.out["result100"]["interfaces"][1]["mac"].as_str().unwrap_or_default().to_string()
 }
@@ -216,30 +228,14 @@ async fn failed_adds_leave_nothing() {
         assert_eq!(r.out["code"], 11, "try again later: {:?}", r.out);
     }
     // The agent removes what the frozen server applied late.
-    let mut same = false;
-    for _ in 0..300 {
-        if snapshot(&node) == before {
-            same = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(same, "after a frozen ovsdb-server: {:?} vs {before:?}", snapshot(&node));
+    back_to(&node, &before, "after a frozen ovsdb-server").await;
     // At the commit: the switch refuses the flows (table full).
     vsctl(&node.sb, &["--", "--id=@ft", "create", "Flow_Table", "flow_limit=1", "overflow_policy=refuse", "--", "set", "Bridge", "br0", "flow_tables:20=@ft"]);
     let p3 = PodNs::new("f3");
     let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
     assert!(!r.ok(), "{:?}", r.out);
     vsctl(&node.sb, &["clear", "Bridge", "br0", "flow_tables"]);
-    let mut same = false;
-    for _ in 0..100 {
-        if snapshot(&node) == before {
-            same = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(same, "after a refused commit: {:?} vs {before:?}", snapshot(&node));
+    back_to(&node, &before, "after a refused commit").await;
     // And the same pod then comes up.
     let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
     assert!(r.ok(), "{:?}\n{}", r.out, node.log());
@@ -259,15 +255,7 @@ async fn a_sandbox_gone_without_del_is_collected() {
     assert!(r.ok(), "{:?}", r.out);
     let ip = r.addr();
     drop(p); // `ip netns del`: the sandbox is gone, no DEL.
-    let mut same = false;
-    for _ in 0..300 {
-        if snapshot(&node) == before {
-            same = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(same, "the dead sandbox's pod is collected: {:?} vs {before:?}\n{}", snapshot(&node), node.log());
+    back_to(&node, &before, "the dead sandbox's pod is collected").await;
     // The next pod gets another address (round robin: a released one is not reused at once).
     let q = PodNs::new("gc2");
     let r = node.cni("add", "team-a", "gc2", &container(302), &q.path());

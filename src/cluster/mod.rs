@@ -121,6 +121,18 @@ pub struct ClusterState {
     pub pod_meta: BTreeMap<PodKey, netpol::PodMeta>,
 }
 
+/// `true` (keep the object) when `err` is `None`; otherwise records the problem of `object`'s
+/// field and drops it. The shared tail of the per-kind checks in [`ClusterState::validate`].
+fn keep_or_reject(problems: &mut Vec<Problem>, object: String, err: Option<(&str, String)>) -> bool {
+    match err {
+        Some((field, message)) => {
+            problems.push(Problem::new(object, field, message));
+            false
+        }
+        None => true,
+    }
+}
+
 /// The state cannot be used at all (no local subnet, bad cluster network).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -269,13 +281,7 @@ impl ClusterState {
             } else {
                 None
             };
-            match err {
-                Some((f, m)) => {
-                    problems.push(Problem::new(obj, f, m));
-                    false
-                }
-                None => true,
-            }
+            keep_or_reject(&mut problems, obj, err)
         });
         let mut remote_names = BTreeSet::new();
         self.remote_pods.retain(|p| {
@@ -311,13 +317,7 @@ impl ClusterState {
             } else {
                 None
             };
-            match err {
-                Some((f, m)) => {
-                    problems.push(Problem::new(obj, f, m));
-                    false
-                }
-                None => true,
-            }
+            keep_or_reject(&mut problems, obj, err)
         });
         Ok((self, problems))
     }
