@@ -34,6 +34,13 @@ pub struct FirewallConfig {
     pub vxlan_port: u16,
     /// The gateway interface (tun0).
     pub tun: String,
+    /// Whether traffic from the cluster network to the cluster network is masqueraded too.
+    /// `true` (openshift-sdn VERSION 3, subnet and multitenant): a pod's Service traffic,
+    /// DNATed by kube-proxy to another pod, leaves tun0 with the node's address, so the
+    /// endpoint answers the node, which un-NATs the reply. `false` (VERSION 4, networkpolicy):
+    /// the client's address is kept so that NetworkPolicy can judge it; the flows send the
+    /// endpoint's replies back through tun0 for the un-NAT instead.
+    pub masquerade_within_cluster: bool,
 }
 
 impl FirewallConfig {
@@ -45,6 +52,7 @@ impl FirewallConfig {
             service_network,
             vxlan_port: 4789,
             tun: "tun0".into(),
+            masquerade_within_cluster: true,
         }
     }
 
@@ -113,13 +121,13 @@ pub struct RuleSpec {
 pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
     let cn = cfg.cluster_network.trunc();
     let rule = |chain, matches, action, comment| RuleSpec { chain, matches, action, comment };
+    let masquerade = if cfg.masquerade_within_cluster {
+        rule(ChainId::Postrouting, vec![Match::SaddrIn(cn)], Action::Masquerade, "masquerade pod-to-service and pod-to-external traffic")
+    } else {
+        rule(ChainId::Postrouting, vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)], Action::Masquerade, "masquerade pod-to-external traffic")
+    };
     vec![
-        rule(
-            ChainId::Postrouting,
-            vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)],
-            Action::Masquerade,
-            "masquerade pod-to-service and pod-to-external traffic",
-        ),
+        masquerade,
         // INVALID first: a late retransmission after a connection closed must not be
         // forwarded by the accepts below.
         rule(
@@ -187,8 +195,18 @@ mod tests {
     }
 
     #[test]
-    fn masquerade_only_leaving_cluster() {
+    fn masquerade_everything_from_the_cluster_network_by_default() {
         let r = rules(&cfg());
+        let cn: Ipv4Net = "10.128.0.0/14".parse().unwrap();
+        assert_eq!(r[0].matches, vec![Match::SaddrIn(cn)]);
+        assert_eq!(r[0].action, Action::Masquerade);
+    }
+
+    #[test]
+    fn masquerade_only_leaving_cluster_when_sources_are_kept() {
+        let mut c = cfg();
+        c.masquerade_within_cluster = false;
+        let r = rules(&c);
         let cn: Ipv4Net = "10.128.0.0/14".parse().unwrap();
         assert_eq!(r[0].matches, vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)]);
         assert_eq!(r[0].action, Action::Masquerade);

@@ -36,14 +36,16 @@ fn prefix(field: &str, op: &str, addr: &str, len: u32) -> Value {
                      "right": {"prefix": {"addr": addr, "len": len}}}})
 }
 
-fn expected_rules(cn: &str, len: u32, port: u16, tun: &str) -> Vec<(String, Value)> {
+/// The rules; `within`: traffic inside the cluster network is masqueraded too.
+fn expected_rules(cn: &str, len: u32, port: u16, tun: &str, within: bool) -> Vec<(String, Value)> {
     let r = |chain: &str, e: Value| (chain.to_string(), e);
+    let masquerade = if within {
+        json!([prefix("saddr", "==", cn, len), {"masquerade": null}])
+    } else {
+        json!([prefix("saddr", "==", cn, len), prefix("daddr", "!=", cn, len), {"masquerade": null}])
+    };
     vec![
-        r(
-            "postrouting",
-            json!([prefix("saddr", "==", cn, len), prefix("daddr", "!=", cn, len),
-                                 {"masquerade": null}]),
-        ),
+        r("postrouting", masquerade),
         r(
             "forward",
             json!([prefix("saddr", "==", cn, len),
@@ -86,7 +88,7 @@ async fn installs_the_openshift_sdn_rules() {
             (json!("postrouting"), json!("postrouting"), json!("nat"), json!(100), json!("accept")),
         ]
     );
-    assert_eq!(rules(&objs), expected_rules("10.128.0.0", 14, 4789, "tun0"));
+    assert_eq!(rules(&objs), expected_rules("10.128.0.0", 14, 4789, "tun0", true));
 }
 
 #[tokio::test]
@@ -101,13 +103,14 @@ async fn reinstall_replaces_in_place() {
     t.exec(&["nft", "add", "rule", "ip", TABLE, "input", "counter"]);
     t.exec(&["nft", "add", "table", "ip", "other"]);
     install_firewall(&t.ns, &cfg()).await.unwrap();
-    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.128.0.0", 14, 4789, "tun0"));
+    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.128.0.0", 14, 4789, "tun0", true));
 
     let mut changed = FirewallConfig::new("10.0.0.0/16".parse().unwrap(), "172.30.0.0/16".parse().unwrap());
     changed.vxlan_port = 8472;
     changed.tun = "tun1".into();
+    changed.masquerade_within_cluster = false;
     install_firewall(&t.ns, &changed).await.unwrap();
-    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.0.0.0", 16, 8472, "tun1"));
+    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.0.0.0", 16, 8472, "tun1", false));
     assert!(list(&t, "other").is_some(), "foreign table removed");
 }
 

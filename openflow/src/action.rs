@@ -12,7 +12,7 @@ use bytes::{BufMut, Bytes};
 
 use crate::error::{DecodeError, EncodeError};
 use crate::field::{self, NxmField, CLASS_NXM1, CLASS_OPENFLOW_BASIC};
-use crate::flow_match::RawOxm;
+use crate::flow_match::{MacAddr, RawOxm};
 use crate::port::PortNo;
 use crate::wire::{check_len8, len_u16, pad8, Reader};
 use crate::NX_VENDOR_ID;
@@ -149,6 +149,8 @@ pub enum SetField {
     Reg(u8, u32),
     /// `set_field:N->ct_mark` (NXM_NX_CT_MARK; typically inside `ct(commit,exec(...))`).
     CtMark(u32),
+    /// `set_field:XX:XX:XX:XX:XX:XX->eth_dst` (OXM_OF_ETH_DST).
+    EthDst(MacAddr),
     Other(RawOxm),
 }
 
@@ -156,6 +158,7 @@ const TUN_DST_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV4_DST, 4, 
 const TUN_SRC_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV4_SRC, 4, false);
 const TUN_ID_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_TUNNEL_ID, 8, false);
 const CT_MARK_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_CT_MARK, 4, false);
+const ETH_DST_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_ETH_DST, 6, false);
 
 impl SetField {
     fn header(&self) -> u32 {
@@ -165,6 +168,7 @@ impl SetField {
             SetField::TunId(_) => TUN_ID_HDR,
             SetField::Reg(n, _) => NxmField::Reg(n & 15).header(),
             SetField::CtMark(_) => CT_MARK_HDR,
+            SetField::EthDst(_) => ETH_DST_HDR,
             SetField::Other(r) => r.header,
         }
     }
@@ -172,6 +176,7 @@ impl SetField {
         match self {
             SetField::TunDst(_) | SetField::TunSrc(_) | SetField::Reg(..) | SetField::CtMark(_) => 4,
             SetField::TunId(_) => 8,
+            SetField::EthDst(_) => 6,
             SetField::Other(r) => r.payload.len(),
         }
     }
@@ -180,6 +185,7 @@ impl SetField {
             SetField::TunDst(a) | SetField::TunSrc(a) => buf.put_slice(&a.octets()),
             SetField::TunId(v) => buf.put_u64(*v),
             SetField::Reg(_, v) | SetField::CtMark(v) => buf.put_u32(*v),
+            SetField::EthDst(m) => buf.put_slice(&m.0),
             SetField::Other(r) => buf.put_slice(&r.payload),
         }
     }
@@ -188,6 +194,7 @@ impl SetField {
         let typed = match NxmField::from_header(header) {
             _ if header == TUN_ID_HDR => r.u64().ok().map(SetField::TunId),
             _ if header == CT_MARK_HDR => r.u32().ok().map(SetField::CtMark),
+            _ if header == ETH_DST_HDR => r.array::<6>().ok().map(|a| SetField::EthDst(MacAddr(a))),
             NxmField::TunIpv4Dst => r.array::<4>().ok().map(|a| SetField::TunDst(a.into())),
             NxmField::TunIpv4Src => r.array::<4>().ok().map(|a| SetField::TunSrc(a.into())),
             NxmField::Reg(n) => r.u32().ok().map(|v| SetField::Reg(n, v)),
@@ -585,6 +592,8 @@ mod tests {
             (Action::SetField(SetField::TunDst(Ipv4Addr::new(192, 168, 1, 2))), "0019 0010 00014004 c0a80102 00000000"),
             (Action::SetField(SetField::TunId(0x64)), "0019 0010 80004c08 0000000000000064"),
             (Action::SetField(SetField::Reg(15, 5)), "0019 0010 00011e04 00000005 00000000"),
+            // SET_FIELD | len 16 | OXM_OF_ETH_DST | 0a:58:0a:80:00:01 | pad
+            (Action::SetField(SetField::EthDst(MacAddr([0x0a, 0x58, 0x0a, 0x80, 0, 1]))), "0019 0010 80000606 0a580a800001 0000"),
             // NX | len 24 | vendor | REG_MOVE | n_bits 32 | src_ofs 0 | dst_ofs 0 | TUN_ID | REG0
             (
                 Action::RegMove(RegMove::new(tun_id_lo, Subfield::whole(NxmField::Reg(0))).unwrap()),

@@ -28,6 +28,7 @@ pub const fn split(h: u32) -> (u16, u8, bool, u8) {
 
 // OXM_OF_* (class 0x8000) field numbers used by the pipeline.
 pub const OXM_IN_PORT: u8 = 0;
+pub const OXM_ETH_DST: u8 = 3;
 pub const OXM_ETH_TYPE: u8 = 5;
 pub const OXM_IP_PROTO: u8 = 10;
 pub const OXM_IPV4_SRC: u8 = 11;

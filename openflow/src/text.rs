@@ -315,6 +315,7 @@ impl Display for Action {
                 SetField::TunId(v) => write!(f, "set_field:{}->tun_id", AltHex(*v)),
                 SetField::Reg(n, v) => write!(f, "set_field:{}->reg{n}", AltHex(*v as u64)),
                 SetField::CtMark(v) => write!(f, "set_field:{}->ct_mark", AltHex(*v as u64)),
+                SetField::EthDst(m) => write!(f, "set_field:{m}->eth_dst"),
                 SetField::Other(r) => write!(f, "set_field:{}", raw_oxm(r)),
             },
             Action::RegLoad { dst, value } => write!(f, "load:{}->{dst}", AltHex(*value)),

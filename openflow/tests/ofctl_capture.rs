@@ -751,6 +751,29 @@ fn conntrack_and_rarp_flows_bytes_equal_ovs_ofctl() {
             ),
         ),
         (
+            "table=30,priority=250,ct_state=+rpl+trk,ct_mark=0x1,ip,nw_dst=10.128.0.0/23,actions=set_field:0a:58:0a:80:00:01->eth_dst,output:2",
+            FlowMod::add(
+                30,
+                250,
+                Match { ct_mark: Some(Masked::exact(1)), ..m_ip(None, Some("10.128.0.0/23")).ct_state(0x28, 0x28) },
+                vec![Action::SetField(SetField::EthDst(MacAddr([0x0a, 0x58, 0x0a, 0x80, 0, 1]))), Action::output(2)],
+                None,
+            ),
+        ),
+        (
+            "table=25,priority=100,ip,nw_src=10.128.0.5,actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))",
+            FlowMod::add(
+                25,
+                100,
+                m_ip(Some("10.128.0.5/32"), None),
+                vec![
+                    Action::load_reg(0, 11),
+                    Action::Ct(Ct::new().commit().table(30).zone(CtZone::Imm(64000)).exec(vec![Action::SetField(SetField::CtMark(1))])),
+                ],
+                None,
+            ),
+        ),
+        (
             "table=32,ct_zone=7,ct_mark=0x5/0xff,ip,actions=drop",
             FlowMod::add(
                 32,

@@ -230,7 +230,7 @@ fn flows_of_owner(
                 .pods
                 .iter()
                 .find(|p| &p.namespace == namespace && &p.name == name)
-                .map(|p| pod_flows(facts.vnid_of(&p.namespace), ofports, p))
+                .map(|p| pod_flows(state.plugin, facts.vnid_of(&p.namespace), ofports, p))
                 .unwrap_or_default();
             simple(flows, format!("pod {namespace}/{name}"))
         }
@@ -302,10 +302,16 @@ pub fn netpol_owners_for_pods_of(state: &ClusterState, namespace: &str) -> Vec<O
     netpol::namespaces_watching_pods_of(state, namespace).into_iter().map(|namespace| Owner::NetworkPolicy { namespace }).collect()
 }
 
-fn pod_flows(vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> Vec<Flow> {
+/// A local pod's flows; in networkpolicy mode also its table-25 flow (its Service connections
+/// coming back from the node, see [`crate::pipeline::via_host`]).
+fn pod_flows(plugin: Plugin, vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> Vec<Flow> {
     match (ofports.get(&pod.key()), vnid) {
         (Some(&ofport), Some(vnid)) => {
-            pod::flows(&PodPort { ofport, ip: pod.ip, mac: pod.mac, container_id: pod.container_id.clone(), vnid })
+            let mut flows = pod::flows(&PodPort { ofport, ip: pod.ip, mac: pod.mac, container_id: pod.container_id.clone(), vnid });
+            if plugin == Plugin::NetworkPolicy {
+                flows.push(crate::pipeline::via_host::pod_flow(pod.ip, vnid));
+            }
+            flows
         }
         _ => vec![],
     }
@@ -314,7 +320,7 @@ fn pod_flows(vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super:
 /// The flows of one local pod (none if it has no ofport or its namespace is unknown).
 pub fn pod_owner_flows(state: &ClusterState, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> (Owner, Vec<Flow>) {
     let owner = Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() };
-    (owner, pod_flows(state.vnid_of(&pod.namespace), ofports, pod))
+    (owner, pod_flows(state.plugin, state.vnid_of(&pod.namespace), ofports, pod))
 }
 
 /// The per-VNID owners a local pod's arrival or departure changes (multitenant only): the
@@ -449,7 +455,10 @@ mod tests {
         let text: Vec<String> = d.iter().map(|(_, f)| f.to_string()).collect();
         let has = |s: &str| assert!(text.iter().any(|t| t == s), "missing {s}\n{}", text.join("\n"));
         has("table=253, actions=note:02.03.00.00.00.00");
-        has("table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30)");
+        has("table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30,zone=64000)");
+        has("table=21, priority=200,ip,nw_dst=172.30.0.0/16 actions=ct(commit,table=30,zone=64000)");
+        // db's Service connections coming back from the node get its VNID (11: team-a).
+        has("table=25, priority=100,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))");
         has("table=60, priority=200 actions=output:2");
         // db: the named port sql (5432) from web pods (local and remote), 5000-5500 from api.
         has("table=80, priority=199,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");

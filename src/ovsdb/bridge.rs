@@ -64,6 +64,8 @@ pub struct PortSpec {
     pub options: BTreeMap<String, String>,
     /// The Port's `external_ids`, written with the port when [`Ovs::add_port_fast`] creates it.
     pub external_ids: BTreeMap<String, String>,
+    /// The Interface's `mac` (`xx:xx:xx:xx:xx:xx`); `None` leaves the column as it is.
+    pub mac: Option<String>,
 }
 
 impl PortSpec {
@@ -77,6 +79,7 @@ impl PortSpec {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             external_ids: BTreeMap::new(),
+            mac: None,
         }
     }
 
@@ -87,6 +90,7 @@ impl PortSpec {
             iface_type: "internal".into(),
             options: BTreeMap::new(),
             external_ids: BTreeMap::new(),
+            mac: None,
         }
     }
 
@@ -137,12 +141,15 @@ struct NewPort {
 const MAX_GROUP_PORTS: usize = 256;
 
 fn new_port_ops(i: usize, p: &NewPort) -> [Value; 2] {
-    let iface = json!({
+    let mut iface = json!({
         "name": p.name,
         "type": p.spec.iface_type,
         "options": string_map(&p.spec.options),
         "ofport_request": optional_integer(p.spec.ofport_request),
     });
+    if let Some(mac) = &p.spec.mac {
+        iface["mac"] = json!(mac);
+    }
     let port = json!({"name": p.name, "interfaces": named_uuid(&format!("iface{i}")), "external_ids": string_map(&p.spec.external_ids)});
     [txn::insert("Interface", iface, Some(&format!("iface{i}"))), txn::insert("Port", port, Some(&format!("port{i}")))]
 }
@@ -358,7 +365,7 @@ impl Ovs {
                 txn::select(
                     "Interface",
                     where_name(name),
-                    &["_uuid", "type", "options", "ofport_request"],
+                    &["_uuid", "type", "options", "ofport_request", "mac"],
                 ),
             ])
             .await?;
@@ -381,11 +388,14 @@ impl Ovs {
                 name: bridge.to_string(),
             });
         };
-        let iface_row = json!({
+        let mut iface_row = json!({
             "type": spec.iface_type,
             "options": string_map(&spec.options),
             "ofport_request": optional_integer(spec.ofport_request),
         });
+        if let Some(mac) = &spec.mac {
+            iface_row["mac"] = json!(mac);
+        }
 
         let Some(port) = ports.first() else {
             let mut row = iface_row;
@@ -422,6 +432,7 @@ impl Ovs {
         if !same_iface_type(&row_string(iface, "type")?, &spec.iface_type)
             || row_string_map(iface, "options")? != spec.options
             || row_opt_i64(iface, "ofport_request")? != spec.ofport_request
+            || (spec.mac.is_some() && row_opt_string(iface, "mac")? != spec.mac)
         {
             ops.push(txn::update("Interface", where_uuid(&iface_uuid), iface_row));
         }

@@ -88,7 +88,8 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
         Flow::drop(MulticastLocal, 0, Match::any()),
     ];
     if networkpolicy {
-        flows.push(super::netpol::conntrack_flow(cfg.cluster_network));
+        flows.extend(super::netpol::conntrack_flows(cfg.cluster_network, cfg.service_network));
+        flows.extend(super::via_host::base_flows(cfg));
     }
     flows
 }

@@ -14,6 +14,7 @@ pub mod pod;
 pub mod policy;
 pub mod service;
 pub mod subnet;
+pub mod via_host;
 
 use std::net::Ipv4Addr;
 
@@ -37,6 +38,9 @@ pub enum Table {
     PodIngress = 20,
     /// 21: connection tracking hook (NetworkPolicy plugin); passes to routing otherwise.
     PolicyConntrack = 21,
+    /// 25: IP from a local pod that came back from the node through tun0 (a DNATed Service
+    /// connection, networkpolicy plugin): reload the pod's VNID and remember the connection.
+    ViaHost = 25,
     /// 30: general routing.
     Routing = 30,
     /// 40: ARP to a local pod.

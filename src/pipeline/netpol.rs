@@ -11,7 +11,6 @@
 //! | priority | match | action | owner |
 //! |---|---|---|---|
 //! | 300 | `ip,nw_src=<gateway>` | `output:NXM_NX_REG2[]` | base |
-//! | 250 | `ip,ct_state=-trk` | `ct(table=80)` | plugin: track what came from VXLAN or tun0 |
 //! | 200 | `ip,ct_state=+rpl+trk` | `output:NXM_NX_REG2[]` | plugin: replies |
 //! | 101..=199 | `ip,nw_dst=<pod>` + source + port | `output:NXM_NX_REG2[]` | namespace: allowed |
 //! | 100 | `ip,nw_dst=<pod>` | `drop` | namespace: a pod some policy selects |
@@ -26,15 +25,13 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use openflow::flow_match::ct_state;
-use openflow::{Action, Ct, IpProto, Ipv4Match, Masked, Match};
+use openflow::{IpProto, Ipv4Match, Masked, Match};
 
 use super::{cidr, host, output_reg2, Flow, Reg, Table};
 use crate::model::Vnid;
 
 /// The reply flow's priority (as openshift-sdn VERSION 4).
 pub const REPLY_PRIORITY: u16 = 200;
-/// Untracked packets (from VXLAN or tun0) go through conntrack first.
-pub const TRACK_PRIORITY: u16 = 250;
 /// The highest priority of an allowed flow (layer 0).
 pub const ALLOW_TOP: u16 = 199;
 /// The lowest priority of an allowed flow: [`ALLOW_TOP`] - [`MAX_LAYERS`] + 1.
@@ -87,30 +84,33 @@ pub struct IsolatedPod {
     pub allows: Vec<Allow>,
 }
 
-/// Table 21 (a base flow in networkpolicy mode): connections from local pods to the cluster
-/// network are committed to conntrack, so that table 80 knows their replies.
-pub fn conntrack_flow(cluster_network: Ipv4Net) -> Flow {
-    Flow::new(
-        Table::PolicyConntrack,
-        200,
-        Match::any().ipv4(Ipv4Match { dst: Some(cidr(cluster_network)), ..Default::default() }),
-        vec![Action::Ct(Ct::new().commit().table(Table::Routing.id()))],
-        None,
-    )
+/// Table 21 (base flows in networkpolicy mode): connections from local pods to the cluster
+/// network and to Services are committed to conntrack (in [`via_host::CT_ZONE`]), so that table
+/// 80 knows their replies — for a Service, the reply the node un-NATs and sends back through
+/// tun0 (see [`super::via_host`]).
+///
+/// [`via_host::CT_ZONE`]: super::via_host::CT_ZONE
+pub fn conntrack_flows(cluster_network: Ipv4Net, service_network: Ipv4Net) -> Vec<Flow> {
+    [cluster_network, service_network]
+        .into_iter()
+        .map(|net| {
+            Flow::new(
+                Table::PolicyConntrack,
+                200,
+                Match::any().ipv4(Ipv4Match { dst: Some(cidr(net)), ..Default::default() }),
+                vec![super::via_host::commit(Table::Routing)],
+                None,
+            )
+        })
+        .collect()
 }
 
-/// The plugin's fixed table-80 flows: track what is not tracked yet (from VXLAN or tun0;
-/// registers survive the recirculation), accept replies, accept pods no policy selects.
+/// The plugin's fixed table-80 flows: accept replies, accept pods no policy selects. Every
+/// packet reaches table 80 tracked: from a local pod through table 21, otherwise through table
+/// 30's lookup of traffic to the local subnet (registers survive the recirculation).
 pub fn plugin_flows() -> Vec<Flow> {
     let ip = |m: Ipv4Match| Match::any().ipv4(m);
     vec![
-        Flow::new(
-            Table::Policy,
-            TRACK_PRIORITY,
-            ip(Ipv4Match::default()).ct_state(0, ct_state::TRK),
-            vec![Action::Ct(Ct::new().table(Table::Policy.id()))],
-            None,
-        ),
         // OVS accepts ct_state bits only together with +trk.
         Flow::new(
             Table::Policy,
@@ -306,14 +306,19 @@ mod tests {
     #[test]
     fn text() {
         assert_eq!(
-            conntrack_flow("10.128.0.0/14".parse().unwrap()).to_string(),
-            "table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30)"
+            conntrack_flows("10.128.0.0/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap())
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>(),
+            vec![
+                "table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30,zone=64000)",
+                "table=21, priority=200,ip,nw_dst=172.30.0.0/16 actions=ct(commit,table=30,zone=64000)",
+            ]
         );
         let f: Vec<String> = plugin_flows().iter().map(|f| f.to_string()).collect();
         assert_eq!(
             f,
             vec![
-                "table=80, priority=250,ct_state=-trk,ip actions=ct(table=80)",
                 "table=80, priority=200,ct_state=+rpl+trk,ip actions=output:NXM_NX_REG2[]",
                 "table=80, priority=50,ip actions=output:NXM_NX_REG2[]",
             ]

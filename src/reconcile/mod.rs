@@ -174,6 +174,17 @@ pub struct Pass {
     pub warnings: Vec<Problem>,
 }
 
+/// The base ports' settings that come from the cluster's state.
+fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
+    let tun_mac = match (st.plugin, st.local_subnet()) {
+        (crate::model::Plugin::NetworkPolicy, Some(local)) => {
+            Some(crate::pipeline::via_host::tun0_mac(std::net::Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1))))
+        }
+        _ => None,
+    };
+    ports::BaseSpec { vxlan_port: st.vxlan_port, tun_mac }
+}
+
 /// The converge loop's own state: what it has established on the current connections.
 pub struct Reconciler {
     pub node: Arc<Node>,
@@ -192,8 +203,8 @@ pub struct Reconciler {
     /// A new OpenFlow connection waits for its resync (dump, then difference or full replay).
     pub resync_pending: bool,
     generation: u32,
-    /// The cluster's VXLAN port (vxlan0's dst_port).
-    vxlan_port: u16,
+    /// What the base ports were last ensured with (vxlan0's dst_port, tun0's MAC).
+    base: ports::BaseSpec,
     /// The host configuration last applied (tun0, routes, sysctls, nftables), to apply it
     /// again only when it changes (or after an OVSDB reconnect, which may have recreated tun0).
     host_applied: Option<String>,
@@ -212,7 +223,7 @@ impl Reconciler {
             pending_switch: None,
             resync_pending: false,
             generation: 1,
-            vxlan_port: 4789,
+            base: ports::BaseSpec::default(),
             host_applied: None,
             conflist_written: false,
         }
@@ -325,9 +336,10 @@ impl Reconciler {
 
     async fn converge_ports(&mut self, ovs: &Ovs, pass: &mut Pass) -> Result<(), ConvergeError> {
         let cfg = self.node.cfg.clone();
-        if !self.base_ready {
-            self.vxlan_port = self.node.model().effective().map(|s| s.vxlan_port).unwrap_or(4789);
-            ports::ensure_base(ovs, &cfg.bridge, &cfg.datapath_type, self.vxlan_port, cfg.port_timeout).await?;
+        let base = self.node.model().effective().map(base_spec).unwrap_or_default();
+        if !self.base_ready || base != self.base {
+            ports::ensure_base(ovs, &cfg.bridge, &cfg.datapath_type, base, cfg.port_timeout).await?;
+            self.base = base;
             self.base_ready = true;
             if let Some(g) = ovs.bridge_external_ids(&cfg.bridge).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
                 self.generation = g & 0xff_ffff;
@@ -376,6 +388,9 @@ impl Reconciler {
                 };
                 let mut fw = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
                 fw.vxlan_port = st.vxlan_port;
+                // networkpolicy keeps pod addresses inside the cluster network (Service traffic
+                // included) so that policies can judge them; see src/pipeline/via_host.rs.
+                fw.masquerade_within_cluster = st.plugin != crate::model::Plugin::NetworkPolicy;
                 Some((host, fw))
             })
         }) else {

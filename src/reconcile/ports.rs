@@ -14,9 +14,26 @@ use crate::cluster::Pod;
 use crate::model::OfPort;
 use crate::ovsdb::{BridgeOptions, Ovs, OvsdbError, PortSpec};
 
+/// What the base ports depend on in the cluster's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseSpec {
+    /// vxlan0's UDP port.
+    pub vxlan_port: u16,
+    /// tun0's MAC, when the flows address tun0 by MAC (networkpolicy: see
+    /// src/pipeline/via_host.rs); otherwise Open vSwitch's choice is left alone.
+    pub tun_mac: Option<openflow::MacAddr>,
+}
+
+impl Default for BaseSpec {
+    fn default() -> Self {
+        BaseSpec { vxlan_port: 4789, tun_mac: None }
+    }
+}
+
 /// The bridge, vxlan0 (ofport 1, VXLAN to `vxlan_port`) and tun0 (ofport 2), as SetupOVS makes
-/// them. Idempotent; run after every OVSDB (re)connect.
-pub async fn ensure_base(ovs: &Ovs, bridge: &str, datapath_type: &str, vxlan_port: u16, timeout: Duration) -> Result<(), OvsdbError> {
+/// them. Idempotent; run after every OVSDB (re)connect and when `base` changes.
+pub async fn ensure_base(ovs: &Ovs, bridge: &str, datapath_type: &str, base: BaseSpec, timeout: Duration) -> Result<(), OvsdbError> {
+    let vxlan_port = base.vxlan_port;
     ovs.init().await?;
     let opts = BridgeOptions { datapath_type: datapath_type.to_string(), ..Default::default() };
     ovs.ensure_bridge(bridge, &opts).await?;
@@ -27,7 +44,9 @@ pub async fn ensure_base(ovs: &Ovs, bridge: &str, datapath_type: &str, vxlan_por
     }
     ovs.ensure_port(bridge, "vxlan0", &vxlan).await?;
     // Waiting for tun0's ofport also waits for ovs-vswitchd to have set the bridge up.
-    ovs.add_port_and_wait_ofport(bridge, "tun0", &PortSpec::internal(Some(OfPort::TUN.0 as i64)), timeout).await?;
+    let mut tun = PortSpec::internal(Some(OfPort::TUN.0 as i64));
+    tun.mac = base.tun_mac.map(|m| m.to_string());
+    ovs.add_port_and_wait_ofport(bridge, "tun0", &tun, timeout).await?;
     Ok(())
 }
 

@@ -858,6 +858,11 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
             vec![],
         ),
         ("ct_mark exact", Match { ct_mark: Some(Masked::exact(0x10)), ..Match::any() }, vec![]),
+        (
+            "set_field eth_dst",
+            ipm(Ipv4Match::default()).ct_state(0x28, 0x28),
+            act(vec![Action::SetField(SetField::EthDst(MacAddr([0x0a, 0x58, 0x0a, 0x80, 0, 1]))), Action::output(2)]),
+        ),
     ]);
     shapes
 }

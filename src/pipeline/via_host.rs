@@ -1,0 +1,136 @@
+//! Connections that pass through the node's own network stack (networkpolicy plugin): a pod's
+//! Service traffic, DNATed by kube-proxy on the node and sent back into br0 through tun0.
+//!
+//! NetworkPolicy must judge that traffic by its real client, so the node does not masquerade
+//! inside the cluster network in this mode (hostnet's `masquerade_within_cluster`): the DNATed
+//! packet comes back from tun0 with the client pod's address, and table 25 reloads the client's
+//! VNID from that address (openshift-sdn VERSION 4's table 25) before routing it to the
+//! endpoint, local or across the VXLAN, where table 80 applies the endpoint's policies.
+//!
+//! The endpoint's replies must go back through the node that did the DNAT, which alone can
+//! undo it (the client expects the Service's address). VERSION 4 relied on OVS sharing the
+//! kernel's conntrack table with iptables (`ct(nat)` on the reply) — which only the kernel
+//! datapath does. Here the flows remember such connections themselves, so the userspace
+//! datapath works too: table 25 commits them with `ct_mark=1` in our own conntrack zone
+//! ([`CT_ZONE`], never the kernel's zone 0 where kube-proxy's NAT entries live: committing
+//! there would clash with them), and table 30 sends replies of marked connections to tun0,
+//! with tun0's MAC as destination so the node's stack accepts them. The node un-NATs the reply
+//! and routes it back through tun0 to the client, whose own connection (to the Service's
+//! address, committed in table 21) recognises it as a reply.
+//!
+//! | table | priority | match | actions |
+//! |---|---|---|---|
+//! | 0 | 400 | `in_port=2,ip,nw_src=<gateway>,nw_dst=<cluster>` | `goto_table:30` (the node itself) |
+//! | 0 | 300 | `in_port=2,ip,nw_src=<local subnet>,nw_dst=<cluster>` | `goto_table:25` |
+//! | 25 | 100 | `ip,nw_src=<pod>` | `load:<VNID>->reg0`, `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=30)` |
+//! | 25 | 0 | | `drop` |
+//! | 30 | 250 | `ct_state=-trk,ip,nw_dst=<local subnet>` | `ct(zone=Z,table=30)` |
+//! | 30 | 250 | `ct_state=+rpl+trk,ct_mark=1,ip,nw_dst=<local subnet>` | `set_field:<tun0 MAC>->eth_dst,output:2` |
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use openflow::flow_match::ct_state;
+use openflow::{Action, Ct, CtZone, Ipv4Match, MacAddr, Masked, Match, SetField};
+
+use super::{cidr, host, load, output, Flow, NodeConfig, Reg, Table};
+use crate::model::{OfPort, Vnid};
+
+/// The conntrack zone of every `ct()` of the networkpolicy pipeline. Not 0: on the kernel
+/// datapath zone 0 is the node's own (kube-proxy's NAT entries); a commit there of the DNATed
+/// packet would clash with kube-proxy's entry for the same connection.
+pub const CT_ZONE: u16 = 64000;
+
+/// `ct_mark` of connections that came back from the node through tun0.
+pub const VIA_HOST_MARK: u32 = 1;
+
+/// tun0's MAC: `0a:58:` + the gateway address (the convention pods' MACs follow too), set on
+/// the interface through OVSDB, so flows can address the node's stack without learning it.
+pub fn tun0_mac(gateway: Ipv4Addr) -> MacAddr {
+    let o = gateway.octets();
+    MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+}
+
+fn ip(src: Option<Ipv4Net>, dst: Option<Ipv4Net>) -> Match {
+    Match::any().ipv4(Ipv4Match { src: src.map(cidr), dst: dst.map(cidr), ..Default::default() })
+}
+
+fn ct(commit_mark: bool, table: Table) -> Action {
+    let c = Ct::new().zone(CtZone::Imm(CT_ZONE)).table(table.id());
+    Action::Ct(if commit_mark { c.commit().exec(vec![Action::SetField(SetField::CtMark(VIA_HOST_MARK))]) } else { c })
+}
+
+/// `ct(commit,zone=Z,table=T)`: table 21's commit of a pod's own connections.
+pub fn commit(table: Table) -> Action {
+    Action::Ct(Ct::new().zone(CtZone::Imm(CT_ZONE)).commit().table(table.id()))
+}
+
+/// `ct(zone=Z,table=T)`: look a packet up without committing it.
+pub fn track(table: Table) -> Action {
+    ct(false, table)
+}
+
+/// The fixed flows (networkpolicy only).
+pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
+    let tun = Match::any().in_port(OfPort::TUN);
+    let from_tun = |src: Ipv4Net| Match { in_port: tun.in_port, ..ip(Some(src), Some(cfg.cluster_network)) };
+    let gateway = Ipv4Net::new(cfg.gateway(), 32).expect("/32 is a valid prefix");
+    let to_local = || ip(None, Some(cfg.local_subnet));
+    vec![
+        // The node's own traffic to pods (probes, host-network pods): as any tun0 traffic.
+        Flow::new(Table::Classify, 400, from_tun(gateway), vec![], Some(Table::Routing)),
+        // A local pod's address coming back from the node: a DNATed Service connection.
+        Flow::new(Table::Classify, 300, from_tun(cfg.local_subnet), vec![], Some(Table::ViaHost)),
+        Flow::drop(Table::ViaHost, 0, Match::any()),
+        Flow::new(Table::Routing, 250, to_local().ct_state(0, ct_state::TRK), vec![track(Table::Routing)], None),
+        Flow::new(
+            Table::Routing,
+            250,
+            Match { ct_mark: Some(Masked::exact(VIA_HOST_MARK)), ..to_local().ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK) },
+            vec![Action::SetField(SetField::EthDst(tun0_mac(cfg.gateway()))), output(OfPort::TUN)],
+            None,
+        ),
+    ]
+}
+
+/// A local pod's table-25 flow: its VNID for its connections that come back from the node.
+pub fn pod_flow(pod_ip: Ipv4Addr, vnid: Vnid) -> Flow {
+    Flow::new(
+        Table::ViaHost,
+        100,
+        Match::any().ipv4(Ipv4Match { src: Some(host(pod_ip)), ..Default::default() }),
+        vec![load(Reg::SrcVnid, vnid.get()), ct(true, Table::Routing)],
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Plugin;
+
+    #[test]
+    fn text() {
+        let cfg = NodeConfig {
+            plugin: Plugin::NetworkPolicy,
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            local_subnet: "10.128.2.0/23".parse().unwrap(),
+        };
+        let got: Vec<String> = base_flows(&cfg).iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            got,
+            vec![
+                "priority=400,ip,in_port=2,nw_src=10.128.2.1,nw_dst=10.128.0.0/14 actions=goto_table:30",
+                "priority=300,ip,in_port=2,nw_src=10.128.2.0/23,nw_dst=10.128.0.0/14 actions=goto_table:25",
+                "table=25, priority=0 actions=drop",
+                "table=30, priority=250,ct_state=-trk,ip,nw_dst=10.128.2.0/23 actions=ct(table=30,zone=64000)",
+                "table=30, priority=250,ct_state=+rpl+trk,ct_mark=0x1,ip,nw_dst=10.128.2.0/23 actions=set_field:0a:58:0a:80:02:01->eth_dst,output:2",
+            ]
+        );
+        assert_eq!(
+            pod_flow("10.128.2.5".parse().unwrap(), Vnid::new(11).unwrap()).to_string(),
+            "table=25, priority=100,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))"
+        );
+    }
+}
