@@ -21,6 +21,7 @@
 //! over priorities 199 down to 101 in layers of pairwise disjoint matches ([`layer`]); flows of
 //! different pods differ in `nw_dst`.
 
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -260,8 +261,21 @@ fn layer(mut cubes: Vec<Cube>) -> Vec<Vec<Cube>> {
 pub fn namespace_flows(pods: &[IsolatedPod]) -> (Vec<Flow>, Vec<String>) {
     let mut flows = Vec::new();
     let mut errors = Vec::new();
+    // Pods selected by the same policies with the same ports allow the same boxes: layering
+    // (quadratic in the boxes of a pod) is done once per distinct set, not once per pod.
+    let mut memo: HashMap<Vec<Allow>, std::rc::Rc<Vec<Vec<Cube>>>> = HashMap::new();
     for p in pods {
-        let layers = layer(p.allows.iter().flat_map(cubes).collect());
+        let mut key = p.allows.clone();
+        key.sort_unstable();
+        key.dedup();
+        let layers = match memo.get(&key) {
+            Some(l) => l.clone(),
+            None => {
+                let l = std::rc::Rc::new(layer(key.iter().flat_map(cubes).collect()));
+                memo.insert(key, l.clone());
+                l
+            }
+        };
         if layers.len() > MAX_LAYERS {
             errors.push(format!(
                 "pod {}: its allowed traffic needs {} flow priorities, more than the {MAX_LAYERS} table 80 has for one pod; the overlapping rules beyond them are not installed (less is allowed)",
