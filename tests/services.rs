@@ -6,7 +6,7 @@
 //! by the test with `nft` as an independent stand-in. Everything else is the agent's: tun0,
 //! routes, sysctls, its nftables table, the flows.
 //!
-//! - subnet: the node masquerades what leaves it from the cluster network (openshift-sdn
+//! - subnet and multitenant: the node masquerades what leaves it from the cluster network (openshift-sdn
 //!   VERSION 3's rule), so the endpoint answers the gateway and the node un-NATs the reply.
 //! - networkpolicy: service traffic keeps the client's address (VERSION 4), so NetworkPolicy
 //!   applies to it as to direct traffic: the same policy allows or denies both, same-node and
@@ -63,6 +63,12 @@ impl Drop for Setup {
 fn state(cluster: &Cluster, node: &str, plugin: &str, policies: &str) -> String {
     let ids: Vec<(&str, u32)> = NAMESPACES.iter().map(|(n, id, _)| (*n, *id)).collect();
     let mut s = cluster.state_yaml(node, plugin, &ids);
+    // The Services, in the endpoints' namespace (multitenant's table 60 admits a VNID to its
+    // own namespaces' Services only).
+    s.push_str("services:\n");
+    for (i, (svc, _, _)) in SERVICES.iter().enumerate() {
+        s.push_str(&format!("  - {{namespace: team-b, name: svc{i}, clusterIP: {svc}, ports: [{{protocol: TCP, port: {PORT}}}]}}\n"));
+    }
     for (n, id, team) in NAMESPACES {
         s = s.replace(&format!("  - {{name: {n}, netid: {id}}}"), &format!("  - {{name: {n}, netid: {id}, labels: {{team: {team}}}}}"));
     }
@@ -167,10 +173,14 @@ impl Setup {
 
     /// Every client pod to every Service its node DNATs, and straight to the endpoint.
     async fn matrix(&self, allowed: impl Fn(&str) -> bool) -> Vec<String> {
+        self.matrix_of(&["team-a", "team-c"], allowed).await
+    }
+
+    /// [`matrix`](Self::matrix) with the clients of `namespaces`.
+    async fn matrix_of(&self, namespaces: &[&str], allowed: impl Fn(&str) -> bool) -> Vec<String> {
         let mut bad = Vec::new();
         for (svc, node, ep) in SERVICES {
-            for (client, cnode, ns) in PODS.iter().filter(|(_, n, ns)| *n == node && *ns != "team-b") {
-                let _ = (cnode, ns);
+            for (client, _, _) in PODS.iter().filter(|(c, n, ns)| *n == node && namespaces.contains(ns) && *c != ep) {
                 let want = allowed(client);
                 bad.extend(self.check(client, svc.parse().unwrap(), &format!("service {svc} (endpoint {ep})"), want).await);
                 bad.extend(self.check(client, self.ip(ep), &format!("pod {ep}"), want).await);
@@ -232,6 +242,17 @@ async fn subnet_services_reach_endpoints_on_both_nodes() {
     let Some(s) = setup("subnet_services_reach_endpoints_on_both_nodes", "subnet").await else { return };
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "{bad:#?}\n{}", s.diagnostics().await);
+}
+
+#[tokio::test]
+async fn multitenant_services_reach_their_own_vnid_only() {
+    let Some(s) = setup("multitenant_services_reach_their_own_vnid_only", "multitenant").await else { return };
+    // team-b's pods reach team-b's Services (and the endpoints) on both nodes...
+    let bad = s.matrix_of(&["team-b"], |_| true).await;
+    assert!(bad.is_empty(), "team-b: {bad:#?}\n{}", s.diagnostics().await);
+    // ...other VNIDs neither (table 60 has no flow for them; table 80 isolates the pods).
+    let bad = s.matrix(|_| false).await;
+    assert!(bad.is_empty(), "team-a, team-c: {bad:#?}\n{}", s.diagnostics().await);
 }
 
 /// team-b admits team-a only (namespaceSelector): through a Service exactly as directly.
