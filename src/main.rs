@@ -219,6 +219,10 @@ enum BenchCmd {
         /// private one.
         #[arg(long)]
         ovs_rundir: Option<PathBuf>,
+        /// Pods of the recovery measured through a real `sdn-node run` (its own switch; each
+        /// pod is an OVSDB port).
+        #[arg(long, default_value_t = 1000)]
+        recovery_pods: u32,
         /// Print one JSON object as the last line.
         #[arg(long)]
         json: bool,
@@ -472,8 +476,8 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Cmd::Bench { which: BenchCmd::Churn { base_pods, ops, rounds, ovs_rundir, json } } => {
-            let opts = sdn_node::bench::ChurnOptions { base_pods, ops, rounds, ovs_rundir, ..Default::default() };
+        Cmd::Bench { which: BenchCmd::Churn { base_pods, ops, rounds, ovs_rundir, recovery_pods, json } } => {
+            let opts = sdn_node::bench::ChurnOptions { base_pods, ops, rounds, ovs_rundir, recovery_pods, ..Default::default() };
             match sdn_node::bench::churn(&opts, |p| eprintln!("== {p}")).await {
                 Ok(r) => {
                     print!("{}", r.table());

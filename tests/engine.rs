@@ -116,6 +116,7 @@ async fn churn_harness_runs_and_reports_every_figure() {
         ovs_rundir: None,
         egress_rules: 20,
         egress_swaps: 4,
+        recovery_pods: 20,
     };
     // The memory phase runs the `sdn-node` binary; point it at the one cargo built.
     std::env::set_var("SDN_NODE_BIN", env!("CARGO_BIN_EXE_sdn-node"));
@@ -153,6 +154,11 @@ async fn churn_harness_runs_and_reports_every_figure() {
         "/egress_swap/p50_us",
         "/egress_swap/p99_us",
         "/memory/peak_rss_mib",
+        "/recovery/flows",
+        "/recovery/restart_to_equal_s",
+        "/recovery/agent/pods",
+        "/recovery/agent/flows",
+        "/recovery/agent/restart_to_equal_s",
     ] {
         let v = j.pointer(key).unwrap_or_else(|| panic!("missing {key}"));
         assert!(v.as_f64().is_some_and(|x| x > 0.0), "{key} = {v}");

@@ -8,6 +8,7 @@ pub mod baseline;
 pub mod limit;
 pub mod pods;
 pub mod rawof;
+pub mod recovery;
 pub use baseline::seed;
 pub mod workload;
 
@@ -50,12 +51,24 @@ pub struct ChurnOptions {
     pub ovs_rundir: Option<PathBuf>,
     pub egress_rules: u32,
     pub egress_swaps: u32,
+    /// Pods of the recovery measured through a real agent (each is an OVSDB port the agent
+    /// creates; ovs-vswitchd's per-port cost keeps this below `base_pods`).
+    pub recovery_pods: u32,
 }
 
 impl Default for ChurnOptions {
     fn default() -> Self {
-        ChurnOptions { base_pods: 10_000, ops: 300, rounds: 2, ovs_rundir: None, egress_rules: 1000, egress_swaps: 20 }
+        ChurnOptions { base_pods: 10_000, ops: 300, rounds: 2, ovs_rundir: None, egress_rules: 1000, egress_swaps: 20, recovery_pods: 1000 }
     }
+}
+
+/// The `sdn-node` executable (`SDN_NODE_BIN` lets a test harness, whose own executable is not
+/// sdn-node, name it).
+fn sdn_node_exe() -> Result<PathBuf, BenchError> {
+    Ok(match std::env::var_os("SDN_NODE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()?,
+    })
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -132,8 +145,12 @@ pub struct EgressSwap {
 pub struct Recovery {
     pub flows: usize,
     /// From the restarted ovs-vswitchd accepting OpenFlow connections to a dump equal to the
-    /// desired state (reconnect, dump, full replay bundle, verifying dump).
+    /// desired state, driving the flow engine directly (reconnect, dump, full replay bundle,
+    /// verifying dump).
     pub restart_to_equal_s: f64,
+    /// The same through a real `sdn-node run` (supervisor, OVSDB, reconciler; production
+    /// defaults), with its own pods and ports (module `recovery`).
+    pub agent: recovery::AgentRecovery,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -239,7 +256,7 @@ async fn recovery(b: &mut Bench, progress: &impl Fn(&str)) -> Result<Option<Reco
     verify(&sw, &desired, b.engine.status().await?.generation).await?;
     let restart_to_equal_s = t.elapsed().as_secs_f64();
     b.sw = sw;
-    Ok(Some(Recovery { flows: desired.len(), restart_to_equal_s }))
+    Ok(Some(Recovery { flows: desired.len(), restart_to_equal_s, ..Default::default() }))
 }
 
 async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
@@ -444,6 +461,7 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     // Recovery after a switch restart, with M pods installed (own switch only).
     if let Some(rec) = recovery(&mut b, &progress).await? {
         r.recovery = rec;
+        r.recovery.agent = recovery::agent_recovery(&sdn_node_exe()?, opts.recovery_pods, &progress).await?;
     }
 
     // 5. Memory: measured in a separate agent process (this one also holds the baselines'
@@ -477,11 +495,7 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
 
 /// Runs `sdn-node bench rss` against the same switch and reads its peak RSS.
 fn rss_in_child(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchError> {
-    // `SDN_NODE_BIN` lets a test harness (whose own executable is not sdn-node) name it.
-    let exe = match std::env::var_os("SDN_NODE_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()?,
-    };
+    let exe = sdn_node_exe()?;
     let out = std::process::Command::new(exe)
         .args(["bench", "rss", "--base-pods", &m.to_string(), "--ops", &k.to_string(), "--ovs-rundir"])
         .arg(dir)
@@ -580,7 +594,8 @@ impl ChurnReport {
              rejections        unbundled {}, limit {}\n\
              teardown p50      {:.0} us at 100 pods, {:.0} us at {m}   growth {:.2}\n\
              egress swap       {} rules: p50 {:.0} us, p99 {:.0} us\n\
-             switch restart    {} flows: {:.3} s from accepting connections to an equal dump\n\
+             switch restart    {} flows: {:.3} s from accepting connections to an equal dump (flow engine)\n\
+             \x20                 through sdn-node run, {} pods ({} flows): {:.3} s\n\
              peak RSS          {:.1} MiB\n",
             s.agent_tps, s.agent_p50_us, s.agent_p99_us, s.agent_max_us,
             s.ofctl_tps, s.ofctl_p50_us, s.ofctl_p99_us, s.ratio,
@@ -593,6 +608,7 @@ impl ChurnReport {
             self.teardown.p50_us_at_100, self.teardown.p50_us_at_base, self.teardown.growth,
             self.egress_swap.rules, self.egress_swap.p50_us, self.egress_swap.p99_us,
             self.recovery.flows, self.recovery.restart_to_equal_s,
+            self.recovery.agent.pods, self.recovery.agent.flows, self.recovery.agent.restart_to_equal_s,
             self.memory.peak_rss_mib,
             m = self.base_pods, k = self.ops, rounds = self.rounds,
         )
