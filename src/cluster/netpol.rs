@@ -503,15 +503,42 @@ fn destinations(r: &Rule, container_ports: &[ContainerPort]) -> Vec<Dst> {
 /// changes labels: its own (as a destination) and those with a policy whose peers select pods
 /// by label or list them one by one in `namespace`.
 pub fn namespaces_watching_pods_of(state: &ClusterState, namespace: &str) -> BTreeSet<String> {
-    let view = View::new(state);
-    let mut out = BTreeSet::new();
+    let mut out = namespaces_affected(state, &BTreeSet::from([namespace.to_string()]), &BTreeMap::new());
     out.insert(namespace.to_string());
+    out
+}
+
+/// The namespaces with policies whose flows may change when pods of `pods_of` come, go or
+/// change (labels, IP, containerPorts), or when the namespaces of `relabelled` change labels
+/// (given their labels before, as selectors saw them). `state` is the state after the
+/// change; its policies are those the namespaces have then (a namespace whose policies changed
+/// is touched by that change itself).
+///
+/// A policy of namespace N can see pods of P through a peer without namespaceSelector (P = N)
+/// or through a namespaceSelector that matches P's labels, before or after a relabelling; an
+/// ipBlock sees addresses, not pods. Conservative where cheap: a relabelled namespace's own
+/// policies count as affected.
+pub fn namespaces_affected(state: &ClusterState, pods_of: &BTreeSet<String>, relabelled: &BTreeMap<String, Labels>) -> BTreeSet<String> {
+    let view = View::new(state);
+    let labels_now = |n: &str| view.namespaces.get(n).map(|(_, l)| l);
+    let mut out = BTreeSet::new();
     for p in &state.network_policies {
-        let watches = p.ingress.iter().flatten().flat_map(|r| r.from.iter().flatten()).any(|peer| match peer {
-            Peer::IpBlock { .. } => false,
-            Peer::Pods { namespaces, .. } => view.selected_namespaces(&p.namespace, namespaces).contains(namespace),
-        });
-        if watches {
+        if out.contains(&p.namespace) {
+            continue;
+        }
+        let own = pods_of.contains(&p.namespace) || relabelled.contains_key(&p.namespace);
+        let affected = own
+            || p.ingress.iter().flatten().flat_map(|r| r.from.iter().flatten()).any(|peer| match peer {
+                // The policy's own namespace: `own` above.
+                Peer::IpBlock { .. } | Peer::Pods { namespaces: None, .. } => false,
+                Peer::Pods { namespaces: Some(sel), .. } => {
+                    pods_of.iter().any(|n| labels_now(n).is_some_and(|l| sel.matches(l)))
+                        || relabelled.iter().any(|(n, old)| {
+                            sel.matches(old) || labels_now(n).is_some_and(|l| sel.matches(l))
+                        })
+                }
+            });
+        if affected {
             out.insert(p.namespace.clone());
         }
     }

@@ -10,8 +10,9 @@
 //!   `Some` (this node's pods) so that pods set up through the pod API but deleted in the
 //!   cluster are torn down after a relist. `touched` names the owners whose flows may differ
 //!   from the previously published state (`None` after a list, a ClusterNetwork or NetNamespace
-//!   change, or a change to this node's HostSubnet; with the networkpolicy plugin, also after
-//!   a NetworkPolicy, Namespace-label, pod-label/containerPorts or other-node pod change).
+//!   change, or a change to this node's HostSubnet). With the networkpolicy plugin a
+//!   NetworkPolicy change touches its namespace's NetworkPolicy owner; a pod or
+//!   Namespace-label change the owners of the namespaces whose policies can select those pods.
 //! - [`WATCHED`] lists every resource the daemon watches or changes, with the verbs it uses:
 //!   the single source for both the watchers and the RBAC rules (deploy/ checks its ClusterRole
 //!   against [`rbac_rules`]).
