@@ -197,18 +197,14 @@ pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
             Selector::default()
         }
     };
-    let (ingress_type, egress) = match &spec.policy_types {
-        Some(types) => {
-            for (i, t) in types.iter().enumerate() {
-                if t != "Ingress" && t != "Egress" {
-                    problems.push(Problem::new("", format!("spec.policyTypes[{i}]"), format!("unknown policy type {t:?} (Ingress, Egress); ignored")));
-                }
-            }
-            (types.iter().any(|t| t == "Ingress"), types.iter().any(|t| t == "Egress"))
+    for (i, t) in spec.policy_types.iter().flatten().enumerate() {
+        if t != "Ingress" && t != "Egress" {
+            problems.push(Problem::new("", format!("spec.policyTypes[{i}]"), format!("unknown policy type {t:?} (Ingress, Egress); ignored")));
         }
-        // The API server's default: Ingress, and Egress if there are egress rules.
-        None => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
-    };
+    }
+    // Without policyTypes, the API server's default: Ingress.
+    let ingress_type = spec.policy_types.as_ref().is_none_or(|types| types.iter().any(|t| t == "Ingress"));
+    let egress = declares_egress(np);
     let ingress = ingress_type.then(|| {
         spec.ingress
             .iter()
@@ -218,6 +214,26 @@ pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
             .collect()
     });
     Ok((NetworkPolicy { namespace, name, pod_selector, ingress, egress }, problems))
+}
+
+/// The policy is of type Egress: `Egress` in policyTypes, or (without policyTypes, the API
+/// server's default) egress rules. One rule for the model and for the Kubernetes Event that
+/// reports it as not enforced.
+pub fn declares_egress(np: &knet::NetworkPolicy) -> bool {
+    let Some(spec) = &np.spec else { return false };
+    match &spec.policy_types {
+        Some(types) => types.iter().any(|t| t == "Egress"),
+        None => spec.egress.as_ref().is_some_and(|e| !e.is_empty()),
+    }
+}
+
+/// How many policies of `state` are of type Egress, which this node does not enforce (the
+/// `sdn_node_policies_egress_ignored` gauge): none unless the plugin is networkpolicy.
+pub fn egress_ignored(state: &ClusterState) -> usize {
+    if state.plugin != crate::model::Plugin::NetworkPolicy {
+        return 0;
+    }
+    state.network_policies.iter().filter(|p| p.egress).count()
 }
 
 fn rule(r: &knet::NetworkPolicyIngressRule, field: &str, problems: &mut Vec<Problem>) -> Rule {

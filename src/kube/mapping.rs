@@ -393,6 +393,9 @@ pub struct Objects {
     listing: Maps,
     /// Per [`Kind::ALL`] slot: the kind has listed (seen `InitDone`).
     ready: [bool; Kind::ALL.len()],
+    /// Per [`Kind::ALL`] slot: the kind is watched (the plugin needs it); an unwatched kind
+    /// has no objects and is not waited for.
+    watched: [bool; Kind::ALL.len()],
     egress_forbidden: bool,
     changes: Changes,
     /// This node's pods' annotations that matter (bandwidth), by pod.
@@ -406,15 +409,44 @@ impl Objects {
             live: Maps::default(),
             listing: Maps::default(),
             ready: [false; Kind::ALL.len()],
+            watched: [true; Kind::ALL.len()],
             egress_forbidden: false,
             changes: Changes { full: true, any: true, ..Changes::default() },
             pod_info: BTreeMap::new(),
         }
     }
 
-    /// Every kind has listed (EgressNetworkPolicies count as listed while forbidden).
+    /// Every watched kind has listed (EgressNetworkPolicies count as listed while forbidden).
     pub fn ready(&self) -> bool {
-        Kind::ALL.iter().all(|k| self.ready[k.slot()] || (self.egress_forbidden && *k == Kind::EgressNetworkPolicy))
+        Kind::ALL.iter().all(|k| {
+            !self.watched[k.slot()] || self.ready[k.slot()] || (self.egress_forbidden && *k == Kind::EgressNetworkPolicy)
+        })
+    }
+
+    /// A (new) watcher of `kind` starts: nothing is published until it has listed (its objects
+    /// so far stay until the list replaces them).
+    pub fn watch(&mut self, kind: Kind) {
+        drop(self.listing.take(kind));
+        self.watched[kind.slot()] = true;
+        self.ready[kind.slot()] = false;
+    }
+
+    /// `kind` is no longer watched: its objects go, and it is not waited for.
+    pub fn unwatch(&mut self, kind: Kind) {
+        drop(self.listing.take(kind));
+        drop(self.live.take(kind));
+        self.watched[kind.slot()] = false;
+        self.ready[kind.slot()] = false;
+        self.changes.full = true;
+        self.changes.any = true;
+    }
+
+    /// The plugin ClusterNetwork "default" names (`None`: no usable ClusterNetwork yet).
+    pub fn plugin(&self) -> Option<Plugin> {
+        match &self.live.cluster_network {
+            Some(Ok(c)) => Some(c.plugin),
+            _ => None,
+        }
     }
 
     pub fn apply(&mut self, update: Update) {
