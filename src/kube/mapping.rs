@@ -1037,6 +1037,39 @@ mod tests {
         assert!(o.publish(Some(&l)).is_none());
     }
 
+    /// Unwatched kinds are not waited for and leave no objects; a kind watched again (another
+    /// pod selector) holds publishing back until it has listed.
+    #[test]
+    fn only_watched_kinds_are_waited_for() {
+        let mut o = Objects::new("node-a");
+        o.unwatch(Kind::NetworkPolicy);
+        o.unwatch(Kind::Namespace);
+        let scoped = [Kind::NetworkPolicy, Kind::Namespace];
+        for k in Kind::ALL.into_iter().filter(|k| !scoped.contains(k)) {
+            o.apply(Update::ListStart(k));
+        }
+        o.apply(Update::ListApply(id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-networkpolicy")))));
+        o.apply(Update::ListApply(id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23")))));
+        for k in Kind::ALL.into_iter().filter(|k| !scoped.contains(k)) {
+            assert!(!o.ready());
+            o.apply(Update::ListDone(k));
+        }
+        assert!(o.ready());
+        assert_eq!(o.plugin(), Some(Plugin::NetworkPolicy));
+        let l = o.publish(None).unwrap().unwrap();
+        // The plugin wants the policies: they are waited for once watched.
+        o.watch(Kind::NetworkPolicy);
+        o.apply(Update::ListStart(Kind::NetworkPolicy));
+        o.apply(Update::ListApply(id("ns", "p"), Object::NetworkPolicy(network_policy(&knp("ns", "p", json!({"podSelector": {}}))))));
+        assert!(!o.ready() && o.publish(Some(&l)).is_none());
+        o.apply(Update::ListDone(Kind::NetworkPolicy));
+        assert!(o.ready());
+        assert_eq!(o.live.network_policies.items.len(), 1);
+        // Unwatched again: the objects go.
+        o.unwatch(Kind::NetworkPolicy);
+        assert!(o.ready() && o.live.network_policies.items.is_empty());
+    }
+
     #[test]
     fn pods_convert_to_what_is_used() {
         let p = pod(&kpod("ns", "p", "node-b", "10.129.0.9", json!({"a": "b"})));
