@@ -61,6 +61,9 @@ pub struct Metrics {
     pub pod_requests: Family<RequestLabel, Counter>,
     /// Seconds since the reconcile loop last finished a pass (0 while idle and caught up).
     pub reconcile_stalled: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// NetworkPolicies of type Egress in the current state: not enforced by this node (the
+    /// datapath has no egress stage for them), so counted where an operator looks.
+    pub policies_egress_ignored: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -96,6 +99,7 @@ impl Metrics {
             connected: Family::default(),
             pod_requests: Family::default(),
             reconcile_stalled: Gauge::default(),
+            policies_egress_ignored: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -110,6 +114,11 @@ impl Metrics {
             r.register("pod_setup_seconds", "Pod API setup latency (request to committed flows)", m.pod_setup.clone());
             r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
             r.register("pod_requests", "Pod API requests, by operation and the status code answered (503: switch or OVSDB unavailable, 504: deadline)", m.pod_requests.clone());
+            r.register(
+                "policies_egress_ignored",
+                "NetworkPolicies with Egress in policyTypes, which this node does not enforce (egress from their pods stays allowed)",
+                m.policies_egress_ignored.clone(),
+            );
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
         // Known series start at zero, so a scrape shows every family before it first moves.

@@ -431,13 +431,12 @@ async fn network_policies_drive_table_80() {
             "spec": {"nodeName": "node-b", "containers": [{"name": "c"}]},
             "status": {"phase": "Running", "podIP": "10.129.0.5"}}),
     );
-    fake.put(
-        "networkpolicies",
-        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"namespace": "team-a", "name": "db-from-web"},
-            "spec": {"podSelector": {"matchLabels": {"app": "db"}},
-                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "sql"}]}]}}),
-    );
+    // Of types Ingress and Egress: the Egress part is not enforced, and reported.
+    let policy = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"namespace": "team-a", "name": "db-from-web", "uid": "u-1", "generation": 1},
+        "spec": {"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress", "Egress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "sql"}]}]}});
+    fake.put("networkpolicies", policy.clone());
     let d = Daemon::start(&fake).await;
     d.add_pod("team-a", "db", "veth-db", "10.128.2.5", "0a:58:0a:80:02:05").await;
     let flows = d
@@ -447,7 +446,103 @@ async fn network_policies_drive_table_80() {
         .await;
     // Only the selected source and the named port (resolved to 5432) are allowed.
     assert!(!has(&flows, &["nw_dst=10.128.2.5", "tp_dst=5432", "nw_src=10.128"]), "{flows:#?}");
+    // The plugin needs every pod, the policies and the namespaces watched.
+    let reqs = fake.requests();
+    for path in ["/apis/networking.k8s.io/v1/networkpolicies?", "/api/v1/namespaces?", "/api/v1/pods?"] {
+        assert!(reqs.iter().any(|r| r.starts_with(&format!("GET {path}")) && !r.contains("fieldSelector")), "{path}: {reqs:#?}");
+    }
+
+    // The Egress part: a Warning Event regarding the policy, and the gauge.
+    let events = poll("the EgressNotEnforced Event", || {
+        let p = fake.posts();
+        async move { if p.is_empty() { Err("no POST yet".into()) } else { Ok(p) } }
+    })
+    .await;
+    let (path, ev) = &events[0];
+    assert_eq!(path, "/apis/events.k8s.io/v1/namespaces/team-a/events");
+    assert_eq!(ev["reason"], "EgressNotEnforced");
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["regarding"]["kind"], "NetworkPolicy");
+    assert_eq!(ev["regarding"]["namespace"], "team-a");
+    assert_eq!(ev["regarding"]["name"], "db-from-web");
+    assert_eq!(ev["reportingInstance"], NODE);
+    assert_eq!(d.telemetry.metrics.policies_egress_ignored.get(), 1);
+    // Once per generation: a change that keeps it (a label) reports nothing; a new generation
+    // is reported again.
+    let mut relabelled = policy.clone();
+    relabelled["metadata"]["labels"] = json!({"x": "y"});
+    fake.put("networkpolicies", relabelled.clone());
+    let mut next = relabelled;
+    next["metadata"]["generation"] = json!(2);
+    next["spec"]["ingress"][0]["ports"] = json!([{"port": 5433}]);
+    fake.put("networkpolicies", next);
+    d.until("generation 2's port", 80, |f| has(f, &["nw_src=10.129.0.5", "tp_dst=5433"])).await;
+    // The Recorder publishes a repeat as the first Event's series (a PATCH counting it).
+    let event_patches = || fake.patches().into_iter().filter(|(p, _, _)| p.starts_with("/apis/events.k8s.io/v1/namespaces/team-a/events/")).count();
+    poll("the second Event", || {
+        let (posts, patches) = (fake.posts().len(), event_patches());
+        async move { if posts + patches == 2 { Ok(()) } else { Err(format!("{posts} POSTs, {patches} PATCHes")) } }
+    })
+    .await;
     fake.delete("networkpolicies", "team-a", "db-from-web");
     d.until("the policy's flows gone", 80, |f| !f.iter().any(|l| l.contains("nw_dst=10.128.2.5"))).await;
+    poll("the gauge back to 0", || {
+        let n = d.telemetry.metrics.policies_egress_ignored.get();
+        async move { if n == 0 { Ok(()) } else { Err(format!("{n}")) } }
+    })
+    .await;
+    assert_eq!(fake.posts().len() + event_patches(), 2, "{:#?} {:#?}", fake.posts(), fake.patches());
+    d.stop().await;
+}
+
+/// A multitenant node may list only its own pods, and neither NetworkPolicies nor Namespaces
+/// (a ClusterRole without the networkpolicy plugin's rules): it converges all the same, watching
+/// only what its plugin needs. When the cluster switches to the networkpolicy plugin, the node
+/// starts watching those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_plugins_watch_only_their_node_pods() {
+    let fake = FakeKube::start().await;
+    populate(&fake);
+    fake.forbid("networkpolicies", true);
+    fake.forbid("namespaces", true);
+    fake.forbid_unselected("pods", true);
+    let d = Daemon::start(&fake).await;
+    d.until("service web (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.10", "tp_dst=80"])).await;
+    d.add_pod("team-a", "a1", "veth-a1", "10.128.2.5", "0a:58:0a:80:02:05").await;
+    d.until("pod a1 (table 70)", 70, |f| has(f, &["nw_dst=10.128.2.5", "0xb->NXM_NX_REG1"])).await;
+    // This node's pods are followed: a1 deleted in the cluster is torn down.
+    fake.delete("pods", "team-a", "a1");
+    d.until("pod a1's flows removed", 70, |f| !has(f, &["10.128.2.5"])).await;
+    let reqs = fake.requests();
+    assert!(!reqs.iter().any(|r| r.contains("/networkpolicies") || r.contains("/api/v1/namespaces?")), "{reqs:#?}");
+    let pods: Vec<&String> = reqs.iter().filter(|r| r.starts_with("GET /api/v1/pods")).collect();
+    assert!(!pods.is_empty() && pods.iter().all(|r| r.contains("fieldSelector=spec.nodeName%3Dnode-a")), "{pods:#?}");
+    assert_eq!(d.telemetry.metrics.policies_egress_ignored.get(), 0);
+
+    // The cluster moves to the networkpolicy plugin (and the node is granted the lists).
+    fake.forbid("networkpolicies", false);
+    fake.forbid("namespaces", false);
+    fake.forbid_unselected("pods", false);
+    fake.put("namespaces", json!({"metadata": {"name": "team-a"}}));
+    fake.put(
+        "networkpolicies",
+        json!({"metadata": {"namespace": "team-a", "name": "deny-all"}, "spec": {"podSelector": {}, "policyTypes": ["Egress"]}}),
+    );
+    let mut cn = cluster_network();
+    cn["pluginName"] = json!("redhat/openshift-ovs-networkpolicy");
+    fake.put("clusternetworks", cn);
+    d.until("the networkpolicy version note (table 253)", 253, |f| has(f, &["note:02."])).await;
+    poll("the networkpolicy plugin's watches", || {
+        let reqs = fake.requests();
+        let np = reqs.iter().any(|r| r.starts_with("GET /apis/networking.k8s.io/v1/networkpolicies"));
+        let all_pods = reqs.iter().any(|r| r.starts_with("GET /api/v1/pods") && !r.contains("fieldSelector"));
+        async move { if np && all_pods { Ok(()) } else { Err(format!("{reqs:#?}")) } }
+    })
+    .await;
+    poll("the Egress policy counted", || {
+        let n = d.telemetry.metrics.policies_egress_ignored.get();
+        async move { if n == 1 { Ok(()) } else { Err(format!("{n}")) } }
+    })
+    .await;
     d.stop().await;
 }

@@ -197,18 +197,14 @@ pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
             Selector::default()
         }
     };
-    let (ingress_type, egress) = match &spec.policy_types {
-        Some(types) => {
-            for (i, t) in types.iter().enumerate() {
-                if t != "Ingress" && t != "Egress" {
-                    problems.push(Problem::new("", format!("spec.policyTypes[{i}]"), format!("unknown policy type {t:?} (Ingress, Egress); ignored")));
-                }
-            }
-            (types.iter().any(|t| t == "Ingress"), types.iter().any(|t| t == "Egress"))
+    for (i, t) in spec.policy_types.iter().flatten().enumerate() {
+        if t != "Ingress" && t != "Egress" {
+            problems.push(Problem::new("", format!("spec.policyTypes[{i}]"), format!("unknown policy type {t:?} (Ingress, Egress); ignored")));
         }
-        // The API server's default: Ingress, and Egress if there are egress rules.
-        None => (true, spec.egress.as_ref().is_some_and(|e| !e.is_empty())),
-    };
+    }
+    // Without policyTypes, the API server's default: Ingress.
+    let ingress_type = spec.policy_types.as_ref().is_none_or(|types| types.iter().any(|t| t == "Ingress"));
+    let egress = declares_egress(np);
     let ingress = ingress_type.then(|| {
         spec.ingress
             .iter()
@@ -218,6 +214,26 @@ pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
             .collect()
     });
     Ok((NetworkPolicy { namespace, name, pod_selector, ingress, egress }, problems))
+}
+
+/// The policy is of type Egress: `Egress` in policyTypes, or (without policyTypes, the API
+/// server's default) egress rules. One rule for the model and for the Kubernetes Event that
+/// reports it as not enforced.
+pub fn declares_egress(np: &knet::NetworkPolicy) -> bool {
+    let Some(spec) = &np.spec else { return false };
+    match &spec.policy_types {
+        Some(types) => types.iter().any(|t| t == "Egress"),
+        None => spec.egress.as_ref().is_some_and(|e| !e.is_empty()),
+    }
+}
+
+/// How many policies of `state` are of type Egress, which this node does not enforce (the
+/// `sdn_node_policies_egress_ignored` gauge): none unless the plugin is networkpolicy.
+pub fn egress_ignored(state: &ClusterState) -> usize {
+    if state.plugin != crate::model::Plugin::NetworkPolicy {
+        return 0;
+    }
+    state.network_policies.iter().filter(|p| p.egress).count()
 }
 
 fn rule(r: &knet::NetworkPolicyIngressRule, field: &str, problems: &mut Vec<Problem>) -> Rule {
@@ -503,15 +519,42 @@ fn destinations(r: &Rule, container_ports: &[ContainerPort]) -> Vec<Dst> {
 /// changes labels: its own (as a destination) and those with a policy whose peers select pods
 /// by label or list them one by one in `namespace`.
 pub fn namespaces_watching_pods_of(state: &ClusterState, namespace: &str) -> BTreeSet<String> {
-    let view = View::new(state);
-    let mut out = BTreeSet::new();
+    let mut out = namespaces_affected(state, &BTreeSet::from([namespace.to_string()]), &BTreeMap::new());
     out.insert(namespace.to_string());
+    out
+}
+
+/// The namespaces with policies whose flows may change when pods of `pods_of` come, go or
+/// change (labels, IP, containerPorts), or when the namespaces of `relabelled` change labels
+/// (given their labels before, as selectors saw them). `state` is the state after the
+/// change; its policies are those the namespaces have then (a namespace whose policies changed
+/// is touched by that change itself).
+///
+/// A policy of namespace N can see pods of P through a peer without namespaceSelector (P = N)
+/// or through a namespaceSelector that matches P's labels, before or after a relabelling; an
+/// ipBlock sees addresses, not pods. Conservative where cheap: a relabelled namespace's own
+/// policies count as affected.
+pub fn namespaces_affected(state: &ClusterState, pods_of: &BTreeSet<String>, relabelled: &BTreeMap<String, Labels>) -> BTreeSet<String> {
+    let view = View::new(state);
+    let labels_now = |n: &str| view.namespaces.get(n).map(|(_, l)| l);
+    let mut out = BTreeSet::new();
     for p in &state.network_policies {
-        let watches = p.ingress.iter().flatten().flat_map(|r| r.from.iter().flatten()).any(|peer| match peer {
-            Peer::IpBlock { .. } => false,
-            Peer::Pods { namespaces, .. } => view.selected_namespaces(&p.namespace, namespaces).contains(namespace),
-        });
-        if watches {
+        if out.contains(&p.namespace) {
+            continue;
+        }
+        let own = pods_of.contains(&p.namespace) || relabelled.contains_key(&p.namespace);
+        let affected = own
+            || p.ingress.iter().flatten().flat_map(|r| r.from.iter().flatten()).any(|peer| match peer {
+                // The policy's own namespace: `own` above.
+                Peer::IpBlock { .. } | Peer::Pods { namespaces: None, .. } => false,
+                Peer::Pods { namespaces: Some(sel), .. } => {
+                    pods_of.iter().any(|n| labels_now(n).is_some_and(|l| sel.matches(l)))
+                        || relabelled.iter().any(|(n, old)| {
+                            sel.matches(old) || labels_now(n).is_some_and(|l| sel.matches(l))
+                        })
+                }
+            });
+        if affected {
             out.insert(p.namespace.clone());
         }
     }

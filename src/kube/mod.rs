@@ -10,12 +10,18 @@
 //!   `Some` (this node's pods) so that pods set up through the pod API but deleted in the
 //!   cluster are torn down after a relist. `touched` names the owners whose flows may differ
 //!   from the previously published state (`None` after a list, a ClusterNetwork or NetNamespace
-//!   change, or a change to this node's HostSubnet; with the networkpolicy plugin, also after
-//!   a NetworkPolicy, Namespace-label, pod-label/containerPorts or other-node pod change).
+//!   change, or a change to this node's HostSubnet). With the networkpolicy plugin a
+//!   NetworkPolicy change touches its namespace's NetworkPolicy owner; a pod or
+//!   Namespace-label change the owners of the namespaces whose policies can select those pods.
+//! - What is watched follows the plugin: NetworkPolicies, Namespaces and every pod only under
+//!   the networkpolicy plugin; otherwise this node's pods alone (`spec.nodeName`), so that
+//!   subnet and multitenant clusters need not grant those lists. NetworkPolicies of type
+//!   Egress get a Warning Event ([`events`]) once per generation.
 //! - [`WATCHED`] lists every resource the daemon watches or changes, with the verbs it uses:
 //!   the single source for both the watchers and the RBAC rules (deploy/ checks its ClusterRole
 //!   against [`rbac_rules`]).
 
+pub mod events;
 pub mod mapping;
 pub mod types;
 pub mod watch;
@@ -40,12 +46,18 @@ pub const WATCHED: &[Watched] = &[
     Watched { group: "network.openshift.io", resource: "netnamespaces", verbs: &["get", "list", "watch"] },
     Watched { group: "network.openshift.io", resource: "egressnetworkpolicies", verbs: &["get", "list", "watch"] },
     Watched { group: "", resource: "services", verbs: &["get", "list", "watch"] },
+    // This node's pods (spec.nodeName); cluster-wide with the networkpolicy plugin.
     Watched { group: "", resource: "pods", verbs: &["get", "list", "watch"] },
-    // The networkpolicy plugin: policies, namespace labels (pods above: cluster-wide).
+    // The networkpolicy plugin only (not watched under the others): policies, namespace labels.
     Watched { group: "networking.k8s.io", resource: "networkpolicies", verbs: &["get", "list", "watch"] },
     Watched { group: "", resource: "namespaces", verbs: &["get", "list", "watch"] },
     // The egress-policy label: `network.openshift.io/not-enforcing-egress-network-policy`.
     Watched { group: "", resource: "nodes", verbs: &["get", "patch"] },
+    // Warning Events on NetworkPolicies whose Egress rules are not enforced (kube's Recorder
+    // creates events.k8s.io Events and patches their series; core Events are the same objects
+    // through the older API).
+    Watched { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },
+    Watched { group: "", resource: "events", verbs: &["create", "patch"] },
 ];
 
 /// The RBAC rules the daemon needs: (apiGroup, resource, verbs), derived from [`WATCHED`].

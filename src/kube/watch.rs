@@ -1,6 +1,8 @@
-//! The watchers: one kube-rs `watcher` + `reflector` store per watched kind, a readiness flag
-//! per kind (set by its `InitDone`), and a publisher that rebuilds the state from the stores
-//! (debounced) once every kind has listed.
+//! The watchers: one kube-rs `watcher` per watched kind, a readiness flag per kind (set by its
+//! `InitDone`), and a publisher that rebuilds the state from the converted objects (debounced)
+//! once every watched kind has listed. Which kinds are watched besides the plugin-independent
+//! ones follows the plugin ([`Scope`]); NetworkPolicies of type Egress are reported as Events
+//! ([`super::events`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,10 +18,13 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
+use super::events;
 use super::mapping::{self, Object, Objects, Update};
 use super::types::{ClusterNetwork, EgressNetworkPolicy, HostSubnet, NetNamespace};
 use super::KubeOptions;
+use crate::cluster::netpol;
 use crate::metrics::{TargetLabel, Telemetry};
+use crate::model::Plugin;
 use crate::run::source::Loaded;
 
 /// The label openshift-sdn sets on a node that cannot list EgressNetworkPolicies.
@@ -116,8 +121,96 @@ pub fn spawn(opts: KubeOptions, telemetry: Telemetry) -> watch::Receiver<Option<
 /// How many converted updates may wait for the publisher (a full queue holds the watchers back).
 const QUEUE: usize = 1024;
 
+/// The kinds whose watchers depend on the plugin (see [`Scope`]).
+const SCOPED: [Kind; 3] = [Kind::Pod, Kind::NetworkPolicy, Kind::Namespace];
+
+/// What the plugin needs watched beyond the kinds every plugin uses. Only the networkpolicy
+/// plugin uses NetworkPolicies, Namespace labels and other nodes' pods (as policy peers); the
+/// others watch this node's pods alone, so a cluster that runs them need not grant the agent
+/// those lists. The plugin is known from ClusterNetwork "default" only: until it is, this
+/// node's pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    NodePods,
+    NetworkPolicy,
+}
+
+impl Scope {
+    fn of(plugin: Option<Plugin>) -> Scope {
+        match plugin {
+            Some(Plugin::NetworkPolicy) => Scope::NetworkPolicy,
+            _ => Scope::NodePods,
+        }
+    }
+}
+
+/// A converted update, tagged with the watcher it came from: its kind and epoch (the scoped
+/// watchers' epoch changes when they are replaced, so what a stopped watcher had queued is
+/// dropped).
+struct Tagged {
+    kind: Kind,
+    epoch: u32,
+    update: Update,
+}
+
+/// Starts the watchers of `scope` (tagged `epoch`) into `tasks`; tells `objects` which kinds
+/// it now waits for.
+fn start_scoped(ctx: &Ctx, scope: Scope, epoch: u32, tasks: &mut tokio::task::JoinSet<()>, objects: &mut Objects) {
+    let t = &ctx.telemetry;
+    // Each pod is converted at once to the small record used (the full object is not kept):
+    // this node's (names, bandwidth annotations, labels, containerPorts) and, for the
+    // networkpolicy plugin, other nodes' as policy peers (IP and labels).
+    let pods = match scope {
+        Scope::NetworkPolicy => watcher::Config::default(),
+        Scope::NodePods => watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node)),
+    };
+    let stream = watcher::watcher(Api::<Pod>::all(ctx.client.clone()), pods);
+    tasks.spawn(follow(stream, Kind::Pod, epoch, |p| Object::Pod(mapping::pod(p)), ctx.tx.clone(), t.clone(), None, |_| {}));
+    objects.watch(Kind::Pod);
+    if scope == Scope::NodePods {
+        objects.unwatch(Kind::NetworkPolicy);
+        objects.unwatch(Kind::Namespace);
+        return;
+    }
+    let stream = watcher::watcher(Api::<NetworkPolicy>::all(ctx.client.clone()), watcher::Config::default());
+    let notices = ctx.notices.clone();
+    let report = move |ev: &Event<NetworkPolicy>| egress_notice(&notices, ev);
+    let convert = |p: &NetworkPolicy| Object::NetworkPolicy(mapping::network_policy(p));
+    tasks.spawn(follow(stream, Kind::NetworkPolicy, epoch, convert, ctx.tx.clone(), t.clone(), None, report));
+    objects.watch(Kind::NetworkPolicy);
+    let stream = watcher::watcher(Api::<Namespace>::all(ctx.client.clone()), watcher::Config::default());
+    let convert = |n: &Namespace| Object::Namespace(mapping::namespace_labels(n));
+    tasks.spawn(follow(stream, Kind::Namespace, epoch, convert, ctx.tx.clone(), t.clone(), None, |_| {}));
+    objects.watch(Kind::Namespace);
+}
+
+/// What the scoped watchers share.
+struct Ctx {
+    client: Client,
+    node: String,
+    telemetry: Telemetry,
+    tx: mpsc::Sender<Tagged>,
+    notices: mpsc::UnboundedSender<events::Notice>,
+}
+
+/// Tells the events task about a NetworkPolicy: of type Egress (reported), or not (any longer).
+fn egress_notice(notices: &mpsc::UnboundedSender<events::Notice>, ev: &Event<NetworkPolicy>) {
+    use kube::Resource;
+    let notice = match ev {
+        Event::Apply(p) | Event::InitApply(p) if netpol::declares_egress(p) => events::Notice::Egress {
+            id: mapping::id_of(&p.metadata),
+            reference: p.object_ref(&()),
+            generation: p.metadata.generation.unwrap_or(0),
+        },
+        Event::Apply(p) | Event::InitApply(p) | Event::Delete(p) => events::Notice::Quiet(mapping::id_of(&p.metadata)),
+        Event::Init | Event::InitDone => return,
+    };
+    // The events task ends only with the publisher.
+    let _ = notices.send(notice);
+}
+
 async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch::Sender<Option<Arc<Loaded>>>) {
-    let (up_tx, mut up_rx) = mpsc::channel::<Update>(QUEUE);
+    let (up_tx, mut up_rx) = mpsc::channel::<Tagged>(QUEUE);
     let mut tasks = tokio::task::JoinSet::new();
     let t = &telemetry;
 
@@ -125,53 +218,63 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     // and only the converted objects are kept (by the publisher's `Objects`).
     let cfg = watcher::Config::default().fields("metadata.name=default");
     let stream = watcher::watcher(Api::<ClusterNetwork>::all(client.clone()), cfg);
-    tasks.spawn(follow(stream, Kind::ClusterNetwork, |c| Object::ClusterNetwork(mapping::cluster_network(c)), up_tx.clone(), t.clone(), None));
+    let convert = |c: &ClusterNetwork| Object::ClusterNetwork(mapping::cluster_network(c));
+    tasks.spawn(follow(stream, Kind::ClusterNetwork, 0, convert, up_tx.clone(), t.clone(), None, |_| {}));
 
     let stream = watcher::watcher(Api::<HostSubnet>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::HostSubnet, |h| Object::HostSubnet(mapping::host_subnet(h)), up_tx.clone(), t.clone(), None));
+    tasks.spawn(follow(stream, Kind::HostSubnet, 0, |h| Object::HostSubnet(mapping::host_subnet(h)), up_tx.clone(), t.clone(), None, |_| {}));
 
     let stream = watcher::watcher(Api::<NetNamespace>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::NetNamespace, |n| Object::NetNamespace(mapping::net_namespace(n)), up_tx.clone(), t.clone(), None));
+    let convert = |n: &NetNamespace| Object::NetNamespace(mapping::net_namespace(n));
+    tasks.spawn(follow(stream, Kind::NetNamespace, 0, convert, up_tx.clone(), t.clone(), None, |_| {}));
 
     let label = EgressLabel { nodes: Api::<Node>::all(client.clone()), node: opts.node.clone(), set: None };
     let stream = watcher::watcher(Api::<EgressNetworkPolicy>::all(client.clone()), watcher::Config::default());
     let convert = |p: &EgressNetworkPolicy| Object::EgressPolicy(mapping::egress_policy(p));
-    tasks.spawn(follow(stream, Kind::EgressNetworkPolicy, convert, up_tx.clone(), t.clone(), Some(label)));
+    tasks.spawn(follow(stream, Kind::EgressNetworkPolicy, 0, convert, up_tx.clone(), t.clone(), Some(label), |_| {}));
 
     let stream = watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::Service, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None));
+    tasks.spawn(follow(stream, Kind::Service, 0, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None, |_| {}));
 
-    // Every pod: this node's (names, bandwidth annotations, labels, containerPorts) and, as
-    // NetworkPolicy peers, other nodes' (IP and labels). Each is converted at once to that
-    // small record; the full object is not kept.
-    let stream = watcher::watcher(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::Pod, |p| Object::Pod(mapping::pod(p)), up_tx.clone(), t.clone(), None));
+    let (notices, notices_rx) = mpsc::unbounded_channel();
+    tasks.spawn(events::report(events::recorder(client.clone(), &opts.node), notices_rx));
 
-    // NetworkPolicies and Namespace labels (the networkpolicy plugin; watched whatever the
-    // plugin, which may change).
-    let stream = watcher::watcher(Api::<NetworkPolicy>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::NetworkPolicy, |p| Object::NetworkPolicy(mapping::network_policy(p)), up_tx.clone(), t.clone(), None));
-
-    let stream = watcher::watcher(Api::<Namespace>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::Namespace, |n| Object::Namespace(mapping::namespace_labels(n)), up_tx, t.clone(), None));
-
+    let ctx = Ctx { client, node: opts.node.clone(), telemetry: telemetry.clone(), tx: up_tx, notices };
     let mut objects = Objects::new(&opts.node);
+    let (mut scope, mut epoch) = (Scope::NodePods, 1u32);
+    // Dropping the set (a scope change, or the publisher's end) aborts its watchers.
+    let mut scoped = tokio::task::JoinSet::new();
+    start_scoped(&ctx, scope, epoch, &mut scoped, &mut objects);
     let mut last_error: Option<String> = None;
     // Numbers each published state (see `Loaded::seq`).
     let mut seq: u64 = 0;
     loop {
         let first = tokio::select! {
-            // The consumer is gone: stop the watchers (dropping the JoinSet aborts them).
+            // The consumer is gone: stop the watchers (dropping the JoinSets aborts them).
             _ = tx.closed() => return,
             u = up_rx.recv() => match u {
                 Some(u) => u,
                 None => return,
             },
         };
-        objects.apply(first);
+        let current = |u: &Tagged| !SCOPED.contains(&u.kind) || u.epoch == epoch;
+        if current(&first) {
+            objects.apply(first.update);
+        }
         tokio::time::sleep(DEBOUNCE).await;
         while let Ok(u) = up_rx.try_recv() {
-            objects.apply(u);
+            if current(&u) {
+                objects.apply(u.update);
+            }
+        }
+        // The plugin decides what else is watched: switch before publishing, so that no state
+        // is published from the other scope's objects.
+        let wanted = Scope::of(objects.plugin());
+        if wanted != scope {
+            info!(from = ?scope, to = ?wanted, "the plugin changes what is watched");
+            (scope, epoch) = (wanted, epoch.wrapping_add(1));
+            scoped = tokio::task::JoinSet::new();
+            start_scoped(&ctx, scope, epoch, &mut scoped, &mut objects);
         }
         let last = tx.borrow().clone();
         match objects.publish(last.as_deref()) {
@@ -188,6 +291,7 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
                     net_namespaces = loaded.state.net_namespaces.len(),
                     services = loaded.state.services.len(),
                     egress_policies = loaded.state.egress_policies.len(),
+                    network_policies = loaded.state.network_policies.len(),
                     live_pods = objects.live_pods().len(),
                     rejected = loaded.problems.len(),
                     touched = loaded.touched.as_ref().map_or(-1, |t| t.len() as i64),
@@ -259,13 +363,16 @@ fn forbidden(e: &watcher::Error) -> bool {
 /// Follows one kind: watcher events (retried with kube's default backoff) converted to the
 /// model and queued for the publisher; the egress-policy label follows whether the kind can be
 /// listed.
+#[allow(clippy::too_many_arguments)]
 async fn follow<K, S>(
     stream: S,
     kind: Kind,
+    epoch: u32,
     convert: fn(&K) -> Object,
-    tx: mpsc::Sender<Update>,
+    tx: mpsc::Sender<Tagged>,
     telemetry: Telemetry,
     mut egress_label: Option<EgressLabel>,
+    mut observe: impl FnMut(&Event<K>) + Send,
 ) where
     K: kube::Resource,
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send,
@@ -274,6 +381,9 @@ async fn follow<K, S>(
     futures::pin_mut!(stream);
     let mut failing = false;
     while let Some(ev) = stream.next().await {
+        if let Ok(ev) = &ev {
+            observe(ev);
+        }
         let update = match ev {
             Ok(Event::Init) => Update::ListStart(kind),
             Ok(Event::InitApply(o)) => Update::ListApply(mapping::id_of(o.meta()), convert(&o)),
@@ -313,7 +423,7 @@ async fn follow<K, S>(
                 Update::EgressForbidden
             }
         };
-        if tx.send(update).await.is_err() {
+        if tx.send(Tagged { kind, epoch, update }).await.is_err() {
             return;
         }
     }

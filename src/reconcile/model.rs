@@ -460,6 +460,26 @@ mod tests {
         p
     }
 
+    /// The incremental path removes what a touched owner no longer has: a namespace's last
+    /// NetworkPolicy gone, its owner is updated to no flows (the engine then deletes them).
+    #[test]
+    fn a_touched_owner_without_flows_is_updated_to_none() {
+        let (state, _) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
+        let ns = state.network_policies[0].namespace.clone();
+        let owner = Owner::NetworkPolicy { namespace: ns.clone() };
+        let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default() });
+        let mut m = Model::new("br0");
+        m.set_source(loaded(state.clone(), 1, None));
+        let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
+        assert!(!update[0].1.is_empty(), "the example's policies give {ns} flows");
+        let mut without = state;
+        without.network_policies.retain(|p| p.namespace != ns);
+        let (_, change) = m.set_source_change(loaded(without, 2, Some(vec![owner.clone()])));
+        assert!(matches!(&change, SourceChange::Owners(o) if *o == vec![owner.clone()]), "{change:?}");
+        let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
+        assert_eq!(update, vec![(owner, vec![])]);
+    }
+
     #[test]
     fn the_agents_own_ports_are_never_a_pods() {
         let mut m = model();

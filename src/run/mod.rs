@@ -210,9 +210,7 @@ pub async fn run_with(
                     return Ok(());
                 }
                 let Some(loaded) = state_rx.borrow_and_update().clone() else { continue };
-                for p in &loaded.problems {
-                    telemetry.metrics.reject(&p.object);
-                }
+                record_source(&telemetry.metrics, &loaded);
                 telemetry.health.synced.store(true, Ordering::Relaxed);
                 let (gone, change) = {
                     let mut m = node.model();
@@ -322,5 +320,48 @@ pub async fn run_with(
             }
             telemetry.health.idle();
         }
+    }
+}
+
+/// What a new source state says to the metrics: its rejected objects, and how many
+/// NetworkPolicies of type Egress this node leaves unenforced.
+fn record_source(metrics: &crate::metrics::Metrics, loaded: &Loaded) {
+    for p in &loaded.problems {
+        metrics.reject(&p.object);
+    }
+    let ignored = crate::cluster::netpol::egress_ignored(&loaded.state);
+    metrics.policies_egress_ignored.set(i64::try_from(ignored).unwrap_or(i64::MAX));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::state_file::parse;
+
+    fn loaded(text: &str) -> Loaded {
+        let (state, problems) = parse(text).unwrap();
+        Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() }
+    }
+
+    const HEADER: &str = "node: node-a\nplugin: networkpolicy\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\nhostSubnets:\n  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}\nnetNamespaces:\n  - {name: a, netid: 11}\n";
+
+    #[test]
+    fn egress_policies_are_counted_in_the_gauge() {
+        let policies = "networkPolicies:\n\
+            - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: both, namespace: a}, spec: {podSelector: {}, policyTypes: [Ingress, Egress]}}\n\
+            - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: implied, namespace: a}, spec: {podSelector: {}, egress: [{}]}}\n\
+            - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: ingress, namespace: a}, spec: {podSelector: {}, ingress: [{}]}}\n";
+        let m = crate::metrics::Metrics::new();
+        assert!(m.encode().contains("sdn_node_policies_egress_ignored 0"), "{}", m.encode());
+        record_source(&m, &loaded(&format!("{HEADER}{policies}")));
+        assert!(m.encode().contains("sdn_node_policies_egress_ignored 2"), "{}", m.encode());
+        // The policies go: the gauge follows.
+        record_source(&m, &loaded(HEADER));
+        assert!(m.encode().contains("sdn_node_policies_egress_ignored 0"), "{}", m.encode());
+        // Another plugin enforces no NetworkPolicy at all: nothing counted as ignored here.
+        let mut l = loaded(&format!("{HEADER}{policies}"));
+        l.state.plugin = crate::model::Plugin::Multitenant;
+        record_source(&m, &l);
+        assert_eq!(m.policies_egress_ignored.get(), 0);
     }
 }

@@ -1,8 +1,8 @@
 //! A fake Kubernetes API server for the kube source: real HTTP list and watch (newline-delimited
 //! JSON events with resourceVersions, bookmarks when asked for), field selectors, and the
 //! failures a watcher must survive: 403 on list, 410 Gone on a watch from a compacted
-//! resourceVersion, dropped watch connections. Nodes can be read and merge-patched; every
-//! PATCH is recorded.
+//! resourceVersion, dropped watch connections. Nodes can be read and merge-patched; events can
+//! be created and patched; every POST and PATCH is recorded.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -34,6 +34,10 @@ struct Inner {
     compacted: BTreeMap<String, u64>,
     /// Listing (and watching) this resource answers 403.
     forbidden: BTreeSet<String>,
+    /// Listing (and watching) this resource without a field selector answers 403.
+    forbidden_unselected: BTreeSet<String>,
+    /// The objects POSTed (events): (path, body).
+    posts: Vec<(String, Value)>,
     /// Bumped to end the open watches of a resource.
     cut: BTreeMap<String, u64>,
     patches: Vec<(String, String, Value)>,
@@ -198,6 +202,22 @@ impl FakeKube {
         }
     }
 
+    /// Lists and watches of `resource` without a field selector answer 403 (a node allowed to
+    /// see only its own pods).
+    pub fn forbid_unselected(&self, resource: &str, forbidden: bool) {
+        let mut g = self.inner.lock().unwrap();
+        if forbidden {
+            g.forbidden_unselected.insert(resource.into());
+        } else {
+            g.forbidden_unselected.remove(resource);
+        }
+    }
+
+    /// The POST requests (events): (path, body).
+    pub fn posts(&self) -> Vec<(String, Value)> {
+        self.inner.lock().unwrap().posts.clone()
+    }
+
     /// The PATCH requests: (path, content type, body).
     pub fn patches(&self) -> Vec<(String, String, Value)> {
         self.inner.lock().unwrap().patches.clone()
@@ -219,7 +239,7 @@ impl FakeKube {
         // /api/v1/[namespaces/NS/]RES[/NAME] or /apis/GROUP/v1/[namespaces/NS/]RES[/NAME]
         let rest: &[&str] = match segs.as_slice() {
             ["api", "v1", rest @ ..] => rest,
-            ["apis", "network.openshift.io" | "networking.k8s.io", "v1", rest @ ..] => rest,
+            ["apis", "network.openshift.io" | "networking.k8s.io" | "events.k8s.io", "v1", rest @ ..] => rest,
             _ => return respond(404, &status(404, "NotFound", "no such path")),
         };
         let (ns, rest) = match rest {
@@ -229,7 +249,8 @@ impl FakeKube {
         let q = query(&uri);
         match (rest, method) {
             ([res], Method::GET) => {
-                if self.inner.lock().unwrap().forbidden.contains(*res) {
+                let unselected = !q.contains_key("fieldSelector") && self.inner.lock().unwrap().forbidden_unselected.contains(*res);
+                if unselected || self.inner.lock().unwrap().forbidden.contains(*res) {
                     let msg = format!("{res} is forbidden: User \"system:node\" cannot list resource \"{res}\"");
                     return respond(403, &status(403, "Forbidden", &msg));
                 }
@@ -266,6 +287,21 @@ impl FakeKube {
                 merge(&mut node, &patch);
                 self.put("nodes", node.clone());
                 respond(200, &self.object("nodes", "", name).unwrap())
+            }
+            (["events"], Method::POST) => {
+                let Ok(event) = serde_json::from_slice::<Value>(&body) else {
+                    return respond(400, &status(400, "BadRequest", "not JSON"));
+                };
+                self.inner.lock().unwrap().posts.push((path.clone(), event.clone()));
+                respond(201, &event)
+            }
+            (["events", _], Method::PATCH) => {
+                let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+                    return respond(400, &status(400, "BadRequest", "not JSON"));
+                };
+                let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                self.inner.lock().unwrap().patches.push((path.clone(), ct, patch.clone()));
+                respond(200, &patch)
             }
             _ => respond(405, &status(405, "MethodNotAllowed", "not supported by the fake")),
         }
