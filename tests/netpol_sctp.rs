@@ -343,7 +343,7 @@ async fn udp_round_trip(src: &Pod, dst: Ipv4Addr, port: u16, size: usize, sport:
 
 /// A UDP datagram larger than the MTU is fragmented by the sending pod's kernel; the later
 /// fragments carry no UDP header. The userspace datapath's conntrack (table 21 for traffic
-/// from local pods, table 80's `ct(table=80)` for traffic from VXLAN) reassembles them before
+/// from local pods, table 80's `ct(commit,table=80)` for traffic from VXLAN) reassembles them before
 /// table 80 matches the destination port, so a port-restricted rule admits the whole datagram,
 /// and denies it whole when the port is not allowed. Same node and across VXLAN.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,9 +441,10 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
 /// After an allowed exchange A -> B, any SCTP packet B -> A is in the reply direction of that
 /// entry and passes table 80's reply flow, whatever the ports and A's policies, until the
 /// entry expires. Without such an entry the same packet is denied. The entry's direction is
-/// that of the first packet, committed in table 21 before table 80 judges it: after a denied
-/// attempt B -> A on the same node, an allowed INIT A -> B arrives, but B's answer is in the
-/// original direction and A's policies (which deny SCTP) drop it.
+/// that of the first packet, committed (table 21 at the source's node, table 80's priority 250
+/// at the destination's) before table 80 judges it: after a denied attempt B -> A, an allowed
+/// INIT A -> B arrives, but B's answer is in the original direction and A's policies (which
+/// deny SCTP) drop it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sctp_replies_are_recognised_per_address_pair() {
     let Some(w) = world("sctp_per_pair").await else { return };
@@ -460,11 +461,9 @@ async fn sctp_replies_are_recognised_per_address_pair() {
         assert!(!ev.allowed(&eval_pods[s], &eval_pods[c], Proto::Sctp, 7001), "the specification denies {what} SCTP/7001");
         flush_conntrack(&w).await;
         assert_eq!(probe(&w, s, c, Proto::Sctp, 7001, PROBE).await, (false, false), "{what} SCTP/7001 without a prior exchange: denied");
-        // Same node (one conntrack table): the entry of the denied attempt makes the allowed INIT
-        // its reply and the answer its original direction, judged (and dropped) by A's policy.
-        // Across nodes each node has its own table and the exchange works.
-        let same_node = w.pods[s].0.node == w.pods[c].0.node;
-        assert_eq!(probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await, (true, !same_node), "after the denied {what}: the allowed INIT");
+        // The entry of the denied attempt (committed on both nodes) makes the allowed INIT its
+        // reply and the answer its original direction, judged (and dropped) by A's policy.
+        assert_eq!(probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await, (true, false), "after the denied {what}: the allowed INIT");
         flush_conntrack(&w).await;
         assert_eq!(probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await, (true, true), "the allowed exchange, reverse of {what}");
         let ct: String = w.c.nodes()[0].appctl(&["dpctl/dump-conntrack"]).await;

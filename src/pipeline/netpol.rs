@@ -11,7 +11,7 @@
 //! | priority | match | action | owner |
 //! |---|---|---|---|
 //! | 300 | `ip,nw_src=<gateway>` | `output:NXM_NX_REG2[]` | base |
-//! | 250 | `ip,ct_state=-trk` | `ct(table=80)` | plugin: track what came from VXLAN or tun0 |
+//! | 250 | `ip,ct_state=-trk` | `ct(commit,table=80)` | plugin: track what came from VXLAN or tun0 |
 //! | 200 | `ip,ct_state=+rpl+trk` | `output:NXM_NX_REG2[]` | plugin: replies |
 //! | 101..=199 | `ip,nw_dst=<pod>` + source + port | `output:NXM_NX_REG2[]` | namespace: allowed |
 //! | 100 | `ip,nw_dst=<pod>` | `drop` | namespace: a pod some policy selects |
@@ -115,6 +115,13 @@ pub fn conntrack_flow(cluster_network: Ipv4Net) -> Flow {
 
 /// The plugin's fixed table-80 flows: track what is not tracked yet (from VXLAN or tun0;
 /// registers survive the recirculation), accept replies, accept pods no policy selects.
+///
+/// The tracking commits, as table 21 does for local sources: the receiving node's entry then
+/// has the direction of the connection's first packet, not of the pod's answer. This matters
+/// for protocols OVS's userspace conntrack keys without ports (SCTP: one entry per address
+/// pair): uncommitted, the answer of an allowed SCTP exchange would create the entry in the
+/// reverse direction, and every later SCTP packet from the same peer, to any port, would pass
+/// as a reply (seen with real packets, tests/netpol_sctp.rs).
 pub fn plugin_flows() -> Vec<Flow> {
     let ip = |m: Ipv4Match| Match::any().ipv4(m);
     vec![
@@ -122,7 +129,7 @@ pub fn plugin_flows() -> Vec<Flow> {
             Table::Policy,
             TRACK_PRIORITY,
             ip(Ipv4Match::default()).ct_state(0, ct_state::TRK),
-            vec![Action::Ct(Ct::new().table(Table::Policy.id()))],
+            vec![Action::Ct(Ct::new().commit().table(Table::Policy.id()))],
             None,
         ),
         // OVS accepts ct_state bits only together with +trk.
@@ -344,7 +351,7 @@ mod tests {
         assert_eq!(
             f,
             vec![
-                "table=80, priority=250,ct_state=-trk,ip actions=ct(table=80)",
+                "table=80, priority=250,ct_state=-trk,ip actions=ct(commit,table=80)",
                 "table=80, priority=200,ct_state=+rpl+trk,ip actions=output:NXM_NX_REG2[]",
                 "table=80, priority=50,ip actions=output:NXM_NX_REG2[]",
             ]
