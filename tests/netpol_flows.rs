@@ -209,16 +209,13 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize) -> Stri
                 4 => "from: [{ipBlock: {cidr: 10.128.0.0/14, except: [10.129.0.0/17, 10.128.0.64/26]}}]".to_string(),
                 _ => format!("from: [{{podSelector: {}}}, {{ipBlock: {{cidr: 10.129.{}.0/24}}}}]", sel(next(8), "app", 5), next(4)),
             };
-            let ports = match next(9) {
+            let ports = match next(6) {
                 0 => String::new(),
-                6 => "ports: [{protocol: SCTP, port: assoc}, {protocol: SCTP, port: 8000, endPort: 8003}]".to_string(),
-                7 => "ports: [{protocol: SCTP}, {protocol: TCP, port: 8001}]".to_string(),
-                8 => format!("ports: [{{protocol: SCTP, port: {}}}, {{protocol: UDP, port: {}}}]", 8000 + next(3), 8000 + next(3)),
                 1 => format!("ports: [{{port: {}}}]", 8000 + next(3)),
-                2 => "ports: [{port: http}, {protocol: UDP, port: 53}]".to_string(),
+                2 => "ports: [{port: http}, {protocol: UDP, port: 53}, {protocol: SCTP, port: assoc}]".to_string(),
                 3 => format!("ports: [{{protocol: TCP, port: {}, endPort: {}}}]", 1000 + next(100), 2000 + next(3000)),
-                4 => "ports: [{protocol: UDP}]".to_string(),
-                _ => "ports: [{port: 8000, endPort: 8002}, {port: 8001}]".to_string(),
+                4 => "ports: [{protocol: UDP}, {protocol: SCTP}]".to_string(),
+                _ => "ports: [{port: 8000, endPort: 8002}, {port: 8001}, {protocol: SCTP, port: 8000, endPort: 8003}]".to_string(),
             };
             let parts: Vec<String> = [from, ports].into_iter().filter(|x| !x.is_empty()).collect();
             rules.push(format!("{{{}}}", parts.join(", ")));

@@ -342,10 +342,12 @@ async fn udp_round_trip(src: &Pod, dst: Ipv4Addr, port: u16, size: usize, sport:
 }
 
 /// A UDP datagram larger than the MTU is fragmented by the sending pod's kernel; the later
-/// fragments carry no UDP header. The userspace datapath's conntrack (table 21 for traffic
-/// from local pods, table 80's `ct(commit,table=80)` for traffic from VXLAN) reassembles them before
-/// table 80 matches the destination port, so a port-restricted rule admits the whole datagram,
-/// and denies it whole when the port is not allowed. Same node and across VXLAN.
+/// fragments carry no UDP header. The userspace datapath's `ct()` (table 21 for traffic from
+/// local pods, table 80's `ct(commit,table=80)` for traffic from VXLAN) releases the fragments
+/// of a complete datagram together; table 80 judges the first by its port and the later ones by
+/// the port-restricted rule's twin for later fragments (src/pipeline/netpol.rs). An allowed
+/// datagram arrives whole (its echo comes back whole); a denied one does not arrive (no echo).
+/// Same node and across VXLAN. Without the twins the allowed 4,000-byte datagram was lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fragmented_udp_through_a_port_restricted_policy() {
     let Some(mut w) = world("fragments").await else { return };
