@@ -221,6 +221,8 @@ async fn probe(src: &Pod, dst: Ipv4Addr, proto: Proto, port: u16, timeout: Durat
             };
             tokio::time::timeout(timeout, echoed).await.ok().flatten().is_some()
         }
+        // Not in PROTOS: SCTP needs raw-socket pods (tests/netpol_sctp.rs).
+        Proto::Sctp => unreachable!("SCTP is probed by tests/netpol_sctp.rs"),
     }
 }
 

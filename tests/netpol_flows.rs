@@ -56,7 +56,7 @@ fn disjoint(a: &Match, b: &Match) -> bool {
             // A later fragment has no L4 header: OVS matches its tp_dst as 0.
             let later = |m: &openflow::Ipv4Match| m.frag == Some(openflow::IpFrag::Later);
             let port_of = |m: &openflow::Ipv4Match| match m.proto {
-                Some(IpProto::Tcp { dst }) | Some(IpProto::Udp { dst }) => u16m(dst),
+                Some(IpProto::Tcp { dst }) | Some(IpProto::Udp { dst }) | Some(IpProto::Sctp { dst }) => u16m(dst),
                 _ => None,
             };
             if (later(x) && m_disjoint_u32(Some((0, 0xffff)), port_of(y))) || (later(y) && m_disjoint_u32(Some((0, 0xffff)), port_of(x))) {
@@ -66,6 +66,7 @@ fn disjoint(a: &Match, b: &Match) -> bool {
                 (Some(px), Some(py)) if px.number() != py.number() => return true,
                 (Some(IpProto::Tcp { dst: dx }), Some(IpProto::Tcp { dst: dy }))
                 | (Some(IpProto::Udp { dst: dx }), Some(IpProto::Udp { dst: dy }))
+                | (Some(IpProto::Sctp { dst: dx }), Some(IpProto::Sctp { dst: dy }))
                     if m_disjoint_u32(u16m(dx), u16m(dy)) =>
                 {
                     return true;
@@ -172,13 +173,14 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize) -> Stri
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 10)) + i as u32);
             let o = ip.octets();
             local += &format!(
-                "  - {{namespace: ns-{ns}, name: p{i}, containerID: \"{:064x}\", hostVeth: v{i}, internal: true, ip: {ip}, mac: \"0a:58:{:02x}:{:02x}:{:02x}:{:02x}\", labels: {labels}, containerPorts: [{{name: http, containerPort: {}, protocol: TCP}}]}}\n",
+                "  - {{namespace: ns-{ns}, name: p{i}, containerID: \"{:064x}\", hostVeth: v{i}, internal: true, ip: {ip}, mac: \"0a:58:{:02x}:{:02x}:{:02x}:{:02x}\", labels: {labels}, containerPorts: [{{name: http, containerPort: {}, protocol: TCP}}, {{name: assoc, containerPort: {}, protocol: SCTP}}]}}\n",
                 i + 1,
                 o[0],
                 o[1],
                 o[2],
                 o[3],
-                8000 + i % 3
+                8000 + i % 3,
+                8000 + i % 2
             );
         } else {
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 129, 0, 10)) + i as u32);
@@ -210,10 +212,10 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize) -> Stri
             let ports = match next(6) {
                 0 => String::new(),
                 1 => format!("ports: [{{port: {}}}]", 8000 + next(3)),
-                2 => "ports: [{port: http}, {protocol: UDP, port: 53}]".to_string(),
+                2 => "ports: [{port: http}, {protocol: UDP, port: 53}, {protocol: SCTP, port: assoc}]".to_string(),
                 3 => format!("ports: [{{protocol: TCP, port: {}, endPort: {}}}]", 1000 + next(100), 2000 + next(3000)),
-                4 => "ports: [{protocol: UDP}]".to_string(),
-                _ => "ports: [{port: 8000, endPort: 8002}, {port: 8001}]".to_string(),
+                4 => "ports: [{protocol: UDP}, {protocol: SCTP}]".to_string(),
+                _ => "ports: [{port: 8000, endPort: 8002}, {port: 8001}, {protocol: SCTP, port: 8000, endPort: 8003}]".to_string(),
             };
             let parts: Vec<String> = [from, ports].into_iter().filter(|x| !x.is_empty()).collect();
             rules.push(format!("{{{}}}", parts.join(", ")));

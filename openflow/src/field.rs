@@ -35,6 +35,7 @@ pub const OXM_IPV4_SRC: u8 = 11;
 pub const OXM_IPV4_DST: u8 = 12;
 pub const OXM_TCP_DST: u8 = 14;
 pub const OXM_UDP_DST: u8 = 16;
+pub const OXM_SCTP_DST: u8 = 18;
 pub const OXM_ARP_OP: u8 = 21;
 pub const OXM_ARP_SPA: u8 = 22;
 pub const OXM_ARP_TPA: u8 = 23;

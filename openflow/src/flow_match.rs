@@ -1,7 +1,7 @@
 //! Typed OpenFlow 1.3 matches (`ofp_match` of type OXM).
 //!
 //! The typed model makes prerequisites structural: L3 fields live inside [`EthMatch::Ipv4`] or
-//! [`EthMatch::Arp`], and L4 ports inside [`IpProto::Tcp`]/[`IpProto::Udp`], so a match such as
+//! [`EthMatch::Arp`], and L4 ports inside [`IpProto::Tcp`]/[`IpProto::Udp`]/[`IpProto::Sctp`], so a match such as
 //! "`nw_src` without `ip`" cannot be built. Fields are emitted in OVS's canonical order
 //! (prerequisites first; OVS 3.1 rejects a prerequisite placed after its dependent with
 //! OFPBMC_BAD_PREREQ). Fields this crate does not model are kept as [`RawOxm`] and re-encoded
@@ -227,7 +227,10 @@ impl IpFrag {
 pub enum IpProto {
     Tcp { dst: Option<Masked<u16>> },
     Udp { dst: Option<Masked<u16>> },
-    /// Any other protocol number (1 = ICMP prints as `icmp`, 132 as `sctp`).
+    /// SCTP (132), destination port OXM_OF_SCTP_DST (OVS prints `sctp,tp_dst=N`).
+    Sctp { dst: Option<Masked<u16>> },
+    /// Any other protocol number (1 = ICMP prints as `icmp`). `Other(6)`, `Other(17)` and
+    /// `Other(132)` encode as the typed variants without a port and decode as those.
     Other(u8),
 }
 
@@ -236,6 +239,7 @@ impl IpProto {
         match self {
             IpProto::Tcp { .. } => 6,
             IpProto::Udp { .. } => 17,
+            IpProto::Sctp { .. } => 132,
             IpProto::Other(n) => n,
         }
     }
@@ -448,6 +452,7 @@ impl Match {
                     match p {
                         IpProto::Tcp { dst: Some(d) } => s.tlv(OXM, OXM_TCP_DST, d),
                         IpProto::Udp { dst: Some(d) } => s.tlv(OXM, OXM_UDP_DST, d),
+                        IpProto::Sctp { dst: Some(d) } => s.tlv(OXM, OXM_SCTP_DST, d),
                         _ => {}
                     }
                 }
@@ -550,6 +555,7 @@ struct Seen {
     ip_frag: Option<(u8, u8)>,
     tcp_dst: Option<Masked<u16>>,
     udp_dst: Option<Masked<u16>>,
+    sctp_dst: Option<Masked<u16>>,
     arp_op: Option<u16>,
     arp_spa: Option<Masked<Ipv4Addr>>,
     arp_tpa: Option<Masked<Ipv4Addr>>,
@@ -577,6 +583,7 @@ enum Kind {
     IpFrag,
     TcpDst,
     UdpDst,
+    SctpDst,
     ArpOp,
     ArpSpa,
     ArpTpa,
@@ -603,6 +610,7 @@ fn classify(class: u16, field: u8) -> Option<(Kind, &'static str)> {
         (CLASS_NXM1, NXM1_IP_FRAG) => (IpFrag, "ip_frag"),
         (OXM, OXM_TCP_DST) | (CLASS_NXM0, NXM0_TCP_DST) => (TcpDst, "tcp_dst"),
         (OXM, OXM_UDP_DST) | (CLASS_NXM0, NXM0_UDP_DST) => (UdpDst, "udp_dst"),
+        (OXM, OXM_SCTP_DST) => (SctpDst, "sctp_dst"),
         (OXM, OXM_ARP_OP) | (CLASS_NXM0, NXM0_ARP_OP) => (ArpOp, "arp_op"),
         (OXM, OXM_ARP_SPA) | (CLASS_NXM0, NXM0_ARP_SPA) => (ArpSpa, "arp_spa"),
         (OXM, OXM_ARP_TPA) | (CLASS_NXM0, NXM0_ARP_TPA) => (ArpTpa, "arp_tpa"),
@@ -644,7 +652,7 @@ fn exact<T: MaskBits>(r: &mut Reader<'_>, hasmask: bool, field: &'static str) ->
 fn expected_len(kind: Kind) -> u8 {
     use Kind::*;
     match kind {
-        InPort16 | EthType | TcpDst | UdpDst | ArpOp | CtZone => 2,
+        InPort16 | EthType | TcpDst | UdpDst | SctpDst | ArpOp | CtZone => 2,
         IpProto | IpFrag => 1,
         InPort32 | Ipv4Src | Ipv4Dst | ArpSpa | ArpTpa | TunSrc | TunDst | Reg(_) | CtState | CtMark => 4,
         ArpSha | ArpTha => 6,
@@ -696,6 +704,7 @@ fn decode_tlvs(body: &[u8]) -> Result<Match, DecodeError> {
             }
             Kind::TcpDst => put_once(&mut s.tcp_dst, masked(&mut p, hasmask)?, name)?,
             Kind::UdpDst => put_once(&mut s.udp_dst, masked(&mut p, hasmask)?, name)?,
+            Kind::SctpDst => put_once(&mut s.sctp_dst, masked(&mut p, hasmask)?, name)?,
             Kind::ArpSpa => put_once(&mut s.arp_spa, masked(&mut p, hasmask)?, name)?,
             Kind::ArpTpa => put_once(&mut s.arp_tpa, masked(&mut p, hasmask)?, name)?,
             Kind::ArpSha => put_once(&mut s.arp_sha, masked(&mut p, hasmask)?, name)?,
@@ -734,7 +743,7 @@ fn raw_oxm<T: MaskBits>(field: u8, m: Masked<T>) -> RawOxm {
 
 fn assemble(s: Seen) -> Result<Match, DecodeError> {
     let has_ip = s.ipv4_src.is_some() || s.ipv4_dst.is_some();
-    let has_l4 = s.tcp_dst.is_some() || s.udp_dst.is_some();
+    let has_l4 = s.tcp_dst.is_some() || s.udp_dst.is_some() || s.sctp_dst.is_some();
     let has_arp = s.arp_op.is_some()
         || s.arp_spa.is_some()
         || s.arp_tpa.is_some()
@@ -745,26 +754,33 @@ fn assemble(s: Seen) -> Result<Match, DecodeError> {
         None => {
             require(has_ip || s.ip_frag.is_some() || s.ip_proto.is_some(), "ipv4/ip_proto/ip_frag", "eth_type")?;
             require(has_arp, "arp fields", ARP_TYPES)?;
-            require(has_l4, "tcp_dst/udp_dst", "ip_proto")?;
+            require(has_l4, "tcp_dst/udp_dst/sctp_dst", "ip_proto")?;
             EthMatch::Any
         }
         Some(ETH_TYPE_IPV4) => {
             require(has_arp, "arp fields", ARP_TYPES)?;
             let proto = match s.ip_proto {
                 None => {
-                    require(has_l4, "tcp_dst/udp_dst", "ip_proto")?;
+                    require(has_l4, "tcp_dst/udp_dst/sctp_dst", "ip_proto")?;
                     None
                 }
                 Some(6) => {
                     require(s.udp_dst.is_some(), "udp_dst", "ip_proto=17")?;
+                    require(s.sctp_dst.is_some(), "sctp_dst", "ip_proto=132")?;
                     Some(IpProto::Tcp { dst: s.tcp_dst })
                 }
                 Some(17) => {
                     require(s.tcp_dst.is_some(), "tcp_dst", "ip_proto=6")?;
+                    require(s.sctp_dst.is_some(), "sctp_dst", "ip_proto=132")?;
                     Some(IpProto::Udp { dst: s.udp_dst })
                 }
+                Some(132) => {
+                    require(s.tcp_dst.is_some(), "tcp_dst", "ip_proto=6")?;
+                    require(s.udp_dst.is_some(), "udp_dst", "ip_proto=17")?;
+                    Some(IpProto::Sctp { dst: s.sctp_dst })
+                }
                 Some(n) => {
-                    require(has_l4, "tcp_dst/udp_dst", "ip_proto=6 or 17")?;
+                    require(has_l4, "tcp_dst/udp_dst/sctp_dst", "ip_proto=6, 17 or 132")?;
                     Some(IpProto::Other(n))
                 }
             };
@@ -800,6 +816,9 @@ fn assemble(s: Seen) -> Result<Match, DecodeError> {
             }
             if let Some(m) = s.udp_dst {
                 other.push(raw_oxm(OXM_UDP_DST, m));
+            }
+            if let Some(m) = s.sctp_dst {
+                other.push(raw_oxm(OXM_SCTP_DST, m));
             }
             EthMatch::Other(t)
         }

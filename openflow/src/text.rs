@@ -86,11 +86,11 @@ fn raw_oxm(r: &RawOxm) -> String {
 
 fn ip_proto_name(p: &IpProto) -> Option<&'static str> {
     match p {
-        IpProto::Tcp { .. } => Some("tcp"),
-        IpProto::Udp { .. } => Some("udp"),
+        IpProto::Tcp { .. } | IpProto::Other(6) => Some("tcp"),
+        IpProto::Udp { .. } | IpProto::Other(17) => Some("udp"),
+        IpProto::Sctp { .. } | IpProto::Other(132) => Some("sctp"),
         IpProto::Other(1) => Some("icmp"),
         // No `igmp` keyword: OVS 3.1's match_format prints `ip,nw_proto=2`.
-        IpProto::Other(132) => Some("sctp"),
         IpProto::Other(_) => None,
     }
 }
@@ -247,7 +247,9 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
                 it.item(format_args!("nw_frag={t}"))?;
             }
             match &ip.proto {
-                Some(IpProto::Tcp { dst: Some(d) }) | Some(IpProto::Udp { dst: Some(d) }) if d.mask() != 0 => {
+                Some(IpProto::Tcp { dst: Some(d) }) | Some(IpProto::Udp { dst: Some(d) }) | Some(IpProto::Sctp { dst: Some(d) })
+                    if d.mask() != 0 =>
+                {
                     it.item(format_args!("tp_dst={}", port_masked(d)))?
                 }
                 _ => {}

@@ -102,13 +102,15 @@ fn ip_frag() -> impl Strategy<Value = IpFrag> {
     ]
 }
 
-/// By design `IpProto::Other(6)`/`Other(17)` decode as `Tcp { dst: None }`/`Udp { dst: None }`
-/// (the number alone decides), so `Other` avoids those two numbers.
+/// By design `IpProto::Other(6)`/`Other(17)`/`Other(132)` decode as `Tcp { dst: None }`/
+/// `Udp { dst: None }`/`Sctp { dst: None }` (the number alone decides), so `Other` avoids those
+/// three numbers.
 fn ip_proto() -> impl Strategy<Value = IpProto> {
     prop_oneof![
         proptest::option::of(masked_u16()).prop_map(|dst| IpProto::Tcp { dst }),
         proptest::option::of(masked_u16()).prop_map(|dst| IpProto::Udp { dst }),
-        any::<u8>().prop_filter("6 and 17 are typed", |n| *n != 6 && *n != 17).prop_map(IpProto::Other),
+        proptest::option::of(masked_u16()).prop_map(|dst| IpProto::Sctp { dst }),
+        any::<u8>().prop_filter("6, 17 and 132 are typed", |n| ![6, 17, 132].contains(n)).prop_map(IpProto::Other),
     ]
 }
 

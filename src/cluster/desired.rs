@@ -464,6 +464,13 @@ mod tests {
         has("table=80, priority=199,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
         has("table=80, priority=199,tcp,nw_src=10.129.0.8,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
         has("table=80, priority=199,tcp,nw_src=10.129.0.9,nw_dst=10.128.2.5,tp_dst=0x1388/0xfff8 actions=output:NXM_NX_REG2[]");
+        // db: SCTP, the named port repl (7000) and 9000-9003 from db pods, every port from team-b.
+        has("table=80, priority=199,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,tp_dst=7000 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=198,sctp,reg0=0xc,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]");
+        // Later IP fragments (no ports) of datagrams from a source a port-restricted rule admits.
+        has("table=80, priority=199,ct_state=-inv+trk,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,nw_frag=later actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=199,ct_state=-inv+trk,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,nw_frag=later actions=output:NXM_NX_REG2[]");
         has("table=80, priority=100,ip,nw_dst=10.128.2.5 actions=drop");
         // web: every namespace by VNID, and the block without its except.
         has("table=80, priority=198,ip,reg0=0xc,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");

@@ -429,8 +429,8 @@ impl<'a> View<'a> {
 }
 
 /// What the policies of `namespace` make of its local pods: every pod some Ingress policy
-/// selects, with what its policies allow (their union), and the warnings (Egress not enforced,
-/// SCTP ports) naming each policy.
+/// selects, with what its policies allow (their union), and the warnings (Egress not enforced)
+/// naming each policy.
 pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec<IsolatedPod>, Vec<Problem>) {
     let mut warnings = Vec::new();
     let policies: Vec<&NetworkPolicy> = state.network_policies.iter().filter(|p| p.namespace == namespace).collect();
@@ -438,10 +438,6 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec
         let obj = format!("networkpolicy {}/{}", p.namespace, p.name);
         if p.egress {
             warnings.push(Problem::new(&obj, "spec.policyTypes", "Egress rules are not enforced by this node: egress from the selected pods stays allowed"));
-        }
-        let sctp = p.ingress.iter().flatten().flat_map(|r| r.ports.iter().flatten()).any(|pp| pp.proto == Proto::Sctp);
-        if sctp {
-            warnings.push(Problem::new(&obj, "spec.ingress", "SCTP ports are not matched by this datapath: SCTP entries allow nothing"));
         }
     }
     // Sources per (policy, rule), resolved once for all pods.
@@ -500,7 +496,7 @@ fn destinations(r: &Rule, container_ports: &[ContainerPort]) -> Vec<Dst> {
         let proto = match p.proto {
             Proto::Tcp => L4::Tcp,
             Proto::Udp => L4::Udp,
-            Proto::Sctp => continue,
+            Proto::Sctp => L4::Sctp,
         };
         match &p.port {
             PortSpec::All => out.push(Dst::Ports { proto, start: 0, end: u16::MAX }),

@@ -20,13 +20,26 @@
 //! No two flows of equal priority in one table overlap: allowed flows of one pod are spread
 //! over priorities 199 down to 101 in layers of pairwise disjoint matches ([`layer`]); flows of
 //! different pods differ in `nw_dst`.
+//!
+//! IP fragments after the first carry no L4 header (OVS matches their `tp_dst` as 0), so a
+//! port-restricted flow alone would drop them. The userspace datapath's `ct()` (table 21, or
+//! table 80's priority 250) holds fragments until their datagram is complete (OVS's ipf),
+//! passes the reassembled datagram through conntrack, then sends the original fragments on
+//! together with its conntrack state; the first fragment, which has the ports, is judged by the
+//! port-restricted flow. So each port-restricted allowed flow has a twin without the port,
+//! `ct_state=-inv+trk,...,nw_frag=later` (same source and protocol): the datagram is whole at
+//! the pod iff its first fragment was allowed (a pod cannot reassemble a datagram without it).
+//! The conntrack original-direction port (`ct_tp_dst`) would be the exact match, but OVS 3.1
+//! gives later fragments `ct_tp_dst=0` (tried with real packets: their datapath flow shows
+//! `ct_tuple4(proto=17,tp_dst=0)`). tests/netpol_sctp.rs sends datagrams larger than the MTU
+//! through such rules, on one node and across VXLAN.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use openflow::flow_match::ct_state;
-use openflow::{IpProto, Ipv4Match, Masked, Match};
+use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
 
 use super::{cidr, host, output_reg2, Flow, Reg, Table};
 use crate::model::Vnid;
@@ -60,6 +73,7 @@ pub enum Src {
 pub enum L4 {
     Tcp,
     Udp,
+    Sctp,
 }
 
 /// What a connection goes to, beyond the pod.
@@ -131,8 +145,11 @@ struct Cube {
     /// (value, mask), value pre-masked.
     src: Option<(u32, u32)>,
     proto: Option<L4>,
-    /// (value, mask), only with `proto`.
+    /// (value, mask), only with `proto`; the value is non-zero (policy ports are 1..=65535),
+    /// so a later fragment (`tp_dst` 0) never matches.
     port: Option<(u16, u16)>,
+    /// Later fragments only (`ct_state=-inv+trk`, `nw_frag=later`), never with `port`.
+    later: bool,
 }
 
 fn masked_disjoint<T: Copy + std::ops::BitXor<Output = T> + std::ops::BitAnd<Output = T> + PartialEq + Default>(
@@ -163,6 +180,8 @@ impl Cube {
             || masked_disjoint(self.src, o.src)
             || matches!((self.proto, o.proto), (Some(a), Some(b)) if a != b)
             || masked_disjoint(self.port, o.port)
+            || (self.later && o.port.is_some_and(|(v, m)| v & m != 0))
+            || (o.later && self.port.is_some_and(|(v, m)| v & m != 0))
     }
 
     fn within(&self, o: &Cube) -> bool {
@@ -170,6 +189,7 @@ impl Cube {
             && masked_within(self.src, o.src)
             && (o.proto.is_none() || self.proto == o.proto)
             && masked_within(self.port, o.port)
+            && (self.later || !o.later)
     }
 
     fn to_match(self, pod: Ipv4Addr) -> Match {
@@ -178,12 +198,17 @@ impl Cube {
             match p {
                 L4::Tcp => IpProto::Tcp { dst },
                 L4::Udp => IpProto::Udp { dst },
+                L4::Sctp => IpProto::Sctp { dst },
             }
         });
         let src = self.src.map(|(v, m)| Masked::new(Ipv4Addr::from(v), Ipv4Addr::from(m)));
-        let mut m = Match::any().ipv4(Ipv4Match { src, dst: Some(host(pod)), proto, ..Default::default() });
+        let frag = self.later.then_some(IpFrag::Later);
+        let mut m = Match::any().ipv4(Ipv4Match { src, dst: Some(host(pod)), proto, frag });
         if let Some(v) = self.reg0 {
             m = m.reg(Reg::SrcVnid.n(), v);
+        }
+        if self.later {
+            m = m.ct_state(ct_state::TRK, ct_state::TRK | ct_state::INV);
         }
         m
     }
@@ -213,14 +238,20 @@ fn cubes(a: &Allow) -> Vec<Cube> {
         Src::Net(n) => (None, Some((u32::from(n.network()), u32::from(n.netmask())))),
     };
     match a.dst {
-        Dst::Any => vec![Cube { reg0, src, proto: None, port: None }],
+        Dst::Any => vec![Cube { reg0, src, proto: None, port: None, later: false }],
         Dst::Ports { proto, start, end } if start == 0 && end == u16::MAX => {
-            vec![Cube { reg0, src, proto: Some(proto), port: None }]
+            vec![Cube { reg0, src, proto: Some(proto), port: None, later: false }]
         }
-        Dst::Ports { proto, start, end } if start <= end => port_masks(start, end)
-            .into_iter()
-            .map(|p| Cube { reg0, src, proto: Some(proto), port: Some(p) })
-            .collect(),
+        // Port 0 is no policy port; a range from 0 starts at 1 (a later fragment's tp_dst is 0).
+        Dst::Ports { proto, start, end } if start.max(1) <= end => {
+            let mut out: Vec<Cube> = port_masks(start.max(1), end)
+                .into_iter()
+                .map(|p| Cube { reg0, src, proto: Some(proto), port: Some(p), later: false })
+                .collect();
+            // The twin for later fragments (see the module documentation).
+            out.push(Cube { reg0, src, proto: Some(proto), port: None, later: true });
+            out
+        }
         Dst::Ports { .. } => vec![],
     }
 }
@@ -233,7 +264,7 @@ fn layer(mut cubes: Vec<Cube>) -> Vec<Vec<Cube>> {
     // Wider cubes first, so that containment drops the narrow ones.
     cubes.sort_by_key(|c| {
         (
-            c.reg0.is_some() as u8 + c.proto.is_some() as u8,
+            c.reg0.is_some() as u8 + c.proto.is_some() as u8 + c.later as u8,
             c.src.map_or(0, |(_, m)| m.count_ones()),
             c.port.map_or(0, |(_, m)| m.count_ones()),
             *c,
@@ -354,6 +385,7 @@ mod tests {
             vec![
                 "table=80, priority=199,ip,nw_src=10.128.2.6,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]",
                 "table=80, priority=198,tcp,reg0=0xb,nw_dst=10.128.2.5,tp_dst=0x1f90/0xfffe actions=output:NXM_NX_REG2[]",
+                "table=80, priority=198,ct_state=-inv+trk,tcp,reg0=0xb,nw_dst=10.128.2.5,nw_frag=later actions=output:NXM_NX_REG2[]",
                 "table=80, priority=100,ip,nw_dst=10.128.2.5 actions=drop",
             ]
         );

@@ -24,7 +24,7 @@
 //! | 0 | 300 | `in_port=2,ip,nw_src=<local subnet>,nw_dst=<cluster>` | `goto_table:25` |
 //! | 25 | 100 | `ip,nw_src=<pod>` | `load:<VNID>->reg0`, `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=30)` |
 //! | 25 | 0 | | `drop` |
-//! | 30 | 250 | `ct_state=-trk,ip,nw_dst=<local subnet>` | `ct(zone=Z,table=30)` |
+//! | 30 | 250 | `ct_state=-trk,ip,nw_dst=<local subnet>` | `ct(commit,zone=Z,table=30)` |
 //! | 30 | 250 | `ct_state=+rpl+trk,ct_mark=1,ip,nw_dst=<local subnet>` | `set_field:<tun0 MAC>->eth_dst,output:2` |
 
 use std::net::Ipv4Addr;
@@ -55,9 +55,10 @@ fn ip(src: Option<Ipv4Net>, dst: Option<Ipv4Net>) -> Match {
     Match::any().ipv4(Ipv4Match { src: src.map(cidr), dst: dst.map(cidr), ..Default::default() })
 }
 
-fn ct(commit_mark: bool, table: Table) -> Action {
-    let c = Ct::new().zone(CtZone::Imm(CT_ZONE)).table(table.id());
-    Action::Ct(if commit_mark { c.commit().exec(vec![Action::SetField(SetField::CtMark(VIA_HOST_MARK))]) } else { c })
+/// `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=T)`: a connection back from the node.
+fn commit_marked(table: Table) -> Action {
+    let c = Ct::new().zone(CtZone::Imm(CT_ZONE)).table(table.id()).commit();
+    Action::Ct(c.exec(vec![Action::SetField(SetField::CtMark(VIA_HOST_MARK))]))
 }
 
 /// `ct(commit,zone=Z,table=T)`: table 21's commit of a pod's own connections.
@@ -65,9 +66,16 @@ pub fn commit(table: Table) -> Action {
     Action::Ct(Ct::new().zone(CtZone::Imm(CT_ZONE)).commit().table(table.id()))
 }
 
-/// `ct(zone=Z,table=T)`: look a packet up without committing it.
+/// `ct(commit,zone=Z,table=T)` for what reaches local pods from VXLAN or tun0 untracked.
+///
+/// It commits, as table 21 does for local sources: the receiving node's entry then has the
+/// direction of the connection's first packet, not of the pod's answer. This matters for
+/// protocols OVS's userspace conntrack keys without ports (SCTP: one entry per address pair):
+/// uncommitted, the answer of an allowed SCTP exchange would create the entry in the reverse
+/// direction, and every later SCTP packet from the same peer, to any port, would pass table 80
+/// as a reply (seen with real packets, tests/netpol_sctp.rs).
 pub fn track(table: Table) -> Action {
-    ct(false, table)
+    commit(table)
 }
 
 /// The fixed flows (networkpolicy only).
@@ -99,7 +107,7 @@ pub fn pod_flow(pod_ip: Ipv4Addr, vnid: Vnid) -> Flow {
         Table::ViaHost,
         100,
         Match::any().ipv4(Ipv4Match { src: Some(host(pod_ip)), ..Default::default() }),
-        vec![load(Reg::SrcVnid, vnid.get()), ct(true, Table::Routing)],
+        vec![load(Reg::SrcVnid, vnid.get()), commit_marked(Table::Routing)],
         None,
     )
 }
@@ -124,7 +132,7 @@ mod tests {
                 "priority=400,ip,in_port=2,nw_src=10.128.2.1,nw_dst=10.128.0.0/14 actions=goto_table:30",
                 "priority=300,ip,in_port=2,nw_src=10.128.2.0/23,nw_dst=10.128.0.0/14 actions=goto_table:25",
                 "table=25, priority=0 actions=drop",
-                "table=30, priority=250,ct_state=-trk,ip,nw_dst=10.128.2.0/23 actions=ct(table=30,zone=64000)",
+                "table=30, priority=250,ct_state=-trk,ip,nw_dst=10.128.2.0/23 actions=ct(commit,table=30,zone=64000)",
                 "table=30, priority=250,ct_state=+rpl+trk,ct_mark=0x1,ip,nw_dst=10.128.2.0/23 actions=set_field:0a:58:0a:80:02:01->eth_dst,output:2",
             ]
         );

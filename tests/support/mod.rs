@@ -7,6 +7,7 @@ pub mod fake_kube;
 pub mod inproc;
 pub mod netpol_eval;
 pub mod nodes;
+pub mod sctp;
 
 use std::net::Ipv4Addr;
 use std::process::Command;

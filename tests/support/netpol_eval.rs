@@ -46,6 +46,7 @@ pub struct EvalPod {
 pub enum Proto {
     Tcp,
     Udp,
+    Sctp,
 }
 
 impl Proto {
@@ -53,6 +54,7 @@ impl Proto {
         match self {
             Proto::Tcp => "TCP",
             Proto::Udp => "UDP",
+            Proto::Sctp => "SCTP",
         }
     }
 }

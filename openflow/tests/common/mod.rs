@@ -663,7 +663,21 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
         ),
         ("udp no port", ipm(Ipv4Match { proto: Some(IpProto::Udp { dst: None }), ..Default::default() }), vec![]),
         ("icmp", ipm(Ipv4Match { proto: Some(IpProto::Other(1)), ..Default::default() }), vec![]),
-        ("sctp", ipm(Ipv4Match { proto: Some(IpProto::Other(132)), ..Default::default() }), vec![]),
+        ("sctp", ipm(Ipv4Match { proto: Some(IpProto::Sctp { dst: None }), ..Default::default() }), vec![]),
+        (
+            "sctp port",
+            ipm(Ipv4Match {
+                dst: Some(Masked::exact(ip("10.128.2.5"))),
+                proto: Some(IpProto::Sctp { dst: Some(Masked::exact(9000)) }),
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        (
+            "sctp masked port",
+            ipm(Ipv4Match { proto: Some(IpProto::Sctp { dst: Some(Masked::new(0x1f90, 0xfffe)) }), ..Default::default() }),
+            vec![],
+        ),
         ("gre", ipm(Ipv4Match { proto: Some(IpProto::Other(47)), ..Default::default() }), vec![]),
         (
             "ip non-cidr masks",
