@@ -204,7 +204,7 @@ enum PodCmd {
 #[derive(Subcommand)]
 enum BenchCmd {
     /// Pod churn, bulk resync and egress swaps, each against a baseline measured in the same
-    /// run (ovs-ofctl per transaction, and raw pre-encoded FLOW_MODs = the switch's limit).
+    /// run (ovs-ofctl per transaction; unbundled pre-encoded FLOW_MODs; the switch's limit: pre-encoded bundles).
     Churn {
         /// Pods installed before measuring (M).
         #[arg(long, default_value_t = 10_000)]

@@ -868,3 +868,63 @@ async fn concurrent_new_ports_share_a_transaction() {
     let ports = vsctl(&sb, &["list-ports", "br0"]);
     assert_eq!(ports.lines().count(), 23, "{ports}");
 }
+
+/// Removing a pod's port costs one transaction and no read on a warm connection (the Port
+/// row's uuid and QoS come from the connection's monitor; the transaction checks them), its
+/// QoS row goes with it, a port already gone is fine, a copy the monitor has not caught up
+/// with still ends with the port and its QoS gone (the transaction's guard fails and the
+/// removal reads), and concurrent removals share transactions.
+#[tokio::test]
+async fn a_port_removal_is_one_transaction_and_takes_its_qos() {
+    let sb = sandbox_with_bridge().await;
+    let ovs = sb.ovs();
+    let spec = PortSpec::internal(None);
+    for n in ["warm", "q1", "p1"] {
+        timeout(T, ovs.add_port_fast("br0", n, &spec, T)).await.unwrap().unwrap();
+    }
+    ovs.set_pod_bandwidth("q1", 1_000_000, 0).await.unwrap();
+    assert_eq!(count_rows(&sb, "qos", None), 1);
+    let watch = ovs.interface_watch().await.unwrap();
+    timeout(T, async {
+        while watch.port("q1").is_none_or(|p| p.qos.is_none()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the monitor sees q1's QoS");
+    let before = ovs.client().requests_sent();
+    assert!(timeout(T, ovs.remove_port_fast("br0", "q1")).await.unwrap().unwrap());
+    assert_eq!(ovs.client().requests_sent() - before, 1, "one transaction, no read");
+    assert_eq!(count_rows(&sb, "port", Some("name=q1")), 0);
+    assert_eq!(count_rows(&sb, "qos", None), 0, "the QoS row is destroyed with its port");
+    assert!(!timeout(T, ovs.remove_port_fast("br0", "q1")).await.unwrap().unwrap(), "already gone");
+    assert!(!timeout(T, ovs.remove_port_fast("br0", "never")).await.unwrap().unwrap());
+
+    // Another client gives p1 a QoS, and we remove p1 at once: whether or not the monitor has
+    // seen the change, the port and the QoS are gone afterwards.
+    vsctl(&sb, &["set", "port", "p1", "qos=@q", "--", "--id=@q", "create", "qos", "type=linux-htb"]);
+    assert!(timeout(T, ovs.remove_port_fast("br0", "p1")).await.unwrap().unwrap());
+    assert_eq!(count_rows(&sb, "port", Some("name=p1")), 0);
+    assert_eq!(count_rows(&sb, "qos", None), 0);
+
+    // A group: 20 removals at once.
+    let names: Vec<String> = (0..20).map(|i| format!("g{i}")).collect();
+    for r in futures::future::join_all(names.iter().map(|n| ovs.add_port_fast("br0", n, &spec, T))).await {
+        r.unwrap();
+    }
+    timeout(T, async {
+        while names.iter().any(|n| watch.port(n).is_none()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the monitor sees the new ports");
+    let before = ovs.client().requests_sent();
+    for (n, r) in names.iter().zip(futures::future::join_all(names.iter().map(|n| ovs.remove_port_fast("br0", n))).await) {
+        assert!(r.unwrap_or_else(|e| panic!("{n}: {e}")), "{n}");
+    }
+    let sent = ovs.client().requests_sent() - before;
+    eprintln!("20 concurrent port removals: {sent} OVSDB requests");
+    assert!(sent < 20, "20 removals took {sent} requests: no group commit");
+    assert_eq!(vsctl(&sb, &["list-ports", "br0"]), "warm");
+}

@@ -212,6 +212,14 @@ struct Bench {
 }
 
 impl Bench {
+    /// A new raw connection for the next baseline measurement (outside the clock): the
+    /// harness reads the raw connection only while it waits for a barrier, so over a long
+    /// phase ovs-vswitchd's echo requests go unanswered and it drops the connection.
+    async fn fresh_raw(&mut self) -> Result<(), BenchError> {
+        self.raw = rawof::RawConn::connect(&self.dir.join("br0.mgmt")).await?;
+        Ok(())
+    }
+
     async fn clear(&self) -> Result<(), BenchError> {
         let del = FlowMod::new(FlowModCommand::Delete, OFPTT_ALL, 0x8000, Match::any());
         self.sw.send_flow_mods(&[del]).await?;
@@ -325,9 +333,11 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
         b.clear().await?;
         to.push(baseline::ofctl_bundle_file(&b.env, "br0", file.path())?);
         b.clear().await?;
+        b.fresh_raw().await?;
         tu.push(b.raw.send_and_wait(&unb_chunks, unb_barrier).await?);
         r.rejections.unbundled += std::mem::take(&mut b.raw.rejected).len();
         b.clear().await?;
+        b.fresh_raw().await?;
         tl.push(b.raw.send_and_wait(&lim_chunks, lim_barrier).await?);
         r.rejections.limit += std::mem::take(&mut b.raw.rejected).len();
     }
@@ -381,6 +391,7 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
             lat_o.push(baseline::ofctl_transaction(&b.env, "br0", &workload::seed_teardown_text(m + j))?);
         }
         time_o += t0.elapsed();
+        b.fresh_raw().await?;
         let t0 = Instant::now();
         for (chunks, barrier) in &limit_txs {
             lat_l.push(b.raw.send_and_wait(chunks, *barrier).await?);
@@ -426,8 +437,10 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
         concurrently(&b.engine, pods.iter().map(|(o, p)| (o.clone(), crate::pipeline::pod::flows(p))).collect()).await?;
         concurrently(&b.engine, pods.iter().map(|(o, _)| (o.clone(), vec![])).collect()).await?;
         pa.push(t.elapsed());
+        b.fresh_raw().await?;
         pu.push(b.raw.send_and_wait(&unb_chunks, unb_barrier).await?);
         r.rejections.unbundled += std::mem::take(&mut b.raw.rejected).len();
+        b.fresh_raw().await?;
         pl.push(b.raw.send_and_wait(&lim_chunks, lim_barrier).await?);
         r.rejections.limit += std::mem::take(&mut b.raw.rejected).len();
     }

@@ -43,33 +43,44 @@ impl RawConn {
     }
 
     async fn read_msg(&mut self) -> Result<(Header, Bytes), BenchError> {
-        loop {
-            if self.rbuf.len() >= HEADER_LEN {
-                let h = Header::decode(&self.rbuf[..HEADER_LEN]).map_err(err)?;
-                let len = usize::from(h.length).max(HEADER_LEN);
-                if self.rbuf.len() >= len {
-                    let m = self.rbuf.split_to(len).freeze();
-                    return Ok((h, m));
-                }
-            }
-            let n = tokio::time::timeout(WAIT, self.stream.read_buf(&mut self.rbuf))
-                .await
-                .map_err(|_| err("timed out waiting for the switch"))?
-                .map_err(err)?;
-            if n == 0 {
-                return Err(err("the switch closed the connection"));
-            }
-        }
+        read_from(&mut self.stream, &mut self.rbuf).await
     }
 
     /// Writes `chunks` back to back, then waits for the barrier reply with `barrier_xid`
-    /// (which the chunks must end with). Errors on the way are counted in `rejected`.
+    /// (which the chunks must end with). Errors on the way are counted in `rejected`. The
+    /// replies are read while writing: ovs-vswitchd stops reading a connection whose replies
+    /// pile up unread, and then drops it when its echo requests go unanswered.
     pub async fn send_and_wait(&mut self, chunks: &[Bytes], barrier_xid: u32) -> Result<Duration, BenchError> {
         let t = Instant::now();
-        for c in chunks {
-            self.stream.write_all(c).await.map_err(err)?;
-        }
-        self.wait_barrier(barrier_xid).await?;
+        let (mut rd, mut wr) = self.stream.split();
+        let (rbuf, rejected) = (&mut self.rbuf, &mut self.rejected);
+        let (echo_tx, mut echo_rx) = tokio::sync::mpsc::unbounded_channel::<BytesMut>();
+        let writer = async {
+            for c in chunks {
+                wr.write_all(c).await.map_err(err)?;
+            }
+            // Echo replies until the reader has its barrier (it then drops the sender).
+            while let Some(r) = echo_rx.recv().await {
+                wr.write_all(&r).await.map_err(err)?;
+            }
+            Ok::<(), BenchError>(())
+        };
+        let reader = async move {
+            loop {
+                let (h, m) = read_from(&mut rd, rbuf).await?;
+                match h.msg_type {
+                    OFPT_BARRIER_REPLY if h.xid == barrier_xid => return Ok::<(), BenchError>(()),
+                    OFPT_ERROR => rejected.push(h.xid),
+                    OFPT_ECHO_REQUEST => {
+                        let mut r = BytesMut::from(&m[..]);
+                        r[1] = OFPT_ECHO_REPLY;
+                        let _ = echo_tx.send(r);
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::try_join!(writer, reader)?;
         Ok(t.elapsed())
     }
 
@@ -87,6 +98,27 @@ impl RawConn {
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+/// Reads one message from `rd`, buffering in `rbuf`.
+async fn read_from(rd: &mut (impl tokio::io::AsyncRead + Unpin), rbuf: &mut BytesMut) -> Result<(Header, Bytes), BenchError> {
+    loop {
+        if rbuf.len() >= HEADER_LEN {
+            let h = Header::decode(&rbuf[..HEADER_LEN]).map_err(err)?;
+            let len = usize::from(h.length).max(HEADER_LEN);
+            if rbuf.len() >= len {
+                let m = rbuf.split_to(len).freeze();
+                return Ok((h, m));
+            }
+        }
+        let n = tokio::time::timeout(WAIT, rd.read_buf(rbuf))
+            .await
+            .map_err(|_| err("timed out waiting for the switch"))?
+            .map_err(err)?;
+        if n == 0 {
+            return Err(err("the switch closed the connection"));
         }
     }
 }

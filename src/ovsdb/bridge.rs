@@ -125,6 +125,41 @@ pub struct Ovs {
     ifwatch: std::sync::Arc<tokio::sync::Mutex<Option<super::ifwatch::InterfaceWatch>>>,
     /// Group commit of new ports (see [`Ovs::add_port_fast`]), started on first use.
     inserts: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<NewPort>>>,
+    /// Group commit of port removals (see [`Ovs::remove_port_fast`]), started on first use.
+    removals: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<OldPort>>>,
+}
+
+/// A port waiting for the group transaction that removes it, as the monitor knows it.
+#[derive(Debug)]
+struct OldPort {
+    bridge: String,
+    row: super::ifwatch::PortRow,
+    /// `Ok(true)`: removed; `Ok(false)`: the row is not as the monitor said (changed meanwhile,
+    /// or not on `bridge`): the caller reads and retries.
+    reply: tokio::sync::oneshot::Sender<Result<bool, OvsdbError>>,
+}
+
+/// The operations removing `p` from its bridge: guarded by "the Port row still exists with
+/// this QoS" (the monitor's copy may be stale), the QoS row destroyed with it. The last one is
+/// the `mutate`, whose count says whether the port was on the bridge.
+fn old_port_ops(p: &OldPort) -> Vec<Value> {
+    let u = &p.row.uuid;
+    let qos = match &p.row.qos {
+        Some(q) => uuid(q),
+        None => empty_set(),
+    };
+    let mut ops = vec![txn::wait_eq("Port", where_uuid(u), &["qos"], vec![json!({ "qos": qos })])];
+    if let Some(q) = &p.row.qos {
+        // QoS is a root table: it outlives the port unless destroyed; the reference goes first.
+        ops.push(txn::update("Port", where_uuid(u), json!({"qos": empty_set()})));
+        ops.push(txn::delete("QoS", where_uuid(q)));
+    }
+    ops.push(txn::mutate(
+        "Bridge",
+        vec![cond_eq("name", json!(p.bridge)), json!(["ports", "includes", uuid(u)])],
+        vec![json!(["ports", "delete", set([uuid(u)])])],
+    ));
+    ops
 }
 
 /// A new port waiting for the group transaction that inserts it.
@@ -196,6 +231,7 @@ impl Ovs {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             ifwatch: Default::default(),
             inserts: Default::default(),
+            removals: Default::default(),
         }
     }
 
@@ -605,6 +641,7 @@ impl Ovs {
                     max_attempts: self.max_attempts,
                     ifwatch: self.ifwatch.clone(),
                     inserts: Default::default(),
+                    removals: Default::default(),
                 };
                 tokio::spawn(async move {
                     let mut group = Vec::new();
@@ -659,6 +696,89 @@ impl Ovs {
             Ok(_) => Err(OvsdbError::NotFound { table: "Bridge", name: p.bridge.clone() }),
             Err(e) if e.is_wait_conflict() => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Removes a pod's port — its QoS row too, as `SetPodBandwidth(-1, -1)` then `del-port`
+    /// would — in one transaction without a read: the Port row's uuid and QoS come from the
+    /// connection's monitor and the transaction checks them. Concurrent removals share one
+    /// transaction (one ovs-vswitchd reconfiguration for a burst of deletions). When the
+    /// monitor does not know the port, or its copy is stale, it reads ([`Ovs::set_pod_bandwidth`]
+    /// then [`Ovs::delete_port`]). A port already gone is fine. Returns whether this call
+    /// removed a port.
+    pub async fn remove_port_fast(&self, bridge: &str, name: &str) -> Result<bool, OvsdbError> {
+        let watch = self.interface_watch().await?;
+        if let Some(row) = watch.port(name) {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let req = OldPort { bridge: bridge.to_string(), row, reply: tx };
+            self.remover().send(req).await.map_err(|_| OvsdbError::Disconnected)?;
+            if rx.await.map_err(|_| OvsdbError::Disconnected)?? {
+                return Ok(true);
+            }
+            debug!(port = name, "the monitor's copy of the port is stale; reading it");
+        }
+        match self.set_pod_bandwidth(name, -1, -1).await {
+            Ok(()) | Err(OvsdbError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        self.delete_port(bridge, name).await
+    }
+
+    /// The group-commit task for port removals, as [`Ovs::inserter`] for new ports.
+    fn remover(&self) -> tokio::sync::mpsc::Sender<OldPort> {
+        self.removals
+            .get_or_init(|| {
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<OldPort>(1024);
+                let ovs = Ovs {
+                    client: self.client.clone(),
+                    max_attempts: self.max_attempts,
+                    ifwatch: self.ifwatch.clone(),
+                    inserts: Default::default(),
+                    removals: Default::default(),
+                };
+                tokio::spawn(async move {
+                    let mut group = Vec::new();
+                    loop {
+                        let n = tokio::select! {
+                            _ = ovs.client.closed() => return,
+                            n = rx.recv_many(&mut group, MAX_GROUP_PORTS) => n,
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        ovs.remove_group(std::mem::take(&mut group)).await;
+                    }
+                });
+                tx
+            })
+            .clone()
+    }
+
+    /// One transaction for the whole group; if it fails (one port's row changed, say), each
+    /// port on its own, so only the port at fault falls back.
+    async fn remove_group(&self, group: Vec<OldPort>) {
+        if group.len() > 1 {
+            let mut ops = Vec::new();
+            let mut mutates = Vec::with_capacity(group.len());
+            for p in &group {
+                ops.extend(old_port_ops(p));
+                mutates.push(ops.len() - 1);
+            }
+            if let Ok(r) = self.transact(ops).await {
+                debug!(ports = group.len(), "ports removed in one transaction");
+                for (p, i) in group.into_iter().zip(mutates) {
+                    let _ = p.reply.send(Ok(r.get(i).and_then(|r| r.count) == Some(1)));
+                }
+                return;
+            }
+        }
+        for p in group {
+            let r = match self.transact(old_port_ops(&p)).await {
+                Ok(r) => Ok(r.last().and_then(|r| r.count) == Some(1)),
+                Err(e) if e.is_wait_conflict() => Ok(false),
+                Err(e) => Err(e),
+            };
+            let _ = p.reply.send(r);
         }
     }
 

@@ -1,6 +1,8 @@
-//! One long-lived monitor of the `Interface` table per connection: waiting for a new port's
-//! ofport then costs no `monitor_cond`/`monitor_cancel` round trips per port, and any number
-//! of concurrent waiters share one stream of notifications.
+//! One long-lived monitor of the `Interface` and `Port` tables per connection: waiting for a
+//! new port's ofport then costs no `monitor_cond`/`monitor_cancel` round trips per port, any
+//! number of concurrent waiters share one stream of notifications, and removing a port needs
+//! no read first (its row's uuid and QoS are known here; the removal's transaction checks them
+//! with a `wait`, so a stale copy can only make it fall back to reading).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -10,7 +12,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
-use super::types::{row_opt_i64, row_opt_string, row_string};
+use super::types::{row_opt_i64, row_opt_string, row_opt_uuid, row_string};
 use super::{OvsdbError, VSWITCH_DB};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -20,10 +22,21 @@ struct Iface {
     error: Option<String>,
 }
 
+/// What a port removal needs to know of a `Port` row.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortRow {
+    pub uuid: String,
+    /// The row's `qos` (a root-table row that has to be destroyed with the port).
+    pub qos: Option<String>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     by_uuid: HashMap<String, Iface>,
     by_name: HashMap<String, String>,
+    /// Port rows: uuid → (name, qos), and name → uuid.
+    ports: HashMap<String, (String, Option<String>)>,
+    port_by_name: HashMap<String, String>,
     /// Why the monitor ended (the watch is then useless: a new one must be started).
     ended: Option<MonitorEnd>,
 }
@@ -42,6 +55,19 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 
 impl State {
     fn apply(&mut self, updates: &TableUpdates) {
+        for (uuid, u) in updates.get("Port").into_iter().flatten() {
+            if let Some((old, _)) = self.ports.remove(uuid) {
+                if self.port_by_name.get(&old) == Some(uuid) {
+                    self.port_by_name.remove(&old);
+                }
+            }
+            let Some(new) = &u.new else { continue };
+            let Ok(name) = row_string(new, "name") else { continue };
+            // An unreadable qos is "unknown": the port is left out, and removing it reads.
+            let Ok(qos) = row_opt_uuid(new, "qos") else { continue };
+            self.port_by_name.insert(name.clone(), uuid.clone());
+            self.ports.insert(uuid.clone(), (name, qos));
+        }
         let Some(rows) = updates.get("Interface") else { return };
         for (uuid, u) in rows {
             if let Some(old) = self.by_uuid.remove(uuid) {
@@ -67,7 +93,11 @@ impl InterfaceWatch {
     /// Starts the monitor (its initial contents are applied before this returns).
     pub async fn start(client: &OvsdbClient) -> Result<InterfaceWatch, OvsdbError> {
         let reqs: BTreeMap<String, MonitorRequest> =
-            [("Interface".to_string(), MonitorRequest::columns(["name", "ofport", "error"]))].into();
+            [
+                ("Interface".to_string(), MonitorRequest::columns(["name", "ofport", "error"])),
+                ("Port".to_string(), MonitorRequest::columns(["name", "qos"])),
+            ]
+            .into();
         let mut mon = client.monitor(VSWITCH_DB, &reqs).await?;
         let state = Arc::new(Mutex::new(State::default()));
         lock(&state).apply(&mon.initial);
@@ -89,6 +119,17 @@ impl InterfaceWatch {
     /// False once the monitor has ended (start a new one).
     pub fn is_live(&self) -> bool {
         lock(&self.state).ended.is_none()
+    }
+
+    /// The `Port` row named `name` as last notified (None: unknown, or the monitor ended).
+    pub fn port(&self, name: &str) -> Option<PortRow> {
+        let st = lock(&self.state);
+        if st.ended.is_some() {
+            return None;
+        }
+        let uuid = st.port_by_name.get(name)?;
+        let (_, qos) = st.ports.get(uuid)?;
+        Some(PortRow { uuid: uuid.clone(), qos: qos.clone() })
     }
 
     /// Waits until interface `name` has an ofport (or fails with `Interface.error` when OVS

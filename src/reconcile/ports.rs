@@ -72,13 +72,10 @@ pub async fn add_pod_port(
     Ok(ofport)
 }
 
-/// TearDownPod's OVSDB part: the port's QoS, then the port. A port already gone is fine.
+/// TearDownPod's OVSDB part: the port's QoS and the port, in one (group) transaction when the
+/// connection's monitor knows the port ([`Ovs::remove_port_fast`]). A port already gone is fine.
 pub async fn remove_port(ovs: &Ovs, bridge: &str, name: &str) -> Result<(), OvsdbError> {
-    match ovs.set_pod_bandwidth(name, -1, -1).await {
-        Ok(()) | Err(OvsdbError::NotFound { .. }) => {}
-        Err(e) => return Err(e),
-    }
-    ovs.delete_port(bridge, name).await?;
+    ovs.remove_port_fast(bridge, name).await?;
     Ok(())
 }
 
