@@ -31,4 +31,4 @@ pub use host::{setup_host, HostChanges, HostConfig};
 pub use ipam::{Ipam, IpamError};
 pub use mac::MacAddr;
 pub use netns::Netns;
-pub use pod::{check_pod, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};
+pub use pod::{add_veth_pairs, check_pod, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};

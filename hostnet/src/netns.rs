@@ -99,3 +99,88 @@ fn setns(fd: i32) -> std::io::Result<()> {
         Err(std::io::Error::last_os_error())
     }
 }
+
+/// Where named namespaces live (iproute2's convention, so `ip netns` sees ours and we see its).
+pub const NETNS_DIR: &str = "/var/run/netns";
+
+impl Netns {
+    /// Creates a new, empty network namespace named `name` under [`NETNS_DIR`], as
+    /// `ip netns add` does: a fresh thread unshares its network namespace and bind-mounts it
+    /// onto an empty file, then ends. Blocking (file system and a short-lived thread).
+    pub fn create_named(name: &str) -> Result<Netns> {
+        check_netns_name(name)?;
+        let path = Path::new(NETNS_DIR).join(name);
+        let object = path.display().to_string();
+        std::fs::create_dir_all(NETNS_DIR).map_err(|e| Error::io("create", NETNS_DIR, e))?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| Error::io("create netns file", object.clone(), e))?;
+        let target = path.clone();
+        let mounted = std::thread::Builder::new()
+            .name("hostnet-netns-new".into())
+            .spawn(move || -> std::io::Result<()> {
+                // SAFETY: unshare affects only this thread, which ends right after.
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // SAFETY: plain system call.
+                let tid = unsafe { libc::gettid() };
+                bind_mount(&format!("/proc/self/task/{tid}/ns/net"), &target)
+            })
+            .map_err(|e| Error::io("spawn thread for", object.clone(), e))?
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("netns thread panicked")));
+        if let Err(e) = mounted {
+            let _ = std::fs::remove_file(&path);
+            return Err(Error::io("bind-mount new netns on", object, e));
+        }
+        Netns::open(&path)
+    }
+
+    /// Removes namespace `name` created by [`Netns::create_named`] (or `ip netns add`): its
+    /// bind mount goes (lazily: open handles keep the namespace alive), then its file. A
+    /// missing one is success. Blocking.
+    pub fn remove_named(name: &str) -> Result<()> {
+        check_netns_name(name)?;
+        let path = Path::new(NETNS_DIR).join(name);
+        let c = cstring(&path)?;
+        // SAFETY: plain system call on a NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // EINVAL: not a mount point; ENOENT: no file.
+            if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) {
+                return Err(Error::io("unmount netns", path.display().to_string(), e));
+            }
+        }
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io("remove netns file", path.display().to_string(), e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn check_netns_name(name: &str) -> Result<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(Error::invalid(format!("netns name {name:?}"), "empty, '.', '..', or containing '/' or NUL"));
+    }
+    Ok(())
+}
+
+fn cstring(p: &Path) -> Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| Error::invalid(format!("path {}", p.display()), "contains NUL"))
+}
+
+fn bind_mount(src: &str, dst: &Path) -> std::io::Result<()> {
+    let src = std::ffi::CString::new(src).map_err(std::io::Error::other)?;
+    let dst = cstring(dst).map_err(std::io::Error::other)?;
+    // SAFETY: plain system call with NUL-terminated paths and no data.
+    let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}

@@ -281,6 +281,21 @@ fn random_veth_name() -> Result<String> {
     Ok(format!("veth{:08x}", u32::from_be_bytes(b)))
 }
 
+/// Creates veth pairs `(a, b)` in `ns`, both ends with `mtu` and up (what a benchmark's
+/// pre-populated pods need: no addresses, no second namespace).
+pub async fn add_veth_pairs(ns: &Netns, pairs: &[(String, String)], mtu: u32) -> Result<()> {
+    let nl = Nl::connect(ns).await?;
+    for (a, b) in pairs {
+        let msg = rtnetlink::LinkVeth::new(a, b).mtu(mtu).build();
+        nl.link_add(msg, &format!("veth {a} <-> {b}")).await?;
+        for name in [a, b] {
+            let link = nl.require_link("veth", name).await?;
+            nl.link_up(&link, Some(mtu)).await?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,3 +353,4 @@ mod tests {
         check_ifname(&n).unwrap();
     }
 }
+

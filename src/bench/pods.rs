@@ -135,36 +135,32 @@ fn run_cmd(mut c: Command, stdin: Option<&[u8]>) -> Result<String, BenchError> {
 struct NsSet(Vec<String>);
 
 impl NsSet {
-    /// `ip netns add` for each name (off the async thread: the runtime keeps answering the
-    /// switches meanwhile); returns their paths.
+    /// Creates each namespace (netlink and a bind mount, as `ip netns add` does; off the async
+    /// thread: the runtime keeps answering the switches meanwhile); returns their paths.
     async fn add(&mut self, names: Vec<String>) -> Result<Vec<String>, BenchError> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let todo = names.clone();
-        std::thread::spawn(move || {
+        let (done, res) = tokio::task::spawn_blocking(move || {
             let mut done = Vec::new();
-            let mut res = Ok(());
             for n in todo {
-                let mut c = Command::new("ip");
-                c.args(["netns", "add", &n]);
-                if let Err(e) = run_cmd(c, None) {
-                    res = Err(e);
-                    break;
+                if let Err(e) = hostnet::Netns::create_named(&n) {
+                    return (done, Err(e));
                 }
                 done.push(n);
             }
-            let _ = tx.send((done, res));
-        });
-        let (done, res) = rx.await.map_err(|_| fail("netns creation thread died"))?;
+            (done, Ok(()))
+        })
+        .await
+        .map_err(|_| fail("netns creation thread died"))?;
         self.0.extend(done);
         res?;
-        Ok(names.iter().map(|n| format!("/var/run/netns/{n}")).collect())
+        Ok(names.iter().map(|n| format!("{}/{n}", hostnet::netns::NETNS_DIR)).collect())
     }
 }
 
 impl Drop for NsSet {
     fn drop(&mut self) {
         for n in self.0.drain(..) {
-            let _ = Command::new("ip").args(["netns", "del", &n]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+            let _ = hostnet::Netns::remove_named(&n);
         }
     }
 }
@@ -211,15 +207,6 @@ impl Site {
         format!("unix:{}", self.dir.join("db.sock").display())
     }
 
-    /// `ip [-n NS] -batch -` (off the async thread).
-    async fn ip_batch(&self, script: String) -> Result<(), BenchError> {
-        let mut c = Command::new("ip");
-        if let Some(n) = &self.ns {
-            c.args(["-n", n]);
-        }
-        c.args(["-batch", "-"]);
-        tokio::task::spawn_blocking(move || run_cmd(c, Some(script.as_bytes())).map(|_| ())).await.map_err(fail)?
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -318,19 +305,14 @@ impl Baseline {
         Ok(Baseline { tag, site, host, client, bridge_uuid, watch, mux })
     }
 
-    /// M base pods the cheap way: veth pairs from one `ip -batch`, their ports in one OVSDB
+    /// M base pods the cheap way: veth pairs over one netlink socket, their ports in one OVSDB
     /// transaction (waiting for every ofport), the base pipeline and their flows in one bundle.
     async fn install_base(&self, m: u32) -> Result<(), BenchError> {
         if m == 0 {
             return Ok(());
         }
-        let mut script = String::new();
-        for i in 0..m {
-            let (veth, _) = self.pod(i);
-            let peer = format!("p{}{i:011x}", self.tag);
-            script.push_str(&format!("link add {veth} mtu {MTU} type veth peer name {peer} mtu {MTU}\nlink set {veth} up\nlink set {peer} up\n"));
-        }
-        self.site.ip_batch(script).await?;
+        let pairs: Vec<(String, String)> = (0..m).map(|i| (self.pod(i).0, format!("p{}{i:011x}", self.tag))).collect();
+        hostnet::add_veth_pairs(&self.host, &pairs, MTU).await?;
         let ports: Vec<(String, u32)> = (0..m).map(|i| (self.pod(i).0, self.pod(i).1.ofport.0)).collect();
         let waits = ports.iter().map(|(n, _)| self.watch.expect(n)).collect::<Result<Vec<_>, _>>()?;
         self.client.transact("Open_vSwitch", limit::add_ports_ops(&self.bridge_uuid, &ports)).await?;
@@ -477,14 +459,25 @@ impl Agent {
         let conf_dir = work.join("net.d");
         let socket = work.join("cni.sock");
         let log = work.join("agent.log");
-        let mut c = match &site.ns {
-            Some(ns) => {
-                let mut c = tokio::process::Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(&opts.node_bin);
-                c
+        let mut c = tokio::process::Command::new(&opts.node_bin);
+        // The agent runs in the site's namespace (as `ip netns exec` would put it, without the
+        // exec): the child enters it between fork and exec.
+        let ns_file = site.ns.as_ref().map(|n| std::fs::File::open(format!("{}/{n}", hostnet::netns::NETNS_DIR))).transpose()?;
+        if let Some(f) = &ns_file {
+            use std::os::fd::AsRawFd;
+            let fd = f.as_raw_fd();
+            // SAFETY: only async-signal-safe work between fork and exec (one system call on
+            // a descriptor the parent keeps open until the spawn below returns).
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
             }
-            None => tokio::process::Command::new(&opts.node_bin),
-        };
+        }
         c.args(["run", "--state"])
             .arg(&state)
             .arg("--ovs-rundir")
@@ -506,7 +499,7 @@ impl Agent {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| fail(format!("cannot start the agent {}: {e}", opts.node_bin.display())))?;
-        // `ip netns exec` execs the agent in place: the pid is the agent's.
+        drop(ns_file);
         let pid = child.id().ok_or_else(|| fail("the agent exited at once"))?;
         let scratch = site._sandbox.is_none().then(|| work.clone());
         let mut a = Agent { site, child, pid, log, conf: Vec::new(), cni_bin: opts.cni_bin.clone(), scratch };
