@@ -23,7 +23,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::netpol_eval::{EvalNamespace, EvalPod, Evaluator, Proto};
-use support::nodes::{in_netns, Cluster, NodeSpec, Pod, CLUSTER_NETWORK, POD_MTU, SERVICE_NETWORK};
+use support::netpol_state;
+use support::nodes::{in_netns, tcp_echo, Cluster, NodeSpec, Pod, POD_MTU};
 use support::sctp::{self, Responder};
 
 const PROBE: Duration = Duration::from_millis(1500);
@@ -92,51 +93,10 @@ async fn world(test: &str) -> Option<World> {
     Some(w)
 }
 
-fn tcp_echo(l: std::net::TcpListener) -> tokio::task::JoinHandle<()> {
-    let l = tokio::net::TcpListener::from_std(l).expect("tokio listener");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    })
-}
 
 fn state_json(w: &World, node: &str, policies: &[Value]) -> String {
-    let host_subnets: Vec<Value> = w
-        .c
-        .nodes()
-        .iter()
-        .map(|n| json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnet": n.spec.subnet.to_string()}))
-        .collect();
     let net_namespaces: Vec<Value> = NAMESPACES.iter().map(|(n, id, team)| json!({"name": n, "netid": id, "labels": {"team": team}})).collect();
-    let mut pods = Vec::new();
-    let mut remote = Vec::new();
-    for (p, e) in &w.pods {
-        if p.node == node {
-            let ports: Vec<Value> =
-                e.container_ports.iter().map(|(n, port, proto)| json!({"name": n, "containerPort": port, "protocol": proto})).collect();
-            pods.push(json!({
-                "namespace": p.namespace, "name": p.name, "containerID": p.container_id, "hostVeth": p.host_veth,
-                "ip": p.ip.to_string(), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
-            }));
-        } else {
-            remote.push(json!({"namespace": p.namespace, "name": p.name, "ip": p.ip.to_string(), "labels": e.labels}));
-        }
-    }
-    json!({
-        "node": format!("node-{node}"), "plugin": "networkpolicy",
-        "clusterNetwork": CLUSTER_NETWORK, "serviceNetwork": SERVICE_NETWORK,
-        "hostSubnets": host_subnets, "netNamespaces": net_namespaces, "pods": pods,
-        "remotePods": remote, "networkPolicies": policies,
-    })
-    .to_string()
+    netpol_state::state_json(&w.c, node, net_namespaces, &w.pods, policies)
 }
 
 /// Applies the policies on both nodes, then empties the datapath flow caches (as

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::cninode::{can_run, container, in_ns, NodeAgent, PodNs};
-use support::nodes::{in_netns, Cluster, NodeSpec};
+use support::nodes::{in_netns, tcp_echo, Cluster, NodeSpec};
 
 const PORT: u16 = 8080;
 /// How long a probe waits for its echo before it counts as denied.
@@ -120,21 +120,6 @@ async fn setup(test: &str, plugin: &'static str) -> Option<Setup> {
     Some(s)
 }
 
-fn tcp_echo(l: std::net::TcpListener) -> tokio::task::JoinHandle<()> {
-    let l = tokio::net::TcpListener::from_std(l).expect("tokio listener");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 512];
-                while let Ok(n) = s.read(&mut buf).await {
-                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    })
-}
 
 impl Setup {
     fn pod(&self, name: &str) -> &(&'static str, PodNs, Ipv4Addr) {

@@ -631,34 +631,44 @@ impl Ovs {
     /// — a port of one of the names exists, the bridge is missing — each port is retried on
     /// its own with a guard, so only the port at fault fails.
     fn inserter(&self) -> tokio::sync::mpsc::Sender<NewPort> {
-        self.inserts
-            .get_or_init(|| {
-                let (tx, mut rx) = tokio::sync::mpsc::channel::<NewPort>(1024);
-                // Not `self.clone()`: the task must not hold the sender it waits on, or it (and
-                // the connection) would outlive every handle.
-                let ovs = Ovs {
-                    client: self.client.clone(),
-                    max_attempts: self.max_attempts,
-                    ifwatch: self.ifwatch.clone(),
-                    inserts: Default::default(),
-                    removals: Default::default(),
-                };
-                tokio::spawn(async move {
-                    let mut group = Vec::new();
-                    loop {
-                        let n = tokio::select! {
-                            _ = ovs.client.closed() => return,
-                            n = rx.recv_many(&mut group, MAX_GROUP_PORTS) => n,
-                        };
-                        if n == 0 {
-                            return;
-                        }
-                        ovs.insert_group(std::mem::take(&mut group)).await;
+        self.group_commit(&self.inserts, |ovs, group| Box::pin(ovs.insert_group(group)))
+    }
+
+    /// Starts (once per connection) a task that commits what `cell`'s channel receives in
+    /// groups: whatever is queued while `commit` runs goes into its next call, up to
+    /// [`MAX_GROUP_PORTS`] at a time.
+    fn group_commit<T: Send + 'static>(
+        &self,
+        cell: &std::sync::OnceLock<tokio::sync::mpsc::Sender<T>>,
+        commit: impl for<'a> Fn(&'a Ovs, Vec<T>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> + Send + 'static,
+    ) -> tokio::sync::mpsc::Sender<T> {
+        cell.get_or_init(|| {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<T>(1024);
+            // Not `self.clone()`: the task must not hold the sender it waits on, or it (and
+            // the connection) would outlive every handle.
+            let ovs = Ovs {
+                client: self.client.clone(),
+                max_attempts: self.max_attempts,
+                ifwatch: self.ifwatch.clone(),
+                inserts: Default::default(),
+                removals: Default::default(),
+            };
+            tokio::spawn(async move {
+                let mut group = Vec::new();
+                loop {
+                    let n = tokio::select! {
+                        _ = ovs.client.closed() => return,
+                        n = rx.recv_many(&mut group, MAX_GROUP_PORTS) => n,
+                    };
+                    if n == 0 {
+                        return;
                     }
-                });
-                tx
-            })
-            .clone()
+                    commit(&ovs, std::mem::take(&mut group)).await;
+                }
+            });
+            tx
+        })
+        .clone()
     }
 
     async fn insert_group(&self, group: Vec<NewPort>) {
@@ -726,32 +736,7 @@ impl Ovs {
 
     /// The group-commit task for port removals, as [`Ovs::inserter`] for new ports.
     fn remover(&self) -> tokio::sync::mpsc::Sender<OldPort> {
-        self.removals
-            .get_or_init(|| {
-                let (tx, mut rx) = tokio::sync::mpsc::channel::<OldPort>(1024);
-                let ovs = Ovs {
-                    client: self.client.clone(),
-                    max_attempts: self.max_attempts,
-                    ifwatch: self.ifwatch.clone(),
-                    inserts: Default::default(),
-                    removals: Default::default(),
-                };
-                tokio::spawn(async move {
-                    let mut group = Vec::new();
-                    loop {
-                        let n = tokio::select! {
-                            _ = ovs.client.closed() => return,
-                            n = rx.recv_many(&mut group, MAX_GROUP_PORTS) => n,
-                        };
-                        if n == 0 {
-                            return;
-                        }
-                        ovs.remove_group(std::mem::take(&mut group)).await;
-                    }
-                });
-                tx
-            })
-            .clone()
+        self.group_commit(&self.removals, |ovs, group| Box::pin(ovs.remove_group(group)))
     }
 
     /// One transaction for the whole group; if it fails (one port's row changed, say), each

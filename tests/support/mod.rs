@@ -6,6 +6,7 @@ pub mod cninode;
 pub mod fake_kube;
 pub mod inproc;
 pub mod netpol_eval;
+pub mod netpol_state;
 pub mod nodes;
 pub mod sctp;
 

@@ -649,3 +649,21 @@ impl Cluster {
         }
     }
 }
+
+/// A TCP echo server on `l` (each connection echoed until it closes), aborted with its handle.
+pub fn tcp_echo(l: std::net::TcpListener) -> tokio::task::JoinHandle<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::from_std(l).expect("tokio listener");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 512];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    })
+}

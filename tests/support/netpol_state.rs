@@ -1,0 +1,38 @@
+//! The networkpolicy state file of one node of a two-node harness (tests/netpol.rs,
+//! tests/netpol_sctp.rs): its own pods with labels and container ports, the other node's as
+//! `remotePods`, the policies as whole Kubernetes objects.
+
+use serde_json::{json, Value};
+
+use super::netpol_eval::EvalPod;
+use super::nodes::{Cluster, Pod, CLUSTER_NETWORK, SERVICE_NETWORK};
+
+/// Node `node`'s state with `net_namespaces` (state-file entries) and `policies`.
+pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(Pod, EvalPod)], policies: &[Value]) -> String {
+    let host_subnets: Vec<Value> = c
+        .nodes()
+        .iter()
+        .map(|n| json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnet": n.spec.subnet.to_string()}))
+        .collect();
+    let mut local = Vec::new();
+    let mut remote = Vec::new();
+    for (p, e) in pods {
+        if p.node == node {
+            let ports: Vec<Value> =
+                e.container_ports.iter().map(|(n, port, proto)| json!({"name": n, "containerPort": port, "protocol": proto})).collect();
+            local.push(json!({
+                "namespace": p.namespace, "name": p.name, "containerID": p.container_id, "hostVeth": p.host_veth,
+                "ip": p.ip.to_string(), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
+            }));
+        } else {
+            remote.push(json!({"namespace": p.namespace, "name": p.name, "ip": p.ip.to_string(), "labels": e.labels}));
+        }
+    }
+    json!({
+        "node": format!("node-{node}"), "plugin": "networkpolicy",
+        "clusterNetwork": CLUSTER_NETWORK, "serviceNetwork": SERVICE_NETWORK,
+        "hostSubnets": host_subnets, "netNamespaces": net_namespaces, "pods": local,
+        "remotePods": remote, "networkPolicies": policies,
+    })
+    .to_string()
+}
