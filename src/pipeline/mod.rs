@@ -178,8 +178,13 @@ pub struct NodeConfig {
 impl NodeConfig {
     /// The gateway (tun0) address: the first host address of the local subnet.
     pub fn gateway(&self) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.local_subnet.network()).wrapping_add(1))
+        gateway(self.local_subnet)
     }
+}
+
+/// A node subnet's gateway (tun0) address: its first host address.
+pub fn gateway(local_subnet: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(local_subnet.network()).wrapping_add(1))
 }
 
 // Small match/action builders in the seed's vocabulary.

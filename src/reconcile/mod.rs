@@ -178,7 +178,7 @@ pub struct Pass {
 fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
     let tun_mac = match (st.plugin, st.local_subnet()) {
         (crate::model::Plugin::NetworkPolicy, Some(local)) => {
-            Some(crate::pipeline::via_host::tun0_mac(std::net::Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1))))
+            Some(crate::pipeline::via_host::tun0_mac(crate::pipeline::gateway(local.subnet)))
         }
         _ => None,
     };
