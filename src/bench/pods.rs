@@ -16,7 +16,7 @@
 //! with `--ovs-rundir`, its own bridge on that switch (the agent owns `br0` and removes ports
 //! it does not know there, so the baselines use `bpseed` and `bplimit`). Each starts with M
 //! base pods: through the agent's CNI for the agent (bounded concurrency), and for the
-//! baselines the cheapest way to the same bridge size: M veth pairs from one `ip -batch`, one
+//! baselines the cheapest way to the same bridge size: M veth pairs over one netlink socket, one
 //! OVSDB transaction adding their ports, one bundle of the base pipeline and their flows.
 //! Pod network namespaces are created before any clock starts (a runtime creates them before
 //! calling CNI).
