@@ -121,6 +121,11 @@ enum Cmd {
         /// resolv.conf; repeatable.
         #[arg(long)]
         dns_server: Vec<std::net::SocketAddr>,
+        /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
+        /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
+        /// README). Refilled in the background after ADDs; 0 disables them.
+        #[arg(long, default_value_t = 0)]
+        warm_ports: usize,
     },
     /// Client for the pod API of a running agent.
     Pod {
@@ -383,6 +388,7 @@ async fn run(cli: Cli) -> ExitCode {
             no_host_network,
             cni_conf_dir,
             dns_server,
+            warm_ports,
         } => {
             let kube = (kubeconfig.is_some() || in_cluster)
                 .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
@@ -410,6 +416,7 @@ async fn run(cli: Cli) -> ExitCode {
             opts.host_network = !no_host_network;
             opts.dns_servers = (!dns_server.is_empty()).then_some(dns_server);
             opts.cni_conf_dir = (cni_conf_dir != "none").then(|| PathBuf::from(cni_conf_dir));
+            opts.warm_ports = warm_ports;
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();

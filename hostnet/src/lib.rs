@@ -7,6 +7,8 @@
 //! are never trusted enough to panic on, and errors name the object they concern.
 //!
 //! - [`setup_pod`] / [`teardown_pod`] / [`check_pod`]: a pod's veth interface (CNI ADD/DEL/CHECK).
+//! - [`create_spare`] / [`claim_spare`]: pod interfaces made ahead of time, given to a pod by a
+//!   move into its namespace.
 //! - [`setup_host`]: the gateway interface (tun0), its routes and forwarding sysctls.
 //! - [`install_firewall`] / [`remove_firewall`]: the node's nftables table.
 //! - [`Ipam`]: pod address bookkeeping in the node subnet.
@@ -23,6 +25,7 @@ mod nfbatch;
 mod nfnl;
 pub mod nl;
 pub mod pod;
+pub mod spare;
 pub mod sysctl;
 
 pub use error::{Error, Result};
@@ -31,4 +34,5 @@ pub use host::{setup_host, HostChanges, HostConfig};
 pub use ipam::{Ipam, IpamError};
 pub use mac::MacAddr;
 pub use netns::Netns;
+pub use spare::{claim_spare, create_spare};
 pub use pod::{add_veth_pairs, check_pod, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};

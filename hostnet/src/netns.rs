@@ -139,6 +139,28 @@ impl Netns {
         Netns::open(&path)
     }
 
+    /// Creates a new, empty network namespace that has no name: it lives as long as a handle
+    /// to it (this one or a clone) is open, and the kernel destroys it, with every interface
+    /// in it, when the last one closes — so a process that dies leaves nothing of it behind.
+    /// A fresh thread unshares its network namespace, opens it, and ends. Blocking.
+    pub fn create_anonymous(what: &str) -> Result<Netns> {
+        let object = format!("anonymous netns for {what}");
+        let opened = std::thread::Builder::new()
+            .name("hostnet-netns-new".into())
+            .spawn(move || -> std::io::Result<File> {
+                // SAFETY: unshare affects only this thread, which ends right after.
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                File::open("/proc/thread-self/ns/net")
+            })
+            .map_err(|e| Error::io("spawn thread for", object.clone(), e))?
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("netns thread panicked")))
+            .map_err(|e| Error::io("create", object.clone(), e))?;
+        Ok(Netns { fd: Arc::new(opened.into()), path: PathBuf::from(object) })
+    }
+
     /// Removes namespace `name` created by [`Netns::create_named`] (or `ip netns add`): its
     /// bind mount goes (lazily: open handles keep the namespace alive), then its file. A
     /// missing one is success. Blocking.

@@ -69,7 +69,7 @@ impl PodConfig {
         routes
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         check_ifname(&self.ifname)?;
         if let Some(h) = &self.host_ifname {
             check_ifname(h)?;
@@ -171,7 +171,7 @@ async fn create_veth(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig) ->
     Err(last.unwrap_or_else(|| Error::invalid("veth name", "no attempt made")))
 }
 
-async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host_veth: &str) -> Result<MacAddr> {
+pub(crate) async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host_veth: &str) -> Result<MacAddr> {
     let link = pod_nl.require_link("pod interface", &cfg.ifname).await?;
     let lo = pod_nl.require_link("loopback", "lo").await?;
     pod_nl.link_up(&lo, None).await?;
@@ -201,7 +201,7 @@ async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host
     Ok(mac)
 }
 
-async fn delete_by_name(nl: &Nl, name: &str) -> Result<()> {
+pub(crate) async fn delete_by_name(nl: &Nl, name: &str) -> Result<()> {
     match nl.link_by_name(name).await? {
         Some(link) => nl.link_del(link.index, name).await,
         None => Ok(()),
@@ -271,7 +271,7 @@ pub async fn check_pod(
 
 /// `veth` + 8 random hex digits: 12 bytes, within IFNAMSIZ, and the prefix the CNI plugins use
 /// so operators recognise the interfaces.
-fn random_veth_name() -> Result<String> {
+pub fn random_veth_name() -> Result<String> {
     let mut b = [0u8; 4];
     // SAFETY: writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };

@@ -936,6 +936,20 @@ impl Ovs {
         self.mutate_map_key("Port", where_name(port), port, "external_ids", key, value).await
     }
 
+    /// In one transaction, removes key `old` of `Port.external_ids` and sets `key` to `value`;
+    /// a missing port is [`OvsdbError::NotFound`].
+    pub async fn replace_port_external_id(&self, port: &str, old: &str, key: &str, value: &str) -> Result<(), OvsdbError> {
+        let mutations = vec![
+            json!(["external_ids", "delete", set([json!(old), json!(key)])]),
+            json!(["external_ids", "insert", ["map", [[key, value]]]]),
+        ];
+        let res = self.transact(vec![txn::mutate("Port", where_name(port), mutations)]).await?;
+        if res.first().and_then(|r| r.count) != Some(1) {
+            return Err(OvsdbError::NotFound { table: "Port", name: port.to_string() });
+        }
+        Ok(())
+    }
+
     /// Every port (of any bridge) whose `external_ids` has `key`, with its value.
     pub async fn ports_with_external_id(&self, key: &str) -> Result<Vec<(String, String)>, OvsdbError> {
         let rows = self.select("Port", vec![], &["name", "external_ids"]).await?;

@@ -22,7 +22,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::pods::{commit_reserved, finish_teardown, ready, refusal, remove_iface};
+use super::pods::{commit_reserved, finish_teardown, ready, refusal, remove_iface, undo_port};
 use super::Node;
 use crate::api::{ApiError, CniRecord, PodRequest};
 use crate::cluster::state_file::{dns1123_label, dns1123_subdomain};
@@ -138,6 +138,8 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         .map_err(|e| ApiError::Invalid(Problem::new(obj(&req), "netns", format!("{:?}: {e}", req.netns))))?;
     let host_ns = hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
     ready(node)?;
+    // A warm port, if one is ready: the pod's interface and port then come from it.
+    let mut taken = Taken { spares: &node.spares, spare: node.spares.take() };
     // Reserve an address and the names, all under one lock.
     let (pod, record, cluster) = {
         let mut m = node.model();
@@ -165,7 +167,7 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
             container_id: req.container_id.clone(),
             namespace: req.namespace.clone(),
             name: req.name.clone(),
-            host_veth: host_veth_name(&req.container_id),
+            host_veth: taken.spare.as_ref().map(|(s, _)| s.name.clone()).unwrap_or_else(|| host_veth_name(&req.container_id)),
             ip: ip.to_string(),
             mac: mac_for(ip),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
@@ -188,13 +190,22 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         extra_routes: vec![],
         host_ifname: Some(pod.host_veth.clone()),
     };
-    let created = tokio::time::timeout_at(deadline, hostnet::setup_pod(&host_ns, &pod_ns, &cfg)).await;
+    // From here this ADD owns the spare: used, or destroyed with whatever failed.
+    let spare = taken.spare.take();
+    let created = match &spare {
+        Some((s, hold)) => tokio::time::timeout_at(deadline, hostnet::claim_spare(&host_ns, hold, &pod_ns, &s.name, &cfg)).await,
+        None => tokio::time::timeout_at(deadline, hostnet::setup_pod(&host_ns, &pod_ns, &cfg)).await,
+    };
     let iface = match created {
         Ok(Ok(i)) => i,
         failed => {
             node.model().unreserve(&key);
-            // setup_pod undid its own steps; a timeout may have left the veth.
+            // setup_pod and claim_spare undid their own steps; a timeout may have left the veth.
             let _ = remove_iface(&pod.host_veth).await;
+            if let Some((s, _)) = &spare {
+                undo_port(node, &pod).await;
+                node.spares.release(&s.name);
+            }
             return Err(match failed {
                 Ok(Err(e @ hostnet::Error::Exists { .. })) => ApiError::Conflict(Problem::new(obj(&req), "ifName", e.to_string())),
                 Ok(Err(e)) => ApiError::Failed(format!("pod interface: {e}")),
@@ -205,12 +216,34 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
     // The host end is a switch port, not an IP interface: it must never answer ARP for the
     // node's addresses (on the userspace datapath the kernel sees its packets too, and would
     // answer for the gateway, bypassing the pipeline).
-    if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &iface.host_veth, "arp_ignore"], "8") {
-        tracing::warn!(veth = %iface.host_veth, error = %e, "could not set arp_ignore on the host veth");
+    // (A spare's was set when it was made.)
+    if spare.is_none() {
+        if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &iface.host_veth, "arp_ignore"], "8") {
+            tracing::warn!(veth = %iface.host_veth, error = %e, "could not set arp_ignore on the host veth");
+        }
     }
     let mac = iface.mac.to_string();
-    commit_reserved(node, pod.clone(), record, deadline).await?;
+    let committed = commit_reserved(node, pod.clone(), record, deadline, spare.as_ref().map(|(s, _)| s.ofport)).await;
+    if let Some((s, _)) = &spare {
+        // The pod's now, or undone with it.
+        node.spares.release(&s.name);
+    }
+    committed?;
     Ok(reply_of(&rec, &iface.host_veth, &mac, cluster))
+}
+
+/// A warm port taken for one ADD: back to the pool if the ADD returns before using it.
+struct Taken<'a> {
+    spares: &'a super::spares::Spares,
+    spare: Option<(super::spares::Spare, hostnet::Netns)>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some((s, _)) = self.spare.take() {
+            self.spares.put_back(s);
+        }
+    }
 }
 
 async fn del(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {

@@ -19,6 +19,7 @@ pub mod dns;
 pub mod model;
 pub mod pods;
 pub mod ports;
+pub mod spares;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -59,6 +60,8 @@ pub struct Config {
     pub cni_conf_dir: Option<std::path::PathBuf>,
     /// The pod API socket, named in that configuration.
     pub api_socket: Option<std::path::PathBuf>,
+    /// Pod interfaces kept ready on the bridge for CNI ADDs (see [`spares`]); 0: none.
+    pub warm_ports: usize,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             host_network: true,
             cni_conf_dir: None,
             api_socket: None,
+            warm_ports: 0,
         }
     }
 }
@@ -85,6 +89,8 @@ pub struct Node {
     /// Pod flows may be committed incrementally: ports are known and the switch was resynced.
     flows_ready: AtomicBool,
     pub locks: ports::PortLocks,
+    /// Warm ports for CNI ADDs.
+    pub spares: spares::Spares,
     /// Wakes the reconcile loop (something is left to clean up or converge).
     kick: Notify,
 }
@@ -97,6 +103,7 @@ impl Node {
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
         Arc::new(Node {
             model: Mutex::new(Model::new(&cfg.bridge)),
+            spares: spares::Spares::new(cfg.warm_ports),
             cfg,
             telemetry,
             ovs: Mutex::new(None),
@@ -443,12 +450,12 @@ impl Reconciler {
         // Ports on the bridge that nobody wants.
         let listed = ovs.list_ports(&bridge).await?;
         for port in listed.iter() {
-            if self.node.model().keep_ports().contains(port) {
+            if self.node.model().keep_ports().contains(port) || self.node.spares.owns(port) {
                 continue;
             }
             // Check again under the port's lock: a request may have claimed it meanwhile.
             let _g = self.node.locks.lock(port).await;
-            if self.node.model().keep_ports().contains(port) {
+            if self.node.model().keep_ports().contains(port) || self.node.spares.owns(port) {
                 continue;
             }
             ports::remove_port(ovs, &bridge, port).await?;

@@ -77,8 +77,12 @@ pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiE
     let deadline = Instant::now() + node.cfg.request_timeout;
     let pod = req.to_pod().map_err(ApiError::Invalid)?;
     ready(node)?;
+    if node.spares.owns(&pod.host_veth) {
+        let obj = format!("pod {}/{}", pod.namespace, pod.name);
+        return Err(ApiError::Conflict(Problem::new(obj, "hostVeth", format!("{:?} is one of the agent's warm ports", pod.host_veth))));
+    }
     node.model().reserve(&pod).map_err(refused)?;
-    commit_reserved(node, pod, req, deadline).await
+    commit_reserved(node, pod, req, deadline, None).await
 }
 
 /// OVSDB and the switch are there (else 503 before anything is reserved).
@@ -96,10 +100,17 @@ pub(super) fn refusal(r: Refusal) -> ApiError {
     refused(r)
 }
 
-/// The rest of a setup, for a pod already reserved in the model: port, record, flows. Any
-/// failure undoes every step (including the pod's interface, if the agent created it: a CNI
-/// pod's record has `cni`).
-pub(super) async fn commit_reserved(node: &Arc<Node>, pod: Pod, req: PodRequest, deadline: Instant) -> Result<SetupReply, ApiError> {
+/// The rest of a setup, for a pod already reserved in the model: port (a new one, or the warm
+/// port with ofport `spare` the pod's interface came from), record, flows. Any failure undoes
+/// every step (including the pod's interface, if the agent created it: a CNI pod's record has
+/// `cni`).
+pub(super) async fn commit_reserved(
+    node: &Arc<Node>,
+    pod: Pod,
+    req: PodRequest,
+    deadline: Instant,
+    spare: Option<u32>,
+) -> Result<SetupReply, ApiError> {
     let key = pod.key();
     let owns_iface = req.cni.is_some();
     let Some(ovs) = node.ovs() else {
@@ -113,7 +124,10 @@ pub(super) async fn commit_reserved(node: &Arc<Node>, pod: Pod, req: PodRequest,
         return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
     };
     let record = serde_json::to_string(&req).unwrap_or_default();
-    let added = timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await;
+    let added = match spare {
+        None => timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await,
+        Some(ofport) => timeout_at(deadline, ports::claim_spare_port(&ovs, &pod, (POD_KEY, &record), ofport)).await,
+    };
     let ofport = match added {
         Ok(Ok(p)) => p,
         failed => {
@@ -189,7 +203,7 @@ pub(super) async fn remove_iface(host_veth: &str) -> Result<(), String> {
 
 /// Removes a failed setup's port within a short grace period; if OVSDB does not answer, the
 /// reconcile loop removes it later (the model does not want it).
-async fn undo_port(node: &Arc<Node>, pod: &Pod) {
+pub(super) async fn undo_port(node: &Arc<Node>, pod: &Pod) {
     let Some(ovs) = node.ovs() else {
         node.kick();
         return;

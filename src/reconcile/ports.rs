@@ -72,6 +72,17 @@ pub async fn add_pod_port(
     Ok(ofport)
 }
 
+/// A warm port ([`super::spares`]) becomes `pod`'s: its spare mark gives way to the pod's
+/// record in one transaction (which fails if the port is gone), then bandwidth if the pod has
+/// limits. Returns the spare's ofport.
+pub async fn claim_spare_port(ovs: &Ovs, pod: &Pod, record: (&str, &str), ofport: u32) -> Result<u32, OvsdbError> {
+    ovs.replace_port_external_id(&pod.host_veth, super::spares::SPARE_KEY, record.0, record.1).await?;
+    if pod.ingress_bps > 0 || pod.egress_bps > 0 {
+        ovs.set_pod_bandwidth(&pod.host_veth, pod.ingress_bps, pod.egress_bps).await?;
+    }
+    Ok(ofport)
+}
+
 /// TearDownPod's OVSDB part: the port's QoS and the port, in one (group) transaction when the
 /// connection's monitor knows the port ([`Ovs::remove_port_fast`]). A port already gone is fine.
 pub async fn remove_port(ovs: &Ovs, bridge: &str, name: &str) -> Result<(), OvsdbError> {

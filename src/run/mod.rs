@@ -54,6 +54,8 @@ pub struct RunOptions {
     pub dns_servers: Option<Vec<SocketAddr>>,
     /// Where the CNI network configuration is written once the agent serves pods.
     pub cni_conf_dir: Option<PathBuf>,
+    /// Pod interfaces kept ready for CNI ADDs (0: none).
+    pub warm_ports: usize,
 }
 
 impl RunOptions {
@@ -76,6 +78,7 @@ impl RunOptions {
             host_network: true,
             cni_conf_dir: None,
             dns_servers: None,
+            warm_ports: 0,
         }
     }
     fn config(&self) -> Config {
@@ -87,6 +90,7 @@ impl RunOptions {
             host_network: self.host_network,
             cni_conf_dir: self.cni_conf_dir.clone(),
             api_socket: self.api_socket.clone(),
+            warm_ports: self.warm_ports,
         }
     }
     fn db_socket(&self) -> String {
@@ -190,6 +194,7 @@ pub async fn run_with(
     let mut ovs_rx = ovsdb_link(opts.db_socket(), opts.ovsdb.clone(), opts.backoff.clone(), cancel.clone());
     let sup = Supervisor::spawn(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone())?;
     let mut events = sup.subscribe();
+    tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
     let mut rec = Reconciler::new(node.clone());
     let mut tick = tokio::time::interval(opts.repair_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

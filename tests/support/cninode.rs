@@ -134,6 +134,8 @@ pub struct NodeAgent {
     pub socket: PathBuf,
     pub conf_dir: PathBuf,
     pub proc: Option<(tokio::process::Child, Lines)>,
+    /// Extra arguments of `sdn-node run`.
+    pub args: Vec<String>,
     bin: PathBuf,
     client: PathBuf,
 }
@@ -142,6 +144,11 @@ impl NodeAgent {
     /// Writes `state_yaml` into `rundir` and starts the agent in `ns` against the switch whose
     /// sockets are in `rundir`; returns once it serves pods.
     pub async fn start(ns: &str, rundir: &Path, state_yaml: &str) -> NodeAgent {
+        NodeAgent::start_with(ns, rundir, state_yaml, &[]).await
+    }
+
+    /// [`NodeAgent::start`] with extra arguments for `sdn-node run`.
+    pub async fn start_with(ns: &str, rundir: &Path, state_yaml: &str, args: &[&str]) -> NodeAgent {
         let state = rundir.join("state.yaml");
         std::fs::write(&state, state_yaml).unwrap();
         let bin = rundir.join("cni-bin");
@@ -154,6 +161,7 @@ impl NodeAgent {
             socket: rundir.join("cni.sock"),
             conf_dir: rundir.join("net.d"),
             proc: None,
+            args: args.iter().map(|s| s.to_string()).collect(),
             bin,
             client: go_client().expect("go client"),
         };
@@ -182,6 +190,7 @@ impl NodeAgent {
             .arg(&self.socket)
             .arg("--cni-conf-dir")
             .arg(&self.conf_dir)
+            .args(&self.args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -241,10 +250,15 @@ pub struct CniNode {
 
 impl CniNode {
     pub async fn start(state_yaml: &str) -> CniNode {
+        CniNode::start_with(state_yaml, &[]).await
+    }
+
+    /// [`CniNode::start`] with extra arguments for `sdn-node run`.
+    pub async fn start_with(state_yaml: &str, args: &[&str]) -> CniNode {
         static N: AtomicU32 = AtomicU32::new(0);
         let ns = format!("sdnn{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
-        let agent = NodeAgent::start(&ns, sb.dir(), state_yaml).await;
+        let agent = NodeAgent::start_with(&ns, sb.dir(), state_yaml, args).await;
         CniNode { agent, sb, ns }
     }
 

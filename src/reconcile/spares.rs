@@ -1,0 +1,222 @@
+//! Warm ports: a few pod interfaces kept ready on the bridge (`run --warm-ports N`), so that a
+//! CNI ADD does not wait for ovs-vswitchd to add a port.
+//!
+//! Why: adding a port makes ovs-vswitchd reconfigure the whole bridge, and on the userspace
+//! datapath open the device too — ~100 ms at 250 ports, seconds at 2,000 — and the pod's flows
+//! wait behind it (the same main loop commits bundles). Every other step of an ADD takes a few
+//! milliseconds. A spare is a veth pair made ahead of time ([`hostnet::create_spare`]: host
+//! end on the bridge with its ofport known, other end waiting in a holding namespace only this
+//! process holds) that an ADD moves into the pod's sandbox ([`hostnet::claim_spare`]); its
+//! port then gets the pod's record in one OVSDB transaction that changes only `external_ids`
+//! (ovs-vswitchd's pass over it is cheap: no device opens, no port added).
+//!
+//! The pool refills in the background, a short quiet moment after the last ADD took from it
+//! (so a burst of ADDs is not slowed down by the refill's reconfiguration), all missing spares
+//! in one transaction (one reconfiguration). An empty pool is no failure: ADD then makes its
+//! interface and port itself. Spares are never reused once given to a pod; a DEL deletes the
+//! pod's interface as before.
+//!
+//! Restart safety: the holding namespace has no name, so when the agent dies the kernel
+//! destroys it with every waiting spare; their ports (marked [`SPARE_KEY`], no pod record) are
+//! then ports nobody wants, and the reconcile loop removes them. A spare given to a pod carries
+//! the pod's record like any pod port.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::Node;
+use crate::ovsdb::PortSpec;
+
+/// The Port `external_ids` key that marks a spare (not yet any pod's).
+pub const SPARE_KEY: &str = "sdn-node-spare";
+
+/// How long the pool waits after the last take before refilling.
+const QUIET: Duration = Duration::from_millis(150);
+/// How long the pool waits after a failed refill.
+const BACKOFF: Duration = Duration::from_secs(5);
+
+/// One spare: its name (host end and, until claimed, the waiting end) and its ofport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spare {
+    pub name: String,
+    pub ofport: u32,
+}
+
+#[derive(Default)]
+struct Inner {
+    free: Vec<Spare>,
+    /// Every name the pool owns: free, being made, or being given to a pod. The reconcile
+    /// loop keeps these ports.
+    owned: HashSet<String>,
+    hold: Option<hostnet::Netns>,
+    last_take: Option<Instant>,
+}
+
+/// The pool; see the module documentation.
+#[derive(Default)]
+pub struct Spares {
+    want: usize,
+    inner: Mutex<Inner>,
+    wake: Notify,
+}
+
+impl Spares {
+    pub fn new(want: usize) -> Spares {
+        Spares { want, ..Default::default() }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many spares the pool keeps (0: none).
+    pub fn wanted(&self) -> usize {
+        self.want
+    }
+
+    /// How many spares are ready now.
+    pub fn ready(&self) -> usize {
+        self.lock().free.len()
+    }
+
+    /// Whether `port` is one of the pool's (free, being made, or being claimed).
+    pub fn owns(&self, port: &str) -> bool {
+        self.lock().owned.contains(port)
+    }
+
+    /// Takes a ready spare (and the holding namespace it waits in), if there is one. The pool
+    /// still owns its name until [`Spares::release`].
+    pub fn take(&self) -> Option<(Spare, hostnet::Netns)> {
+        let mut g = self.lock();
+        let hold = g.hold.clone()?;
+        let spare = g.free.pop()?;
+        g.last_take = Some(Instant::now());
+        drop(g);
+        self.wake.notify_one();
+        Some((spare, hold))
+    }
+
+    /// A taken spare that was not used goes back to the pool.
+    pub fn put_back(&self, spare: Spare) {
+        self.lock().free.push(spare);
+    }
+
+    /// A taken spare is a pod's now (or was destroyed): its name is no longer the pool's.
+    pub fn release(&self, name: &str) {
+        self.lock().owned.remove(name);
+    }
+
+    /// Keeps the pool filled for as long as `cancel` is not cancelled.
+    pub async fn keep_filled(node: Arc<Node>, cancel: CancellationToken) {
+        let spares = &node.spares;
+        if spares.want == 0 {
+            return;
+        }
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = spares.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            // Let a burst of takes finish first.
+            loop {
+                let since = spares.lock().last_take.map(|t| t.elapsed());
+                match since {
+                    Some(s) if s < QUIET => tokio::time::sleep(QUIET - s).await,
+                    _ => break,
+                }
+            }
+            if let Err(e) = refill(&node).await {
+                warn!(error = %e, "could not refill the warm ports; retrying later");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(BACKOFF) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Makes the missing spares: the veths one by one (a few hundred microseconds each), then all
+/// their ports in one OVSDB transaction (group-committed), then their ofports.
+async fn refill(node: &Arc<Node>) -> Result<(), String> {
+    let spares = &node.spares;
+    let need = spares.want.saturating_sub(spares.ready());
+    if need == 0 {
+        return Ok(());
+    }
+    // Only once pods can be served: the reconcile loop has taken stock of the bridge's ports.
+    let (Some(ovs), Some(_)) = (node.ovs(), node.engine_ready()) else { return Ok(()) };
+    let Some(mtu) = node.model().effective().map(|s| s.mtu) else { return Ok(()) };
+    let held = spares.lock().hold.clone();
+    let hold = match held {
+        Some(h) => h,
+        None => {
+            let h = tokio::task::spawn_blocking(|| hostnet::Netns::create_anonymous("warm ports"))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            spares.lock().hold = Some(h.clone());
+            h
+        }
+    };
+    let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
+    let mut made = Vec::with_capacity(need);
+    let mut failure = None;
+    for _ in 0..need {
+        let name = hostnet::pod::random_veth_name().map_err(|e| e.to_string())?;
+        spares.lock().owned.insert(name.clone());
+        match hostnet::create_spare(&host, &hold, &name, mtu).await {
+            Ok(()) => {
+                // As for every pod's host end: a switch port never answers ARP itself.
+                if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &name, "arp_ignore"], "8") {
+                    warn!(veth = %name, error = %e, "could not set arp_ignore on a spare veth");
+                }
+                made.push(name);
+            }
+            Err(e) => {
+                spares.release(&name);
+                failure = Some(format!("spare veth {name}: {e}"));
+                break;
+            }
+        }
+    }
+    let mut spec = PortSpec::system();
+    spec.external_ids.insert(SPARE_KEY.into(), "true".into());
+    let (bridge, timeout) = (node.cfg.bridge.as_str(), node.cfg.port_timeout);
+    let added = futures::future::join_all(made.iter().map(|name| {
+        let (ovs, spec) = (&ovs, &spec);
+        async move {
+            let _g = node.locks.lock(name).await;
+            (name, ovs.add_port_fast(bridge, name, spec, timeout).await)
+        }
+    }))
+    .await;
+    let mut ready = Vec::new();
+    for (name, r) in added {
+        match r {
+            Ok((ofport, _)) => ready.push(Spare { name: name.clone(), ofport }),
+            Err(e) => {
+                failure.get_or_insert(format!("port of spare {name}: {e}"));
+                let _ = super::ports::remove_port(&ovs, bridge, name).await;
+                let _ = hostnet::teardown_pod(&host, name).await;
+                spares.release(name);
+            }
+        }
+    }
+    if !ready.is_empty() {
+        debug!(spares = ready.len(), "warm ports ready");
+        let mut g = spares.lock();
+        g.free.extend(ready);
+    }
+    match failure {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
