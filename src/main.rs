@@ -126,6 +126,10 @@ enum Cmd {
         /// README). Refilled in the background after ADDs; 0 disables them.
         #[arg(long, default_value_t = 0)]
         warm_ports: usize,
+        /// Take a warm port whenever one is ready, even while adding a port is measured to be
+        /// cheaper than moving one (for tests of the warm path on small bridges).
+        #[arg(long, hide = true)]
+        warm_ports_always: bool,
     },
     /// Client for the pod API of a running agent.
     Pod {
@@ -253,6 +257,9 @@ enum BenchCmd {
         /// The CNI plugin binary (default: sdn-node-cni next to this executable).
         #[arg(long)]
         cni_bin: Option<PathBuf>,
+        /// The agent's `--warm-ports` (pod interfaces kept ready; 0: none).
+        #[arg(long, default_value_t = 8)]
+        warm_ports: usize,
         /// Print one JSON object as the last line.
         #[arg(long)]
         json: bool,
@@ -389,6 +396,7 @@ async fn run(cli: Cli) -> ExitCode {
             cni_conf_dir,
             dns_server,
             warm_ports,
+            warm_ports_always,
         } => {
             let kube = (kubeconfig.is_some() || in_cluster)
                 .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
@@ -417,6 +425,7 @@ async fn run(cli: Cli) -> ExitCode {
             opts.dns_servers = (!dns_server.is_empty()).then_some(dns_server);
             opts.cni_conf_dir = (cni_conf_dir != "none").then(|| PathBuf::from(cni_conf_dir));
             opts.warm_ports = warm_ports;
+            opts.warm_ports_always = warm_ports_always;
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();
@@ -445,7 +454,7 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Cmd::Bench { which: BenchCmd::Pods { base_pods, ops, concurrency, ovs_rundir, cni_bin, json } } => {
+        Cmd::Bench { which: BenchCmd::Pods { base_pods, ops, concurrency, ovs_rundir, cni_bin, warm_ports, json } } => {
             let node_bin = match std::env::current_exe() {
                 Ok(p) => p,
                 Err(e) => {
@@ -462,6 +471,7 @@ async fn run(cli: Cli) -> ExitCode {
                 node_bin,
                 cni_bin,
                 install_concurrency: 8,
+                warm_ports,
             };
             match sdn_node::bench::pods::pods(&opts, |p| eprintln!("== {p}")).await {
                 Ok(r) => {

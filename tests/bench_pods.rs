@@ -42,7 +42,7 @@ fn bench_pods_reports_every_figure() {
     let cni = support::cninode::plugin_binary();
     let before = bench_netns();
     let out = Command::new(env!("CARGO_BIN_EXE_sdn-node"))
-        .args(["bench", "pods", "--base-pods", "3", "--ops", "3", "--concurrency", "3", "--json", "--cni-bin"])
+        .args(["bench", "pods", "--base-pods", "3", "--ops", "3", "--concurrency", "3", "--warm-ports", "2", "--json", "--cni-bin"])
         .arg(&cni)
         .env("RUST_LOG", "warn")
         .output()
@@ -77,6 +77,7 @@ fn bench_pods_reports_every_figure() {
         assert!(v.as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "{key} = {v}");
     }
     assert_eq!(j["base_pods"], 3);
+    assert_eq!(j["warm_ports"], 2);
     assert_eq!(j["burst"]["concurrency"], 3);
     // Nothing left behind: no pod or switch namespace of this run.
     let after = bench_netns();

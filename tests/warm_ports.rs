@@ -93,7 +93,7 @@ async fn pods_on_warm_ports_work_and_the_pool_refills_survives_and_leaves_only_i
     if !can_run() {
         return;
     }
-    let mut node = CniNode::start_with(STATE, &["--warm-ports", &WARM.to_string()]).await;
+    let mut node = CniNode::start_with(STATE, &["--warm-ports", &WARM.to_string(), "--warm-ports-always"]).await;
     let pool = pool_of(&node, WARM).await;
     let base_flows = node.flows();
     let base_nft = node.nft();

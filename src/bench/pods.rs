@@ -59,6 +59,10 @@ pub struct PodsOptions {
     pub cni_bin: PathBuf,
     /// Concurrent CNI ADDs while installing the agent's base pods.
     pub install_concurrency: usize,
+    /// The agent's `--warm-ports` (0: every ADD adds its own port). Before every timed
+    /// operation the bench waits until the pool is full again, so that its refill (one
+    /// ovs-vswitchd reconfiguration) never runs inside another variant's measurement.
+    pub warm_ports: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -93,6 +97,8 @@ pub struct PodsDel {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PodsReport {
     pub base_pods: u32,
+    /// The agent's `--warm-ports`.
+    pub warm_ports: usize,
     pub serial: PodsSerial,
     pub burst: PodsBurst,
     pub del: PodsDel,
@@ -433,6 +439,9 @@ struct Agent {
     cni_bin: PathBuf,
     /// A work directory outside any sandbox, removed at the end.
     scratch: Option<PathBuf>,
+    /// The agent's OVSDB, to see its warm ports.
+    ovs: Ovs,
+    warm_ports: usize,
 }
 
 fn agent_state() -> String {
@@ -483,6 +492,7 @@ impl Agent {
             .arg("--ovs-rundir")
             .arg(&site.dir)
             .args(["--bridge", &site.bridge, "--datapath-type", "netdev", "--metrics-addr", "none"])
+            .args(["--warm-ports", &opts.warm_ports.to_string()])
             .arg("--pod-api-socket")
             .arg(&socket)
             .arg("--cni-conf-dir")
@@ -502,7 +512,8 @@ impl Agent {
         drop(ns_file);
         let pid = child.id().ok_or_else(|| fail("the agent exited at once"))?;
         let scratch = site._sandbox.is_none().then(|| work.clone());
-        let mut a = Agent { site, child, pid, log, conf: Vec::new(), cni_bin: opts.cni_bin.clone(), scratch };
+        let ovs = Ovs::new(OvsdbClient::connect(&site.db()).await.map_err(fail)?);
+        let mut a = Agent { site, child, pid, log, conf: Vec::new(), cni_bin: opts.cni_bin.clone(), scratch, ovs, warm_ports: opts.warm_ports };
         let conflist = conf_dir.join("80-sdn-node.conflist");
         let t = Instant::now();
         while !conflist.exists() {
@@ -557,6 +568,31 @@ impl Agent {
         r.map_err(|e| fail(format!("{e}\nagent log:\n{}", self.log_tail())))
     }
 
+    /// Waits until the agent's warm ports are all there with their ofports: its refill (one
+    /// OVSDB transaction, one ovs-vswitchd reconfiguration) is over. Untimed.
+    async fn settled(&self) -> Result<(), BenchError> {
+        if self.warm_ports == 0 {
+            return Ok(());
+        }
+        let t = Instant::now();
+        loop {
+            let spares = self.ovs.ports_with_external_id(crate::reconcile::spares::SPARE_KEY).await.map_err(fail)?;
+            if spares.len() >= self.warm_ports {
+                let mut ready = true;
+                for (name, _) in &spares {
+                    ready &= self.ovs.interface_ofport(name).await.map_err(fail)?.is_some_and(|p| p > 0);
+                }
+                if ready {
+                    return Ok(());
+                }
+            }
+            if t.elapsed() > WAIT {
+                return Err(fail(format!("the agent's {} warm ports never came back: {}", self.warm_ports, self.log_tail())));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn peak_rss_mib(&self) -> f64 {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
         s.lines()
@@ -566,6 +602,7 @@ impl Agent {
             .unwrap_or(0.0)
     }
 
+    /// Stops the agent; with `SDN_BENCH_AGENT_LOG=FILE` set, its log is kept there.
     async fn stop(mut self) {
         if let Ok(pid) = i32::try_from(self.pid) {
             // SAFETY: signal to the child we started (still ours: not yet reaped).
@@ -573,6 +610,9 @@ impl Agent {
         }
         if tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await.is_err() {
             let _ = self.child.kill().await;
+        }
+        if let Some(keep) = std::env::var_os("SDN_BENCH_AGENT_LOG") {
+            let _ = std::fs::copy(&self.log, keep);
         }
         if let Some(w) = &self.scratch {
             let _ = std::fs::remove_dir_all(w);
@@ -651,7 +691,9 @@ async fn measure(
     let mut lim_ports = Vec::new();
     for j in 0..k {
         let i = m + j;
+        agent.settled().await?;
         aa.push(agent.cni("ADD", i, &agent_ns[i as usize]).await?);
+        agent.settled().await?;
         sa.push(seed_add(seed, i, &seed_ns[j as usize]).await?);
         let prep = limit_prepare(lim, i)?;
         let (d, port) = limit_add(lim, prep, &lim_ns[j as usize]).await?;
@@ -661,6 +703,7 @@ async fn measure(
     let (mut ad, mut sd, mut ld) = (Vec::new(), Vec::new(), Vec::new());
     for j in 0..k {
         let i = m + j;
+        agent.settled().await?;
         ad.push(agent.cni("DEL", i, &agent_ns[i as usize]).await?);
         sd.push(seed_del(seed, i).await?);
         ld.push(limit_del(lim, i, &lim_ports[j as usize]).await?);
@@ -670,15 +713,18 @@ async fn measure(
     progress(&format!("burst: {c} ADDs at once, per variant"));
     let burst: Vec<u32> = (0..c).map(|j| m + k + j).collect();
     let slot = |i: u32| (i - m) as usize;
+    agent.settled().await?;
     let t = Instant::now();
     futures::future::try_join_all(burst.iter().map(|&i| agent.cni("ADD", i, &agent_ns[i as usize]))).await?;
     let burst_agent = t.elapsed();
     futures::future::try_join_all(burst.iter().map(|&i| agent.cni("DEL", i, &agent_ns[i as usize]))).await?;
+    agent.settled().await?;
     let t = Instant::now();
     futures::future::try_join_all(burst.iter().map(|&i| seed_add(seed, i, &seed_ns[slot(i)]))).await?;
     let burst_seed = t.elapsed();
     futures::future::try_join_all(burst.iter().map(|&i| seed_del(seed, i))).await?;
     let preps = burst.iter().map(|&i| limit_prepare(lim, i)).collect::<Result<Vec<_>, _>>()?;
+    agent.settled().await?;
     let t = Instant::now();
     let ports = futures::future::try_join_all(preps.into_iter().map(|p| {
         let ns = lim_ns[slot(p.i)].clone();
@@ -686,11 +732,12 @@ async fn measure(
     }))
     .await?;
     let burst_limit = t.elapsed();
+    agent.settled().await?;
     futures::future::try_join_all(burst.iter().zip(&ports).map(|(&i, (_, port))| limit_del(lim, i, port))).await?;
     seed.check_rejections()?;
     lim.check_rejections()?;
 
-    let mut r = PodsReport { base_pods: m, ..Default::default() };
+    let mut r = PodsReport { base_pods: m, warm_ports: opts.warm_ports, ..Default::default() };
     let (a50, s50, l50) = (p50(&mut aa), p50(&mut sa), p50(&mut la));
     r.serial = PodsSerial {
         agent_p50_ms: ms(a50),
@@ -724,7 +771,7 @@ impl PodsReport {
     pub fn table(&self) -> String {
         let (s, b, d) = (&self.serial, &self.burst, &self.del);
         format!(
-            "base pods {m}; ratio = baseline time / agent time (> 1: the agent is faster)\n\
+            "base pods {m}, agent warm ports {w}; ratio = baseline time / agent time (> 1: the agent is faster)\n\
              {:<18} {:>10} {:>10} {:>10} {:>10} {:>10}\n\
              {:<18} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}   (agent p99 {:.2} ms)\n\
              {:<18} {:>10.3} {:>10.3} {:>10.3} {:>10.2} {:>10.2}\n\
@@ -736,6 +783,7 @@ impl PodsReport {
             "DEL p50 (ms)", d.agent_p50_ms, d.seed_p50_ms, d.limit_p50_ms, d.ratio_vs_seed, d.ratio_vs_limit,
             self.memory.peak_rss_mib,
             m = self.base_pods,
+            w = self.warm_ports,
         )
     }
 }

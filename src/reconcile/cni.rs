@@ -22,7 +22,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::pods::{commit_reserved, finish_teardown, ready, refusal, remove_iface, undo_port};
+use super::pods::{commit_reserved, finish_teardown, ready, refusal, remove_iface};
 use super::Node;
 use crate::api::{ApiError, CniRecord, PodRequest};
 use crate::cluster::state_file::{dns1123_label, dns1123_subdomain};
@@ -191,45 +191,101 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         host_ifname: Some(pod.host_veth.clone()),
     };
     // From here this ADD owns the spare: used, or destroyed with whatever failed.
-    let spare = taken.spare.take();
-    let created = match &spare {
-        Some((s, hold)) => tokio::time::timeout_at(deadline, hostnet::claim_spare(&host_ns, hold, &pod_ns, &s.name, &cfg)).await,
-        None => tokio::time::timeout_at(deadline, hostnet::setup_pod(&host_ns, &pod_ns, &cfg)).await,
-    };
+    if let Some((spare, hold)) = taken.spare.take() {
+        let r = add_warm(node, &pod, record, &cfg, (&spare, &hold), (&host_ns, &pod_ns), deadline).await;
+        // The pod's now, or undone with it.
+        node.spares.release(&spare.name);
+        let iface = r.map_err(|e| e.into_api(&req))?;
+        return Ok(reply_of(&rec, &iface.host_veth, &iface.mac.to_string(), cluster));
+    }
+    // A DEL of the same container may still be deleting the veth of that name.
+    drop(tokio::time::timeout_at(deadline, node.locks.lock(&pod.host_veth)).await);
+    let created = tokio::time::timeout_at(deadline, hostnet::setup_pod(&host_ns, &pod_ns, &cfg)).await;
     let iface = match created {
         Ok(Ok(i)) => i,
         failed => {
             node.model().unreserve(&key);
-            // setup_pod and claim_spare undid their own steps; a timeout may have left the veth.
+            // setup_pod undid its own steps; a timeout may have left the veth.
             let _ = remove_iface(&pod.host_veth).await;
-            if let Some((s, _)) = &spare {
-                undo_port(node, &pod).await;
-                node.spares.release(&s.name);
-            }
-            return Err(match failed {
-                Ok(Err(e @ hostnet::Error::Exists { .. })) => ApiError::Conflict(Problem::new(obj(&req), "ifName", e.to_string())),
-                Ok(Err(e)) => ApiError::Failed(format!("pod interface: {e}")),
-                Ok(Ok(_)) | Err(_) => ApiError::Timeout("creating the pod interface took too long".into()),
-            });
+            return Err(IfaceError::from(failed).into_api(&req));
         }
     };
     // The host end is a switch port, not an IP interface: it must never answer ARP for the
     // node's addresses (on the userspace datapath the kernel sees its packets too, and would
-    // answer for the gateway, bypassing the pipeline).
-    // (A spare's was set when it was made.)
-    if spare.is_none() {
-        if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &iface.host_veth, "arp_ignore"], "8") {
-            tracing::warn!(veth = %iface.host_veth, error = %e, "could not set arp_ignore on the host veth");
-        }
+    // answer for the gateway, bypassing the pipeline). (A spare's was set when it was made.)
+    if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &iface.host_veth, "arp_ignore"], "8") {
+        tracing::warn!(veth = %iface.host_veth, error = %e, "could not set arp_ignore on the host veth");
     }
     let mac = iface.mac.to_string();
-    let committed = commit_reserved(node, pod.clone(), record, deadline, spare.as_ref().map(|(s, _)| s.ofport)).await;
-    if let Some((s, _)) = &spare {
-        // The pod's now, or undone with it.
-        node.spares.release(&s.name);
-    }
-    committed?;
+    commit_reserved(node, pod.clone(), record, deadline, None).await?;
     Ok(reply_of(&rec, &iface.host_veth, &mac, cluster))
+}
+
+/// Why an ADD failed: making the pod's interface, or the rest.
+enum IfaceError {
+    Iface(hostnet::Error),
+    Timeout,
+    Api(ApiError),
+}
+
+impl From<Result<hostnet::Result<hostnet::PodInterface>, tokio::time::error::Elapsed>> for IfaceError {
+    fn from(r: Result<hostnet::Result<hostnet::PodInterface>, tokio::time::error::Elapsed>) -> Self {
+        match r {
+            Ok(Err(e)) => IfaceError::Iface(e),
+            Ok(Ok(_)) | Err(_) => IfaceError::Timeout,
+        }
+    }
+}
+
+impl IfaceError {
+    fn into_api(self, req: &CniRequest) -> ApiError {
+        match self {
+            IfaceError::Iface(e @ hostnet::Error::Exists { .. }) => ApiError::Conflict(Problem::new(obj(req), "ifName", e.to_string())),
+            IfaceError::Iface(e) => ApiError::Failed(format!("pod interface: {e}")),
+            IfaceError::Timeout => ApiError::Timeout("creating the pod interface took too long".into()),
+            IfaceError::Api(e) => e,
+        }
+    }
+}
+
+/// ADD on a warm port ([`super::spares`]): the kernel moves the spare into the sandbox while
+/// OVSDB records the pod on the spare's port and the switch commits its flows — the flows need
+/// the port's ofport, not the interface — so the ADD costs the longer of the two rather than
+/// their sum (the kernel's move, ~20 ms, and ovs-vswitchd's pass over the port's new record and
+/// its reaction to the spare's carrier coming up, which the flow commit waits behind). Either
+/// failing undoes both.
+async fn add_warm(
+    node: &Arc<Node>,
+    pod: &crate::cluster::Pod,
+    record: PodRequest,
+    cfg: &hostnet::PodConfig,
+    (spare, hold): (&super::spares::Spare, &hostnet::Netns),
+    (host_ns, pod_ns): (&hostnet::Netns, &hostnet::Netns),
+    deadline: Instant,
+) -> Result<hostnet::PodInterface, IfaceError> {
+    let key = pod.key();
+    let claim = async {
+        let t = Instant::now();
+        let r = tokio::time::timeout_at(deadline, hostnet::claim_spare(host_ns, hold, pod_ns, &spare.name, cfg)).await;
+        node.spares.moved(t.elapsed());
+        r
+    };
+    let (moved, committed) = tokio::join!(claim, commit_reserved(node, pod.clone(), record, deadline, Some(spare.ofport)));
+    match (moved, committed) {
+        (Ok(Ok(iface)), Ok(_)) => Ok(iface),
+        (moved, Ok(_)) => {
+            // On the switch without its interface: torn down as a DEL would.
+            node.model().tear_down(&key);
+            let _ = finish_teardown(node, &key, Instant::now() + std::time::Duration::from_secs(2)).await;
+            Err(IfaceError::from(moved))
+        }
+        (_, Err(e)) => {
+            // commit_reserved undid the port and flows, and deleted the interface if it was
+            // there yet; a move that finished after that is deleted now.
+            let _ = remove_iface(&pod.host_veth).await;
+            Err(IfaceError::Api(e))
+        }
+    }
 }
 
 /// A warm port taken for one ADD: back to the pool if the ADD returns before using it.

@@ -62,6 +62,8 @@ pub struct Config {
     pub api_socket: Option<std::path::PathBuf>,
     /// Pod interfaces kept ready on the bridge for CNI ADDs (see [`spares`]); 0: none.
     pub warm_ports: usize,
+    /// Use a warm port whenever one is ready, even where adding a port is cheaper (tests).
+    pub warm_ports_always: bool,
 }
 
 impl Default for Config {
@@ -75,6 +77,7 @@ impl Default for Config {
             cni_conf_dir: None,
             api_socket: None,
             warm_ports: 0,
+            warm_ports_always: false,
         }
     }
 }
@@ -103,7 +106,7 @@ impl Node {
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
         Arc::new(Node {
             model: Mutex::new(Model::new(&cfg.bridge)),
-            spares: spares::Spares::new(cfg.warm_ports),
+            spares: spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always),
             cfg,
             telemetry,
             ovs: Mutex::new(None),

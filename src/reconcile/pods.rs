@@ -124,10 +124,19 @@ pub(super) async fn commit_reserved(
         return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
     };
     let record = serde_json::to_string(&req).unwrap_or_default();
+    let t_port = Instant::now();
     let added = match spare {
-        None => timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await,
+        None => {
+            let t = Instant::now();
+            let r = timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await;
+            if matches!(r, Ok(Ok(_))) {
+                node.spares.port_added(t.elapsed());
+            }
+            r
+        }
         Some(ofport) => timeout_at(deadline, ports::claim_spare_port(&ovs, &pod, (POD_KEY, &record), ofport)).await,
     };
+    let port_ms = t_port.elapsed().as_secs_f64() * 1e3;
     let ofport = match added {
         Ok(Ok(p)) => p,
         failed => {
@@ -163,7 +172,10 @@ pub(super) async fn commit_reserved(
         Err(e) => Err(e),
     };
     match result {
-        Ok(()) => Ok(SetupReply { ofport }),
+        Ok(()) => {
+            tracing::debug!(pod = %format!("{}/{}", key.0, key.1), port_ms, total_ms = t_port.elapsed().as_secs_f64() * 1e3, "pod port and flows committed");
+            Ok(SetupReply { ofport })
+        }
         Err(e) => {
             warn!(pod = %format!("{}/{}", key.0, key.1), error = %e.message(), "pod setup failed; undoing it");
             drop(guard);
@@ -237,8 +249,9 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Resu
     finish_teardown(node, &key, deadline).await
 }
 
-/// Takes a doomed pod's flows off the switch, then its port off the bridge, then (CNI pods)
-/// its veth off the host; buries the pod when all three are confirmed, otherwise it stays
+/// Takes a doomed pod's flows off the switch, then its port off the bridge, then (CNI pods,
+/// right after, in the background) its veth off the host; buries the pod when the flows and
+/// the port are confirmed gone, otherwise it stays
 /// doomed and a retry finishes the job. In this order on purpose, one after the other: the
 /// switch commits the flow deletions in a few milliseconds while ovs-vswitchd is idle, but
 /// tens of times slower while it reconfigures the bridge after a port removal or reacts to a
@@ -271,12 +284,23 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
             },
         },
     };
-    // The interface the agent created for a CNI pod.
-    let iface = match &req.cni {
-        Some(_) => remove_iface(&pod.host_veth).await.map_err(|e| ApiError::Failed(format!("pod interface {}: {e}", pod.host_veth))),
-        None => Ok(()),
-    };
-    match flows.and(port).and(iface) {
+    // The interface the agent created for a CNI pod: deleted right after the answer, in the
+    // background, under its name's lock (an ADD that would reuse the name waits for it). The
+    // kernel spends ~20 ms deleting a veth (an RCU barrier), and the pod is already cut off —
+    // no port, no flows — so the answer does not wait for it; a runtime deleting the sandbox
+    // next has the kernel do the same asynchronously anyway. A failure is logged, and the
+    // name's next DEL or ADD finds the interface.
+    if req.cni.is_some() {
+        let guard = node.locks.lock(&pod.host_veth).await;
+        let name = pod.host_veth.clone();
+        tokio::spawn(async move {
+            let _g = guard;
+            if let Err(e) = remove_iface(&name).await {
+                warn!(veth = %name, error = %e, "could not delete a torn-down pod's interface");
+            }
+        });
+    }
+    match flows.and(port) {
         Ok(()) => {
             node.model().buried(key);
             info!(pod = %format!("{}/{}", key.0, key.1), "pod torn down");

@@ -56,19 +56,38 @@ struct Inner {
     owned: HashSet<String>,
     hold: Option<hostnet::Netns>,
     last_take: Option<Instant>,
+    /// Taken spares not yet moved into their sandbox.
+    moving: usize,
+    /// Recent cost of adding a port (OVSDB transaction to ofport) and of moving a spare into
+    /// a sandbox, in ms (moving averages; None until measured).
+    port_add_ms: Option<f64>,
+    move_ms: Option<f64>,
+}
+
+/// Weight of the newest sample in the moving averages.
+const ALPHA: f64 = 0.3;
+
+fn average(avg: &mut Option<f64>, d: Duration) {
+    let x = d.as_secs_f64() * 1e3;
+    *avg = Some(match *avg {
+        Some(a) => a + ALPHA * (x - a),
+        None => x,
+    });
 }
 
 /// The pool; see the module documentation.
 #[derive(Default)]
 pub struct Spares {
     want: usize,
+    /// Use a spare whenever one is ready, whatever the costs measured (tests).
+    always: bool,
     inner: Mutex<Inner>,
     wake: Notify,
 }
 
 impl Spares {
-    pub fn new(want: usize) -> Spares {
-        Spares { want, ..Default::default() }
+    pub fn new(want: usize, always: bool) -> Spares {
+        Spares { want, always, ..Default::default() }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -90,12 +109,33 @@ impl Spares {
         self.lock().owned.contains(port)
     }
 
-    /// Takes a ready spare (and the holding namespace it waits in), if there is one. The pool
-    /// still owns its name until [`Spares::release`].
+    /// Takes a ready spare (and the holding namespace it waits in) if one is ready and worth
+    /// it. The pool still owns its name until [`Spares::release`]; the caller reports the
+    /// move's end with [`Spares::moved`].
+    ///
+    /// Worth it: moving an interface between network namespaces costs the kernel an RCU
+    /// barrier under the rtnl lock (~20 ms here, like deleting a veth, against ~3 ms for
+    /// creating a pair with one end already in the sandbox), and moves run one after another.
+    /// So a spare is taken only while waiting for the moves already under way plus this one
+    /// is expected to cost less than adding a port (the moving averages of both): on a small
+    /// bridge ovs-vswitchd adds a port in a few milliseconds and no spare is used; at 250
+    /// ports a few moves may queue; at 2,000 (seconds per port) a whole burst does. An ADD
+    /// that does not take one makes its own interface and port, and concurrent ones share a
+    /// port transaction. Until both costs are measured, one move at a time.
     pub fn take(&self) -> Option<(Spare, hostnet::Netns)> {
         let mut g = self.lock();
+        if !self.always {
+            let worth = match (g.port_add_ms, g.move_ms) {
+                (Some(add), Some(mv)) => (g.moving + 1) as f64 * mv < add,
+                _ => g.moving == 0,
+            };
+            if !worth {
+                return None;
+            }
+        }
         let hold = g.hold.clone()?;
         let spare = g.free.pop()?;
+        g.moving += 1;
         g.last_take = Some(Instant::now());
         drop(g);
         self.wake.notify_one();
@@ -104,7 +144,21 @@ impl Spares {
 
     /// A taken spare that was not used goes back to the pool.
     pub fn put_back(&self, spare: Spare) {
-        self.lock().free.push(spare);
+        let mut g = self.lock();
+        g.free.push(spare);
+        g.moving = g.moving.saturating_sub(1);
+    }
+
+    /// A taken spare's move into its sandbox is over (done or failed) after `took`.
+    pub fn moved(&self, took: Duration) {
+        let mut g = self.lock();
+        g.moving = g.moving.saturating_sub(1);
+        average(&mut g.move_ms, took);
+    }
+
+    /// A new port (a pod's or the pool's) took `took` from its transaction to its ofport.
+    pub fn port_added(&self, took: Duration) {
+        average(&mut self.lock().port_add_ms, took);
     }
 
     /// A taken spare is a pod's now (or was destroyed): its name is no longer the pool's.
@@ -190,6 +244,7 @@ async fn refill(node: &Arc<Node>) -> Result<(), String> {
     let mut spec = PortSpec::system();
     spec.external_ids.insert(SPARE_KEY.into(), "true".into());
     let (bridge, timeout) = (node.cfg.bridge.as_str(), node.cfg.port_timeout);
+    let t = Instant::now();
     let added = futures::future::join_all(made.iter().map(|name| {
         let (ovs, spec) = (&ovs, &spec);
         async move {
@@ -198,6 +253,9 @@ async fn refill(node: &Arc<Node>) -> Result<(), String> {
         }
     }))
     .await;
+    if !made.is_empty() {
+        spares.port_added(t.elapsed());
+    }
     let mut ready = Vec::new();
     for (name, r) in added {
         match r {

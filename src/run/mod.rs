@@ -56,6 +56,8 @@ pub struct RunOptions {
     pub cni_conf_dir: Option<PathBuf>,
     /// Pod interfaces kept ready for CNI ADDs (0: none).
     pub warm_ports: usize,
+    /// Use a warm port whenever one is ready (tests).
+    pub warm_ports_always: bool,
 }
 
 impl RunOptions {
@@ -79,6 +81,7 @@ impl RunOptions {
             cni_conf_dir: None,
             dns_servers: None,
             warm_ports: 0,
+            warm_ports_always: false,
         }
     }
     fn config(&self) -> Config {
@@ -91,6 +94,7 @@ impl RunOptions {
             cni_conf_dir: self.cni_conf_dir.clone(),
             api_socket: self.api_socket.clone(),
             warm_ports: self.warm_ports,
+            warm_ports_always: self.warm_ports_always,
         }
     }
     fn db_socket(&self) -> String {
