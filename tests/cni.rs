@@ -88,6 +88,18 @@ async fn pods_through_libcni_reach_by_vnid_and_leave_nothing() {
     assert_eq!(ips.len(), 4, "no address twice: {addr:?}");
     let r = node.cni("check", "team-a", "a1", &container(1), &ns[0].path());
     assert!(r.ok(), "CHECK: {:?}", r.out);
+    // DEL answers before the kernel has finished deleting the veth; an ADD of the same
+    // container into the same sandbox right after it still works. (Straight to the agent's
+    // socket, microseconds apart. The kernel unlists a deleted interface's name at once, so
+    // the window the agent's name lock closes is tiny: this checks the behaviour, it could not
+    // catch that lock missing.)
+    for _ in 0..3 {
+        assert_eq!(node.cni_raw("DEL", "team-a", "a1", &container(1), &ns[0].path()), 200, "DEL");
+        assert_eq!(node.cni_raw("ADD", "team-a", "a1", &container(1), &ns[0].path()), 200, "ADD right after DEL\n{}", node.log());
+        let r = node.cni("add", "team-a", "a1", &container(1), &ns[0].path());
+        assert!(r.ok(), "a repeated ADD answers what the first did: {:?}", r.out);
+        addr.insert("a1", r.addr());
+    }
     // MTU and routes as the agent configured them.
     let (_, link) = in_ns(&ns[0].name, &["ip", "-o", "link", "show", "eth0"]);
     assert!(link.contains("mtu 1450"), "{link}");

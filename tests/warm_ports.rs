@@ -165,6 +165,20 @@ async fn pods_on_warm_ports_work_and_the_pool_refills_survives_and_leaves_only_i
     let r = node.cni("check", "team-a", "a1", &container(1), &sandboxes[0].path());
     assert!(r.ok(), "CHECK after restart: {:?}", r.out);
 
+    // DEL, then at once (straight to the socket) an ADD into the same sandbox on a warm port:
+    // the old interface, deleted in the background, is not in its way.
+    for _ in 0..3 {
+        let pool_now = pool_of(&node, WARM).await;
+        let (sb, c) = (sandboxes[2].path(), container(3));
+        assert_eq!(node.cni_raw("DEL", "team-b", "b1", &c, &sb), 200, "DEL b1");
+        assert_eq!(node.cni_raw("ADD", "team-b", "b1", &c, &sb), 200, "ADD b1 right after its DEL\n{}", node.log());
+        let r = node.cni("add", "team-b", "b1", &c, &sb);
+        assert!(r.ok(), "a repeated ADD answers what the first did: {:?}", r.out);
+        assert!(pool_now.contains(&host_veth(&r)), "on a warm port: {:?} not in {pool_now:?}", r.out);
+        addr.insert("b1", r.addr());
+    }
+    assert!(ping(&sandboxes[3].name, &addr["b1"]), "b1 is reachable again");
+
     // A claim that fails (the sandbox already has eth0) leaves no pod, and its spare is gone.
     let bad = PodNs::new("bad");
     assert!(in_ns(&bad.name, &["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth0p"]).0);

@@ -190,6 +190,8 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         extra_routes: vec![],
         host_ifname: Some(pod.host_veth.clone()),
     };
+    // A DEL of a pod of this sandbox may still be deleting its interface.
+    drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::pods::sandbox_lock(&req.netns))).await);
     // From here this ADD owns the spare: used, or destroyed with whatever failed.
     if let Some((spare, hold)) = taken.spare.take() {
         let r = add_warm(node, &pod, record, &cfg, (&spare, &hold), (&host_ns, &pod_ns), deadline).await;

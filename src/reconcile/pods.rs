@@ -204,6 +204,13 @@ async fn undo_iface(owned: bool, pod: &Pod) {
     }
 }
 
+/// The lock name of a sandbox (network namespace path) in [`super::ports::PortLocks`]: held
+/// while a DEL's interface of that sandbox is being deleted. Not a valid interface name, so it
+/// never collides with a port's.
+pub(super) fn sandbox_lock(netns: &str) -> String {
+    format!("sandbox:{netns}")
+}
+
 /// Deletes a pod's veth by its host-side name (idempotent), within the undo grace period.
 pub(super) async fn remove_iface(host_veth: &str) -> Result<(), String> {
     let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
@@ -290,11 +297,13 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
     // no port, no flows — so the answer does not wait for it; a runtime deleting the sandbox
     // next has the kernel do the same asynchronously anyway. A failure is logged, and the
     // name's next DEL or ADD finds the interface.
-    if req.cni.is_some() {
+    if let Some(cni) = &req.cni {
         let guard = node.locks.lock(&pod.host_veth).await;
+        // And the sandbox's: a new ADD into the same sandbox would find the old interface.
+        let sandbox = node.locks.lock(&sandbox_lock(&cni.netns)).await;
         let name = pod.host_veth.clone();
         tokio::spawn(async move {
-            let _g = guard;
+            let _g = (guard, sandbox);
             if let Err(e) = remove_iface(&name).await {
                 warn!(veth = %name, error = %e, "could not delete a torn-down pod's interface");
             }

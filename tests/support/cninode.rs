@@ -221,6 +221,24 @@ impl NodeAgent {
         }
     }
 
+    /// `POST /v1/cni` straight to the agent's socket (what `sdn-node-cni` sends, without a
+    /// process in between: back-to-back requests microseconds apart). Returns the HTTP status.
+    pub fn cni_raw(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> u16 {
+        use std::io::{Read, Write};
+        let body = serde_json::json!({
+            "command": command, "containerID": container, "netns": netns, "ifName": "eth0",
+            "namespace": pod_ns, "name": name, "cniVersion": "1.0.0",
+        })
+        .to_string();
+        let mut s = std::os::unix::net::UnixStream::connect(&self.socket).expect("connect to the pod API socket");
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        write!(s, "POST /v1/cni HTTP/1.1\r\nHost: sdn-node\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+            .expect("send");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    }
+
     /// Runs the libcni client: `add`, `check` or `del` for pod `ns/name` in `netns`.
     pub fn cni(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> CniRun {
         let out = Command::new(&self.client)
@@ -276,6 +294,10 @@ impl CniNode {
 
     pub fn cni(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> CniRun {
         self.agent.cni(command, pod_ns, name, container, netns)
+    }
+
+    pub fn cni_raw(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> u16 {
+        self.agent.cni_raw(command, pod_ns, name, container, netns)
     }
 
     /// Host-side veths in the node's namespace.
