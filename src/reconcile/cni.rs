@@ -167,7 +167,7 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
             container_id: req.container_id.clone(),
             namespace: req.namespace.clone(),
             name: req.name.clone(),
-            host_veth: taken.spare.as_ref().map(|(s, _)| s.name.clone()).unwrap_or_else(|| host_veth_name(&req.container_id)),
+            host_veth: taken.spare.as_ref().map(|(s, _, _)| s.name.clone()).unwrap_or_else(|| host_veth_name(&req.container_id)),
             ip: ip.to_string(),
             mac: mac_for(ip),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
@@ -193,8 +193,8 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
     // A DEL of a pod of this sandbox may still be deleting its interface.
     drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::pods::sandbox_lock(&req.netns))).await);
     // From here this ADD owns the spare: used, or destroyed with whatever failed.
-    if let Some((spare, hold)) = taken.spare.take() {
-        let r = add_warm(node, &pod, record, &cfg, (&spare, &hold), (&host_ns, &pod_ns), deadline).await;
+    if let Some((spare, hold, ahead)) = taken.spare.take() {
+        let r = add_warm(node, &pod, record, &cfg, (&spare, &hold, ahead), (&host_ns, &pod_ns), deadline).await;
         // The pod's now, or undone with it.
         node.spares.release(&spare.name);
         let iface = r.map_err(|e| e.into_api(&req))?;
@@ -219,6 +219,7 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         tracing::warn!(veth = %iface.host_veth, error = %e, "could not set arp_ignore on the host veth");
     }
     let mac = iface.mac.to_string();
+    tracing::debug!(pod = %obj(&req), "fresh pod interface ready");
     commit_reserved(node, pod.clone(), record, deadline, None).await?;
     Ok(reply_of(&rec, &iface.host_veth, &mac, cluster))
 }
@@ -261,7 +262,7 @@ async fn add_warm(
     pod: &crate::cluster::Pod,
     record: PodRequest,
     cfg: &hostnet::PodConfig,
-    (spare, hold): (&super::spares::Spare, &hostnet::Netns),
+    (spare, hold, ahead): (&super::spares::Spare, &hostnet::Netns, usize),
     (host_ns, pod_ns): (&hostnet::Netns, &hostnet::Netns),
     deadline: Instant,
 ) -> Result<hostnet::PodInterface, IfaceError> {
@@ -269,10 +270,11 @@ async fn add_warm(
     let claim = async {
         let t = Instant::now();
         let r = tokio::time::timeout_at(deadline, hostnet::claim_spare(host_ns, hold, pod_ns, &spare.name, cfg)).await;
-        node.spares.moved(t.elapsed());
+        node.spares.moved(t.elapsed(), ahead);
         r
     };
     let (moved, committed) = tokio::join!(claim, commit_reserved(node, pod.clone(), record, deadline, Some(spare.ofport)));
+    tracing::debug!(pod = %format!("{}/{}", key.0, key.1), ahead, "warm port claimed");
     match (moved, committed) {
         (Ok(Ok(iface)), Ok(_)) => Ok(iface),
         (moved, Ok(_)) => {
@@ -293,12 +295,12 @@ async fn add_warm(
 /// A warm port taken for one ADD: back to the pool if the ADD returns before using it.
 struct Taken<'a> {
     spares: &'a super::spares::Spares,
-    spare: Option<(super::spares::Spare, hostnet::Netns)>,
+    spare: Option<(super::spares::Spare, hostnet::Netns, usize)>,
 }
 
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
-        if let Some((s, _)) = self.spare.take() {
+        if let Some((s, _, _)) = self.spare.take() {
             self.spares.put_back(s);
         }
     }

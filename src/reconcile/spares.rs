@@ -122,7 +122,8 @@ impl Spares {
     /// ports a few moves may queue; at 2,000 (seconds per port) a whole burst does. An ADD
     /// that does not take one makes its own interface and port, and concurrent ones share a
     /// port transaction. Until both costs are measured, one move at a time.
-    pub fn take(&self) -> Option<(Spare, hostnet::Netns)> {
+    /// Also returns how many moves were under way already (for [`Spares::moved`]).
+    pub fn take(&self) -> Option<(Spare, hostnet::Netns, usize)> {
         let mut g = self.lock();
         if !self.always {
             let worth = match (g.port_add_ms, g.move_ms) {
@@ -135,11 +136,12 @@ impl Spares {
         }
         let hold = g.hold.clone()?;
         let spare = g.free.pop()?;
+        let ahead = g.moving;
         g.moving += 1;
         g.last_take = Some(Instant::now());
         drop(g);
         self.wake.notify_one();
-        Some((spare, hold))
+        Some((spare, hold, ahead))
     }
 
     /// A taken spare that was not used goes back to the pool.
@@ -149,16 +151,22 @@ impl Spares {
         g.moving = g.moving.saturating_sub(1);
     }
 
-    /// A taken spare's move into its sandbox is over (done or failed) after `took`.
-    pub fn moved(&self, took: Duration) {
+    /// A taken spare's move into its sandbox is over (done or failed) after `took`, with
+    /// `ahead` moves under way when it was taken: moves queue in the kernel, so one move's
+    /// cost is about `took / (ahead + 1)` (counting the queue in would make a burst look as
+    /// if moves had become expensive, and send it down the slow path).
+    pub fn moved(&self, took: Duration, ahead: usize) {
         let mut g = self.lock();
         g.moving = g.moving.saturating_sub(1);
-        average(&mut g.move_ms, took);
+        average(&mut g.move_ms, took / (ahead as u32 + 1));
+        debug!(took_ms = took.as_secs_f64() * 1e3, ahead, move_ms = ?g.move_ms, port_add_ms = ?g.port_add_ms, "spare moved");
     }
 
     /// A new port (a pod's or the pool's) took `took` from its transaction to its ofport.
     pub fn port_added(&self, took: Duration) {
-        average(&mut self.lock().port_add_ms, took);
+        let mut g = self.lock();
+        average(&mut g.port_add_ms, took);
+        debug!(took_ms = took.as_secs_f64() * 1e3, port_add_ms = ?g.port_add_ms, "port added");
     }
 
     /// A taken spare is a pod's now (or was destroyed): its name is no longer the pool's.
