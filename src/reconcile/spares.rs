@@ -64,6 +64,15 @@ struct Inner {
     move_ms: Option<f64>,
 }
 
+/// Whether one more move (with `moving` under way) is expected to beat adding a port; one at
+/// a time until both costs are known.
+fn worth_moving(moving: usize, port_add_ms: Option<f64>, move_ms: Option<f64>) -> bool {
+    match (port_add_ms, move_ms) {
+        (Some(add), Some(mv)) => (moving + 1) as f64 * mv < add,
+        _ => moving == 0,
+    }
+}
+
 /// Weight of the newest sample in the moving averages.
 const ALPHA: f64 = 0.3;
 
@@ -125,14 +134,8 @@ impl Spares {
     /// Also returns how many moves were under way already (for [`Spares::moved`]).
     pub fn take(&self) -> Option<(Spare, hostnet::Netns, usize)> {
         let mut g = self.lock();
-        if !self.always {
-            let worth = match (g.port_add_ms, g.move_ms) {
-                (Some(add), Some(mv)) => (g.moving + 1) as f64 * mv < add,
-                _ => g.moving == 0,
-            };
-            if !worth {
-                return None;
-            }
+        if !self.always && !worth_moving(g.moving, g.port_add_ms, g.move_ms) {
+            return None;
         }
         let hold = g.hold.clone()?;
         let spare = g.free.pop()?;
@@ -284,5 +287,47 @@ async fn refill(node: &Arc<Node>) -> Result<(), String> {
     match failure {
         Some(f) => Err(f),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moves_queue_while_they_beat_a_port() {
+        // Small bridge: a port is cheaper than a move, no spare.
+        assert!(!worth_moving(0, Some(5.0), Some(20.0)));
+        // 250 ports: up to four moves of 20 ms beat a 100 ms port.
+        assert!(worth_moving(3, Some(100.0), Some(20.0)));
+        assert!(!worth_moving(4, Some(100.0), Some(20.0)));
+        // 2,000 ports: a whole burst queues.
+        assert!(worth_moving(29, Some(3000.0), Some(25.0)));
+        // Unknown costs: one at a time.
+        assert!(worth_moving(0, None, Some(20.0)) && !worth_moving(1, None, Some(20.0)));
+        assert!(worth_moving(0, Some(100.0), None) && !worth_moving(1, Some(100.0), None));
+    }
+
+    #[test]
+    fn a_move_is_charged_its_share_of_the_queue() {
+        let s = Spares::new(4, false);
+        s.lock().moving = 4;
+        // Four moves queued ahead: 100 ms observed is 20 ms of moving.
+        s.moved(Duration::from_millis(100), 4);
+        assert_eq!(s.lock().move_ms.map(|m| m.round()), Some(20.0));
+        s.moved(Duration::from_millis(20), 0);
+        assert_eq!(s.lock().move_ms.map(|m| m.round()), Some(20.0));
+        assert_eq!(s.lock().moving, 2);
+        s.port_added(Duration::from_millis(100));
+        s.port_added(Duration::from_millis(200));
+        // Moving average: 100 + 0.3 * (200 - 100).
+        assert_eq!(s.lock().port_add_ms.map(|m| m.round()), Some(130.0));
+    }
+
+    #[test]
+    fn nothing_is_taken_without_a_holding_namespace_or_a_spare() {
+        let s = Spares::new(2, true);
+        assert!(s.take().is_none(), "no holding namespace yet");
+        assert_eq!(s.lock().moving, 0, "a refused take leaves no trace");
     }
 }
