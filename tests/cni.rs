@@ -10,20 +10,6 @@ use std::time::Duration;
 use support::agent::{signal_pid, vsctl};
 use support::cninode::*;
 
-const STATE: &str = r#"
-node: node-a
-plugin: multitenant
-clusterNetwork: 10.128.0.0/14
-serviceNetwork: 172.30.0.0/16
-mtu: 1450
-hostSubnets:
-  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
-  - {host: node-b, hostIP: 172.17.0.3, subnet: 10.128.2.0/23}
-netNamespaces:
-  - {name: default, netid: 0}
-  - {name: team-a, netid: 11}
-  - {name: team-b, netid: 12}
-"#;
 
 /// Everything a pod could leave behind on a node.
 #[derive(Debug, PartialEq)]
@@ -66,7 +52,7 @@ async fn pods_through_libcni_reach_by_vnid_and_leave_nothing() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start(STATE).await;
+    let node = CniNode::start(MULTITENANT).await;
     let before = snapshot(&node);
     assert!(before.nft.contains("masquerade"), "the node's nftables table is installed:\n{}", before.nft);
     let pods = [("team-a", "a1"), ("team-a", "a2"), ("team-b", "b1"), ("default", "d1")];
@@ -153,7 +139,7 @@ async fn traffic_leaving_the_cluster_is_masqueraded() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start(STATE).await;
+    let node = CniNode::start(MULTITENANT).await;
     let ext = PodNs::new("ext");
     let (a, b) = (format!("vx{}", std::process::id() % 100000), format!("vy{}", std::process::id() % 100000));
     assert!(sh(&["ip", "link", "add", &a, "type", "veth", "peer", "name", &b]).status.success());
@@ -184,7 +170,7 @@ async fn churn_across_an_agent_restart_leaves_nothing() {
     if !can_run() {
         return;
     }
-    let mut node = CniNode::start(STATE).await;
+    let mut node = CniNode::start(MULTITENANT).await;
     let before = snapshot(&node);
     let mut pods = Vec::new();
     let mut ips = std::collections::BTreeSet::new();
@@ -216,7 +202,7 @@ async fn failed_adds_leave_nothing() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start(STATE).await;
+    let node = CniNode::start(MULTITENANT).await;
     let before = snapshot(&node);
     // Before the veth: the namespace has no NetNamespace (no VNID).
     let p = PodNs::new("f1");
@@ -261,7 +247,7 @@ async fn a_sandbox_gone_without_del_is_collected() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start(STATE).await;
+    let node = CniNode::start(MULTITENANT).await;
     let before = snapshot(&node);
     let p = PodNs::new("gc");
     let r = node.cni("add", "team-a", "gc", &container(301), &p.path());

@@ -12,19 +12,6 @@ use std::time::Duration;
 use support::agent::vsctl;
 use support::cninode::*;
 
-const STATE: &str = r#"
-node: node-a
-plugin: multitenant
-clusterNetwork: 10.128.0.0/14
-serviceNetwork: 172.30.0.0/16
-mtu: 1450
-hostSubnets:
-  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
-netNamespaces:
-  - {name: default, netid: 0}
-  - {name: team-a, netid: 11}
-  - {name: team-b, netid: 12}
-"#;
 
 const WARM: usize = 3;
 
@@ -93,7 +80,7 @@ async fn pods_on_warm_ports_work_and_the_pool_refills_survives_and_leaves_only_i
     if !can_run() {
         return;
     }
-    let mut node = CniNode::start_with(STATE, &["--warm-ports", &WARM.to_string(), "--warm-ports-always"]).await;
+    let mut node = CniNode::start_with(MULTITENANT, &["--warm-ports", &WARM.to_string(), "--warm-ports-always"]).await;
     let pool = pool_of(&node, WARM).await;
     let base_flows = node.flows();
     let base_nft = node.nft();

@@ -124,10 +124,7 @@ pub async fn setup_pod(host: &Netns, pod: &Netns, cfg: &PodConfig) -> Result<Pod
     let host_veth = create_veth(&host_nl, &pod_nl, pod, cfg).await?;
     match configure(&host_nl, &pod_nl, pod, cfg, &host_veth).await {
         Ok(mac) => Ok(PodInterface { host_veth, mac }),
-        Err(first) => match delete_by_name(&host_nl, &host_veth).await {
-            Ok(()) => Err(first),
-            Err(undo) => Err(Error::Undo { first: Box::new(first), undo: Box::new(undo) }),
-        },
+        Err(first) => Err(undone(first, delete_by_name(&host_nl, &host_veth).await)),
     }
 }
 
@@ -199,6 +196,14 @@ pub(crate) async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodC
         }
     }
     Ok(mac)
+}
+
+/// The error of a step that failed (`first`), given how undoing it went.
+pub(crate) fn undone(first: Error, undo: Result<()>) -> Error {
+    match undo {
+        Ok(()) => first,
+        Err(undo) => Error::Undo { first: Box::new(first), undo: Box::new(undo) },
+    }
 }
 
 pub(crate) async fn delete_by_name(nl: &Nl, name: &str) -> Result<()> {

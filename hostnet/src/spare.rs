@@ -18,7 +18,7 @@ use crate::{
     names::check_ifname,
     netns::Netns,
     nl::Nl,
-    pod::{configure, delete_by_name, PodConfig, PodInterface},
+    pod::{configure, delete_by_name, undone, PodConfig, PodInterface},
 };
 
 /// Creates spare pair `name`: the host end `name` in `host` (up, with `mtu`), the other end
@@ -41,10 +41,7 @@ pub async fn create_spare(host: &Netns, hold: &Netns, name: &str, mtu: u32) -> R
     };
     match finish.await {
         Ok(()) => Ok(()),
-        Err(first) => match delete_by_name(&host_nl, name).await {
-            Ok(()) => Err(first),
-            Err(undo) => Err(Error::Undo { first: Box::new(first), undo: Box::new(undo) }),
-        },
+        Err(first) => Err(undone(first, delete_by_name(&host_nl, name).await)),
     }
 }
 
@@ -77,10 +74,7 @@ pub async fn claim_spare(host: &Netns, hold: &Netns, pod: &Netns, name: &str, cf
             Ok(()) => delete_by_name(&pod_nl, &cfg.ifname).await,
             Err(e) => Err(e),
         };
-        return Err(match undo {
-            Ok(()) => first,
-            Err(undo) => Error::Undo { first: Box::new(first), undo: Box::new(undo) },
-        });
+        return Err(undone(first, undo));
     }
     let host_nl = Nl::connect(host).await?;
     let configured = async {
@@ -92,9 +86,6 @@ pub async fn claim_spare(host: &Netns, hold: &Netns, pod: &Netns, name: &str, cf
     };
     match configured.await {
         Ok(mac) => Ok(PodInterface { host_veth: name.to_string(), mac }),
-        Err(first) => match delete_by_name(&pod_nl, &cfg.ifname).await {
-            Ok(()) => Err(first),
-            Err(undo) => Err(Error::Undo { first: Box::new(first), undo: Box::new(undo) }),
-        },
+        Err(first) => Err(undone(first, delete_by_name(&pod_nl, &cfg.ifname).await)),
     }
 }

@@ -3,28 +3,11 @@
 
 mod common;
 
-use common::{root_or_skip, route, TestNs};
+use common::{pod_cfg, root_or_skip, route, TestNs};
 use hostnet::{check_pod, setup_pod, teardown_pod, Error, MacAddr, PodConfig, PodRoute};
 
 fn cfg() -> PodConfig {
-    PodConfig {
-        ifname: "eth0".into(),
-        mac: Some("0a:58:0a:80:00:05".parse().unwrap()),
-        mtu: 1400,
-        address: "10.128.0.5/23".parse().unwrap(),
-        gateway: "10.128.0.1".parse().unwrap(),
-        cluster_network: "10.128.0.0/14".parse().unwrap(),
-        extra_routes: vec![],
-        host_ifname: None,
-    }
-}
-
-fn tx_checksumming(t: &TestNs, dev: &str) -> String {
-    let out = t.exec(&["ethtool", "-k", dev]);
-    out.lines()
-        .find_map(|l| l.trim().strip_prefix("tx-checksumming:"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| panic!("no tx-checksumming in ethtool -k output: {out}"))
+    pod_cfg(5)
 }
 
 #[tokio::test]
@@ -63,7 +46,7 @@ async fn setup_configures_both_ends() {
         assert_eq!(r["scope"], "link");
         assert!(r.get("gateway").is_none(), "{r}");
     }
-    assert_eq!(tx_checksumming(&pod, "eth0"), "off");
+    assert_eq!(pod.tx_checksumming("eth0"), "off");
 
     check_pod(&pod.ns, "eth0", c.address, c.mac, &c.routes()).await.unwrap();
 

@@ -3,25 +3,11 @@
 
 mod common;
 
-use common::{root_or_skip, route, TestNs};
+use common::{pod_cfg, root_or_skip, route, TestNs};
 use hostnet::{check_pod, claim_spare, create_spare, Netns, PodConfig};
 
 fn cfg() -> PodConfig {
-    PodConfig {
-        ifname: "eth0".into(),
-        mac: Some("0a:58:0a:80:00:07".parse().unwrap()),
-        mtu: 1400,
-        address: "10.128.0.7/23".parse().unwrap(),
-        gateway: "10.128.0.1".parse().unwrap(),
-        cluster_network: "10.128.0.0/14".parse().unwrap(),
-        extra_routes: vec![],
-        host_ifname: None,
-    }
-}
-
-fn tx_checksumming(t: &TestNs, dev: &str) -> String {
-    let out = t.exec(&["ethtool", "-k", dev]);
-    out.lines().find_map(|l| l.trim().strip_prefix("tx-checksumming:")).map(|s| s.trim().to_string()).unwrap_or_default()
+    pod_cfg(7)
 }
 
 #[tokio::test]
@@ -54,7 +40,7 @@ async fn a_spare_becomes_the_pod_interface_setup_would_make() {
     for dst in ["10.128.0.0/14", "224.0.0.0/4"] {
         assert_eq!(route(&routes, dst).unwrap_or_else(|| panic!("route {dst}: {routes:?}"))["scope"], "link");
     }
-    assert_eq!(tx_checksumming(&pod, "eth0"), "off");
+    assert_eq!(pod.tx_checksumming("eth0"), "off");
     check_pod(&pod.ns, "eth0", c.address, c.mac, &c.routes()).await.unwrap();
     // The same spare cannot be given twice.
     let other = TestNs::new("pod2");

@@ -569,28 +569,29 @@ impl Agent {
     }
 
     /// Waits until the agent's warm ports are all there with their ofports: its refill (one
-    /// OVSDB transaction, one ovs-vswitchd reconfiguration) is over. Untimed.
+    /// OVSDB transaction, one ovs-vswitchd reconfiguration) is over. Untimed. The ofports come
+    /// from the connection's Interface monitor, not from one read per port.
     async fn settled(&self) -> Result<(), BenchError> {
         if self.warm_ports == 0 {
             return Ok(());
         }
-        let t = Instant::now();
-        loop {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let never = || fail(format!("the agent's {} warm ports never came back: {}", self.warm_ports, self.log_tail()));
+        let spares = loop {
             let spares = self.ovs.ports_with_external_id(crate::reconcile::spares::SPARE_KEY).await.map_err(fail)?;
             if spares.len() >= self.warm_ports {
-                let mut ready = true;
-                for (name, _) in &spares {
-                    ready &= self.ovs.interface_ofport(name).await.map_err(fail)?.is_some_and(|p| p > 0);
-                }
-                if ready {
-                    return Ok(());
-                }
+                break spares;
             }
-            if t.elapsed() > WAIT {
-                return Err(fail(format!("the agent's {} warm ports never came back: {}", self.warm_ports, self.log_tail())));
+            if tokio::time::Instant::now() > deadline {
+                return Err(never());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let watch = self.ovs.interface_watch().await.map_err(fail)?;
+        for (name, _) in &spares {
+            watch.ofport(name, deadline).await.map_err(|_| never())?;
         }
+        Ok(())
     }
 
     fn peak_rss_mib(&self) -> f64 {

@@ -915,8 +915,22 @@ impl Ovs {
         key: &str,
         value: Option<&str>,
     ) -> Result<(), OvsdbError> {
-        let mut mutations = vec![json!([col, "delete", set([json!(key)])])];
-        if let Some(v) = value {
+        self.mutate_map(table, where_, name, col, &[key], value.map(|v| (key, v))).await
+    }
+
+    /// Atomically removes the keys `remove` of a map column and then sets `set` (if any), in
+    /// one `mutate`; a missing row is [`OvsdbError::NotFound`].
+    async fn mutate_map(
+        &self,
+        table: &'static str,
+        where_: Vec<Value>,
+        name: &str,
+        col: &str,
+        remove: &[&str],
+        set_kv: Option<(&str, &str)>,
+    ) -> Result<(), OvsdbError> {
+        let mut mutations = vec![json!([col, "delete", set(remove.iter().map(|k| json!(k)))])];
+        if let Some((key, v)) = set_kv {
             mutations.push(json!([col, "insert", ["map", [[key, v]]]]));
         }
         let res = self
@@ -939,15 +953,7 @@ impl Ovs {
     /// In one transaction, removes key `old` of `Port.external_ids` and sets `key` to `value`;
     /// a missing port is [`OvsdbError::NotFound`].
     pub async fn replace_port_external_id(&self, port: &str, old: &str, key: &str, value: &str) -> Result<(), OvsdbError> {
-        let mutations = vec![
-            json!(["external_ids", "delete", set([json!(old), json!(key)])]),
-            json!(["external_ids", "insert", ["map", [[key, value]]]]),
-        ];
-        let res = self.transact(vec![txn::mutate("Port", where_name(port), mutations)]).await?;
-        if res.first().and_then(|r| r.count) != Some(1) {
-            return Err(OvsdbError::NotFound { table: "Port", name: port.to_string() });
-        }
-        Ok(())
+        self.mutate_map("Port", where_name(port), port, "external_ids", &[old, key], Some((key, value))).await
     }
 
     /// Every port (of any bridge) whose `external_ids` has `key`, with its value.

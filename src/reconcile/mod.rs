@@ -452,13 +452,14 @@ impl Reconciler {
         let timeout = self.node.cfg.port_timeout;
         // Ports on the bridge that nobody wants.
         let listed = ovs.list_ports(&bridge).await?;
+        let wanted = |port: &str| self.node.model().keep_ports().contains(port) || self.node.spares.owns(port);
         for port in listed.iter() {
-            if self.node.model().keep_ports().contains(port) || self.node.spares.owns(port) {
+            if wanted(port) {
                 continue;
             }
             // Check again under the port's lock: a request may have claimed it meanwhile.
             let _g = self.node.locks.lock(port).await;
-            if self.node.model().keep_ports().contains(port) || self.node.spares.owns(port) {
+            if wanted(port) {
                 continue;
             }
             ports::remove_port(ovs, &bridge, port).await?;

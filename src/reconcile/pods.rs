@@ -127,10 +127,9 @@ pub(super) async fn commit_reserved(
     let t_port = Instant::now();
     let added = match spare {
         None => {
-            let t = Instant::now();
             let r = timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await;
             if matches!(r, Ok(Ok(_))) {
-                node.spares.port_added(t.elapsed());
+                node.spares.port_added(t_port.elapsed());
             }
             r
         }
@@ -222,7 +221,7 @@ pub(super) async fn remove_iface(host_veth: &str) -> Result<(), String> {
 
 /// Removes a failed setup's port within a short grace period; if OVSDB does not answer, the
 /// reconcile loop removes it later (the model does not want it).
-pub(super) async fn undo_port(node: &Arc<Node>, pod: &Pod) {
+async fn undo_port(node: &Arc<Node>, pod: &Pod) {
     let Some(ovs) = node.ovs() else {
         node.kick();
         return;

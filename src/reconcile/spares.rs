@@ -103,11 +103,6 @@ impl Spares {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// How many spares the pool keeps (0: none).
-    pub fn wanted(&self) -> usize {
-        self.want
-    }
-
     /// How many spares are ready now.
     pub fn ready(&self) -> usize {
         self.lock().free.len()

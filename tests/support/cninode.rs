@@ -326,3 +326,20 @@ impl CniNode {
 pub fn container(n: u32) -> String {
     format!("{n:08x}").repeat(8)
 }
+
+/// A multitenant node-a (10.128.0.0/23, MTU 1450) with a peer node-b and the namespaces
+/// default (VNID 0), team-a (11) and team-b (12).
+pub const MULTITENANT: &str = r#"
+node: node-a
+plugin: multitenant
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+mtu: 1450
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
+  - {host: node-b, hostIP: 172.17.0.3, subnet: 10.128.2.0/23}
+netNamespaces:
+  - {name: default, netid: 0}
+  - {name: team-a, netid: 11}
+  - {name: team-b, netid: 12}
+"#;

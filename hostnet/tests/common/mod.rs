@@ -128,3 +128,29 @@ impl Drop for Deleter {
 pub fn route<'a>(routes: &'a [serde_json::Value], dst: &str) -> Option<&'a serde_json::Value> {
     routes.iter().find(|r| r["dst"] == dst)
 }
+
+/// The pod interface the pod tests ask for: `eth0`, 10.128.0.`host`/23 with openshift-sdn's
+/// MAC for it, MTU 1400, gateway 10.128.0.1, cluster network 10.128.0.0/14.
+pub fn pod_cfg(host: u8) -> hostnet::PodConfig {
+    hostnet::PodConfig {
+        ifname: "eth0".into(),
+        mac: Some(format!("0a:58:0a:80:00:{host:02x}").parse().unwrap()),
+        mtu: 1400,
+        address: format!("10.128.0.{host}/23").parse().unwrap(),
+        gateway: "10.128.0.1".parse().unwrap(),
+        cluster_network: "10.128.0.0/14".parse().unwrap(),
+        extra_routes: vec![],
+        host_ifname: None,
+    }
+}
+
+impl TestNs {
+    /// `ethtool -k DEV`'s tx-checksumming state ("on", "off"), inside the namespace.
+    pub fn tx_checksumming(&self, dev: &str) -> String {
+        let out = self.exec(&["ethtool", "-k", dev]);
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix("tx-checksumming:"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| panic!("no tx-checksumming in ethtool -k output: {out}"))
+    }
+}
