@@ -72,6 +72,12 @@ async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Re
     }
 }
 
+/// The record a pod's port carries in `external_ids:sdn-node-pod` (what a restarted agent
+/// rebuilds the pod from).
+pub fn record_json(req: &PodRequest) -> String {
+    serde_json::to_string(req).unwrap_or_default()
+}
+
 /// Sets a pod up; see the module documentation.
 pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiError> {
     let deadline = Instant::now() + node.cfg.request_timeout;
@@ -123,7 +129,7 @@ pub(super) async fn commit_reserved(
         undo_iface(owns_iface, &pod).await;
         return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
     };
-    let record = serde_json::to_string(&req).unwrap_or_default();
+    let record = record_json(&req);
     let t_port = Instant::now();
     let added = match spare {
         None => {
