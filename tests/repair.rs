@@ -51,7 +51,6 @@ impl Pods {
             if in_ns(&self.ns[0].name, &["ping", "-c", "1", "-W", "1", &self.addr[1]]).0 {
                 let took = t.elapsed();
                 eprintln!("{what}: a1 reaches a2 again after {took:?}");
-                self.isolation_holds();
                 return took;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -92,7 +91,7 @@ impl NodeState {
             })
             .collect();
         NodeState {
-            flows: without_cookies(&n.flows()),
+            flows: by_port_name(&without_cookies(&n.flows()), &support::agent::ofports(&n.sb)),
             records,
             bridge: vsctl(&n.sb, &["--no-wait", "get", "Bridge", "br0", "fail_mode", "protocols", "datapath_type"]),
             vxlan: vsctl(&n.sb, &["--no-wait", "get", "Interface", "vxlan0", "type", "options", "ofport_request"]),
@@ -102,13 +101,48 @@ impl NodeState {
     }
 }
 
-/// Polls (bounded) until the node holds `want` again.
+/// Flows with pod ports' numbers replaced by their names: a bridge made again numbers its
+/// ports anew, and the flows must follow the new numbers.
+fn by_port_name(flows: &[String], ofports: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let mut pods: Vec<(String, String)> =
+        ofports.iter().filter(|(n, _)| n.starts_with("veth")).map(|(n, p)| (p.clone(), n.clone())).collect();
+    // Longest numbers first, so that port 13 is not taken for port 1 followed by a 3.
+    pods.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+    let mut out: Vec<String> = flows
+        .iter()
+        .map(|f| {
+            let mut f = f.clone();
+            for (p, name) in &pods {
+                let hex = format!("0x{:x}", p.parse::<u32>().unwrap_or(0));
+                for (from, to) in [
+                    (format!("in_port={p},"), format!("in_port={name},")),
+                    (format!("in_port={p} "), format!("in_port={name} ")),
+                    (format!("load:{hex}->NXM_NX_REG2[]"), format!("load:{name}->NXM_NX_REG2[]")),
+                ] {
+                    f = f.replace(&from, &to);
+                }
+                if let Some(stem) = f.strip_suffix(&format!("output:{p}")) {
+                    f = format!("{stem}output:{name}");
+                }
+            }
+            f
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Polls (bounded) until the node holds `want` again; then isolation holds as before.
 async fn state_back(p: &Pods, want: &NodeState, what: &str) {
     let t = Instant::now();
     loop {
         let now = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.state()));
         match now {
-            Ok(s) if s == *want => return,
+            Ok(s) if s == *want => {
+                eprintln!("{what}: OVSDB, flows and interfaces as before after {:?}", t.elapsed());
+                p.isolation_holds();
+                return;
+            }
             Ok(s) if t.elapsed() > REPAIR_WITHIN => {
                 panic!("{what}: the node never got back to its state:\n{s:?}\nwant\n{want:?}\n{}", p.node.log())
             }
