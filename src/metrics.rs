@@ -200,6 +200,9 @@ impl Metrics {
         for e in Executor::ALL {
             m.converge_errors.get_or_create(&ExecutorLabel { executor: e.name().into() }).inc_by(0);
         }
+        for what in ["bridge", "bridge_setting", "base_port", "generation", "pod_port", "pod_record", "qos", "flows", "host"] {
+            m.repairs.get_or_create(&RepairLabel { what: what.into() }).inc_by(0);
+        }
         m
     }
 

@@ -193,6 +193,9 @@ async fn deleted_port_changed_settings_and_deleted_flows_are_put_back() {
     state_back(&p, &before, "bridge settings changed").await;
     p.pings_again("bridge settings changed").await;
 
+    vsctl(&p.node.sb, &["--no-wait", "set", "Interface", "vxlan0", "options:dst_port=9999", "options:key=7"]);
+    state_back(&p, &before, "vxlan0's options changed").await;
+
     vsctl(&p.node.sb, &["--no-wait", "remove", "Port", &a2, "external_ids", "sdn-node-pod"]);
     state_back(&p, &before, "a pod's record removed").await;
 
@@ -201,7 +204,7 @@ async fn deleted_port_changed_settings_and_deleted_flows_are_put_back() {
     state_back(&p, &before, "del-flows").await;
 
     let st = p.status().await;
-    for what in ["pod_port", "bridge_setting", "pod_record", "flows"] {
+    for what in ["pod_port", "bridge_setting", "base_port", "pod_record", "flows"] {
         assert!(st.repairs.get(what).copied().unwrap_or(0) >= 1, "{what} repair counted: {:?}", st.repairs);
     }
     assert!(st.executors.iter().all(|e| e.ok), "every executor converged: {:?}", st.executors);

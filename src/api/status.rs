@@ -224,6 +224,7 @@ pub async fn status(node: &Node) -> Status {
             let (what, n) = l.split_once("\"} ")?;
             Some((what.to_string(), n.trim().parse::<f64>().ok()? as u64))
         })
+        .filter(|(_, n)| *n > 0)
         .collect();
     Status {
         executors,
