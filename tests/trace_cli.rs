@@ -489,7 +489,10 @@ async fn without_agent_or_state_the_issue_case_is_dropped_by_vnid_isolation() {
         )),
         "{out}"
     );
-    assert!(out.contains(&format!("from local pod 10.128.2.5 (port {a1} veth-a1, VNID 11, container a10000000000;")), "{out}");
+    assert!(
+        out.contains(&format!("from local pod 10.128.2.5 (port {a1} veth-a1, VNID 11, container a10000000000;")),
+        "{out}"
+    );
     assert!(out.contains(&format!("to   local pod 10.128.3.200 (port {x1} veth-x1, VNID 4097,")), "{out}");
     assert!(
         out.contains("verdict: DROPPED in table 80 by base (the pipeline's fixed flows): the table's default drop: no rule lets VNID 11 reach VNID 4097"),
@@ -499,7 +502,10 @@ async fn without_agent_or_state_the_issue_case_is_dropped_by_vnid_isolation() {
     assert!(out.contains("note: agent not reachable"), "the missing model is said: {out}");
     // And back.
     let v = n.trace_json(&["--from", "10.128.3.200", "--to", "10.128.2.5", "--proto", "icmp"]);
-    assert_eq!((v["from"]["type"].as_str(), v["from"]["ofport"].as_u64(), v["from"]["vnid"].as_u64()), (Some("port_pod"), Some(u64::from(x1)), Some(4097)));
+    assert_eq!(
+        (v["from"]["type"].as_str(), v["from"]["ofport"].as_u64(), v["from"]["vnid"].as_u64()),
+        (Some("port_pod"), Some(u64::from(x1)), Some(4097))
+    );
     assert_eq!((v["verdict"].as_str(), v["table"].as_u64()), (Some("dropped"), Some(80)), "{v}");
     assert!(v["reason"].as_str().unwrap().ends_with("no rule lets VNID 4097 reach VNID 11"), "{v}");
     assert_eq!(v["datapath_actions"], "drop");
@@ -515,7 +521,10 @@ async fn without_agent_or_state_same_vnid_pods_and_outside_senders_are_delivered
     assert_eq!(v["from"]["mac"], "0a:58:0a:80:02:05");
     assert_eq!(v["verdict"], "forwarded", "{v}");
     assert_eq!(v["outputs"].as_array().map(Vec::len), Some(1), "{v}");
-    assert_eq!((v["outputs"][0]["port"].as_u64(), v["outputs"][0]["interface"].as_str()), (Some(u64::from(a2)), Some("veth-a2")));
+    assert_eq!(
+        (v["outputs"][0]["port"].as_u64(), v["outputs"][0]["interface"].as_str()),
+        (Some(u64::from(a2)), Some("veth-a2"))
+    );
     assert_eq!(v["summary"], format!("DELIVERED to port {a2} (veth-a2)"));
     let tables: Vec<u64> = v["steps"].as_array().unwrap().iter().map(|s| s["table"].as_u64().unwrap()).collect();
     assert_eq!(tables, [0, 20, 21, 30, 70, 80], "{v}");
@@ -524,13 +533,21 @@ async fn without_agent_or_state_same_vnid_pods_and_outside_senders_are_delivered
     // An address outside every pod network really comes through tun0, with VNID 0.
     let v = n.trace_json(&["--from", "8.8.8.8", "--to", "10.128.2.5", "--proto", "icmp"]);
     assert!(v["flow"].as_str().unwrap().starts_with("in_port=2,"), "{v}");
-    assert_eq!((v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()), (Some("forwarded"), Some(u64::from(a1))), "{v}");
+    assert_eq!(
+        (v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()),
+        (Some("forwarded"), Some(u64::from(a1))),
+        "{v}"
+    );
 
     // A pod of node-b (table 90 routes its subnet there) arrives over VXLAN with the VNID given.
     let v = n.trace_json(&["--from", "10.129.0.5", "--to", "10.128.2.5", "--vnid", "11"]);
     assert!(v["flow"].as_str().unwrap().starts_with("in_port=1,tun_src=172.17.0.3,tun_id=0xb,"), "{v}");
     assert_eq!((v["from"]["type"].as_str(), v["from"]["node_ip"].as_str()), (Some("remote_pod"), Some("172.17.0.3")));
-    assert_eq!((v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()), (Some("forwarded"), Some(u64::from(a1))), "{v}");
+    assert_eq!(
+        (v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()),
+        (Some("forwarded"), Some(u64::from(a1))),
+        "{v}"
+    );
     let v = n.trace_json(&["--from", "10.129.0.5", "--to", "10.128.2.5", "--vnid", "4097"]);
     assert_eq!((v["verdict"].as_str(), v["table"].as_u64()), (Some("dropped"), Some(80)), "{v}");
 
@@ -558,7 +575,10 @@ async fn without_agent_or_state_an_unknown_source_is_an_error_naming_it() {
     // No pipeline on the bridge at all: nothing says what any address is.
     support::agent::vsctl(&n.sb, &["del-br", "br0"]);
     support::agent::vsctl(&n.sb, &["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=dummy"]);
-    n.trace_error(&["--from", "10.128.2.5", "--to", "10.128.3.200"], &["source 10.128.2.5", "pipeline installed", "--state"]);
+    n.trace_error(
+        &["--from", "10.128.2.5", "--to", "10.128.3.200"],
+        &["source 10.128.2.5", "pipeline installed", "--state"],
+    );
 }
 
 /// Without the agent, the pod records it keeps on its API pods' ports still name them.
@@ -575,7 +595,10 @@ async fn without_agent_or_state_recorded_pods_are_named() {
         let r = trace::run(&a).await.unwrap();
         match &r.from {
             Some(trace::Endpoint::Pod { pod }) => {
-                assert_eq!((pod.namespace.as_str(), pod.name.as_str(), pod.mac.as_str()), ("team-b", "x1", "0a:58:0a:80:00:40"));
+                assert_eq!(
+                    (pod.namespace.as_str(), pod.name.as_str(), pod.mac.as_str()),
+                    ("team-b", "x1", "0a:58:0a:80:00:40")
+                );
             }
             e => panic!("{e:?}\n{}", r.text()),
         }

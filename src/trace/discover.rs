@@ -266,7 +266,10 @@ mod tests {
         assert_eq!(v.local_subnet, Some("10.128.2.0/23".parse().unwrap()));
         assert_eq!(v.cluster_networks, vec!["10.128.0.0/14".parse::<Ipv4Net>().unwrap()]);
         assert_eq!(v.service_network, Some("172.30.0.0/16".parse().unwrap()));
-        assert_eq!(v.remote_of("10.129.1.7".parse().unwrap()).map(|r| r.host_ip.to_string()).as_deref(), Some("172.17.0.3"));
+        assert_eq!(
+            v.remote_of("10.129.1.7".parse().unwrap()).map(|r| r.host_ip.to_string()).as_deref(),
+            Some("172.17.0.3")
+        );
         assert_eq!(v.remote_of("10.130.0.1".parse().unwrap()), None);
         assert!(v.has_pipeline());
         assert!(v.pods_with_ip("10.128.2.6".parse().unwrap()).is_empty());
@@ -275,12 +278,12 @@ mod tests {
     #[test]
     fn a_set_field_load_is_read_as_well() {
         // OVS may hand a whole-register load back as set_field.
-        let m = Match { in_port: Some(OfPort(9).into()), ..Match::any() }
-            .ipv4(openflow::Ipv4Match { src: Some(Masked::exact("10.128.2.9".parse().unwrap())), ..Default::default() });
-        let ins = vec![
-            Instruction::ApplyActions(vec![Action::SetField(SetField::Reg(0, 12))]),
-            Instruction::GotoTable(21),
-        ];
+        let m = Match { in_port: Some(OfPort(9).into()), ..Match::any() }.ipv4(openflow::Ipv4Match {
+            src: Some(Masked::exact("10.128.2.9".parse().unwrap())),
+            ..Default::default()
+        });
+        let ins =
+            vec![Instruction::ApplyActions(vec![Action::SetField(SetField::Reg(0, 12))]), Instruction::GotoTable(21)];
         let mut v = SwitchView::default();
         v.add(20, &m, &ins);
         assert_eq!(v.pods.len(), 1);
