@@ -375,8 +375,10 @@ pub async fn run_with(
                     // Retried on the next event, or with capped backoff (`dirty` stays set).
                     failures = failures.saturating_add(1);
                     retry_at = Some(tokio::time::Instant::now() + crate::metrics::retry_delay(failures, RETRY_BASE, RETRY_CAP));
-                    if !matches!(e, crate::reconcile::ConvergeError::NotReady(_)) {
-                        warn!(error = %e, attempts = failures, "not converged; will retry");
+                    match e {
+                        crate::reconcile::ConvergeError::NotReady(_) => {}
+                        crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                        _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                     }
                 }
             }
