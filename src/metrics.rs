@@ -41,6 +41,19 @@ pub struct RequestLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// pod_api, metrics.
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabel {
+    pub listener: String,
+    /// evicted_idle, refused.
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -64,6 +77,10 @@ pub struct Metrics {
     /// NetworkPolicies of type Egress in the current state: not enforced by this node (the
     /// datapath has no egress stage for them), so counted where an operator looks.
     pub policies_egress_ignored: Gauge,
+    /// Open connections per listener (each is capped: see `api::serve`).
+    pub api_connections: Family<ListenerLabel, Gauge>,
+    /// Connections the agent closed to stay under a listener's cap.
+    pub api_connections_shed: Family<ShedLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -100,6 +117,8 @@ impl Metrics {
             pod_requests: Family::default(),
             reconcile_stalled: Gauge::default(),
             policies_egress_ignored: Gauge::default(),
+            api_connections: Family::default(),
+            api_connections_shed: Family::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,6 +138,12 @@ impl Metrics {
                 "NetworkPolicies with Egress in policyTypes, which this node does not enforce (egress from their pods stays allowed)",
                 m.policies_egress_ignored.clone(),
             );
+            r.register("api_connections", "Open connections, by listener (pod_api, metrics)", m.api_connections.clone());
+            r.register(
+                "api_connections_shed",
+                "Connections closed by the agent to stay under a listener's cap, by listener and why (evicted_idle: the oldest idle one made room for a new one; refused: all were busy)",
+                m.api_connections_shed.clone(),
+            );
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
@@ -135,6 +160,12 @@ impl Metrics {
         for op in ["setup", "teardown"] {
             for code in ["200", "400", "404", "409", "500", "503", "504"] {
                 m.pod_requests.get_or_create(&RequestLabel { op: op.into(), code: code.into() }).inc_by(0);
+            }
+        }
+        for listener in ["pod_api", "metrics"] {
+            m.api_connections.get_or_create(&ListenerLabel { listener: listener.into() }).set(0);
+            for why in ["evicted_idle", "refused"] {
+                m.api_connections_shed.get_or_create(&ShedLabel { listener: listener.into(), why: why.into() }).inc_by(0);
             }
         }
         for result in ["ok", "error"] {
