@@ -105,6 +105,9 @@ pub enum SandboxError {
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 /// `ioctl(NS_GET_NSTYPE)` (linux/nsfs.h, `_IO(0xb7, 0x3)`): the namespace's CLONE_NEW* type.
 const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// The inode of the initial network namespace on nsfs (`PROC_NET_INIT_INO`,
+/// include/linux/proc_ns.h): fixed since Linux 3.8.
+const PROC_NET_INIT_INO: u64 = 0xEFFF_FFF9;
 
 impl Netns {
     /// Identity of this namespace.
@@ -187,12 +190,25 @@ pub fn open_sandbox_blocking(path: &str, forbidden: &[NsId]) -> std::result::Res
     }
     let st = fstat(fd.as_raw_fd()).map_err(|e| SandboxError::Failed(Error::io("stat", format!("sandbox {path:?}"), e)))?;
     let id = NsId { dev: st.st_dev, ino: st.st_ino };
-    for (own, what) in [("/proc/self/ns/net", "the agent's own (the node's)"), ("/proc/1/ns/net", "init's (the host's)")] {
-        let theirs = std::fs::metadata(own).map_err(|e| SandboxError::Failed(Error::io("stat", own, e)))?;
-        use std::os::unix::fs::MetadataExt;
-        if (theirs.dev(), theirs.ino()) == (id.dev, id.ino) {
-            return refuse(format!("is {what} network namespace, not a pod sandbox"));
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/self/ns/net").map_err(|e| SandboxError::Failed(Error::io("stat", "/proc/self/ns/net", e)))?;
+    if (own.dev(), own.ino()) == (id.dev, id.ino) {
+        return refuse("is the agent's own (the node's) network namespace, not a pod sandbox".into());
+    }
+    // The host's: the kernel's initial network namespace has a fixed inode on nsfs (there is
+    // one nsfs), which works without access to init's /proc entry (no hostPID, or an init
+    // that cannot be inspected); and init's, where it can be read (an agent inside a
+    // namespace that is not the initial one, e.g. a nested test host).
+    if (id.dev, id.ino) == (own.dev(), PROC_NET_INIT_INO) {
+        return refuse("is the host's initial network namespace, not a pod sandbox".into());
+    }
+    match std::fs::metadata("/proc/1/ns/net") {
+        Ok(init) if (init.dev(), init.ino()) == (id.dev, id.ino) => {
+            return refuse("is init's (the host's) network namespace, not a pod sandbox".into());
         }
+        Ok(_) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::ENOENT)) => {}
+        Err(e) => return Err(SandboxError::Failed(Error::io("stat", "/proc/1/ns/net", e))),
     }
     if forbidden.contains(&id) {
         return refuse("is one of the agent's private network namespaces, not a pod sandbox".into());

@@ -11,8 +11,10 @@
 use crate::api::ApiError;
 use crate::cluster::{Pod, Problem};
 
-/// IFLA_INFO_KIND of an OVS internal port.
+/// IFLA_INFO_KIND of an OVS internal port on the kernel datapath.
 const OVS_INTERNAL: &str = "openvswitch";
+/// On the userspace (netdev) datapath, ovs-vswitchd makes internal ports as tap devices.
+const TAP: &str = "tun";
 
 /// Refuses `pod.host_veth` unless it is a pod's port (see the module documentation).
 pub async fn check(pod: &Pod) -> Result<(), ApiError> {
@@ -28,8 +30,8 @@ pub fn verdict(internal: bool, name: &str, found: Option<&hostnet::HostInterface
         return if internal { Ok(()) } else { Err(format!("{name:?}: no such interface on the node (the pod's host veth must exist)")) };
     };
     let kind = i.kind.as_deref();
-    let want = if internal { OVS_INTERNAL } else { "veth" };
-    if kind != Some(want) {
+    let fits = if internal { matches!(kind, Some(OVS_INTERNAL | TAP)) } else { kind == Some("veth") };
+    if !fits {
         let is = match kind {
             None => "a physical (or kind-less) device".to_string(),
             Some(OVS_INTERNAL) => "an OVS internal port".to_string(),
@@ -63,7 +65,7 @@ mod tests {
 
     #[test]
     fn only_a_pods_port_is_accepted() {
-        let ok = [(false, Some(iface(Some("veth"), None, false))), (true, None), (true, Some(iface(Some("openvswitch"), None, false)))];
+        let ok = [(false, Some(iface(Some("veth"), None, false))), (true, None), (true, Some(iface(Some("openvswitch"), None, false))), (true, Some(iface(Some("tun"), None, false)))];
         for (internal, found) in ok {
             assert_eq!(verdict(internal, "v", found.as_ref()), Ok(()), "{internal} {found:?}");
         }
@@ -73,6 +75,8 @@ mod tests {
             (false, Some(iface(Some("dummy"), None, false)), "a dummy device"),
             (false, Some(iface(Some("bridge"), None, false)), "a bridge device"),
             (false, Some(iface(Some("openvswitch"), None, false)), "an OVS internal port"),
+            (false, Some(iface(Some("tun"), None, false)), "a tun device"),
+            (true, Some(iface(Some("tun"), Some("10.8.0.1/24"), false)), "carries address"),
             (true, Some(iface(Some("veth"), None, false)), "a veth device"),
             (false, Some(iface(Some("veth"), Some("192.0.2.1/24"), false)), "carries address 192.0.2.1/24"),
             (false, Some(iface(Some("veth"), Some("2001:db8::1/64"), false)), "carries address 2001:db8::1/64"),
