@@ -41,6 +41,19 @@ pub struct RequestLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// pod_api, metrics.
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabel {
+    pub listener: String,
+    /// evicted_idle, refused.
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
 }
@@ -117,6 +130,10 @@ pub struct Metrics {
     pub converge_errors: Family<ExecutorLabel, Counter>,
     /// Things someone else removed or changed that the agent put back, by what.
     pub repairs: Family<RepairLabel, Counter>,
+    /// Open connections per listener (each is capped: see `api::serve`).
+    pub api_connections: Family<ListenerLabel, Gauge>,
+    /// Connections the agent closed to stay under a listener's cap.
+    pub api_connections_shed: Family<ShedLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -155,6 +172,8 @@ impl Metrics {
             policies_egress_ignored: Gauge::default(),
             converge_errors: Family::default(),
             repairs: Family::default(),
+            api_connections: Family::default(),
+            api_connections_shed: Family::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,6 +195,12 @@ impl Metrics {
             );
             r.register("converge_errors", "Failed converge attempts, by executor (host, ovsdb, flows); each retries on its own", m.converge_errors.clone());
             r.register("repairs", "What someone else removed or changed and the agent put back from its model, by what", m.repairs.clone());
+            r.register("api_connections", "Open connections, by listener (pod_api, metrics)", m.api_connections.clone());
+            r.register(
+                "api_connections_shed",
+                "Connections closed by the agent to stay under a listener's cap, by listener and why (evicted_idle: the oldest idle one made room for a new one; refused: all were busy)",
+                m.api_connections_shed.clone(),
+            );
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
@@ -192,6 +217,12 @@ impl Metrics {
         for op in ["setup", "teardown"] {
             for code in ["200", "400", "404", "409", "500", "503", "504"] {
                 m.pod_requests.get_or_create(&RequestLabel { op: op.into(), code: code.into() }).inc_by(0);
+            }
+        }
+        for listener in ["pod_api", "metrics"] {
+            m.api_connections.get_or_create(&ListenerLabel { listener: listener.into() }).set(0);
+            for why in ["evicted_idle", "refused"] {
+                m.api_connections_shed.get_or_create(&ShedLabel { listener: listener.into(), why: why.into() }).inc_by(0);
             }
         }
         for result in ["ok", "error"] {
