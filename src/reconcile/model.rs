@@ -458,6 +458,7 @@ mod tests {
         let mut p = st.pods[0].clone();
         p.name = name.into();
         p.ip = ip.parse().unwrap();
+        p.mac = crate::reconcile::cni::mac_for(p.ip).parse().unwrap();
         p.host_veth = veth.into();
         p
     }
