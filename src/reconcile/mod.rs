@@ -14,11 +14,13 @@
 //! their flow changes are group-committed by the engine, their port operations serialised per
 //! port name ([`ports::PortLocks`]). Every peer call has a deadline.
 
+pub mod checkpoint;
 pub mod cni;
 pub mod dns;
 pub mod model;
 pub mod pods;
 pub mod ports;
+pub mod recovery;
 pub mod spares;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,6 +98,8 @@ pub struct Node {
     pub spares: spares::Spares,
     /// Wakes the reconcile loop (something is left to clean up or converge).
     kick: Notify,
+    /// The agent's own durable record of its pods (`--state-dir`).
+    pub checkpoint: checkpoint::Checkpoint,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -104,7 +108,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Node {
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
+        Node::with_checkpoint(cfg, telemetry, checkpoint::Checkpoint::none())
+    }
+
+    /// [`Node::new`] with a checkpoint (opened, and read, before the node serves anything).
+    pub fn with_checkpoint(cfg: Config, telemetry: Telemetry, checkpoint: checkpoint::Checkpoint) -> Arc<Node> {
         Arc::new(Node {
+            checkpoint,
             model: Mutex::new(Model::new(&cfg.bridge)),
             spares: spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always),
             cfg,
@@ -418,8 +428,9 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Rebuilds the API pod registry from the ports that carry their request.
-    async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), OvsdbError> {
+    /// Rebuilds the API pod registry from the ports that carry their request and the agent's
+    /// checkpoint, checked against the kernel ([`recovery`]).
+    async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), ConvergeError> {
         let mut pods = Vec::new();
         for (port, json) in ovs.ports_with_external_id(POD_KEY).await? {
             let parsed = serde_json::from_str::<PodRequest>(&json)
@@ -430,14 +441,7 @@ impl Reconciler {
                 Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
             }
         }
-        if !pods.is_empty() {
-            info!(pods = pods.len(), "pod API registry recovered from OVSDB");
-        }
-        let mut m = self.node.model();
-        m.recover(pods);
-        for p in std::mem::take(&mut m.rebuild_problems) {
-            warn!("rejected: {p}");
-        }
+        recovery::recover(&self.node, pods).await.map_err(ConvergeError::Host)?;
         self.recovered = true;
         Ok(())
     }
@@ -490,6 +494,7 @@ impl Reconciler {
         };
         let node = &self.node;
         let bridge = bridge.as_str();
+        let listed_ref = &listed;
         let futs: Vec<_> = todo
             .into_iter()
             .map(|p| async move {
@@ -498,7 +503,13 @@ impl Reconciler {
                 if !node.model().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
                     return (p, None);
                 }
-                let r = ports::add_pod_port(ovs, bridge, &p, None, timeout).await;
+                // An API pod's port made again (lost with the database) gets its record back.
+                let record = if listed_ref.contains(&p.host_veth) {
+                    None
+                } else {
+                    node.model().api_pod(&p.key()).map(|(_, r)| serde_json::to_string(r).unwrap_or_default())
+                };
+                let r = ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout).await;
                 (p, Some(r))
             })
             .collect();
