@@ -17,6 +17,7 @@ pub mod model;
 pub mod ovsdb;
 pub mod pipeline;
 pub mod reconcile;
+pub mod rlimit;
 pub mod run;
 pub mod sandbox;
 pub mod store;

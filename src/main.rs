@@ -405,6 +405,11 @@ async fn run(cli: Cli) -> ExitCode {
             warm_ports_always,
             state_dir,
         } => {
+            match sdn_node::rlimit::raise_nofile() {
+                Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
+                Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
+                Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+            }
             let kube = (kubeconfig.is_some() || in_cluster)
                 .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
             let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), ovs.ovs_rundir);

@@ -41,8 +41,70 @@ pub struct RequestLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// pod_api, metrics.
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShedLabel {
+    pub listener: String,
+    /// evicted_idle, refused.
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecutorLabel {
+    pub executor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RepairLabel {
+    /// What was put back: bridge, base_port, pod_port, pod_record, qos, flows, generation.
+    pub what: String,
+}
+
+/// The parts of the node that converge on their own: one failing never holds back the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Executor {
+    /// The node's own networking: tun0's address and MTU, routes, sysctls, the nftables table.
+    Host,
+    /// OVSDB: the bridge and its base ports, pod ports, their records and QoS.
+    Ovsdb,
+    /// The switch's flows.
+    Flows,
+}
+
+impl Executor {
+    pub const ALL: [Executor; 3] = [Executor::Host, Executor::Ovsdb, Executor::Flows];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Executor::Host => "host",
+            Executor::Ovsdb => "ovsdb",
+            Executor::Flows => "flows",
+        }
+    }
+}
+
+/// One executor's health: failing since when, why, how often.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExecutorHealth {
+    /// The last error, while failing (cleared by the next success).
+    pub error: Option<String>,
+    /// When the current run of failures began.
+    pub failing_since: Option<std::time::SystemTime>,
+    /// Consecutive failures (0 while healthy).
+    pub failures: u32,
+    /// When it last succeeded.
+    pub last_ok: Option<std::time::SystemTime>,
+    /// Started and has not converged once yet.
+    pub pending: bool,
 }
 
 /// Every metric the agent exports.
@@ -64,6 +126,14 @@ pub struct Metrics {
     /// NetworkPolicies of type Egress in the current state: not enforced by this node (the
     /// datapath has no egress stage for them), so counted where an operator looks.
     pub policies_egress_ignored: Gauge,
+    /// Failed converge attempts, by executor (host, ovsdb, flows).
+    pub converge_errors: Family<ExecutorLabel, Counter>,
+    /// Things someone else removed or changed that the agent put back, by what.
+    pub repairs: Family<RepairLabel, Counter>,
+    /// Open connections per listener (each is capped: see `api::serve`).
+    pub api_connections: Family<ListenerLabel, Gauge>,
+    /// Connections the agent closed to stay under a listener's cap.
+    pub api_connections_shed: Family<ShedLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -100,6 +170,10 @@ impl Metrics {
             pod_requests: Family::default(),
             reconcile_stalled: Gauge::default(),
             policies_egress_ignored: Gauge::default(),
+            converge_errors: Family::default(),
+            repairs: Family::default(),
+            api_connections: Family::default(),
+            api_connections_shed: Family::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -119,6 +193,14 @@ impl Metrics {
                 "NetworkPolicies with Egress in policyTypes, which this node does not enforce (egress from their pods stays allowed)",
                 m.policies_egress_ignored.clone(),
             );
+            r.register("converge_errors", "Failed converge attempts, by executor (host, ovsdb, flows); each retries on its own", m.converge_errors.clone());
+            r.register("repairs", "What someone else removed or changed and the agent put back from its model, by what", m.repairs.clone());
+            r.register("api_connections", "Open connections, by listener (pod_api, metrics)", m.api_connections.clone());
+            r.register(
+                "api_connections_shed",
+                "Connections closed by the agent to stay under a listener's cap, by listener and why (evicted_idle: the oldest idle one made room for a new one; refused: all were busy)",
+                m.api_connections_shed.clone(),
+            );
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
@@ -137,10 +219,27 @@ impl Metrics {
                 m.pod_requests.get_or_create(&RequestLabel { op: op.into(), code: code.into() }).inc_by(0);
             }
         }
+        for listener in ["pod_api", "metrics"] {
+            m.api_connections.get_or_create(&ListenerLabel { listener: listener.into() }).set(0);
+            for why in ["evicted_idle", "refused"] {
+                m.api_connections_shed.get_or_create(&ShedLabel { listener: listener.into(), why: why.into() }).inc_by(0);
+            }
+        }
         for result in ["ok", "error"] {
             m.bundles.get_or_create(&ResultLabel { result: result.into() }).inc_by(0);
         }
+        for e in Executor::ALL {
+            m.converge_errors.get_or_create(&ExecutorLabel { executor: e.name().into() }).inc_by(0);
+        }
+        for what in ["bridge", "bridge_setting", "base_port", "generation", "pod_port", "pod_record", "qos", "flows", "host"] {
+            m.repairs.get_or_create(&RepairLabel { what: what.into() }).inc_by(0);
+        }
         m
+    }
+
+    /// Counts one repair of `what` (see [`RepairLabel`]).
+    pub fn repaired(&self, what: &str) {
+        self.repairs.get_or_create(&RepairLabel { what: what.into() }).inc();
     }
 
     /// The text exposition format.
@@ -214,6 +313,8 @@ pub struct Health {
     epoch: std::time::Instant,
     /// How long one pass may take before the loop counts as stuck (ms).
     watchdog_ms: std::sync::atomic::AtomicU64,
+    /// Each executor's last result.
+    executors: Mutex<[ExecutorHealth; 3]>,
 }
 
 impl Default for Health {
@@ -226,6 +327,7 @@ impl Default for Health {
             busy_since: std::sync::atomic::AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             watchdog_ms: std::sync::atomic::AtomicU64::new(120_000),
+            executors: Mutex::default(),
         }
     }
 }
@@ -279,11 +381,89 @@ impl Health {
         if !self.synced.load(Ordering::Relaxed) {
             why.push("state not synced".into());
         }
+        for (e, h) in Executor::ALL.iter().zip(self.executors()) {
+            if let Some(err) = &h.error {
+                let since = h
+                    .failing_since
+                    .and_then(|t| t.elapsed().ok())
+                    .map(|d| format!("{:.0}s", d.as_secs_f64()))
+                    .unwrap_or_else(|| "?".into());
+                why.push(format!("{} executor failing for {since} ({} attempts): {err}", e.name(), h.failures));
+            } else if h.pending {
+                why.push(format!("{} executor has not converged yet", e.name()));
+            }
+        }
         if why.is_empty() && !self.converged.load(Ordering::Relaxed) {
             why.push("switch not converged to the latest state".into());
         }
         (!why.is_empty()).then(|| why.join("; "))
     }
+
+    /// Every executor's health, in [`Executor::ALL`] order.
+    pub fn executors(&self) -> [ExecutorHealth; 3] {
+        self.executors.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn executor_slot<R>(&self, e: Executor, f: impl FnOnce(&mut ExecutorHealth) -> R) -> R {
+        let mut all = self.executors.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut all[e as usize])
+    }
+
+    /// `e` runs and must converge once before the node is ready.
+    pub fn executor_started(&self, e: Executor) {
+        self.executor_slot(e, |h| h.pending = h.last_ok.is_none());
+    }
+
+    /// `e` converged. True if it was failing until now.
+    pub fn executor_ok(&self, e: Executor) -> bool {
+        self.executor_slot(e, |h| {
+            let was = h.error.is_some();
+            *h = ExecutorHealth { last_ok: Some(std::time::SystemTime::now()), ..Default::default() };
+            was
+        })
+    }
+
+    /// `e` failed with `error`; returns how many times in a row.
+    pub fn executor_failed(&self, e: Executor, error: String) -> u32 {
+        self.executor_slot(e, |h| {
+            h.failing_since.get_or_insert_with(std::time::SystemTime::now);
+            h.error = Some(error);
+            h.failures = h.failures.saturating_add(1);
+            h.pending = false;
+            h.failures
+        })
+    }
+}
+
+impl Telemetry {
+    /// Records one converge attempt of `e`: health (for `/readyz` and status) and, on failure,
+    /// `sdn_node_converge_errors_total{executor}`. Logs the first failure and the recovery;
+    /// repeated failures are logged at debug level (the metric counts them).
+    pub fn executor_result<E: std::fmt::Display>(&self, e: Executor, r: &Result<(), E>) {
+        match r {
+            Ok(()) => {
+                if self.health.executor_ok(e) {
+                    tracing::info!(executor = e.name(), "executor converged again");
+                }
+            }
+            Err(err) => {
+                let msg = err.to_string();
+                self.metrics.converge_errors.get_or_create(&ExecutorLabel { executor: e.name().into() }).inc();
+                let n = self.health.executor_failed(e, msg.clone());
+                if n == 1 {
+                    tracing::warn!(executor = e.name(), error = %msg, "executor failed; retrying with backoff (the others go on)");
+                } else {
+                    tracing::debug!(executor = e.name(), error = %msg, attempts = n, "executor still failing");
+                }
+            }
+        }
+    }
+}
+
+/// Capped exponential backoff for an executor's retries: `base`, 2×, 4×, ... up to `cap`.
+pub fn retry_delay(failures: u32, base: Duration, cap: Duration) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    base.saturating_mul(1u32 << exp).min(cap)
 }
 
 /// Shared handles.
@@ -296,6 +476,33 @@ pub struct Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn executors_report_failures_and_recover() {
+        let t = Telemetry::default();
+        t.health.switch.store(true, Ordering::Relaxed);
+        t.health.ovsdb.store(true, Ordering::Relaxed);
+        t.health.synced.store(true, Ordering::Relaxed);
+        t.health.converged.store(true, Ordering::Relaxed);
+        assert_eq!(t.health.not_ready(), None);
+        t.executor_result(Executor::Host, &Err("gateway interface tun0 not found"));
+        t.executor_result(Executor::Host, &Err("gateway interface tun0 not found"));
+        let why = t.health.not_ready().expect("not ready while host fails");
+        assert!(why.contains("host executor failing") && why.contains("tun0 not found") && why.contains("2 attempts"), "{why}");
+        assert!(t.metrics.encode().contains("sdn_node_converge_errors_total{executor=\"host\"} 2"), "{}", t.metrics.encode());
+        assert!(t.metrics.encode().contains("sdn_node_converge_errors_total{executor=\"flows\"} 0"));
+        t.executor_result::<String>(Executor::Host, &Ok(()));
+        assert_eq!(t.health.not_ready(), None);
+        assert!(t.health.executors()[0].last_ok.is_some());
+    }
+
+    #[test]
+    fn retry_delay_is_capped() {
+        let (b, c) = (Duration::from_millis(500), Duration::from_secs(30));
+        assert_eq!(retry_delay(1, b, c), b);
+        assert_eq!(retry_delay(3, b, c), Duration::from_secs(2));
+        assert_eq!(retry_delay(40, b, c), c);
+    }
 
     #[test]
     fn families_are_exported() {

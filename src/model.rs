@@ -62,7 +62,8 @@ impl ContainerId {
         if s.len() != 64 {
             return Err(format!("container ID {s:?} has {} characters; expected 64 hex characters (32 bytes)", s.len()));
         }
-        if !s.is_ascii() {
+        // Every character a hex digit: `from_str_radix` alone also takes a sign ("+a").
+        if !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(format!("container ID {s:?} is not hexadecimal"));
         }
         let mut out = [0u8; 32];

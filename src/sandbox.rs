@@ -38,6 +38,9 @@ pub struct SandboxOptions {
     pub schema: PathBuf,
     /// Bound for every readiness wait.
     pub ready_timeout: Duration,
+    /// `--enable-dummy=override`: every netdev-class port (tun0 included) is a dummy, not a
+    /// kernel device (to test a node whose host networking cannot be configured).
+    pub dummy_override: bool,
 }
 
 impl Default for SandboxOptions {
@@ -47,6 +50,7 @@ impl Default for SandboxOptions {
             start_vswitchd: true,
             schema: PathBuf::from(DEFAULT_SCHEMA),
             ready_timeout: Duration::from_secs(20),
+            dummy_override: false,
         }
     }
 }
@@ -355,6 +359,16 @@ impl OvsSandbox {
         Ok(())
     }
 
+    /// Replaces the (stopped) database with a new empty one, as an OVS reinstall or a lost
+    /// `conf.db` leaves it: not even the `Open_vSwitch` row.
+    pub fn recreate_empty_db(&mut self) -> Result<(), SandboxError> {
+        let db = self.conf_db();
+        std::fs::remove_file(&db).map_err(io_err("cannot remove conf.db"))?;
+        let mut c = Command::new("ovsdb-tool");
+        c.arg("create").arg(&db).arg(&self.opts.schema);
+        run(c)
+    }
+
     /// Stops ovsdb-server (the sandbox's client becomes disconnected).
     pub fn stop_ovsdb(&mut self) -> Result<(), SandboxError> {
         self.stop(Daemon::OvsdbServer)
@@ -372,7 +386,7 @@ impl OvsSandbox {
             .arg("--detach")
             .arg(format!("--log-file={d}/v.log"))
             .arg("--disable-system")
-            .arg("--enable-dummy");
+            .arg(if self.opts.dummy_override { "--enable-dummy=override" } else { "--enable-dummy" });
         // --detach returns once vswitchd has read and applied the database.
         run(c)?;
         let pid = self

@@ -922,11 +922,7 @@ impl<'a> Seed<'a> {
             otx.add_flow(
                 "table=80, priority=200, reg0=0, actions=output:NXM_NX_REG2[]".to_string(),
             );
-            otx.add_flow(
-                // DIFFERENCE: the seed has priority 200, tying with reg0=0 above (same actions);
-                // sdn-node never relies on a tie (README, "NetworkPolicy plugin").
-                "table=80, priority=199, reg1=0, actions=output:NXM_NX_REG2[]".to_string(),
-            );
+            otx.add_flow("table=80, priority=200, reg1=0, actions=output:NXM_NX_REG2[]".to_string());
         } else {
             otx.add_flow("table=80, priority=200, actions=output:NXM_NX_REG2[]".to_string());
         }

@@ -342,9 +342,9 @@ async fn the_global_vnid_reaches_every_vnid_and_back() {
 
     let t = n.ip_from(A1, &format!("ip,nw_dst={}", D1.ip));
     n.assert_delivered(&t, &[D1.veth]);
-    // Priority 199, one below the source-VNID-0 rule: never two overlapping flows of equal
-    // priority (openshift-sdn has both at 200).
-    assert!(t.text.contains("80. reg1=0, priority 199"), "allowed by the destination-VNID-0 rule\n{t}");
+    // Priority 200 like the source-VNID-0 rule, as openshift-sdn has both (they cannot both
+    // match here: the source is VNID 11).
+    assert!(t.text.contains("80. reg1=0, priority 200"), "allowed by the destination-VNID-0 rule\n{t}");
 
     let t = n.ip_from(B2, &format!("ip,nw_dst={}", D1.ip));
     n.assert_delivered(&t, &[D1.veth]);

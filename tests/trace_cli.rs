@@ -387,3 +387,227 @@ async fn tables_per_pod(n: &Node) -> usize {
         })
         .count()
 }
+
+/// A node converged by `sdn-node apply` (no agent left running), for traces without the model:
+/// two tenants on one node, as in the issue (VNIDs 11 and 4097), and a second node.
+struct Applied {
+    sb: sdn_node::sandbox::OvsSandbox,
+}
+
+const APPLIED_STATE: &str = r#"
+node: node-a
+plugin: multitenant
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}
+  - {host: node-b, hostIP: 172.17.0.3, subnet: 10.129.0.0/23}
+netNamespaces:
+  - {name: team-a, netid: 11}
+  - {name: team-x, netid: 4097}
+pods:
+  - {namespace: team-a, name: a1, containerID: a100000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-a1, internal: true, ip: 10.128.2.5, mac: "0a:58:0a:80:02:05"}
+  - {namespace: team-a, name: a2, containerID: a200000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-a2, internal: true, ip: 10.128.2.6, mac: "0a:58:0a:80:02:06"}
+  - {namespace: team-x, name: x1, containerID: c800000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-x1, internal: true, ip: 10.128.3.200, mac: "0a:58:0a:80:03:c8"}
+"#;
+
+impl Applied {
+    async fn start() -> Applied {
+        let sb = sdn_node::sandbox::OvsSandbox::start(Default::default()).await.expect("start ovs sandbox");
+        let state = sb.dir().join("state.yaml");
+        std::fs::write(&state, APPLIED_STATE).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+            .args(["apply", "--datapath-type", "dummy", "--state"])
+            .arg(&state)
+            .arg("--ovs-rundir")
+            .arg(sb.dir())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "apply: {}", String::from_utf8_lossy(&out.stderr));
+        // The trace must not find the model by accident.
+        std::fs::remove_file(&state).unwrap();
+        Applied { sb }
+    }
+
+    fn ofport(&self, iface: &str) -> u32 {
+        support::agent::vsctl(&self.sb, &["get", "interface", iface, "ofport"]).trim().parse().unwrap()
+    }
+
+    /// `sdn-node trace ARGS --ovs-rundir DIR`, with no state file and no agent listening.
+    fn trace(&self, args: &[&str]) -> (i32, String, String) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+            .arg("trace")
+            .args(args)
+            .arg("--ovs-rundir")
+            .arg(self.sb.dir())
+            .arg("--socket")
+            .arg(self.sb.dir().join("no-agent.sock"))
+            .env_remove("OVS_RUNDIR")
+            .output()
+            .unwrap();
+        let code = out.status.code().unwrap_or(-1);
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        println!("trace {args:?} -> {code}:\n{stdout}{stderr}");
+        (code, stdout.into_owned(), stderr.into_owned())
+    }
+
+    fn trace_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        let (code, out, err) = self.trace(&a);
+        assert_eq!(code, 0, "{err}");
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// Asserts a failed trace whose message contains every one of `want`.
+    fn trace_error(&self, args: &[&str], want: &[&str]) -> String {
+        let (code, out, err) = self.trace(args);
+        assert_eq!(code, 1, "a trace that cannot know the source fails: {out}{err}");
+        assert!(out.is_empty(), "no verdict is printed: {out}");
+        for w in want {
+            assert!(err.contains(w), "{w:?} in {err}");
+        }
+        err
+    }
+}
+
+#[tokio::test]
+async fn without_agent_or_state_the_issue_case_is_dropped_by_vnid_isolation() {
+    let n = Applied::start().await;
+    let (a1, x1) = (n.ofport("veth-a1"), n.ofport("veth-x1"));
+    // The issue's command: the packet enters by a1's port (table 20 gives it VNID 11), not by
+    // tun0 (VNID 0, which every pod accepts).
+    let (code, out, err) = n.trace(&["--from", "10.128.2.5", "--to", "10.128.3.200", "--proto", "icmp"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&format!(
+            "trace br0: in_port={a1},dl_src=0a:58:0a:80:02:05,dl_dst=0a:58:0a:80:03:c8,icmp,nw_src=10.128.2.5,\
+             nw_dst=10.128.3.200,icmp_type=8,icmp_code=0"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("from local pod 10.128.2.5 (port {a1} veth-a1, VNID 11, container a10000000000;")),
+        "{out}"
+    );
+    assert!(out.contains(&format!("to   local pod 10.128.3.200 (port {x1} veth-x1, VNID 4097,")), "{out}");
+    assert!(
+        out.contains("verdict: DROPPED in table 80 by base (the pipeline's fixed flows): the table's default drop: no rule lets VNID 11 reach VNID 4097"),
+        "{out}"
+    );
+    assert!(!out.contains("DELIVERED"), "{out}");
+    assert!(out.contains("note: agent not reachable"), "the missing model is said: {out}");
+    // And back.
+    let v = n.trace_json(&["--from", "10.128.3.200", "--to", "10.128.2.5", "--proto", "icmp"]);
+    assert_eq!(
+        (v["from"]["type"].as_str(), v["from"]["ofport"].as_u64(), v["from"]["vnid"].as_u64()),
+        (Some("port_pod"), Some(u64::from(x1)), Some(4097))
+    );
+    assert_eq!((v["verdict"].as_str(), v["table"].as_u64()), (Some("dropped"), Some(80)), "{v}");
+    assert!(v["reason"].as_str().unwrap().ends_with("no rule lets VNID 4097 reach VNID 11"), "{v}");
+    assert_eq!(v["datapath_actions"], "drop");
+}
+
+#[tokio::test]
+async fn without_agent_or_state_same_vnid_pods_and_outside_senders_are_delivered() {
+    let n = Applied::start().await;
+    let (a1, a2) = (n.ofport("veth-a1"), n.ofport("veth-a2"));
+    let v = n.trace_json(&["--from", "10.128.2.5", "--to", "10.128.2.6:8080"]);
+    assert_eq!((v["from"]["ofport"].as_u64(), v["from"]["vnid"].as_u64()), (Some(u64::from(a1)), Some(11)), "{v}");
+    assert_eq!(v["from"]["interface"], "veth-a1");
+    assert_eq!(v["from"]["mac"], "0a:58:0a:80:02:05");
+    assert_eq!(v["verdict"], "forwarded", "{v}");
+    assert_eq!(v["outputs"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(
+        (v["outputs"][0]["port"].as_u64(), v["outputs"][0]["interface"].as_str()),
+        (Some(u64::from(a2)), Some("veth-a2"))
+    );
+    assert_eq!(v["summary"], format!("DELIVERED to port {a2} (veth-a2)"));
+    let tables: Vec<u64> = v["steps"].as_array().unwrap().iter().map(|s| s["table"].as_u64().unwrap()).collect();
+    assert_eq!(tables, [0, 20, 21, 30, 70, 80], "{v}");
+    assert!(v["flow"].as_str().unwrap().contains("tcp,nw_src=10.128.2.5,nw_dst=10.128.2.6,tcp_dst=8080"), "{v}");
+
+    // An address outside every pod network really comes through tun0, with VNID 0.
+    let v = n.trace_json(&["--from", "8.8.8.8", "--to", "10.128.2.5", "--proto", "icmp"]);
+    assert!(v["flow"].as_str().unwrap().starts_with("in_port=2,"), "{v}");
+    assert_eq!(
+        (v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()),
+        (Some("forwarded"), Some(u64::from(a1))),
+        "{v}"
+    );
+
+    // A pod of node-b (table 90 routes its subnet there) arrives over VXLAN with the VNID given.
+    let v = n.trace_json(&["--from", "10.129.0.5", "--to", "10.128.2.5", "--vnid", "11"]);
+    assert!(v["flow"].as_str().unwrap().starts_with("in_port=1,tun_src=172.17.0.3,tun_id=0xb,"), "{v}");
+    assert_eq!((v["from"]["type"].as_str(), v["from"]["node_ip"].as_str()), (Some("remote_pod"), Some("172.17.0.3")));
+    assert_eq!(
+        (v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()),
+        (Some("forwarded"), Some(u64::from(a1))),
+        "{v}"
+    );
+    let v = n.trace_json(&["--from", "10.129.0.5", "--to", "10.128.2.5", "--vnid", "4097"]);
+    assert_eq!((v["verdict"].as_str(), v["table"].as_u64()), (Some("dropped"), Some(80)), "{v}");
+
+    // An unknown destination is the switch's to judge: table 70 has no flow for it.
+    let v = n.trace_json(&["--from", "10.128.2.5", "--to", "10.128.2.99"]);
+    assert_eq!((v["verdict"].as_str(), v["table"].as_u64()), (Some("dropped"), Some(70)), "{v}");
+}
+
+#[tokio::test]
+async fn without_agent_or_state_an_unknown_source_is_an_error_naming_it() {
+    let n = Applied::start().await;
+    // In the local subnet, but no pod has it.
+    n.trace_error(
+        &["--from", "10.128.2.99", "--to", "10.128.2.5"],
+        &["source 10.128.2.99", "pod subnet 10.128.2.0/23", "no pod has it", "table 20", "--state", "--socket"],
+    );
+    // In the cluster network, but on no node.
+    n.trace_error(
+        &["--from", "10.131.0.5", "--to", "10.128.2.5"],
+        &["source 10.131.0.5", "cluster network 10.128.0.0/14", "no table 90 flow", "--state"],
+    );
+    // Another node's pod: its VNID is that node's to know.
+    n.trace_error(&["--from", "10.129.0.5", "--to", "10.128.2.5"], &["source 10.129.0.5", "172.17.0.3", "--vnid"]);
+
+    // No pipeline on the bridge at all: nothing says what any address is.
+    support::agent::vsctl(&n.sb, &["del-br", "br0"]);
+    support::agent::vsctl(&n.sb, &["add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=dummy"]);
+    n.trace_error(
+        &["--from", "10.128.2.5", "--to", "10.128.3.200"],
+        &["source 10.128.2.5", "pipeline installed", "--state"],
+    );
+}
+
+/// Without the agent, the pod records it keeps on its API pods' ports still name them.
+#[tokio::test]
+async fn without_agent_or_state_recorded_pods_are_named() {
+    let n = Node::start().await;
+    let p = support::inproc::pod("x1", "team-b", "10.128.2.40", 0x40);
+    assert_eq!(support::inproc::add(&n.agent.socket, &p).await.0, 200);
+    let mut a = n.args();
+    a.state = None;
+    a.socket = PathBuf::from("/nonexistent/cni.sock");
+    for from in ["10.128.2.40", "team-b/x1"] {
+        (a.from, a.to) = (Some(from.into()), Some("10.128.2.5".into()));
+        let r = trace::run(&a).await.unwrap();
+        match &r.from {
+            Some(trace::Endpoint::Pod { pod }) => {
+                assert_eq!(
+                    (pod.namespace.as_str(), pod.name.as_str(), pod.mac.as_str()),
+                    ("team-b", "x1", "0a:58:0a:80:00:40")
+                );
+            }
+            e => panic!("{e:?}\n{}", r.text()),
+        }
+        assert_eq!(owner_in(&r, 20), "pod/team-b/x1");
+        assert!(r.summary.ends_with("no rule lets VNID 12 reach VNID 11"), "{}", r.summary);
+    }
+    // As a destination it is named too.
+    (a.from, a.to) = (Some("10.128.2.10".into()), Some("10.128.2.40".into()));
+    let r = trace::run(&a).await.unwrap();
+    assert_delivered_to_pod(&r, "team-b/x1");
+    assert!(matches!(&r.from, Some(trace::Endpoint::PortPod { vnid: 12, .. })), "{:?}", r.from);
+}

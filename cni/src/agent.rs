@@ -12,6 +12,18 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+/// The header that carries the request's deadline to the agent: milliseconds since the Unix
+/// epoch (plugin and agent share the node's clock). The agent does not start a request whose
+/// deadline has passed, and does not work past it: once the plugin has given up, the runtime
+/// considers the ADD failed, and a pod set up after that would be one nobody asked for.
+pub const DEADLINE_HEADER: &str = "sdn-deadline";
+
+/// The value of [`DEADLINE_HEADER`] for a deadline `timeout` from now.
+pub fn deadline_value(timeout: Duration) -> String {
+    let at = std::time::SystemTime::now() + timeout;
+    at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0).to_string()
+}
+
 /// The largest reply accepted: a result is a few hundred bytes, so anything near this is a
 /// confused peer, and reading it all would only delay the error.
 pub const MAX_REPLY_BYTES: usize = 1 << 20;
@@ -103,8 +115,11 @@ pub fn post(socket: &Path, uri: &str, body: &[u8], timeout: Duration) -> Result<
 
     let mut msg = format!(
         "POST {uri} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: sdn-node-cni/{}\r\nContent-Type: application/json\r\n\
-         Accept: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+         Accept: application/json\r\n{DEADLINE_HEADER}: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         env!("CARGO_PKG_VERSION"),
+        // What is left of the deadline once connected (a connect that waited in a full
+        // backlog used some of it).
+        deadline_value(deadline.saturating_duration_since(Instant::now())),
         body.len()
     )
     .into_bytes();

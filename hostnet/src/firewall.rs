@@ -22,7 +22,7 @@ use crate::{
 pub const DEFAULT_TABLE: &str = "sdn-node";
 
 /// Parameters of the rule set.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FirewallConfig {
     /// Our table's name; one table per agent, so tests can use their own.
     pub table: String,

@@ -20,7 +20,7 @@ use crate::{
 pub const LEGACY_LINKS: [&str; 3] = ["lbr0", "vlinuxbr", "vovsbr"];
 
 /// What the host side must look like.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostConfig {
     /// The gateway interface, usually `tun0`.
     pub tun: String,
@@ -75,6 +75,8 @@ pub struct HostChanges {
     pub removed_addresses: Vec<Ipv4Net>,
     /// Whether the gateway address had to be added.
     pub added_address: bool,
+    /// Routes through `tun` that were missing (or pointed elsewhere) and were put in place.
+    pub added_routes: Vec<Ipv4Net>,
 }
 
 /// Configures the host side in namespace `ns` (the host's own, for the agent).
@@ -114,8 +116,12 @@ pub async fn setup_host(ns: &Netns, cfg: &HostConfig) -> Result<HostChanges> {
         nl.route_del(subnet, tun.index, &cfg.tun).await?;
     }
 
-    nl.route_replace(cfg.cluster_network.trunc(), None, &tun).await?;
-    nl.route_replace(cfg.service_network.trunc(), None, &tun).await?;
+    for net in [cfg.cluster_network.trunc(), cfg.service_network.trunc()] {
+        if !routes.iter().any(|r| r.dst == net && r.oif == Some(tun.index) && r.gateway.is_none()) {
+            changes.added_routes.push(net);
+        }
+        nl.route_replace(net, None, &tun).await?;
+    }
 
     let tun_name = cfg.tun.clone();
     ns.run("enable IPv4 forwarding", move || {

@@ -79,6 +79,188 @@ impl Netns {
     }
 }
 
+/// A namespace's identity: the device and inode of its nsfs file (what `ip netns identify`
+/// and `stat -L /proc/PID/ns/net` compare). Two handles are the same namespace iff equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct NsId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// Why a path named as a pod's sandbox cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The path is not a network namespace the agent may put a pod interface into: the
+    /// request's fault (a 400 naming the field).
+    #[error("{0}")]
+    Refused(String),
+    /// The agent could not look (file descriptor limit, /proc unreadable): not the request's
+    /// fault.
+    #[error("{0}")]
+    Failed(Error),
+}
+
+/// nsfs's `statfs` magic (linux/magic.h): every namespace file, `/proc/PID/ns/*` and their
+/// bind mounts, lives on it.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+/// `ioctl(NS_GET_NSTYPE)` (linux/nsfs.h, `_IO(0xb7, 0x3)`): the namespace's CLONE_NEW* type.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// The inode of the initial network namespace on nsfs (`PROC_NET_INIT_INO`,
+/// include/linux/proc_ns.h): fixed since Linux 3.8.
+const PROC_NET_INIT_INO: u64 = 0xEFFF_FFF9;
+
+impl Netns {
+    /// Identity of this namespace.
+    pub fn id(&self) -> Result<NsId> {
+        fstat(self.fd.as_raw_fd()).map(|st| NsId { dev: st.st_dev, ino: st.st_ino }).map_err(|e| Error::io("stat netns", self.path.display().to_string(), e))
+    }
+
+    /// Opens the namespace a request names as a pod's sandbox (CNI_NETNS), and refuses anything
+    /// else, before anything is created in it:
+    ///
+    /// - the path is looked up with `O_PATH`, which never blocks and has no side effects (a
+    ///   FIFO's open would wait for a writer on the caller's thread; a device's open could act
+    ///   on the device), and must be a regular file on nsfs — a bind-mounted namespace
+    ///   (`/var/run/netns/X`) or `/proc/PID/ns/net`;
+    /// - only then is it opened for real, through that same `O_PATH` handle (so a path swapped
+    ///   meanwhile changes nothing), non-blocking, and must be a *network* namespace;
+    /// - it must not be the agent's own namespace (the node's, when the agent runs in it), nor
+    ///   init's (the host's), nor any of `forbidden` (the agent's private ones): a "pod" end
+    ///   moved there would land among the node's interfaces, and the pod routes set up in it
+    ///   would replace the node's. `..`, symlinks and `/proc/self` lead to the same inode, so
+    ///   the comparison is by identity, not by name.
+    ///
+    /// All of it runs on a blocking-pool thread, bounded by [`NS_WORK_TIMEOUT`].
+    pub async fn open_sandbox(path: &str, forbidden: &[NsId]) -> std::result::Result<Netns, SandboxError> {
+        let (p, forbidden) = (path.to_string(), forbidden.to_vec());
+        let work = tokio::task::spawn_blocking(move || open_sandbox_blocking(&p, &forbidden));
+        match tokio::time::timeout(NS_WORK_TIMEOUT, work).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(SandboxError::Failed(Error::Reply { object: format!("sandbox {path:?}"), reason: format!("the opening thread failed: {e}") })),
+            Err(_) => Err(SandboxError::Failed(Error::Timeout { op: "open", object: format!("sandbox {path:?}"), after: NS_WORK_TIMEOUT })),
+        }
+    }
+}
+
+/// The blocking body of [`Netns::open_sandbox`].
+pub fn open_sandbox_blocking(path: &str, forbidden: &[NsId]) -> std::result::Result<Netns, SandboxError> {
+    use std::os::fd::FromRawFd;
+    let refuse = |why: String| Err(SandboxError::Refused(format!("{path:?} {why}")));
+    if !path.starts_with('/') {
+        return refuse("is not an absolute path".into());
+    }
+    if path.len() >= libc::PATH_MAX as usize {
+        return refuse(format!("is longer than {} bytes", libc::PATH_MAX - 1));
+    }
+    let Ok(c) = std::ffi::CString::new(path) else { return refuse("contains a NUL byte".into()) };
+    // SAFETY: plain system call on a NUL-terminated path; the result is checked.
+    let raw = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if raw < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM) => Err(SandboxError::Failed(Error::io("open", format!("sandbox {path:?}"), e))),
+            _ => refuse(format!("cannot be opened: {e}")),
+        };
+    }
+    // SAFETY: `raw` is a descriptor this function just opened and nothing else owns.
+    let located = unsafe { OwnedFd::from_raw_fd(raw) };
+    let st = fstat(located.as_raw_fd()).map_err(|e| SandboxError::Failed(Error::io("stat", format!("sandbox {path:?}"), e)))?;
+    let kind = st.st_mode & libc::S_IFMT;
+    if kind != libc::S_IFREG {
+        return refuse(format!("is {}, not a network namespace (an nsfs file such as /var/run/netns/NAME)", file_kind(kind)));
+    }
+    let fs = fstatfs(located.as_raw_fd()).map_err(|e| SandboxError::Failed(Error::io("statfs", format!("sandbox {path:?}"), e)))?;
+    if fs.f_type as i64 != NSFS_MAGIC {
+        return refuse(format!("is a plain file (filesystem magic {:#x}), not a network namespace (nsfs)", fs.f_type));
+    }
+    // Reopen the very inode found, non-blocking, for setns.
+    let again = std::ffi::CString::new(format!("/proc/self/fd/{}", located.as_raw_fd())).map_err(|_| SandboxError::Refused(path.into()))?;
+    // SAFETY: as above.
+    let raw = unsafe { libc::open(again.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY) };
+    if raw < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(SandboxError::Failed(Error::io("reopen", format!("sandbox {path:?}"), e)));
+    }
+    // SAFETY: as above.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the descriptor's namespace.
+    let ty = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE as _) };
+    if ty != libc::CLONE_NEWNET {
+        return refuse(format!("is {}, not a network namespace", ns_kind(ty)));
+    }
+    let st = fstat(fd.as_raw_fd()).map_err(|e| SandboxError::Failed(Error::io("stat", format!("sandbox {path:?}"), e)))?;
+    let id = NsId { dev: st.st_dev, ino: st.st_ino };
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/self/ns/net").map_err(|e| SandboxError::Failed(Error::io("stat", "/proc/self/ns/net", e)))?;
+    if (own.dev(), own.ino()) == (id.dev, id.ino) {
+        return refuse("is the agent's own (the node's) network namespace, not a pod sandbox".into());
+    }
+    // The host's: the kernel's initial network namespace has a fixed inode on nsfs (there is
+    // one nsfs), which works without access to init's /proc entry (no hostPID, or an init
+    // that cannot be inspected); and init's, where it can be read (an agent inside a
+    // namespace that is not the initial one, e.g. a nested test host).
+    if (id.dev, id.ino) == (own.dev(), PROC_NET_INIT_INO) {
+        return refuse("is the host's initial network namespace, not a pod sandbox".into());
+    }
+    match std::fs::metadata("/proc/1/ns/net") {
+        Ok(init) if (init.dev(), init.ino()) == (id.dev, id.ino) => {
+            return refuse("is init's (the host's) network namespace, not a pod sandbox".into());
+        }
+        Ok(_) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::ENOENT)) => {}
+        Err(e) => return Err(SandboxError::Failed(Error::io("stat", "/proc/1/ns/net", e))),
+    }
+    if forbidden.contains(&id) {
+        return refuse("is one of the agent's private network namespaces, not a pod sandbox".into());
+    }
+    Ok(Netns { fd: Arc::new(fd), path: PathBuf::from(path) })
+}
+
+fn file_kind(kind: libc::mode_t) -> &'static str {
+    match kind {
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "not a regular file",
+    }
+}
+
+fn ns_kind(ty: i32) -> String {
+    match ty {
+        libc::CLONE_NEWNS => "a mount namespace".into(),
+        libc::CLONE_NEWPID => "a PID namespace".into(),
+        libc::CLONE_NEWUSER => "a user namespace".into(),
+        libc::CLONE_NEWUTS => "a UTS namespace".into(),
+        libc::CLONE_NEWIPC => "an IPC namespace".into(),
+        libc::CLONE_NEWCGROUP => "a cgroup namespace".into(),
+        -1 => format!("a namespace of unknown type ({})", std::io::Error::last_os_error()),
+        t => format!("a namespace of type {t:#x}"),
+    }
+}
+
+fn fstat(fd: i32) -> std::io::Result<libc::stat> {
+    // SAFETY: `st` is written by the kernel on success; `fd` is a valid descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } == 0 {
+        Ok(st)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn fstatfs(fd: i32) -> std::io::Result<libc::statfs> {
+    // SAFETY: as fstat.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(fd, &mut st) } == 0 {
+        Ok(st)
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Body of the worker thread: enter, work, leave.
 fn in_netns<R>(target: &OwnedFd, object: &str, work: impl FnOnce() -> Result<R>) -> Result<R> {
     let original = File::open("/proc/thread-self/ns/net").map_err(|e| Error::io("open own netns for", object, e))?;

@@ -81,6 +81,10 @@ impl Nl {
         Ok(Nl { handle, task, ns: ns.path().display().to_string() })
     }
 
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
     fn object(&self, what: &str) -> String {
         format!("{what} (netns {})", self.ns)
     }
@@ -98,7 +102,7 @@ impl Nl {
         }
     }
 
-    async fn collect<T>(
+    pub(crate) async fn collect<T>(
         &self,
         op: &'static str,
         what: &str,

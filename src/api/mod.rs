@@ -6,7 +6,11 @@
 //! and change nothing.
 
 pub mod client;
+pub mod deadline;
+pub mod hostport;
 pub mod quantity;
+pub mod sandbox;
+pub mod serve;
 pub mod status;
 
 use std::collections::BTreeMap;
@@ -15,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Json, Router};
@@ -175,15 +179,18 @@ fn count(t: &Telemetry, op: &str, code: StatusCode) {
     t.metrics.pod_requests.get_or_create(&crate::metrics::RequestLabel { op: op.into(), code: code.as_u16().to_string() }).inc();
 }
 
-async fn setup(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Result<Json<SetupReply>, ApiError> {
+async fn setup(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Result<Json<SetupReply>, ApiError> {
     let t = Instant::now();
-    let r = match serde_json::from_slice::<PodRequest>(&body) {
-        Err(e) => Err(ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}")))),
-        Ok(req) => {
-            let n = node.clone();
-            detached(async move { crate::reconcile::pods::setup(&n, req).await }).await
-        }
-    };
+    let r = async {
+        let deadline = caller_deadline(&headers)?;
+        let body = request_body(body).await?;
+        let req = serde_json::from_slice::<PodRequest>(&body).map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
+        public_request(&req)?;
+        hostport::check(&req.to_pod().map_err(ApiError::Invalid)?).await?;
+        let n = node.clone();
+        detached(deadline::scope(deadline, async move { crate::reconcile::pods::setup(&n, req).await })).await
+    }
+    .await;
     count(&node.telemetry, "setup", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     if r.is_ok() {
         node.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
@@ -191,22 +198,54 @@ async fn setup(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Result
     r.map(Json)
 }
 
-async fn teardown(State(node): State<Arc<Node>>, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
-    let n = node.clone();
-    let r = detached(async move { crate::reconcile::pods::teardown(&n, ns, name).await }).await;
+/// What only the agent may put into a pod's record: the `cni` part says the agent created the
+/// pod's interface, and so may delete it (on DEL, or when the sandbox is gone) — a caller
+/// setting it could have any node interface deleted.
+fn public_request(req: &PodRequest) -> Result<(), ApiError> {
+    if req.cni.is_some() {
+        let obj = format!("pod {}/{}", req.namespace, req.name);
+        return Err(ApiError::Invalid(Problem::new(obj, "cni", "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here")));
+    }
+    Ok(())
+}
+
+/// The caller's deadline (see [`deadline`]): a request whose caller has already given up is
+/// answered 504 before anything is done.
+fn caller_deadline(headers: &HeaderMap) -> Result<Option<tokio::time::Instant>, ApiError> {
+    let d = deadline::from_headers(headers).map_err(|m| ApiError::Invalid(Problem::new("request", deadline::HEADER, m)))?;
+    if d.is_some_and(|d| d <= tokio::time::Instant::now()) {
+        return Err(ApiError::Timeout("the caller's deadline passed before the request was started; nothing was done".into()));
+    }
+    Ok(d)
+}
+
+async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiError> {
+    serve::read_body(body, MAX_BODY, serve::POD_API.body_timeout).await.map_err(|m| ApiError::Invalid(Problem::new("request", "", m)))
+}
+
+async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
+    let r = match caller_deadline(&headers) {
+        Err(e) => Err(e),
+        Ok(d) => {
+            let n = node.clone();
+            detached(deadline::scope(d, async move { crate::reconcile::pods::teardown(&n, ns, name).await })).await
+        }
+    };
     count(&node.telemetry, "teardown", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     r.map(|_| StatusCode::OK)
 }
 
-async fn cni(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Response {
+async fn cni(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Response {
     let t = Instant::now();
-    let r = match serde_json::from_slice::<crate::reconcile::cni::CniRequest>(&body) {
-        Err(e) => Err(ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}")))),
-        Ok(req) => {
-            let n = node.clone();
-            detached(async move { crate::reconcile::cni::handle(&n, req).await }).await
-        }
-    };
+    let r = async {
+        let deadline = caller_deadline(&headers)?;
+        let body = request_body(body).await?;
+        let req = serde_json::from_slice::<crate::reconcile::cni::CniRequest>(&body)
+            .map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
+        let n = node.clone();
+        detached(deadline::scope(deadline, async move { crate::reconcile::cni::handle(&n, req).await })).await
+    }
+    .await;
     count(&node.telemetry, "cni", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     match r {
         Ok(Some(reply)) => {
@@ -222,24 +261,16 @@ async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRequest>> {
     Json(node.model().api_requests())
 }
 
-/// Serves the pod API on `socket` (created with mode 0600, its directory if missing) until
+/// Serves the pod API on `socket` (mode 0600 from the start, its directory made 0700 if
+/// missing; see [`serve::bind_private_unix`]) under [`serve::POD_API`]'s limits until
 /// `shutdown` resolves.
 pub async fn serve(
     socket: &Path,
     node: Arc<Node>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    match std::fs::remove_file(socket) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = tokio::net::UnixListener::bind(socket)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    let listener = serve::bind_private_unix(socket)?;
+    let metrics = node.telemetry.metrics.clone();
     let app = Router::new()
         .route("/v1/pods", get(list).post(setup))
         .route("/v1/pods/{namespace}/{name}", delete(teardown))
@@ -247,10 +278,10 @@ pub async fn serve(
         .route("/v1/status", get(status::handler))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(node);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    serve::serve(listener, app, serve::POD_API, "pod_api", metrics, shutdown).await
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` under [`serve::METRICS`]'s limits.
 pub async fn serve_metrics(
     addr: std::net::SocketAddr,
     telemetry: Telemetry,
@@ -275,12 +306,13 @@ pub async fn serve_metrics(
         }
     }
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    let m = telemetry.metrics.clone();
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(telemetry);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+    serve::serve(listener, app, serve::METRICS, "metrics", m, shutdown).await
 }
 
 /// Shared by tests and the client: the pods an agent serves, by key.

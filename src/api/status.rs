@@ -86,6 +86,29 @@ pub struct Pods {
     pub names: Vec<String>,
 }
 
+/// One executor (host, ovsdb, flows): each converges on its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecutorStatus {
+    pub name: String,
+    /// Converged on its last attempt.
+    pub ok: bool,
+    /// The last error, while failing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Failing since (ms since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since_unix_ms: Option<u64>,
+    /// Consecutive failed attempts.
+    pub failures: u32,
+    /// Last success (ms since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_ok_unix_ms: Option<u64>,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
 /// The agent's status.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -105,6 +128,12 @@ pub struct Status {
     /// Objects the model rejected, by kind (counted since start).
     pub rejected: BTreeMap<String, u64>,
     pub model_version: u64,
+    /// Each executor's health, failing ones with their last error.
+    #[serde(default)]
+    pub executors: Vec<ExecutorStatus>,
+    /// Repairs of what someone else removed or changed, by what (since start).
+    #[serde(default)]
+    pub repairs: BTreeMap<String, u64>,
 }
 
 /// Builds the status from the node's state.
@@ -176,7 +205,30 @@ pub async fn status(node: &Node) -> Status {
             _ => None,
         },
     };
+    let executors = crate::metrics::Executor::ALL
+        .iter()
+        .zip(h.executors())
+        .map(|(e, x)| ExecutorStatus {
+            name: e.name().into(),
+            ok: x.error.is_none() && x.last_ok.is_some(),
+            last_error: x.error,
+            failing_since_unix_ms: x.failing_since.map(unix_ms),
+            failures: x.failures,
+            last_ok_unix_ms: x.last_ok.map(unix_ms),
+        })
+        .collect();
+    let repairs = metrics_text
+        .lines()
+        .filter_map(|l| l.strip_prefix("sdn_node_repairs_total{what=\""))
+        .filter_map(|l| {
+            let (what, n) = l.split_once("\"} ")?;
+            Some((what.to_string(), n.trim().parse::<f64>().ok()? as u64))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
     Status {
+        executors,
+        repairs,
         bridge: node.cfg.bridge.clone(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
@@ -297,6 +349,21 @@ impl std::fmt::Display for Status {
         for p in &self.pods.names {
             let _ = writeln!(s, "  {p}");
         }
+        let _ = writeln!(s, "executors:");
+        for e in &self.executors {
+            let state = match (&e.last_error, e.failing_since_unix_ms) {
+                (Some(err), since) => format!(
+                    "FAILING since {} ({} attempts): {err}",
+                    since.map(ago).unwrap_or_else(|| "?".into()),
+                    e.failures
+                ),
+                (None, _) if e.ok => format!("ok (last {})", e.last_ok_unix_ms.map(ago).unwrap_or_else(|| "?".into())),
+                (None, _) => "not converged yet".into(),
+            };
+            let _ = writeln!(s, "  {:<6} {state}", e.name);
+        }
+        let repairs: Vec<String> = self.repairs.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let _ = writeln!(s, "repairs:    {}", if repairs.is_empty() { "none".into() } else { repairs.join(", ") });
         let rejected: Vec<String> =
             self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { rejected.join(", ") });

@@ -341,9 +341,15 @@ impl ClusterState {
         if p.ip == gateway {
             return Err(Problem::new(obj, "ip", format!("{} is the node's gateway address", p.ip)));
         }
+        if p.mac == crate::pipeline::via_host::tun0_mac(gateway) {
+            return Err(Problem::new(obj, "mac", format!("{} is the node gateway's (tun0) MAC address", p.mac)));
+        }
         for o in self.pods.iter().filter(|o| o.key() != p.key()) {
             if o.ip == p.ip {
                 return Err(Problem::new(obj, "ip", format!("{} is already used by pod {}/{}", p.ip, o.namespace, o.name)));
+            }
+            if o.mac == p.mac {
+                return Err(Problem::new(obj, "mac", format!("{} is already used by pod {}/{}", p.mac, o.namespace, o.name)));
             }
             if o.host_veth == p.host_veth {
                 return Err(Problem::new(obj, "hostVeth", format!("{:?} is already used by pod {}/{}", p.host_veth, o.namespace, o.name)));

@@ -521,10 +521,22 @@ fn pod(r: RawPod) -> Result<Pod, (String, String)> {
             return Err((f.into(), format!("{v} is negative")));
         }
     }
+    if !r.mac.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
+        return Err(("mac".into(), format!("{:?} is not six hexadecimal octets separated by ':'", r.mac)));
+    }
+    let mac: openflow::flow_match::MacAddr = r.mac.parse().map_err(|e: openflow::flow_match::MacParseError| ("mac".to_string(), e.to_string()))?;
+    // The pod's own address: the flows match it as a source and deliver to it, so it must be
+    // one station's (a group address would take in every multicast; all-zero is no address).
+    if mac.0[0] & 1 == 1 {
+        return Err(("mac".into(), format!("{mac} is a multicast/broadcast address, not a pod's")));
+    }
+    if mac.0 == [0; 6] {
+        return Err(("mac".into(), format!("{mac} is all zero, not a pod's address")));
+    }
     Ok(Pod {
         container_id: ContainerId::parse(&r.container_id).map_err(at("containerID"))?,
         ip: addr(&r.ip).map_err(at("ip"))?,
-        mac: r.mac.parse().map_err(|e: openflow::flow_match::MacParseError| ("mac".to_string(), e.to_string()))?,
+        mac,
         namespace: r.namespace,
         name: r.name,
         host_veth: r.host_veth,

@@ -13,10 +13,11 @@ pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
         Plugin::Subnet => vec![Flow::new(Table::Policy, 200, Match::any(), vec![output_reg2()], None)],
         Plugin::Multitenant => vec![
             Flow::new(Table::Policy, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output_reg2()], None),
-            // openshift-sdn gives both VNID-0 accepts priority 200: they overlap (reg0=0 and
-            // reg1=0 can both hold) at equal priority. Same actions, but the pipeline never
-            // relies on a tie: the second is one lower.
-            Flow::new(Table::Policy, 199, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
+            // Both VNID-0 accepts at priority 200, as openshift-sdn has them (its own
+            // full-dump tests expect it, and a takeover must change no flow). They overlap
+            // (reg0=0 and reg1=0 can both hold) at equal priority, but with identical actions,
+            // so no packet's fate depends on which entry wins.
+            Flow::new(Table::Policy, 200, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
         ],
         Plugin::NetworkPolicy => super::netpol::plugin_flows(),
     }
@@ -42,7 +43,7 @@ mod tests {
     fn text() {
         assert_eq!(plugin_flows(Plugin::Subnet)[0].to_string(), "table=80, priority=200 actions=output:NXM_NX_REG2[]");
         let m = plugin_flows(Plugin::Multitenant);
-        assert_eq!(m[1].to_string(), "table=80, priority=199,reg1=0 actions=output:NXM_NX_REG2[]");
+        assert_eq!(m[1].to_string(), "table=80, priority=200,reg1=0 actions=output:NXM_NX_REG2[]");
         assert_eq!(vnid_flow(Vnid::new(11).unwrap()).to_string(), "table=80, priority=100,reg0=0xb,reg1=0xb actions=output:NXM_NX_REG2[]");
     }
 }

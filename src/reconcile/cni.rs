@@ -88,7 +88,7 @@ fn obj(r: &CniRequest) -> String {
     format!("pod {}/{}", r.namespace, r.name)
 }
 
-fn validate(r: &CniRequest) -> Result<(), ApiError> {
+pub fn validate(r: &CniRequest) -> Result<(), ApiError> {
     let bad = |field: &str, m: String| Err(ApiError::Invalid(Problem::new(obj(r), field, m)));
     if !dns1123_label(&r.namespace) {
         return bad("namespace", format!("{:?} is not a DNS-1123 label", r.namespace));
@@ -133,11 +133,10 @@ fn reply_of(rec: &CniRecord, host_veth: &str, mac: &str, cluster: Ipv4Net) -> Cn
 }
 
 async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
-    let deadline = Instant::now() + node.cfg.request_timeout;
+    let deadline = crate::api::deadline::current(node.cfg.request_timeout);
     validate(&req)?;
     let key = (req.namespace.clone(), req.name.clone());
-    let pod_ns = hostnet::Netns::open(&req.netns)
-        .map_err(|e| ApiError::Invalid(Problem::new(obj(&req), "netns", format!("{:?}: {e}", req.netns))))?;
+    let pod_ns = crate::api::sandbox::open(node, &obj(&req), &req.netns).await?;
     let host_ns = hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
     ready(node)?;
     // A warm port, if one is ready: the pod's interface and port then come from it.
@@ -312,7 +311,7 @@ impl Drop for Taken<'_> {
 }
 
 async fn del(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {
-    let deadline = Instant::now() + node.cfg.request_timeout;
+    let deadline = crate::api::deadline::current(node.cfg.request_timeout);
     let key = (req.namespace.clone(), req.name.clone());
     let ours = {
         let mut m = node.model();
@@ -356,7 +355,7 @@ async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {
     if !ofport_known || want == 0 || dirty || on_switch != want {
         return Err(ApiError::Failed(format!("{}: its flows are not on the switch ({want} desired)", obj(&req))));
     }
-    let ns = hostnet::Netns::open(&rec.netns).map_err(|e| ApiError::Invalid(Problem::new(obj(&req), "netns", e.to_string())))?;
+    let ns = crate::api::sandbox::open(node, &obj(&req), &rec.netns).await?;
     let address: Ipv4Net = rec.address.parse().map_err(|_| ApiError::Failed("bad recorded address".into()))?;
     let cfg = hostnet::PodConfig {
         ifname: rec.if_name.clone(),

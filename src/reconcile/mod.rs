@@ -17,23 +17,25 @@
 pub mod checkpoint;
 pub mod cni;
 pub mod dns;
+pub mod host;
 pub mod model;
 pub mod pods;
 pub mod ports;
 pub mod recovery;
+pub mod repair;
 pub mod spares;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
 use crate::api::PodRequest;
 use crate::cluster::Problem;
 use crate::engine::{Engine, EngineError, Outcome};
-use crate::metrics::Telemetry;
+use crate::metrics::{Executor, Telemetry};
 use crate::ovsdb::{Ovs, OvsdbError};
 use crate::switch::Switch;
 use model::{Model, PortState};
@@ -100,6 +102,10 @@ pub struct Node {
     kick: Notify,
     /// The agent's own durable record of its pods (`--state-dir`).
     pub checkpoint: checkpoint::Checkpoint,
+    /// What the host executor converges the node's own networking to ([`host`]).
+    host_plan: watch::Sender<Option<host::HostPlan>>,
+    /// Wakes the host executor (tun0 was just created again).
+    host_kick: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -124,7 +130,43 @@ impl Node {
             flows_ready: AtomicBool::new(false),
             locks: ports::PortLocks::default(),
             kick: Notify::new(),
+            host_plan: watch::Sender::new(None),
+            host_kick: Notify::new(),
         })
+    }
+
+    /// Whether this node configures its own networking (never on the dummy datapath, whose
+    /// ports are not devices).
+    pub fn manages_host(&self) -> bool {
+        self.cfg.host_network && self.cfg.datapath_type != "dummy"
+    }
+
+    /// The host executor's plans (see [`host::run`]).
+    pub fn host_plans(&self) -> watch::Receiver<Option<host::HostPlan>> {
+        self.host_plan.subscribe()
+    }
+
+    /// Publishes the model's host plan to the host executor (if it changed).
+    fn publish_host_plan(&self) {
+        if !self.manages_host() {
+            return;
+        }
+        let plan = self.model().effective().and_then(host::plan);
+        self.host_plan.send_if_modified(|p| {
+            let changed = *p != plan;
+            if changed {
+                *p = plan;
+            }
+            changed
+        });
+    }
+
+    pub fn host_kick(&self) {
+        self.host_kick.notify_one();
+    }
+
+    pub async fn host_kicked(&self) {
+        self.host_kick.notified().await
     }
 
     /// The model, for a short synchronous look or change (never across an await).
@@ -178,8 +220,9 @@ pub enum ConvergeError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     NotReady(&'static str),
-    #[error("host network: {0}")]
-    Host(String),
+    /// The pods could not be recovered at start (a kernel query failed); retried.
+    #[error("pod recovery: {0}")]
+    Recovery(String),
 }
 
 /// What one converge pass did.
@@ -195,7 +238,7 @@ pub struct Pass {
 }
 
 /// The base ports' settings that come from the cluster's state.
-fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
+pub fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
     let tun_mac = match (st.plugin, st.local_subnet()) {
         (crate::model::Plugin::NetworkPolicy, Some(local)) => {
             Some(crate::pipeline::via_host::tun0_mac(crate::pipeline::gateway(local.subnet)))
@@ -223,11 +266,14 @@ pub struct Reconciler {
     /// A new OpenFlow connection waits for its resync (dump, then difference or full replay).
     pub resync_pending: bool,
     generation: u32,
+    /// The generation this run stored on the bridge (what the sentinel expects there).
+    stored_generation: Option<u32>,
+    /// The stored generation is missing from the bridge: write it again.
+    restore_generation: bool,
     /// What the base ports were last ensured with (vxlan0's dst_port, tun0's MAC).
     base: ports::BaseSpec,
-    /// The host configuration last applied (tun0, routes, sysctls, nftables), to apply it
-    /// again only when it changes (or after an OVSDB reconnect, which may have recreated tun0).
-    host_applied: Option<String>,
+    /// Pods whose port, record or QoS someone else removed: set up again on the next pass.
+    repair_pods: std::collections::HashSet<crate::cluster::PodKey>,
     /// The CNI configuration was written.
     conflist_written: bool,
 }
@@ -243,8 +289,10 @@ impl Reconciler {
             pending_switch: None,
             resync_pending: false,
             generation: 1,
+            stored_generation: None,
+            restore_generation: false,
             base: ports::BaseSpec::default(),
-            host_applied: None,
+            repair_pods: Default::default(),
             conflist_written: false,
         }
     }
@@ -257,7 +305,85 @@ impl Reconciler {
         self.node.set_ovs(ovs);
         self.base_ready = false;
         self.verify_ports = true;
-        self.host_applied = None;
+    }
+
+    /// What OVSDB must hold, from the model and what this run established.
+    fn expected(&self) -> repair::Expected {
+        let m = self.node.model();
+        let pods = m
+            .ports()
+            .iter()
+            .map(|(k, ps)| (k.clone(), (ps.clone(), m.api_pod(k).map(|(_, req)| pods::record_json(req)))))
+            .collect();
+        repair::Expected {
+            bridge: self.node.cfg.bridge.clone(),
+            datapath_type: self.node.cfg.datapath_type.clone(),
+            base: self.base,
+            generation: self.stored_generation,
+            pods,
+        }
+    }
+
+    /// Compares what the sentinel sees with the model; whatever someone else removed or
+    /// changed is logged, counted and scheduled for repair on the next pass. True if anything
+    /// was found. Only once this connection's ports converged (before that, nothing is
+    /// "removed": it is not made yet).
+    pub fn inspect_ovsdb(&mut self, snap: &crate::ovsdb::sentinel::Snapshot) -> bool {
+        if !(self.base_ready && self.ports_ready) || self.verify_ports {
+            return false;
+        }
+        let found = repair::inspect(snap, &self.expected());
+        for f in &found {
+            self.node.telemetry.metrics.repaired(f.what());
+            warn!(what = f.what(), "someone else changed OVSDB; repairing from the model: {f}");
+            match f {
+                repair::Finding::EmptyDatabase | repair::Finding::BridgeMissing => {
+                    self.base_ready = false;
+                    self.verify_ports = true;
+                    self.restore_generation = self.stored_generation.is_some();
+                }
+                repair::Finding::BridgeSetting { .. } | repair::Finding::BasePort { .. } => self.base_ready = false,
+                repair::Finding::Generation { .. } => self.restore_generation = true,
+                _ => {}
+            }
+            if let Some(pod) = f.pod() {
+                self.repair_pods.insert(pod.clone());
+            }
+        }
+        if !found.is_empty() {
+            self.node.not_converged();
+        }
+        !found.is_empty()
+    }
+
+    /// Whether the switch still holds as many flows as the engine installed (one small
+    /// OFPMP_AGGREGATE reply): `ovs-ofctl del-flows` or `add-flow` by someone else changes the
+    /// count, and the engine then resyncs from a dump. The installed count is read before and
+    /// after, so a commit landing in between is not taken for tampering.
+    pub async fn check_flows(&mut self, sw: &Switch) {
+        let Some(engine) = self.node.engine_ready() else { return };
+        let Ok(before) = engine.status().await else { return };
+        if before.dirty {
+            return;
+        }
+        let Ok(agg) = sw.aggregate(openflow::FlowStatsRequest::default()).await else { return };
+        let Ok(after) = engine.status().await else { return };
+        if before.installed_flows != after.installed_flows || agg.flow_count as usize == after.installed_flows {
+            return;
+        }
+        self.node.telemetry.metrics.repaired("flows");
+        warn!(switch = agg.flow_count, installed = after.installed_flows, "the switch's flows changed behind the agent's back; resyncing from a dump");
+        self.node.not_converged();
+        match engine.resync(None).await {
+            Ok(o) => {
+                info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "flows repaired from a dump");
+                if o.full_replay {
+                    self.persist_generation(&engine).await;
+                }
+            }
+            Err(e) => warn!(error = %e, "flow repair failed; will retry"),
+        }
+        self.node.kick();
     }
 
     fn telemetry_reconnect(&self, target: &str) {
@@ -309,11 +435,15 @@ impl Reconciler {
             let doomed: Vec<_> = m.doomed_pods().into_iter().filter_map(|p| m.doomed(&p.key()).cloned()).collect();
             (m.version, doomed)
         };
+        self.node.publish_host_plan();
         let ovs = self.node.ovs();
         let ports_result = match &ovs {
             Some(ovs) => self.converge_ports(ovs, &mut pass).await,
             None => Err(ConvergeError::NotReady("ovsdb-server is not connected")),
         };
+        if !matches!(ports_result, Err(ConvergeError::NotReady(_))) {
+            self.node.telemetry.executor_result(Executor::Ovsdb, &ports_result);
+        }
         if let Err(e) = &ports_result {
             if !self.ports_ready {
                 return Err(ConvergeError::NotReady(match e {
@@ -324,8 +454,11 @@ impl Reconciler {
             }
             warn!(error = %e, "ports not reconciled; flows follow the ports known");
         }
-        let outcome = self.converge_flows(&mut pass).await?;
-        pass.outcome = outcome;
+        let flows = self.converge_flows(&mut pass).await;
+        if !matches!(flows, Err(ConvergeError::NotReady(_))) {
+            self.node.telemetry.executor_result(Executor::Flows, &flows.as_ref().map(|_| ()));
+        }
+        pass.outcome = flows?;
         ports_result?;
         // Pods doomed before this pass: their ports are gone (the pass removed every unwanted
         // port) and their flows are off the switch (it committed a model without them).
@@ -361,11 +494,24 @@ impl Reconciler {
             ports::ensure_base(ovs, &cfg.bridge, &cfg.datapath_type, base, cfg.port_timeout).await?;
             self.base = base;
             self.base_ready = true;
+            // tun0 may have been created just now (a new or repaired bridge): its address,
+            // routes and the rest are the host executor's, which looks again at once.
+            self.node.host_kick();
             if let Some(g) = ovs.bridge_external_ids(&cfg.bridge).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
-                self.generation = g & 0xff_ffff;
+                if self.stored_generation.is_none() {
+                    self.generation = g & 0xff_ffff;
+                }
             }
         }
-        self.host_network().await?;
+        if std::mem::take(&mut self.restore_generation) {
+            if let Some(g) = self.stored_generation {
+                if let Err(e) = ovs.set_bridge_external_id(&cfg.bridge, GENERATION_KEY, &g.to_string()).await {
+                    self.restore_generation = true;
+                    return Err(e.into());
+                }
+                info!(generation = g, "flow generation stored on the bridge again");
+            }
+        }
         if !self.recovered {
             self.recover_api_pods(ovs).await?;
         }
@@ -385,49 +531,6 @@ impl Reconciler {
         r
     }
 
-    /// SetupSDN's host part, idempotent: tun0 gets the local subnet's gateway address with the
-    /// subnet's prefix and the MTU, and is up; routes for the cluster network (scope link) and
-    /// the service network via tun0; forwarding sysctls; openshift-sdn VERSION 1 leftovers
-    /// removed; our nftables table (masquerade out of the cluster network, forward accepts,
-    /// VXLAN and tun0 input, conntrack-INVALID drop) replaced in one atomic transaction.
-    async fn host_network(&mut self) -> Result<(), ConvergeError> {
-        let cfg = &self.node.cfg;
-        if !cfg.host_network || cfg.datapath_type == "dummy" {
-            return Ok(());
-        }
-        let Some((host, fw)) = ({
-            let m = self.node.model();
-            m.effective().and_then(|st| {
-                let local = st.local_subnet()?;
-                let host = hostnet::HostConfig {
-                    tun: "tun0".into(),
-                    node_subnet: local.subnet,
-                    mtu: st.mtu,
-                    cluster_network: st.cluster_network,
-                    service_network: st.service_network,
-                };
-                let mut fw = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
-                fw.vxlan_port = st.vxlan_port;
-                // networkpolicy keeps pod addresses inside the cluster network (Service traffic
-                // included) so that policies can judge them; see src/pipeline/via_host.rs.
-                fw.masquerade_within_cluster = st.plugin != crate::model::Plugin::NetworkPolicy;
-                Some((host, fw))
-            })
-        }) else {
-            return Ok(());
-        };
-        let key = format!("{host:?} {fw:?}");
-        if self.host_applied.as_deref() == Some(key.as_str()) {
-            return Ok(());
-        }
-        let ns = hostnet::Netns::current().map_err(|e| ConvergeError::Host(e.to_string()))?;
-        let changes = hostnet::setup_host(&ns, &host).await.map_err(|e| ConvergeError::Host(e.to_string()))?;
-        hostnet::install_firewall(&ns, &fw).await.map_err(|e| ConvergeError::Host(e.to_string()))?;
-        info!(gateway = %host.gateway(), subnet = %host.node_subnet, mtu = host.mtu, ?changes, "host network configured (tun0, routes, sysctls, nftables)");
-        self.host_applied = Some(key);
-        Ok(())
-    }
-
     /// Rebuilds the API pod registry from the ports that carry their request and the agent's
     /// checkpoint, checked against the kernel ([`recovery`]).
     async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), ConvergeError> {
@@ -441,7 +544,7 @@ impl Reconciler {
                 Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
             }
         }
-        recovery::recover(&self.node, pods).await.map_err(ConvergeError::Host)?;
+        recovery::recover(&self.node, pods).await.map_err(ConvergeError::Recovery)?;
         self.recovered = true;
         Ok(())
     }
@@ -485,30 +588,36 @@ impl Reconciler {
         }
         // Source pods (and recovered API pods) to add or check. Reserved pods belong to their
         // request.
-        let todo: Vec<crate::cluster::Pod> = {
+        let repair = std::mem::take(&mut self.repair_pods);
+        let todo: Vec<(crate::cluster::Pod, Option<String>)> = {
             let m = self.node.model();
             let st = m.effective().map(|s| s.pods.clone()).unwrap_or_default();
             st.into_iter()
-                .filter(|p| verify_all || m.ports().get(&p.key()).is_none_or(|s| s.bandwidth != (p.ingress_bps, p.egress_bps)))
+                .filter(|p| {
+                    verify_all
+                        || repair.contains(&p.key())
+                        || m.ports().get(&p.key()).is_none_or(|s| s.bandwidth != (p.ingress_bps, p.egress_bps))
+                })
+                // An API pod's port carries its record, so that a port put back after someone
+                // removed it (or the record) is still known after a restart. A port that is
+                // there and not under repair keeps the record it has (no write per pod).
+                .map(|p| {
+                    let rewrite = repair.contains(&p.key()) || !listed.contains(&p.host_veth);
+                    let record = m.api_pod(&p.key()).filter(|_| rewrite).map(|(_, req)| pods::record_json(req));
+                    (p, record)
+                })
                 .collect()
         };
         let node = &self.node;
         let bridge = bridge.as_str();
-        let listed_ref = &listed;
         let futs: Vec<_> = todo
             .into_iter()
-            .map(|p| async move {
+            .map(|(p, record)| async move {
                 let _g = node.locks.lock(&p.host_veth).await;
                 // Torn down meanwhile: leave it to the next pass.
                 if !node.model().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
                     return (p, None);
                 }
-                // An API pod's port made again (lost with the database) gets its record back.
-                let record = if listed_ref.contains(&p.host_veth) {
-                    None
-                } else {
-                    node.model().api_pod(&p.key()).map(|(_, r)| serde_json::to_string(r).unwrap_or_default())
-                };
                 let r = ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout).await;
                 (p, Some(r))
             })
@@ -621,9 +730,14 @@ impl Reconciler {
     async fn persist_generation(&mut self, engine: &Engine) {
         let Ok(status) = engine.status().await else { return };
         self.generation = status.generation;
-        let Some(ovs) = self.node.ovs() else { return };
+        self.stored_generation = Some(status.generation);
+        let Some(ovs) = self.node.ovs() else {
+            self.restore_generation = true;
+            return;
+        };
         if let Err(e) = ovs.set_bridge_external_id(&self.node.cfg.bridge, GENERATION_KEY, &status.generation.to_string()).await {
-            warn!(error = %e, "could not store the flow generation");
+            self.restore_generation = true;
+            warn!(error = %e, "could not store the flow generation; will retry");
         }
         end_flow_restore_wait(&ovs).await;
     }

@@ -209,6 +209,8 @@ impl Model {
         for other in self.reserved.values().chain(self.doomed.values().map(|(p, _)| p)) {
             let conflict = if other.ip == pod.ip {
                 Some(("ip", format!("{} is already used by pod {}/{}", pod.ip, other.namespace, other.name)))
+            } else if other.mac == pod.mac {
+                Some(("mac", format!("{} is already used by pod {}/{}", pod.mac, other.namespace, other.name)))
             } else if other.host_veth == pod.host_veth {
                 Some(("hostVeth", format!("{:?} is already used by pod {}/{}", pod.host_veth, other.namespace, other.name)))
             } else {

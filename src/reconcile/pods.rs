@@ -72,9 +72,15 @@ async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Re
     }
 }
 
+/// The record a pod's port carries in `external_ids:sdn-node-pod` (what a restarted agent
+/// rebuilds the pod from).
+pub fn record_json(req: &PodRequest) -> String {
+    serde_json::to_string(req).unwrap_or_default()
+}
+
 /// Sets a pod up; see the module documentation.
 pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiError> {
-    let deadline = Instant::now() + node.cfg.request_timeout;
+    let deadline = crate::api::deadline::current(node.cfg.request_timeout);
     let pod = req.to_pod().map_err(ApiError::Invalid)?;
     ready(node)?;
     if node.spares.owns(&pod.host_veth) {
@@ -126,7 +132,7 @@ pub(super) async fn commit_reserved(
         undo_iface(owns_iface, &pod).await;
         return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
     };
-    let record = serde_json::to_string(&req).unwrap_or_default();
+    let record = record_json(&req);
     let t_port = Instant::now();
     let added = match spare {
         None => {
@@ -240,7 +246,7 @@ async fn undo_port(node: &Arc<Node>, pod: &Pod) {
 
 /// Tears a pod set up through the API down; see the module documentation.
 pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Result<(), ApiError> {
-    let deadline = Instant::now() + node.cfg.request_timeout;
+    let deadline = crate::api::deadline::current(node.cfg.request_timeout);
     let key = (namespace, name);
     {
         let mut m = node.model();
@@ -270,7 +276,6 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Resu
 /// committed it, and the kernel's veth deletion then overlaps ovs-vswitchd's reconfiguration.
 pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), ApiError> {
     let Some((pod, req)) = node.model().doomed(key).cloned() else { return Ok(()) };
-    node.not_converged();
     // Flows: the pod's owner is empty in the model now; its VNID's flows are recomputed.
     let queued = {
         let m = node.model();
@@ -319,6 +324,9 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
             Ok(())
         }
         Err(e) => {
+            // Left to the reconcile loop: not converged until its pass is done. (On success the
+            // switch and OVSDB hold the model again, as they did before the request.)
+            node.not_converged();
             node.kick();
             Err(e)
         }

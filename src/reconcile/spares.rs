@@ -113,6 +113,11 @@ impl Spares {
         self.lock().owned.contains(port)
     }
 
+    /// The holding namespace's identity, if there is one: never a pod's sandbox.
+    pub fn hold_id(&self) -> Option<hostnet::NsId> {
+        self.lock().hold.as_ref().and_then(|h| h.id().ok())
+    }
+
     /// Takes a ready spare (and the holding namespace it waits in) if one is ready and worth
     /// it. The pool still owns its name until [`Spares::release`]; the caller reports the
     /// move's end with [`Spares::moved`].

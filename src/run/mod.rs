@@ -20,6 +20,7 @@ use tracing::{error, info, warn};
 
 use crate::api;
 use crate::metrics::Telemetry;
+use crate::ovsdb::sentinel::Sentinel;
 use crate::ovsdb::{ClientOptions, Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
 use crate::reconcile::{Config, Node, Reconciler};
@@ -213,7 +214,22 @@ pub async fn run_with(
     let mut events = sup.subscribe();
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
     tokio::spawn(crate::reconcile::checkpoint::keep_written(node.clone(), cancel.clone()));
+    if node.manages_host() {
+        telemetry.health.executor_started(crate::metrics::Executor::Host);
+        let pacing = crate::reconcile::host::Pacing {
+            verify_every: opts.repair_interval,
+            retry_base: RETRY_BASE,
+            retry_cap: RETRY_CAP,
+            deadline: opts.port_timeout,
+        };
+        tokio::spawn(crate::reconcile::host::run(node.clone(), node.host_plans(), pacing, cancel.clone()));
+    }
     let mut rec = Reconciler::new(node.clone());
+    // The OVSDB monitor of the current connection that notices what others change.
+    let mut sentinel: Option<Sentinel> = None;
+    // Consecutive failed passes, and when the next retry is due.
+    let mut failures = 0u32;
+    let mut retry_at: Option<tokio::time::Instant> = None;
     let mut tick = tokio::time::interval(opts.repair_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -222,6 +238,8 @@ pub async fn run_with(
     let mut dirty = false;
     let mut last_problems: Vec<String> = Vec::new();
     loop {
+        // A pass is due after any event; after a tick only once the backoff has passed.
+        let mut due = true;
         tokio::select! {
             _ = &mut shutdown => {
                 info!("shutting down; flows stay installed");
@@ -270,6 +288,7 @@ pub async fn run_with(
                     return Ok(());
                 }
                 let ovs = ovs_rx.borrow_and_update().clone();
+                sentinel = None;
                 rec.ovsdb_changed(ovs);
                 node.not_converged();
                 dirty = true;
@@ -303,19 +322,51 @@ pub async fn run_with(
                 }
             }
             _ = node.kicked() => { dirty = true; }
+            _ = async { match &mut sentinel { Some(s) => s.changed().await, None => std::future::pending().await } } => {
+                // Let a burst of notifications (a transaction touches several tables) settle.
+                tokio::time::sleep(SENTINEL_SETTLE).await;
+                match sentinel.as_ref().and_then(Sentinel::snapshot) {
+                    Some(snap) => {
+                        if rec.inspect_ovsdb(&snap) {
+                            dirty = true;
+                        }
+                    }
+                    None => sentinel = None,
+                }
+            }
+            _ = async { match retry_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } }, if dirty => {
+                retry_at = None;
+            }
             _ = tick.tick() => {
+                due = retry_at.is_none();
                 rec.repair().await;
+                if let Some(sw) = sup.current() {
+                    rec.check_flows(&sw).await;
+                }
                 if rec.collect_dead_sandboxes() {
                     node.not_converged();
                     dirty = true;
+                    due = true;
                 }
             }
         }
-        if dirty && node.model().has_state() {
+        if dirty && due && node.model().has_state() {
             telemetry.health.busy();
             match rec.converge().await {
                 Ok(pass) => {
                     dirty = false;
+                    failures = 0;
+                    retry_at = None;
+                    if sentinel.is_none() {
+                        sentinel = start_sentinel(&node, opts.port_timeout).await;
+                        // What changed before the monitor started is compared now.
+                        if let Some(snap) = sentinel.as_ref().and_then(Sentinel::snapshot) {
+                            if rec.inspect_ovsdb(&snap) {
+                                dirty = true;
+                                retry_at = Some(tokio::time::Instant::now());
+                            }
+                        }
+                    }
                     let mut now: Vec<String> = pass.problems.iter().map(|p| p.to_string()).collect();
                     now.extend(pass.warnings.iter().map(|w| format!("warning: {w}")));
                     if now != last_problems {
@@ -335,13 +386,41 @@ pub async fn run_with(
                     }
                 }
                 Err(e) => {
-                    // Retried on the next event or repair tick (`dirty` stays set).
-                    if !matches!(e, crate::reconcile::ConvergeError::NotReady(_)) {
-                        warn!(error = %e, "flows not converged; will repair");
+                    // Retried on the next event, or with capped backoff (`dirty` stays set).
+                    failures = failures.saturating_add(1);
+                    retry_at = Some(tokio::time::Instant::now() + crate::metrics::retry_delay(failures, RETRY_BASE, RETRY_CAP));
+                    match e {
+                        crate::reconcile::ConvergeError::NotReady(_) => {}
+                        crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                        _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                     }
                 }
             }
             telemetry.health.idle();
+        }
+    }
+}
+
+/// The first retry's delay after a failed pass (doubled per failure, up to [`RETRY_CAP`]).
+const RETRY_BASE: Duration = Duration::from_millis(100);
+/// The longest delay between retries: a repair is never more than this late.
+const RETRY_CAP: Duration = Duration::from_secs(5);
+/// How long the sentinel lets notifications settle before comparing.
+const SENTINEL_SETTLE: Duration = Duration::from_millis(50);
+
+/// Starts the OVSDB sentinel on the live connection (`None`: not connected, or it failed;
+/// the next successful pass tries again).
+async fn start_sentinel(node: &Node, deadline: Duration) -> Option<Sentinel> {
+    let ovs = node.ovs()?;
+    match tokio::time::timeout(deadline, Sentinel::start(ovs.client())).await {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) => {
+            warn!(error = %e, "could not start the OVSDB sentinel monitor; will retry");
+            None
+        }
+        Err(_) => {
+            warn!("the OVSDB sentinel monitor did not start in time; will retry");
+            None
         }
     }
 }

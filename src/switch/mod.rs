@@ -387,6 +387,16 @@ impl Switch {
         }
     }
 
+    /// How many flows (and their packet and byte counts) match `req` (OFPMP_AGGREGATE): one
+    /// small reply whatever the table size, so it can be asked often.
+    pub async fn aggregate(&self, req: FlowStatsRequest) -> Result<openflow::msg::AggregateStats, SwitchError> {
+        let mp = MultipartRequest { flags: 0, body: openflow::msg::MultipartRequestBody::Aggregate(req) };
+        match self.multipart(mp, "aggregate flow stats").await? {
+            MultipartReplyBody::Aggregate(a) => Ok(a),
+            _ => Err(SwitchError::UnexpectedReply { request: "OFPMP_AGGREGATE", got: "another multipart type" }),
+        }
+    }
+
     /// The switch's ports (OFPMP_PORT_DESC).
     pub async fn port_desc(&self) -> Result<Vec<Port>, SwitchError> {
         match self.multipart(MultipartRequest::port_desc(), "port descriptions").await? {

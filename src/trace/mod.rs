@@ -3,6 +3,9 @@
 //!
 //! The packet is built from the model (a state file and/or the running agent's pod list):
 //! `in_port` is the source pod's ofport (asked from OVSDB), addresses and MACs are the pods'.
+//! An address the model does not place is looked up on the switch ([`discover`]: table 20's
+//! per-pod flows, table 30's and 90's routes) and in OVSDB (the ports' pod records); a source
+//! that stays unknown is an error naming what is missing, never a guess.
 //! It is traced by ovs-vswitchd itself (`ofproto/trace` over the unixctl socket, see
 //! [`unixctl`]), so the answer is what the switch really holds, not what the agent believes it
 //! installed. Each table hit is then attributed to its owner through the flow's cookie
@@ -10,6 +13,7 @@
 //! packet is delivered to, the node it is tunnelled to, or the flow (and its owner) that
 //! dropped it.
 
+pub mod discover;
 pub mod owners;
 pub mod parse;
 pub mod unixctl;
@@ -21,7 +25,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::cluster::ClusterState;
 use crate::model::OfPort;
@@ -54,7 +57,8 @@ pub struct TraceArgs {
     /// tcp or udp (tcp if a port is given), icmp (echo request), or ip.
     #[arg(long)]
     pub proto: Option<Proto>,
-    /// The VNID a packet from a remote node's pod carries (default: the destination's VNID).
+    /// The VNID a packet from a remote node's pod carries. Without it, --state makes it the
+    /// destination's VNID; without --state it must be given (only the sender's node knows it).
     #[arg(long)]
     pub vnid: Option<u32>,
     /// Trace this flow as given (ovs-ofctl syntax), e.g. `in_port=3,ip,nw_src=10.128.2.5,nw_dst=10.128.2.7`.
@@ -105,17 +109,21 @@ pub struct Inventory {
     pub pods: Vec<PodInfo>,
     /// Interface name -> ofport, from OVSDB.
     pub ofports: HashMap<String, u32>,
+    /// Interface name -> the MAC OVSDB gives for it (`external_ids:attached-mac`, or an internal
+    /// port's `mac_in_use`, which is the pod's own).
+    pub macs: HashMap<String, String>,
+    /// br0's own view (tables 20, 30, 90), read only when the model cannot place an address:
+    /// `None` when not read, the error when it could not be.
+    pub switch: Option<Result<discover::SwitchView, String>>,
     /// Why a source could not be used (reported, not fatal).
     pub notes: Vec<String>,
 }
 
 impl Inventory {
-    /// Builds the inventory from `state` and the agent's pod requests.
-    pub fn new(
-        state: Option<ClusterState>,
-        api_pods: Vec<crate::api::PodRequest>,
-        ofports: HashMap<String, u32>,
-    ) -> Inventory {
+    /// Builds the inventory from `state`, the agent's pod requests and OVSDB's ports (whose pod
+    /// records name the API pods when the agent is not running).
+    pub fn new(state: Option<ClusterState>, api_pods: Vec<crate::api::PodRequest>, ports: Ports) -> Inventory {
+        let Ports { ofports, macs, records } = ports;
         let mut pods: Vec<PodInfo> = Vec::new();
         let vnid_of = |ns: &str| state.as_ref().and_then(|s| s.vnid_of(ns)).map(|v| v.get());
         if let Some(s) = &state {
@@ -131,7 +139,7 @@ impl Inventory {
                 });
             }
         }
-        for r in api_pods {
+        for r in api_pods.into_iter().chain(records) {
             if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
                 continue;
             }
@@ -146,7 +154,7 @@ impl Inventory {
                 mac: r.mac,
             });
         }
-        Inventory { state, pods, ofports, notes: vec![] }
+        Inventory { state, pods, ofports, macs, switch: None, notes: vec![] }
     }
 
     /// Reads what is available: the state file, the agent's pods, OVSDB's ports. A missing
@@ -183,7 +191,8 @@ impl Inventory {
             Ok(Err(e)) => {
                 if args.state.is_none() {
                     notes.push(format!(
-                        "agent not reachable ({e}) and no --state: pods, nodes and services are unknown"
+                        "agent not reachable ({e}) and no --state: addresses are placed by br0's flows and OVSDB's \
+                         pod records; services, node names and pods without a record are not known by name"
                     ));
                 }
                 vec![]
@@ -193,14 +202,17 @@ impl Inventory {
                 vec![]
             }
         };
-        let ofports = match interface_ofports(&args.ovs_rundir.join("db.sock")).await {
-            Ok(m) => m,
+        let ports = match read_ports(&args.ovs_rundir.join("db.sock")).await {
+            Ok((p, problems)) => {
+                notes.extend(problems);
+                p
+            }
             Err(e) => {
                 notes.push(format!("OVSDB: {e}: port numbers unknown"));
-                HashMap::new()
+                Ports::default()
             }
         };
-        let mut inv = Inventory::new(state, api_pods, ofports);
+        let mut inv = Inventory::new(state, api_pods, ports);
         inv.notes = notes;
         Ok(inv)
     }
@@ -256,36 +268,66 @@ impl Inventory {
     }
 }
 
-/// Every interface's ofport, from OVSDB (ports without one yet are left out).
-async fn interface_ofports(db: &std::path::Path) -> Result<HashMap<String, u32>, String> {
+/// What OVSDB says about the node's ports.
+#[derive(Debug, Default)]
+pub struct Ports {
+    /// Interface name -> ofport (interfaces without one yet are left out).
+    pub ofports: HashMap<String, u32>,
+    /// Interface name -> MAC (see [`Inventory::macs`]).
+    pub macs: HashMap<String, String>,
+    /// The pod records the agent keeps on its API pods' ports ([`crate::reconcile::POD_KEY`]).
+    pub records: Vec<crate::api::PodRequest>,
+}
+
+/// Reads the Interface rows (name, ofport, MAC) and the Port rows' pod records in one
+/// transaction. Unreadable records are reported, not fatal.
+async fn read_ports(db: &std::path::Path) -> Result<(Ports, Vec<String>), String> {
+    use crate::ovsdb::types::{row_opt_i64, row_opt_string, row_string, row_string_map};
     let fut = async {
-        let client =
-            crate::ovsdb::OvsdbClient::connect(&format!("unix:{}", db.display())).await.map_err(|e| e.to_string())?;
-        let op = json!({"op": "select", "table": "Interface", "where": [], "columns": ["name", "ofport"]});
-        let v = client.call("transact", json!(["Open_vSwitch", op])).await.map_err(|e| e.to_string());
+        let client = crate::ovsdb::OvsdbClient::connect(&format!("unix:{}", db.display())).await?;
+        let ops = vec![
+            crate::ovsdb::txn::select("Interface", vec![], &["name", "ofport", "type", "mac_in_use", "external_ids"]),
+            crate::ovsdb::txn::select("Port", vec![], &["name", "external_ids"]),
+        ];
+        let r = client.transact(crate::ovsdb::VSWITCH_DB, ops).await;
         client.close();
-        v
+        r
     };
-    let v = tokio::time::timeout(TIMEOUT, fut)
+    let mut results = tokio::time::timeout(TIMEOUT, fut)
         .await
-        .map_err(|_| format!("{}: no answer within {TIMEOUT:?}", db.display()))??;
-    let mut out = HashMap::new();
-    let rows = v
-        .get(0)
-        .and_then(|r| r.get("rows"))
-        .and_then(Value::as_array)
-        .ok_or_else(|| format!("unexpected reply {v}"))?;
-    for r in rows {
-        // An unset ofport is the empty set `["set", []]`, not a number.
-        if let (Some(name), Some(ofport)) =
-            (r.get("name").and_then(Value::as_str), r.get("ofport").and_then(Value::as_i64))
-        {
-            if let Ok(p) = u32::try_from(ofport) {
-                out.insert(name.to_string(), p);
-            }
+        .map_err(|_| format!("{}: no answer within {TIMEOUT:?}", db.display()))?
+        .map_err(|e| format!("{}: {e}", db.display()))?
+        .into_iter();
+    let mut rows = || results.next().unwrap_or_default().into_rows().map_err(|e| e.to_string());
+    let (interfaces, ports) = (rows()?, rows()?);
+    let mut out = Ports::default();
+    let mut problems = Vec::new();
+    for r in &interfaces {
+        let Ok(name) = row_string(r, "name") else { continue };
+        // An unset ofport is the empty set, not a number; -1 is a failed interface.
+        if let Some(p) = row_opt_i64(r, "ofport").ok().flatten().and_then(|p| u32::try_from(p).ok()) {
+            out.ofports.insert(name.clone(), p);
+        }
+        let attached = row_string_map(r, "external_ids").ok().and_then(|mut m| m.remove("attached-mac"));
+        let internal = row_string(r, "type").is_ok_and(|t| t == "internal");
+        let in_use = internal.then(|| row_opt_string(r, "mac_in_use").ok().flatten()).flatten();
+        if let Some(mac) = attached.or(in_use).filter(|m| !m.is_empty()) {
+            out.macs.insert(name, mac);
         }
     }
-    Ok(out)
+    for r in &ports {
+        let Ok(name) = row_string(r, "name") else { continue };
+        let Some(json) = row_string_map(r, "external_ids").ok().and_then(|mut m| m.remove(crate::reconcile::POD_KEY))
+        else {
+            continue;
+        };
+        match serde_json::from_str::<crate::api::PodRequest>(&json) {
+            Ok(req) if req.host_veth == name => out.records.push(req),
+            Ok(req) => problems.push(format!("OVSDB: port {name}: its pod record names port {:?}", req.host_veth)),
+            Err(e) => problems.push(format!("OVSDB: port {name}: unreadable pod record: {e}")),
+        }
+    }
+    Ok((out, problems))
 }
 
 /// One end of the traced packet.
@@ -295,10 +337,21 @@ pub enum Endpoint {
     Pod {
         pod: PodInfo,
     },
-    /// A pod on another node: the packet arrives over VXLAN from that node.
+    /// A local pod known only from the switch: table 20's flow for its address gives its port
+    /// and VNID; its name is unknown (no model, no pod record on its port).
+    PortPod {
+        ip: Ipv4Addr,
+        ofport: u32,
+        interface: Option<String>,
+        mac: Option<String>,
+        vnid: u32,
+        container_id: Option<String>,
+    },
+    /// A pod on another node: the packet arrives over VXLAN from that node. `node` is the
+    /// node's name, known from the model only.
     RemotePod {
         ip: Ipv4Addr,
-        node: String,
+        node: Option<String>,
         node_ip: Ipv4Addr,
     },
     Service {
@@ -316,7 +369,10 @@ impl Endpoint {
     fn ip(&self) -> Ipv4Addr {
         match self {
             Endpoint::Pod { pod } => pod.ip,
-            Endpoint::RemotePod { ip, .. } | Endpoint::Service { ip, .. } | Endpoint::Address { ip } => *ip,
+            Endpoint::PortPod { ip, .. }
+            | Endpoint::RemotePod { ip, .. }
+            | Endpoint::Service { ip, .. }
+            | Endpoint::Address { ip } => *ip,
         }
     }
 }
@@ -334,23 +390,142 @@ impl std::fmt::Display for Endpoint {
                 }
                 f.write_str(")")
             }
-            Endpoint::RemotePod { ip, node, node_ip } => write!(f, "{ip} on node {node} ({node_ip}), over VXLAN"),
+            Endpoint::PortPod { ip, ofport, interface, vnid, container_id, .. } => {
+                write!(f, "local pod {ip} (port {ofport}")?;
+                if let Some(i) = interface {
+                    write!(f, " {i}")?;
+                }
+                write!(f, ", VNID {vnid}")?;
+                if let Some(c) = container_id {
+                    write!(f, ", container {}", &c[..c.len().min(12)])?;
+                }
+                f.write_str("; from br0's table 20, name unknown)")
+            }
+            Endpoint::RemotePod { ip, node: Some(node), node_ip } => {
+                write!(f, "{ip} on node {node} ({node_ip}), over VXLAN")
+            }
+            Endpoint::RemotePod { ip, node: None, node_ip } => {
+                write!(f, "{ip} on the node at {node_ip} (from br0's table 90), over VXLAN")
+            }
             Endpoint::Service { namespace, name, ip } => write!(f, "service {namespace}/{name} ({ip})"),
             Endpoint::Address { ip } => write!(f, "{ip}"),
         }
     }
 }
 
-fn resolve(inv: &Inventory, s: &str) -> Result<Endpoint, String> {
+/// Which end an address is: a source decides where the packet enters the bridge, so an
+/// unplaced source is an error; a destination is the switch's to route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Source,
+    Destination,
+}
+
+/// What to give when the node's model is missing.
+const SUPPLY: &str = "give --state FILE (the node's cluster state) or --socket PATH (the running agent's), \
+     or trace an explicit --flow";
+
+impl Inventory {
+    fn view(&self) -> Option<&discover::SwitchView> {
+        self.switch.as_ref().and_then(|r| r.as_ref().ok())
+    }
+
+    /// The local pod table 20 admits with source `ip`.
+    fn port_pod(&self, ip: Ipv4Addr) -> Result<Option<Endpoint>, String> {
+        let Some(v) = self.view() else { return Ok(None) };
+        let found = v.pods_with_ip(ip);
+        let p = match found.as_slice() {
+            [] => return Ok(None),
+            [p] => p,
+            many => {
+                let ports: Vec<String> = many.iter().map(|p| p.ofport.to_string()).collect();
+                return Err(format!(
+                    "{ip} is claimed by several ports in br0's table 20 (in_port {}): the pipeline is \
+                     inconsistent; trace one with --flow in_port=N,ip,nw_src={ip},...",
+                    ports.join(", ")
+                ));
+            }
+        };
+        let interface = self.interface_of(p.ofport);
+        let mac = p.mac.clone().or_else(|| interface.as_ref().and_then(|i| self.macs.get(i).cloned()));
+        Ok(Some(Endpoint::PortPod {
+            ip,
+            ofport: p.ofport,
+            interface,
+            mac,
+            vnid: p.vnid,
+            container_id: p.container_id.clone(),
+        }))
+    }
+
+    /// Why table 20 was no help for `ip`.
+    fn no_pod_flow(&self, ip: Ipv4Addr) -> String {
+        match &self.switch {
+            Some(Ok(_)) => format!("br0's table 20 has no in_port=N,ip,nw_src={ip} flow"),
+            Some(Err(e)) => format!("br0's flows could not be read ({e})"),
+            None => "br0's flows were not read".into(),
+        }
+    }
+
+    /// A source address no pod, node or service has: fine if it is outside every pod network
+    /// (it comes from the host or beyond, through tun0); an error otherwise, or if the pod
+    /// networks are unknown.
+    fn check_outside_pods(&self, ip: Ipv4Addr) -> Result<(), String> {
+        let view = self.view();
+        let local = match &self.state {
+            Some(s) => s.local_subnet().map(|h| h.subnet),
+            None => view.and_then(|v| v.local_subnet),
+        };
+        let clusters: Vec<ipnet::Ipv4Net> = match &self.state {
+            Some(s) => vec![s.cluster_network],
+            None => view.map(|v| v.cluster_networks.clone()).unwrap_or_default(),
+        };
+        let model = if self.state.is_some() { "not a pod of --state, and " } else { "" };
+        if let Some(local) = local.filter(|n| n.contains(&ip)) {
+            return Err(format!(
+                "source {ip} is in this node's pod subnet {local}, but no pod has it ({model}{}): if the pod \
+                 exists, {SUPPLY}",
+                self.no_pod_flow(ip)
+            ));
+        }
+        if let Some(c) = clusters.iter().find(|n| n.contains(&ip)) {
+            let why = if self.state.is_some() { "no hostSubnet of --state" } else { "no table 90 flow on br0" };
+            return Err(format!(
+                "source {ip} is in the cluster network {c}, but no node's subnet holds it ({why}): the node it \
+                 would come from is unknown; {SUPPLY}"
+            ));
+        }
+        if self.state.is_none() && !view.is_some_and(discover::SwitchView::has_pipeline) {
+            let why = match &self.switch {
+                Some(Ok(_)) => "br0's table 30 routes no pod network (is the pipeline installed?)".to_string(),
+                _ => self.no_pod_flow(ip),
+            };
+            return Err(format!("cannot tell whether source {ip} is a pod: no model of the node, and {why}; {SUPPLY}"));
+        }
+        Ok(())
+    }
+}
+
+fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
     if let Ok(ip) = s.parse::<Ipv4Addr>() {
         if let Some(p) = inv.pod_with_ip(ip) {
             return Ok(Endpoint::Pod { pod: p.clone() });
         }
+        if let Some(e) = inv.port_pod(ip)? {
+            return Ok(e);
+        }
         if let Some(h) = inv.remote_node_of(ip) {
-            return Ok(Endpoint::RemotePod { ip, node: h.host.clone(), node_ip: h.host_ip });
+            return Ok(Endpoint::RemotePod { ip, node: Some(h.host.clone()), node_ip: h.host_ip });
         }
         if let Some(svc) = inv.state.as_ref().and_then(|st| st.services.iter().find(|x| x.cluster_ip == ip)) {
             return Ok(Endpoint::Service { namespace: svc.namespace.clone(), name: svc.name.clone(), ip });
+        }
+        if let Some(r) = inv.view().and_then(|v| v.remote_of(ip)) {
+            let node = inv.node_at(r.host_ip).map(|h| h.host.clone());
+            return Ok(Endpoint::RemotePod { ip, node, node_ip: r.host_ip });
+        }
+        if end == End::Source {
+            inv.check_outside_pods(ip)?;
         }
         return Ok(Endpoint::Address { ip });
     }
@@ -363,11 +538,17 @@ fn resolve(inv: &Inventory, s: &str) -> Result<Endpoint, String> {
         }
     }
     let known = if inv.pods.is_empty() {
-        "no pods are known (give --state, or run the agent)".to_string()
+        "no pods are known by name (give --state, or run the agent)".to_string()
     } else {
         format!("known pods: {}", inv.pods.iter().map(|p| p.key()).collect::<Vec<_>>().join(", "))
     };
     Err(format!("{s:?} is neither an IPv4 address nor a known pod or service; {known}"))
+}
+
+/// True if an address end is not a pod the model knows, so br0's own view is needed.
+fn needs_switch(inv: &Inventory, from: &str, to: &str) -> bool {
+    let to = split_port(to).map(|(h, _)| h).unwrap_or(to);
+    [from, to].iter().any(|s| s.parse::<Ipv4Addr>().is_ok_and(|ip| inv.pod_with_ip(ip).is_none()))
 }
 
 /// `HOST:PORT` → (host, port); a bare host has no port.
@@ -389,8 +570,8 @@ pub fn build_flow(
     vnid: Option<u32>,
 ) -> Result<(String, Endpoint, Endpoint), String> {
     let (to_s, port) = split_port(to)?;
-    let src = resolve(inv, from)?;
-    let dst = resolve(inv, to_s)?;
+    let src = resolve(inv, from, End::Source)?;
+    let dst = resolve(inv, to_s, End::Destination)?;
     let proto = proto.unwrap_or(if port.is_some() { Proto::Tcp } else { Proto::Ip });
     let mut f = String::new();
     match &src {
@@ -404,11 +585,29 @@ pub fn build_flow(
             })?;
             let _ = write!(f, "in_port={ofport},dl_src={},", pod.mac);
         }
-        Endpoint::RemotePod { node_ip, .. } => {
-            let vnid = vnid.or(match &dst {
-                Endpoint::Pod { pod } => pod.vnid,
-                _ => None,
-            });
+        Endpoint::PortPod { ofport, mac, .. } => {
+            let _ = write!(f, "in_port={ofport},");
+            if let Some(m) = mac {
+                let _ = write!(f, "dl_src={m},");
+            }
+        }
+        Endpoint::RemotePod { ip, node_ip, .. } => {
+            // The sender's node sets the VNID; with a state file the destination's is assumed
+            // (the pair the operator asks about is then a same-tenant one).
+            let vnid = match (vnid, &inv.state) {
+                (Some(v), _) => Some(v),
+                (None, Some(_)) => match &dst {
+                    Endpoint::Pod { pod } => pod.vnid,
+                    _ => None,
+                },
+                (None, None) => {
+                    return Err(format!(
+                        "source {ip} is a pod of the node at {node_ip}, which sets its VNID; this node does not \
+                         record it: give --vnid N (the VNID of the pod's namespace), or --state FILE to assume \
+                         the destination's"
+                    ))
+                }
+            };
             let _ = write!(f, "in_port={},tun_src={node_ip},", OfPort::VXLAN.0);
             if let Some(local) = inv.state.as_ref().and_then(|s| s.local_subnet()) {
                 let _ = write!(f, "tun_dst={},", local.host_ip);
@@ -419,8 +618,14 @@ pub fn build_flow(
             let _ = write!(f, "in_port={},", OfPort::TUN.0);
         }
     }
-    if let Endpoint::Pod { pod } = &dst {
-        let _ = write!(f, "dl_dst={},", pod.mac);
+    match &dst {
+        Endpoint::Pod { pod } => {
+            let _ = write!(f, "dl_dst={},", pod.mac);
+        }
+        Endpoint::PortPod { mac: Some(m), .. } => {
+            let _ = write!(f, "dl_dst={m},");
+        }
+        _ => {}
     }
     f.push_str(match proto {
         Proto::Tcp => "tcp",
@@ -792,7 +997,7 @@ pub async fn trace_flow(ctl: &std::path::Path, bridge: &str, flow: &str, inv: &I
 
 /// `sdn-node trace`: builds the packet, traces it, explains it.
 pub async fn run(args: &TraceArgs) -> Result<Report, String> {
-    let inv = Inventory::load(args).await?;
+    let mut inv = Inventory::load(args).await?;
     let ctl = match &args.ctl {
         Some(c) => c.clone(),
         None => unixctl::find_vswitchd_ctl(&args.ovs_rundir).map_err(|e| e.to_string())?,
@@ -800,6 +1005,10 @@ pub async fn run(args: &TraceArgs) -> Result<Report, String> {
     let (flow, ends) = match (&args.flow, &args.from, &args.to) {
         (Some(f), _, _) => (f.clone(), None),
         (None, Some(from), Some(to)) => {
+            if needs_switch(&inv, from, to) {
+                let mgmt = args.ovs_rundir.join(format!("{}.mgmt", args.bridge));
+                inv.switch = Some(discover::read(&mgmt, TIMEOUT).await);
+            }
             let (f, src, dst) = build_flow(&inv, from, to, args.proto, args.vnid)?;
             (f, Some((src, dst)))
         }

@@ -136,8 +136,10 @@ pub struct NodeAgent {
     /// The agent's `--state-dir` (its checkpoint of the pods).
     pub state_dir: PathBuf,
     pub proc: Option<(tokio::process::Child, Lines)>,
-    /// Extra arguments of `sdn-node run`.
+    /// Extra arguments of `sdn-node run` (a `--metrics-addr` here replaces the default `none`).
     pub args: Vec<String>,
+    /// A command the agent runs under (e.g. `prlimit --nofile=1024`), before `ip netns exec`.
+    pub wrapper: Vec<String>,
     bin: PathBuf,
     client: PathBuf,
 }
@@ -151,12 +153,19 @@ impl NodeAgent {
 
     /// [`NodeAgent::start`] with extra arguments for `sdn-node run`.
     pub async fn start_with(ns: &str, rundir: &Path, state_yaml: &str, args: &[&str]) -> NodeAgent {
+        let mut a = NodeAgent::unstarted(ns, rundir, state_yaml, args);
+        a.spawn().await;
+        a
+    }
+
+    /// The agent's files in place (state, plugin link), not started yet.
+    fn unstarted(ns: &str, rundir: &Path, state_yaml: &str, args: &[&str]) -> NodeAgent {
         let state = rundir.join("state.yaml");
         std::fs::write(&state, state_yaml).unwrap();
         let bin = rundir.join("cni-bin");
         std::fs::create_dir_all(&bin).unwrap();
         std::os::unix::fs::symlink(plugin_binary(), bin.join("sdn-node-cni")).unwrap();
-        let mut a = NodeAgent {
+        NodeAgent {
             ns: ns.to_string(),
             rundir: rundir.to_path_buf(),
             state,
@@ -165,11 +174,10 @@ impl NodeAgent {
             state_dir: rundir.join("sdn-node-state"),
             proc: None,
             args: args.iter().map(|s| s.to_string()).collect(),
+            wrapper: Vec::new(),
             bin,
             client: go_client().expect("go client"),
-        };
-        a.spawn().await;
-        a
+        }
     }
 
     pub fn conflist(&self) -> PathBuf {
@@ -218,14 +226,18 @@ impl NodeAgent {
 
     /// `sdn-node run` inside the node's namespace, as [`NodeAgent::spawn`] starts it.
     fn command(&self) -> tokio::process::Command {
-        let mut c = tokio::process::Command::new("ip");
-        c.args(["netns", "exec", &self.ns])
+        let metrics = if self.args.iter().any(|a| a == "--metrics-addr") { &[][..] } else { &["--metrics-addr", "none"][..] };
+        let mut command: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
+        command.extend(["ip", "netns", "exec", &self.ns]);
+        let mut c = tokio::process::Command::new(command[0]);
+        c.args(&command[1..])
             .arg(env!("CARGO_BIN_EXE_sdn-node"))
             .args(["run", "--state"])
             .arg(&self.state)
             .arg("--ovs-rundir")
             .arg(&self.rundir)
-            .args(["--datapath-type", "netdev", "--metrics-addr", "none"])
+            .args(["--datapath-type", "netdev"])
+            .args(metrics)
             .args(["--echo-interval", "0.5", "--echo-timeout", "2", "--max-backoff", "0.2"])
             .arg("--pod-api-socket")
             .arg(&self.socket)
@@ -242,6 +254,11 @@ impl NodeAgent {
 
     pub fn log(&self) -> String {
         self.proc.as_ref().map(|(_, l)| l.all().join("\n")).unwrap_or_default()
+    }
+
+    /// The agent's pid (`ip netns exec` and a wrapper such as prlimit exec it in place).
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().and_then(|(c, _)| c.id())
     }
 
     /// SIGKILLs the agent (a crash).
@@ -303,10 +320,24 @@ impl CniNode {
 
     /// [`CniNode::start`] with extra arguments for `sdn-node run`.
     pub async fn start_with(state_yaml: &str, args: &[&str]) -> CniNode {
+        CniNode::start_wrapped(state_yaml, args, &[]).await
+    }
+
+    /// [`CniNode::start_with`], the agent run under `wrapper` (e.g. `prlimit --nofile=1024`),
+    /// with the node's loopback up before the agent starts (for a metrics listener on
+    /// 127.0.0.1 in the node's namespace).
+    pub async fn start_wrapped(state_yaml: &str, args: &[&str], wrapper: &[&str]) -> CniNode {
         static N: AtomicU32 = AtomicU32::new(0);
         let ns = format!("sdnn{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
-        let agent = NodeAgent::start_with(&ns, sb.dir(), state_yaml, args).await;
+        if !wrapper.is_empty() || args.contains(&"--metrics-addr") {
+            assert!(sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]).status.success());
+        }
+        let mut agent = NodeAgent {
+            wrapper: wrapper.iter().map(|s| s.to_string()).collect(),
+            ..NodeAgent::unstarted(&ns, sb.dir(), state_yaml, args)
+        };
+        agent.spawn().await;
         CniNode { agent, sb, ns }
     }
 

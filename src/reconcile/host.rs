@@ -1,0 +1,107 @@
+//! The host executor: the node's own networking (SetupSDN's host part — tun0's address and
+//! MTU, the cluster and service routes, forwarding sysctls, the nftables table) converged on
+//! its own task, apart from OVSDB and the flows.
+//!
+//! Why a task of its own: a host detail (tun0 late, a sysctl that cannot be written, nftables
+//! refusing a batch) must never keep pods' ports or flows off the switch, and what someone else
+//! changes on the host (a route deleted, the gateway address removed, our table flushed) must
+//! be put back without waiting for the model to change. So the executor applies its plan
+//! whenever the plan changes, re-verifies it on every repair tick (each step reads the kernel
+//! and writes only what differs; the nftables table is replaced in one atomic batch), and
+//! retries a failure with capped backoff. Its health is reported as executor `host`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::cluster::ClusterState;
+use crate::metrics::{retry_delay, Executor};
+use crate::model::Plugin;
+
+use super::Node;
+
+/// What the host must look like, from the model alone (pure).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPlan {
+    pub host: hostnet::HostConfig,
+    pub firewall: hostnet::FirewallConfig,
+}
+
+/// The plan for `st`: `None` until the state names this node's subnet.
+pub fn plan(st: &ClusterState) -> Option<HostPlan> {
+    let local = st.local_subnet()?;
+    let host = hostnet::HostConfig {
+        tun: "tun0".into(),
+        node_subnet: local.subnet,
+        mtu: st.mtu,
+        cluster_network: st.cluster_network,
+        service_network: st.service_network,
+    };
+    let mut firewall = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
+    firewall.vxlan_port = st.vxlan_port;
+    // networkpolicy keeps pod addresses inside the cluster network (Service traffic included)
+    // so that policies can judge them; see src/pipeline/via_host.rs.
+    firewall.masquerade_within_cluster = st.plugin != Plugin::NetworkPolicy;
+    Some(HostPlan { host, firewall })
+}
+
+/// Applies `plan` in the agent's namespace: every step checks the kernel first.
+pub async fn apply(plan: &HostPlan) -> Result<hostnet::HostChanges, String> {
+    let ns = hostnet::Netns::current().map_err(|e| e.to_string())?;
+    let changes = hostnet::setup_host(&ns, &plan.host).await.map_err(|e| e.to_string())?;
+    hostnet::install_firewall(&ns, &plan.firewall).await.map_err(|e| e.to_string())?;
+    Ok(changes)
+}
+
+/// How the executor paces itself.
+#[derive(Clone, Copy, Debug)]
+pub struct Pacing {
+    /// How often a converged host is verified again.
+    pub verify_every: Duration,
+    /// The first retry's delay after a failure (doubled per failure).
+    pub retry_base: Duration,
+    /// The longest delay between retries.
+    pub retry_cap: Duration,
+    /// The deadline of one apply.
+    pub deadline: Duration,
+}
+
+/// Runs the host executor until `cancel`: applies the latest plan from `plans` when it changes,
+/// when `kick` fires (tun0 was just recreated), on every `verify_every` and, after a failure,
+/// with capped backoff.
+pub async fn run(node: Arc<Node>, mut plans: watch::Receiver<Option<HostPlan>>, pacing: Pacing, cancel: CancellationToken) {
+    let telemetry = node.telemetry.clone();
+    let mut failures = 0u32;
+    let mut applied: Option<HostPlan> = None;
+    loop {
+        let wait = if failures > 0 { retry_delay(failures, pacing.retry_base, pacing.retry_cap) } else { pacing.verify_every };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = plans.changed() => if r.is_err() { return },
+            _ = node.host_kicked() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+        let Some(plan) = plans.borrow_and_update().clone() else { continue };
+        let r = match tokio::time::timeout(pacing.deadline, apply(&plan)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("host network: no answer from the kernel within {:?}", pacing.deadline)),
+        };
+        match &r {
+            Ok(changes) => {
+                failures = 0;
+                if applied.as_ref() != Some(&plan) {
+                    info!(gateway = %plan.host.gateway(), subnet = %plan.host.node_subnet, mtu = plan.host.mtu, ?changes, "host network configured (tun0, routes, sysctls, nftables)");
+                    applied = Some(plan);
+                } else if *changes != hostnet::HostChanges::default() {
+                    telemetry.metrics.repaired("host");
+                    info!(?changes, "host network repaired (someone changed tun0's addresses or legacy links)");
+                }
+            }
+            Err(_) => failures = failures.saturating_add(1),
+        }
+        telemetry.executor_result(Executor::Host, &r.map(|_| ()).map_err(|e| format!("host network: {e}")));
+    }
+}
