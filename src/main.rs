@@ -130,6 +130,12 @@ enum Cmd {
         /// cheaper than moving one (for tests of the warm path on small bridges).
         #[arg(long, hide = true)]
         warm_ports_always: bool,
+        /// Where the agent keeps its own durable record of the pods (pods.json), so that they
+        /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
+        /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
+        /// (exit 1, the file named): see README "Pod records".
+        #[arg(long, default_value = "/var/lib/sdn-node")]
+        state_dir: String,
     },
     /// Client for the pod API of a running agent.
     Pod {
@@ -397,6 +403,7 @@ async fn run(cli: Cli) -> ExitCode {
             dns_server,
             warm_ports,
             warm_ports_always,
+            state_dir,
         } => {
             match sdn_node::rlimit::raise_nofile() {
                 Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
@@ -431,6 +438,7 @@ async fn run(cli: Cli) -> ExitCode {
             opts.cni_conf_dir = (cni_conf_dir != "none").then(|| PathBuf::from(cni_conf_dir));
             opts.warm_ports = warm_ports;
             opts.warm_ports_always = warm_ports_always;
+            opts.state_dir = (state_dir != "none").then(|| PathBuf::from(state_dir));
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();

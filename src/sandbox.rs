@@ -405,6 +405,21 @@ impl OvsSandbox {
         self.stop(Daemon::Vswitchd)
     }
 
+    /// Loses the database, as an Open vSwitch reinstall or a corrupted `conf.db` does: both
+    /// daemons stopped, `conf.db` created again empty, both started again on it.
+    pub async fn recreate_database(&mut self) -> Result<(), SandboxError> {
+        self.stop_vswitchd()?;
+        self.stop_ovsdb()?;
+        let db = self.conf_db();
+        std::fs::remove_file(&db).map_err(io_err(format!("cannot remove {}", db.display())))?;
+        let mut c = Command::new("ovsdb-tool");
+        c.arg("create").arg(&db).arg(&self.opts.schema);
+        run(c)?;
+        self.start_ovsdb().await?;
+        self.ovs().init().await?;
+        self.start_vswitchd().await
+    }
+
     /// Contents of the vswitchd log, for test diagnostics.
     pub fn vswitchd_log(&self) -> String {
         std::fs::read_to_string(self.dir().join("v.log")).unwrap_or_default()

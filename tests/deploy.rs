@@ -37,6 +37,8 @@ const OVS_RUNDIR: &str = "/var/run/openvswitch";
 /// Where container runtimes read CNI configurations and find plugins (their defaults).
 const CNI_CONF_DIR: &str = "/etc/cni/net.d";
 const CNI_BIN_DIR: &str = "/opt/cni/bin";
+/// Where the agent keeps its checkpoint of the pods (`sdn-node run --state-dir`'s default).
+const STATE_DIR: &str = "/var/lib/sdn-node";
 /// Where containerd and CRI-O create pod network namespaces (CNI_NETNS).
 const NETNS_DIR: &str = "/var/run/netns";
 /// The binaries in the image (deploy/Dockerfile).
@@ -360,16 +362,18 @@ fn run_help() -> String {
 /// Runs `sdn-node` with `args` (as the kubelet expands them) and fails if the command line
 /// is rejected (clap exits 2 with a usage message at once). The paths that would touch this
 /// machine are replaced first: no pod API socket, no metrics listener, an empty OVS run
-/// directory. Whatever the agent does next (it fails or waits without an API server), it is
+/// directory and state directory. Whatever the agent does next (it fails or waits without an API server), it is
 /// stopped after a few seconds.
 fn assert_parses(args: &[String]) {
     let ovs = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
     let mut args = args.to_vec();
     for (flag, value) in [
         ("--pod-api-socket", "none"),
         ("--metrics-addr", "none"),
         ("--cni-conf-dir", "none"),
         ("--ovs-rundir", ovs.path().to_str().unwrap()),
+        ("--state-dir", state.path().to_str().unwrap()),
     ] {
         if let Some(i) = args.iter().position(|a| a == flag) {
             args[i + 1] = value.to_string();
@@ -562,7 +566,12 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     host_path_mount(&volumes, &mounts, &conf_dir, Writable::Yes, None);
     // Pod network namespaces created after the agent started must appear in the container.
     host_path_mount(&volumes, &mounts, NETNS_DIR, Writable::No, Some("HostToContainer"));
-    assert_eq!(mounts.len(), 4, "the agent mounts OVS's, its own, the CNI config and the netns directories");
+    // The agent's checkpoint of its pods must outlive the agent's container (and the node's
+    // Open vSwitch database): a node directory, not the container's.
+    let state_dir = resolved(&m, arg_value(&args, "--state-dir").unwrap_or(STATE_DIR)).unwrap();
+    assert_eq!(state_dir, STATE_DIR);
+    host_path_mount(&volumes, &mounts, &state_dir, Writable::Yes, None);
+    assert_eq!(mounts.len(), 5, "the agent mounts OVS's, its run and state directories, the CNI config and the netns directories");
     // The plugin directory: mounted by the init container only.
     let init = m.init_container();
     let init_mounts = init.volume_mounts.clone().unwrap_or_default();
@@ -570,7 +579,7 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     let bin_vol = volumes.iter().find(|v| v.name == init_mounts[0].name).expect("the installer's volume");
     assert_eq!(bin_vol.host_path.as_ref().map(|h| h.path.as_str()), Some(CNI_BIN_DIR));
     assert!(!mounts.iter().any(|vm| vm.name == bin_vol.name), "the agent does not mount the plugin directory");
-    assert_eq!(volumes.len(), 5, "only the five hostPath volumes");
+    assert_eq!(volumes.len(), 6, "only the six hostPath volumes");
     for v in &volumes {
         let hp = v.host_path.as_ref().unwrap_or_else(|| panic!("volume {}: not a hostPath", v.name));
         assert_eq!(hp.type_.as_deref(), Some("DirectoryOrCreate"), "{}: the agent may start first", hp.path);

@@ -116,7 +116,7 @@ ip netns exec "$NS" ovs-vswitchd -vconsole:off "unix:$D/db.sock" --pidfile="$D/v
 echo "== sdn-node run (in network namespace $NS), state $STATE"
 RUST_LOG=info NO_COLOR=1 ip netns exec "$NS" "$BIN" run --state "$STATE" --ovs-rundir "$D" \
   --datapath-type netdev --pod-api-socket "$SOCK" --cni-conf-dir "$CONF_DIR" --metrics-addr none \
-  </dev/null >"$D/agent.log" 2>&1 &
+  --state-dir "$D/sdn-node-state" </dev/null >"$D/agent.log" 2>&1 &
 AGENT_PID=$!
 for _ in $(seq 600); do
   [ -f "$CONFLIST" ] && break

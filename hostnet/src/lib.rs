@@ -12,6 +12,8 @@
 //! - [`setup_host`]: the gateway interface (tun0), its routes and forwarding sysctls.
 //! - [`install_firewall`] / [`remove_firewall`]: the node's nftables table.
 //! - [`Ipam`]: pod address bookkeeping in the node subnet.
+//! - [`veth_state`] / [`delete_owned`]: a pod's veth as recorded (name and ifindex), never by a
+//!   name alone.
 
 pub mod error;
 pub mod ethtool;
@@ -25,6 +27,7 @@ pub mod netns;
 mod nfbatch;
 mod nfnl;
 pub mod nl;
+pub mod owned;
 pub mod pod;
 pub mod spare;
 pub mod sysctl;
@@ -36,5 +39,6 @@ pub use hostif::{host_interface, HostInterface};
 pub use ipam::{Ipam, IpamError};
 pub use mac::MacAddr;
 pub use netns::{Netns, NsId, SandboxError};
+pub use owned::{delete_owned, veth_state, Deleted, VethState};
 pub use spare::{claim_spare, create_spare};
 pub use pod::{add_veth_pairs, check_pod, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};

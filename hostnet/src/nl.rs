@@ -37,6 +37,8 @@ pub struct Link {
     pub mac: Option<[u8; 6]>,
     pub mtu: Option<u32>,
     pub up: bool,
+    /// IFLA_LINK: for a veth, its peer's ifindex (in the peer's namespace).
+    pub peer: Option<u32>,
 }
 
 /// What we read back about an IPv4 route in the main table.
@@ -244,12 +246,14 @@ fn link_info(m: &LinkMessage) -> Link {
         mac: None,
         mtu: None,
         up: m.header.flags.contains(LinkFlags::Up),
+        peer: None,
     };
     for a in &m.attributes {
         match a {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Address(a) => link.mac = <[u8; 6]>::try_from(a.as_slice()).ok(),
             LinkAttribute::Mtu(m) => link.mtu = Some(*m),
+            LinkAttribute::Link(p) => link.peer = Some(*p),
             _ => {}
         }
     }

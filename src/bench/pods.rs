@@ -496,7 +496,11 @@ impl Agent {
             .arg("--pod-api-socket")
             .arg(&socket)
             .arg("--cni-conf-dir")
-            .arg(&conf_dir);
+            .arg(&conf_dir)
+            // The agent's checkpoint, written before every ADD and DEL is answered (as in
+            // production), in this site's own directory.
+            .arg("--state-dir")
+            .arg(site.dir.join("sdn-node-state"));
         if site.ns.is_none() {
             c.arg("--no-host-network");
         }

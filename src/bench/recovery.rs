@@ -134,6 +134,8 @@ pub async fn agent_recovery(exe: &Path, pods: u32, progress: &impl Fn(&str)) -> 
         .arg(&dir)
         // Production's defaults otherwise (reconnect backoff, echo interval, timeouts).
         .args(["--datapath-type", "dummy", "--metrics-addr", "none", "--no-host-network"])
+        .arg("--state-dir")
+        .arg(dir.join("sdn-node-state"))
         .arg("--pod-api-socket")
         .arg(dir.join("recovery-pods.sock"))
         .env("RUST_LOG", "warn")

@@ -12,6 +12,8 @@
 //!   not at all, and a restarted agent knows every address in use. Any failure undoes every step.
 //! - DEL: idempotent. A known pod is torn down (flows, port, veth); an unknown one still gets its
 //!   veth removed by the name its container ID gives (a setup that died halfway).
+//! - Both are durable before they are answered: an ADD's pod is in the agent's checkpoint
+//!   ([`super::checkpoint`]; the ADD is undone if it cannot be written), a DEL's pod is no longer.
 //! - CHECK: the pod is known with this container, its flows are desired and the switch is in
 //!   sync, and the interface in the sandbox is as ADD made it.
 
@@ -197,6 +199,7 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         // The pod's now, or undone with it.
         node.spares.release(&spare.name);
         let iface = r.map_err(|e| e.into_api(&req))?;
+        super::checkpoint::recorded(node, &key, deadline).await?;
         return Ok(reply_of(&rec, &iface.host_veth, &iface.mac.to_string(), cluster));
     }
     // A DEL of the same container may still be deleting the veth of that name.
@@ -220,6 +223,8 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
     let mac = iface.mac.to_string();
     tracing::debug!(pod = %obj(&req), "fresh pod interface ready");
     commit_reserved(node, pod.clone(), record, deadline, None).await?;
+    // Durable before it is answered (undone if it cannot be).
+    super::checkpoint::recorded(node, &key, deadline).await?;
     Ok(reply_of(&rec, &iface.host_veth, &mac, cluster))
 }
 
@@ -319,13 +324,15 @@ async fn del(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {
         }
     };
     if ours {
-        return finish_teardown(node, &key, deadline).await;
+        finish_teardown(node, &key, deadline).await?;
+        return super::checkpoint::forgotten(node, &key, deadline).await;
     }
     // Not (or no longer) known: whatever a half-done ADD of this container left.
     if crate::model::ContainerId::parse(&req.container_id).is_ok() {
         remove_iface(&host_veth_name(&req.container_id)).await.map_err(|e| ApiError::Failed(format!("pod interface: {e}")))?;
     }
-    Ok(())
+    // A retried DEL whose first attempt could not write the checkpoint writes it now.
+    super::checkpoint::forgotten(node, &key, deadline).await
 }
 
 async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {

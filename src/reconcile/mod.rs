@@ -14,12 +14,14 @@
 //! their flow changes are group-committed by the engine, their port operations serialised per
 //! port name ([`ports::PortLocks`]). Every peer call has a deadline.
 
+pub mod checkpoint;
 pub mod cni;
 pub mod dns;
 pub mod host;
 pub mod model;
 pub mod pods;
 pub mod ports;
+pub mod recovery;
 pub mod repair;
 pub mod spares;
 
@@ -98,6 +100,8 @@ pub struct Node {
     pub spares: spares::Spares,
     /// Wakes the reconcile loop (something is left to clean up or converge).
     kick: Notify,
+    /// The agent's own durable record of its pods (`--state-dir`).
+    pub checkpoint: checkpoint::Checkpoint,
     /// What the host executor converges the node's own networking to ([`host`]).
     host_plan: watch::Sender<Option<host::HostPlan>>,
     /// Wakes the host executor (tun0 was just created again).
@@ -110,7 +114,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Node {
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
+        Node::with_checkpoint(cfg, telemetry, checkpoint::Checkpoint::none())
+    }
+
+    /// [`Node::new`] with a checkpoint (opened, and read, before the node serves anything).
+    pub fn with_checkpoint(cfg: Config, telemetry: Telemetry, checkpoint: checkpoint::Checkpoint) -> Arc<Node> {
         Arc::new(Node {
+            checkpoint,
             model: Mutex::new(Model::new(&cfg.bridge)),
             spares: spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always),
             cfg,
@@ -210,6 +220,9 @@ pub enum ConvergeError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     NotReady(&'static str),
+    /// The pods could not be recovered at start (a kernel query failed); retried.
+    #[error("pod recovery: {0}")]
+    Recovery(String),
 }
 
 /// What one converge pass did.
@@ -518,8 +531,9 @@ impl Reconciler {
         r
     }
 
-    /// Rebuilds the API pod registry from the ports that carry their request.
-    async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), OvsdbError> {
+    /// Rebuilds the API pod registry from the ports that carry their request and the agent's
+    /// checkpoint, checked against the kernel ([`recovery`]).
+    async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), ConvergeError> {
         let mut pods = Vec::new();
         for (port, json) in ovs.ports_with_external_id(POD_KEY).await? {
             let parsed = serde_json::from_str::<PodRequest>(&json)
@@ -530,14 +544,7 @@ impl Reconciler {
                 Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
             }
         }
-        if !pods.is_empty() {
-            info!(pods = pods.len(), "pod API registry recovered from OVSDB");
-        }
-        let mut m = self.node.model();
-        m.recover(pods);
-        for p in std::mem::take(&mut m.rebuild_problems) {
-            warn!("rejected: {p}");
-        }
+        recovery::recover(&self.node, pods).await.map_err(ConvergeError::Recovery)?;
         self.recovered = true;
         Ok(())
     }

@@ -285,10 +285,13 @@ impl Model {
         if first > last {
             return Err(Refusal::Invalid(Problem::new(format!("hostsubnet {}", local.host), "subnet", "has no room for pods")));
         }
+        // API pods the effective state rejected (their namespace went, say) still hold their
+        // address while they are known: their sandboxes may be live.
         let used: HashSet<Ipv4Addr> = st
             .pods
             .iter()
             .map(|p| p.ip)
+            .chain(self.api_pods.values().map(|(p, _)| p.ip))
             .chain(self.reserved.values().map(|p| p.ip))
             .chain(self.doomed.values().map(|(p, _)| p.ip))
             .collect();
@@ -302,6 +305,22 @@ impl Model {
             }
         }
         Err(Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnet", format!("no free address left in {net}"))))
+    }
+
+    /// What the agent's checkpoint keeps ([`super::checkpoint`]): the records of the API pods,
+    /// set up or doomed (both hold their address), in key order, and IPAM's position.
+    pub fn saved(&self) -> super::checkpoint::Saved {
+        let mut pods: Vec<(&PodKey, &PodRequest)> =
+            self.api_pods.iter().chain(self.doomed.iter()).map(|(k, (_, r))| (k, r)).collect();
+        pods.sort_by(|a, b| a.0.cmp(b.0));
+        super::checkpoint::Saved { pods: pods.into_iter().map(|(_, r)| r.clone()).collect(), last_address: self.last_ip }
+    }
+
+    /// IPAM's position as a checkpoint kept it (only where this run has none yet).
+    pub fn restore_last_ip(&mut self, ip: Option<std::net::Ipv4Addr>) {
+        if self.last_ip.is_none() {
+            self.last_ip = ip;
+        }
     }
 
     /// The doomed pod's port is gone and its flows are off the switch.

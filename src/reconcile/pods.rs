@@ -88,7 +88,10 @@ pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiE
         return Err(ApiError::Conflict(Problem::new(obj, "hostVeth", format!("{:?} is one of the agent's warm ports", pod.host_veth))));
     }
     node.model().reserve(&pod).map_err(refused)?;
-    commit_reserved(node, pod, req, deadline, None).await
+    let key = pod.key();
+    let reply = commit_reserved(node, pod, req, deadline, None).await?;
+    super::checkpoint::recorded(node, &key, deadline).await?;
+    Ok(reply)
 }
 
 /// OVSDB and the switch are there (else 503 before anything is reserved).
@@ -258,7 +261,8 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Resu
             });
         }
     }
-    finish_teardown(node, &key, deadline).await
+    finish_teardown(node, &key, deadline).await?;
+    super::checkpoint::forgotten(node, &key, deadline).await
 }
 
 /// Takes a doomed pod's flows off the switch, then its port off the bridge, then (CNI pods,

@@ -59,6 +59,8 @@ pub struct RunOptions {
     pub warm_ports: usize,
     /// Use a warm port whenever one is ready (tests).
     pub warm_ports_always: bool,
+    /// Where the agent keeps its checkpoint of the pods (`None`: OVSDB's records alone).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -83,6 +85,7 @@ impl RunOptions {
             dns_servers: None,
             warm_ports: 0,
             warm_ports_always: false,
+            state_dir: None,
         }
     }
     fn config(&self) -> Config {
@@ -151,6 +154,10 @@ fn ovsdb_link(address: String, options: ClientOptions, backoff: Backoff, cancel:
 pub enum RunError {
     #[error(transparent)]
     Switch(#[from] crate::switch::SwitchError),
+    /// The checkpoint cannot be used: the agent does not start (see
+    /// [`crate::reconcile::checkpoint::CheckpointError::Corrupt`]).
+    #[error(transparent)]
+    Checkpoint(#[from] crate::reconcile::checkpoint::CheckpointError),
 }
 
 pub use crate::reconcile::POD_KEY;
@@ -172,7 +179,13 @@ pub async fn run_with(
     let cancel = CancellationToken::new();
     let _stop = cancel.clone().drop_guard();
     telemetry.health.set_watchdog(opts.watchdog);
-    let node = Node::new(opts.config(), telemetry.clone());
+    // Read before anything is served or changed: a checkpoint that cannot be read stops the
+    // agent here, with nothing torn down.
+    let checkpoint = match &opts.state_dir {
+        Some(dir) => crate::reconcile::checkpoint::Checkpoint::open(dir)?,
+        None => crate::reconcile::checkpoint::Checkpoint::none(),
+    };
+    let node = Node::with_checkpoint(opts.config(), telemetry.clone(), checkpoint);
     let mut state_rx = source(opts.state.clone());
     if let Some(sock) = opts.api_socket.clone() {
         let (n, c) = (node.clone(), cancel.clone());
@@ -200,6 +213,7 @@ pub async fn run_with(
     let sup = Supervisor::spawn(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone())?;
     let mut events = sup.subscribe();
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
+    tokio::spawn(crate::reconcile::checkpoint::keep_written(node.clone(), cancel.clone()));
     if node.manages_host() {
         telemetry.health.executor_started(crate::metrics::Executor::Host);
         let pacing = crate::reconcile::host::Pacing {

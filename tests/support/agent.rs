@@ -148,6 +148,8 @@ impl Agent {
             .args(["--pod-api-socket", "none", "--metrics-addr", "none"])
             // The node's own networking is not the test host's to change.
             .args(["--no-host-network", "--cni-conf-dir", "none"])
+            // No pod API, so no pods of its own to record (and no shared /var/lib/sdn-node).
+            .args(["--state-dir", "none"])
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

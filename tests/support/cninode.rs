@@ -133,6 +133,8 @@ pub struct NodeAgent {
     pub state: PathBuf,
     pub socket: PathBuf,
     pub conf_dir: PathBuf,
+    /// The agent's `--state-dir` (its checkpoint of the pods).
+    pub state_dir: PathBuf,
     pub proc: Option<(tokio::process::Child, Lines)>,
     /// Extra arguments of `sdn-node run` (a `--metrics-addr` here replaces the default `none`).
     pub args: Vec<String>,
@@ -169,6 +171,7 @@ impl NodeAgent {
             state,
             socket: rundir.join("cni.sock"),
             conf_dir: rundir.join("net.d"),
+            state_dir: rundir.join("sdn-node-state"),
             proc: None,
             args: args.iter().map(|s| s.to_string()).collect(),
             wrapper: Vec::new(),
@@ -185,27 +188,8 @@ impl NodeAgent {
     /// (written once it serves pods: the signal kubelet waits for).
     pub async fn spawn(&mut self) {
         let _ = std::fs::remove_file(self.conflist());
-        let metrics = if self.args.iter().any(|a| a == "--metrics-addr") { &[][..] } else { &["--metrics-addr", "none"][..] };
-        let mut command: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
-        command.extend(["ip", "netns", "exec", &self.ns]);
-        let mut child = tokio::process::Command::new(command[0])
-            .args(&command[1..])
-            .arg(env!("CARGO_BIN_EXE_sdn-node"))
-            .args(["run", "--state"])
-            .arg(&self.state)
-            .arg("--ovs-rundir")
-            .arg(&self.rundir)
-            .args(["--datapath-type", "netdev"])
-            .args(metrics)
-            .args(["--echo-interval", "0.5", "--echo-timeout", "2", "--max-backoff", "0.2"])
-            .arg("--pod-api-socket")
-            .arg(&self.socket)
-            .arg("--cni-conf-dir")
-            .arg(&self.conf_dir)
-            .args(&self.args)
-            .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
+        let mut child = self
+            .command()
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -220,6 +204,52 @@ impl NodeAgent {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("the agent never wrote its CNI configuration; log:\n{}", self.log());
+    }
+
+    /// Runs the agent expecting it to stop by itself (within [`WAIT`]); returns its exit code
+    /// and its log.
+    pub async fn run_to_exit(&self) -> (Option<i32>, String) {
+        let _ = std::fs::remove_file(self.conflist());
+        let child = self
+            .command()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the agent");
+        let out = tokio::time::timeout(WAIT, child.wait_with_output())
+            .await
+            .expect("the agent exits by itself")
+            .expect("wait for the agent");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// `sdn-node run` inside the node's namespace, as [`NodeAgent::spawn`] starts it.
+    fn command(&self) -> tokio::process::Command {
+        let metrics = if self.args.iter().any(|a| a == "--metrics-addr") { &[][..] } else { &["--metrics-addr", "none"][..] };
+        let mut command: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
+        command.extend(["ip", "netns", "exec", &self.ns]);
+        let mut c = tokio::process::Command::new(command[0]);
+        c.args(&command[1..])
+            .arg(env!("CARGO_BIN_EXE_sdn-node"))
+            .args(["run", "--state"])
+            .arg(&self.state)
+            .arg("--ovs-rundir")
+            .arg(&self.rundir)
+            .args(["--datapath-type", "netdev"])
+            .args(metrics)
+            .args(["--echo-interval", "0.5", "--echo-timeout", "2", "--max-backoff", "0.2"])
+            .arg("--pod-api-socket")
+            .arg(&self.socket)
+            .arg("--cni-conf-dir")
+            .arg(&self.conf_dir)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null());
+        c
     }
 
     pub fn log(&self) -> String {
