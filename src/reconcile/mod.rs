@@ -373,16 +373,7 @@ impl Reconciler {
         }
         self.node.telemetry.metrics.repaired("flows");
         warn!(switch = agg.flow_count, installed = after.installed_flows, "the switch's flows changed behind the agent's back; resyncing from a dump");
-        self.node.not_converged();
-        match engine.resync(None).await {
-            Ok(o) => {
-                info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "flows repaired from a dump");
-                if o.full_replay {
-                    self.persist_generation(&engine).await;
-                }
-            }
-            Err(e) => warn!(error = %e, "flow repair failed; will retry"),
-        }
+        self.resync_from_dump(&engine).await;
         self.node.kick();
     }
 
@@ -760,19 +751,24 @@ impl Reconciler {
     pub async fn repair(&mut self) {
         let Some(engine) = self.node.engine() else { return };
         match engine.status().await {
-            Ok(s) if s.dirty => {
-                self.node.not_converged();
-                match engine.resync(None).await {
-                    Ok(o) => {
-                        info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "repaired from a dump");
-                        if o.full_replay {
-                            self.persist_generation(&engine).await;
-                        }
-                    }
-                    Err(e) => warn!(error = %e, "repair failed; will retry"),
+            Ok(s) if s.dirty => self.resync_from_dump(&engine).await,
+            _ => {}
+        }
+    }
+
+    /// Makes the switch equal to the engine's desired state again from a dump of what it holds
+    /// (a failed commit, or flows changed behind the agent's back); a full replay stores the
+    /// new generation.
+    async fn resync_from_dump(&mut self, engine: &Engine) {
+        self.node.not_converged();
+        match engine.resync(None).await {
+            Ok(o) => {
+                info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "repaired from a dump");
+                if o.full_replay {
+                    self.persist_generation(engine).await;
                 }
             }
-            _ => {}
+            Err(e) => warn!(error = %e, "repair failed; will retry"),
         }
     }
 
