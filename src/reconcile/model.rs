@@ -458,6 +458,9 @@ mod tests {
         let mut p = st.pods[0].clone();
         p.name = name.into();
         p.ip = ip.parse().unwrap();
+        // Each pod its own MAC, as CNI derives it from the address.
+        let o = p.ip.octets();
+        p.mac = openflow::flow_match::MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]]);
         p.host_veth = veth.into();
         p
     }
