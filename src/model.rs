@@ -135,5 +135,9 @@ mod tests {
         assert!(ContainerId::parse("abc").unwrap_err().contains("64"));
         assert!(ContainerId::parse(&"zz".repeat(32)).unwrap_err().contains("hexadecimal"));
         assert!(ContainerId::parse(&format!("{}é", "a".repeat(62))).unwrap_err().contains("hexadecimal"));
+        // from_str_radix alone takes a sign: "+f" would parse as 0x0f.
+        for signed in [format!("+{}", "f".repeat(63)), format!("{}-1", "a".repeat(62))] {
+            assert!(ContainerId::parse(&signed).unwrap_err().contains("hexadecimal"), "{signed}");
+        }
     }
 }

@@ -118,7 +118,9 @@ async fn unchanged(node: &CniNode, pods: &[&PodNs], before: &World, after: &str)
 fn api(node: &CniNode, method: &str, path: &str, headers: &[(&str, String)], body: &str) -> (u16, Value) {
     let mut s = UnixStream::connect(&node.agent.socket).expect("connect to the pod API socket");
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut msg = format!("{method} {path} HTTP/1.1\r\nHost: sdn-node\r\nContent-Type: application/json\r\nConnection: close\r\n");
+    let mut msg = format!(
+        "{method} {path} HTTP/1.1\r\nHost: sdn-node\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    );
     for (k, v) in headers {
         msg.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -158,7 +160,8 @@ async fn get_in(ns: &str, addr: &str, path: &str) -> (u16, String) {
     let a: std::net::SocketAddr = addr.parse().unwrap();
     let stream = netns
         .run("connect to the metrics listener", move || {
-            std::net::TcpStream::connect_timeout(&a, Duration::from_secs(10)).map_err(|e| hostnet::Error::Invalid { what: a.to_string(), reason: e.to_string() })
+            std::net::TcpStream::connect_timeout(&a, Duration::from_secs(10))
+                .map_err(|e| hostnet::Error::Invalid { what: a.to_string(), reason: e.to_string() })
         })
         .await
         .expect("connect inside the node's namespace");
@@ -273,7 +276,8 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     let plain = dir.join("plain");
     std::fs::write(&plain, b"").unwrap();
     let test_ns = std::fs::read_link("/proc/self/ns/net").unwrap();
-    let host_why: &[&str] = if test_ns.to_string_lossy() == "net:[4026531833]" { &["host's initial"] } else { &["init's", "host's"] };
+    let host_why: &[&str] =
+        if test_ns.to_string_lossy() == "net:[4026531833]" { &["host's initial"] } else { &["init's", "host's"] };
     let cases: Vec<(String, &[&str])> = vec![
         ("/var/run/netns/../../proc/self/ns/net".into(), &["the agent's own"]),
         (format!("/var/run/netns/{}", node.ns), &["the agent's own"]),
@@ -304,25 +308,63 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     let ip_for = |n: u32| format!("10.128.0.{}", 200 + n);
     let mac_for = |n: u32| format!("0a:58:0a:80:00:{:02x}", 200 + n);
     let api_cases: Vec<(String, u16, &str, String)> = vec![
-        (pod_body("h1", "uplink0", &ip_for(1), &mac_for(1), &[]), 400, "hostVeth", "\"uplink0\" is a bridge device".into()),
-        (pod_body("h2", "uplink0", &ip_for(2), &mac_for(2), &[("internal", Value::Bool(true))]), 400, "hostVeth", "\"uplink0\" is a bridge device".into()),
-        (pod_body("h3", "nodeveth0", &ip_for(3), &mac_for(3), &[]), 400, "hostVeth", "carries address 198.51.100.1/24".into()),
+        (
+            pod_body("h1", "uplink0", &ip_for(1), &mac_for(1), &[]),
+            400,
+            "hostVeth",
+            "\"uplink0\" is a bridge device".into(),
+        ),
+        (
+            pod_body("h2", "uplink0", &ip_for(2), &mac_for(2), &[("internal", Value::Bool(true))]),
+            400,
+            "hostVeth",
+            "\"uplink0\" is a bridge device".into(),
+        ),
+        (
+            pod_body("h3", "nodeveth0", &ip_for(3), &mac_for(3), &[]),
+            400,
+            "hostVeth",
+            "carries address 198.51.100.1/24".into(),
+        ),
         (pod_body("h4", "gwveth0", &ip_for(4), &mac_for(4), &[]), 400, "hostVeth", "default route".into()),
         (pod_body("h5", "lo", &ip_for(5), &mac_for(5), &[]), 400, "hostVeth", "kind-less".into()),
         // tun0, the agent's own port (on the netdev datapath, a tap device).
         (pod_body("h6", "tun0", &ip_for(6), &mac_for(6), &[]), 400, "hostVeth", "\"tun0\" is a".into()),
         (pod_body("h7", "nosuchdev0", &ip_for(7), &mac_for(7), &[]), 400, "hostVeth", "no such interface".into()),
-        (pod_body("h8", &a1_veth, &ip_for(8), &mac_for(8), &[]), 409, "hostVeth", "already used by pod team-a/a1".into()),
+        (
+            pod_body("h8", &a1_veth, &ip_for(8), &mac_for(8), &[]),
+            409,
+            "hostVeth",
+            "already used by pod team-a/a1".into(),
+        ),
         // The agent's own record of a CNI pod: with it, a DEL or the sandbox GC would delete
         // the device.
         (
-            pod_body("h9", "freeveth0", &ip_for(9), &mac_for(9), &[("cni", serde_json::json!({"netns": "/var/run/netns/gone", "ifName": "eth0", "address": "10.128.0.209/23", "gateway": "10.128.0.1", "mtu": 1450}))]),
+            pod_body(
+                "h9",
+                "freeveth0",
+                &ip_for(9),
+                &mac_for(9),
+                &[(
+                    "cni",
+                    serde_json::json!({"netns": "/var/run/netns/gone", "ifName": "eth0", "address": "10.128.0.209/23", "gateway": "10.128.0.1", "mtu": 1450}),
+                )],
+            ),
             400,
             "cni",
             "set only by the agent".into(),
         ),
         (
-            pod_body("h10", "uplink0", &ip_for(10), &mac_for(10), &[("cni", serde_json::json!({"netns": "/var/run/netns/gone", "ifName": "eth0", "address": "10.128.0.210/23", "gateway": "10.128.0.1", "mtu": 1450}))]),
+            pod_body(
+                "h10",
+                "uplink0",
+                &ip_for(10),
+                &mac_for(10),
+                &[(
+                    "cni",
+                    serde_json::json!({"netns": "/var/run/netns/gone", "ifName": "eth0", "address": "10.128.0.210/23", "gateway": "10.128.0.1", "mtu": 1450}),
+                )],
+            ),
             400,
             "cni",
             "set only by the agent".into(),
@@ -333,9 +375,20 @@ async fn hostile_requests_are_refused_and_change_nothing() {
         (pod_body("m3", "freeveth0", &ip_for(13), "00:00:00:00:00:00", &[]), 400, "mac", "all zero".into()),
         (pod_body("m4", "freeveth0", &ip_for(14), &a1_mac, &[]), 409, "mac", "already used by pod team-a/a1".into()),
         (pod_body("m5", "freeveth0", &ip_for(15), "0a:58:0a:80:00:01", &[]), 400, "mac", "gateway's (tun0)".into()),
-        (pod_body("m6", "freeveth0", &ip_for(16), "+a:58:0a:80:00:d0", &[]), 400, "mac", "not six hexadecimal octets".into()),
         (
-            pod_body("m7", "freeveth0", &ip_for(17), &mac_for(17), &[("containerID", Value::String(format!("+{}", "f".repeat(63))))]),
+            pod_body("m6", "freeveth0", &ip_for(16), "+a:58:0a:80:00:d0", &[]),
+            400,
+            "mac",
+            "not six hexadecimal octets".into(),
+        ),
+        (
+            pod_body(
+                "m7",
+                "freeveth0",
+                &ip_for(17),
+                &mac_for(17),
+                &[("containerID", Value::String(format!("+{}", "f".repeat(63))))],
+            ),
             400,
             "containerID",
             "not hexadecimal".into(),
@@ -347,7 +400,13 @@ async fn hostile_requests_are_refused_and_change_nothing() {
     }
     // The same container ID through the CNI endpoint (the plugin refuses it before sending;
     // the agent must too).
-    let got = api(&node, "POST", "/v1/cni", &[], &cni_body("ADD", "team-a", "m8", &format!("+{}", "f".repeat(63)), &p1.path()));
+    let got = api(
+        &node,
+        "POST",
+        "/v1/cni",
+        &[],
+        &cni_body("ADD", "team-a", "m8", &format!("+{}", "f".repeat(63)), &p1.path()),
+    );
     refused_api(&got, 400, "containerID", "not hexadecimal", "CNI ADD with a signed container ID");
     // A legitimate pod API pod on a clean veth still works, and goes again.
     let ok = api(&node, "POST", "/v1/pods", &[], &pod_body("ok", "apiveth0", &ip_for(20), &mac_for(20), &[]));
@@ -360,15 +419,41 @@ async fn hostile_requests_are_refused_and_change_nothing() {
 
     // 6. Deadlines: a request whose caller has given up is not started; one whose caller gives
     // up in the middle leaves nothing behind.
-    let past = (std::time::SystemTime::now() - Duration::from_secs(1)).duration_since(std::time::UNIX_EPOCH).unwrap().as_millis().to_string();
+    let past = (std::time::SystemTime::now() - Duration::from_secs(1))
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        .to_string();
     let p3 = PodNs::new("late");
-    let got = api(&node, "POST", "/v1/cni", &[("Sdn-Deadline", past)], &cni_body("ADD", "team-a", "late", &container(50), &p3.path()));
+    let got = api(
+        &node,
+        "POST",
+        "/v1/cni",
+        &[("Sdn-Deadline", past)],
+        &cni_body("ADD", "team-a", "late", &container(50), &p3.path()),
+    );
     assert_eq!(got.0, 504, "{}", got.1);
-    assert!(got.1["error"].as_str().unwrap_or_default().contains("deadline passed before the request was started"), "{}", got.1);
-    let got = api(&node, "POST", "/v1/cni", &[("Sdn-Deadline", "soon".into())], &cni_body("ADD", "team-a", "late", &container(50), &p3.path()));
+    assert!(
+        got.1["error"].as_str().unwrap_or_default().contains("deadline passed before the request was started"),
+        "{}",
+        got.1
+    );
+    let got = api(
+        &node,
+        "POST",
+        "/v1/cni",
+        &[("Sdn-Deadline", "soon".into())],
+        &cni_body("ADD", "team-a", "late", &container(50), &p3.path()),
+    );
     refused_api(&got, 400, "sdn-deadline", "not a number", "a malformed deadline");
     let soon = sdn_node_cni::agent::deadline_value(Duration::from_millis(1));
-    let got = api(&node, "POST", "/v1/cni", &[("Sdn-Deadline", soon)], &cni_body("ADD", "team-a", "late", &container(51), &p3.path()));
+    let got = api(
+        &node,
+        "POST",
+        "/v1/cni",
+        &[("Sdn-Deadline", soon)],
+        &cni_body("ADD", "team-a", "late", &container(51), &p3.path()),
+    );
     assert_ne!(got.0, 200, "an ADD cannot finish within 1 ms: {}", got.1);
     unchanged(&node, &pods, &before, "requests past their deadline").await;
     assert_eq!(ip(&p3.name, &["-o", "link"]).lines().count(), 1, "nothing but lo in the sandbox");
@@ -421,7 +506,8 @@ async fn the_socket_appears_already_private() {
         while off < n as usize {
             // SAFETY: the kernel writes whole inotify_event records.
             let ev: libc::inotify_event = unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
-            let name = &buf[off + std::mem::size_of::<libc::inotify_event>()..off + std::mem::size_of::<libc::inotify_event>() + ev.len as usize];
+            let name = &buf[off + std::mem::size_of::<libc::inotify_event>()
+                ..off + std::mem::size_of::<libc::inotify_event>() + ev.len as usize];
             let name = String::from_utf8_lossy(name).trim_end_matches('\0').to_string();
             events.push((ev.mask, name));
             off += std::mem::size_of::<libc::inotify_event>() + ev.len as usize;
@@ -432,11 +518,21 @@ async fn the_socket_appears_already_private() {
     let sock = node.agent.socket.file_name().unwrap().to_string_lossy().to_string();
     let of_sock: Vec<_> = events.iter().filter(|(_, n)| *n == sock).collect();
     assert!(!of_sock.is_empty(), "the socket appeared: {events:?}");
-    assert!(of_sock.iter().all(|(m, _)| m & libc::IN_MOVED_TO != 0), "only by rename, never created in place: {events:?}");
+    assert!(
+        of_sock.iter().all(|(m, _)| m & libc::IN_MOVED_TO != 0),
+        "only by rename, never created in place: {events:?}"
+    );
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&node.agent.socket).unwrap().permissions().mode() & 0o777, 0o600);
     // The private directory it was made in is gone.
-    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().starts_with(&format!(".{sock}"))), "no leftover");
+    assert!(
+        std::fs::read_dir(&dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!(".{sock}"))),
+        "no leftover"
+    );
     assert_eq!(api(&node, "GET", "/v1/status", &[], "").0, 200);
 }
 
@@ -544,7 +640,17 @@ async fn idle_connections_do_not_stall_pod_setup() {
 
     let exe = std::env::current_exe().unwrap();
     let mut flood = std::process::Command::new("ip")
-        .args(["netns", "exec", &node.ns, "prlimit", "--nofile=4096", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args([
+            "netns",
+            "exec",
+            &node.ns,
+            "prlimit",
+            "--nofile=4096",
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
         .arg(&exe)
         .args(["flood_helper", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("HOSTILE_FLOOD", format!("{METRICS},1100"))
@@ -578,8 +684,14 @@ async fn idle_connections_do_not_stall_pod_setup() {
     assert!(fds < 512, "the agent's descriptors stay far below its limit: {fds}");
     let (_, m) = get_in(&node.ns, METRICS, "/metrics").await;
     let line = |name: &str| m.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_string();
-    let open: f64 = line("sdn_node_api_connections{listener=\"metrics\"}").rsplit(' ').next().unwrap_or("x").parse().unwrap();
-    let evicted: f64 = line("sdn_node_api_connections_shed_total{listener=\"metrics\",why=\"evicted_idle\"}").rsplit(' ').next().unwrap_or("x").parse().unwrap();
+    let open: f64 =
+        line("sdn_node_api_connections{listener=\"metrics\"}").rsplit(' ').next().unwrap_or("x").parse().unwrap();
+    let evicted: f64 = line("sdn_node_api_connections_shed_total{listener=\"metrics\",why=\"evicted_idle\"}")
+        .rsplit(' ')
+        .next()
+        .unwrap_or("x")
+        .parse()
+        .unwrap();
     eprintln!("metrics listener: {open} open, {evicted} evicted");
     assert!(open <= 16.0 && evicted >= 1100.0 - 16.0, "open {open}, evicted {evicted}");
     assert!(node.cni("del", "team-a", "flood", &container(80), &p.path()).ok());

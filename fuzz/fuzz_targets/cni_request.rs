@@ -46,7 +46,8 @@ fn agent() -> &'static Agent {
         let socket = dir.join("agent.sock");
         let listener = UnixListener::bind(&socket).unwrap();
         let (tx, rx) = mpsc::channel();
-        let agent: &'static Agent = Box::leak(Box::new(Agent { socket, reply: Mutex::new(Vec::new()), received: Mutex::new(rx) }));
+        let agent: &'static Agent =
+            Box::leak(Box::new(Agent { socket, reply: Mutex::new(Vec::new()), received: Mutex::new(rx) }));
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut c) = conn else { continue };
@@ -68,7 +69,11 @@ fn read_request(c: &mut impl Read) -> Vec<u8> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
             if buf.len() >= end + 4 + len {
                 return buf;
             }
@@ -112,7 +117,8 @@ fn os(b: &[u8]) -> OsString {
 fuzz_target!(|data: &[u8]| {
     let mut parts = data.splitn(8, |b| *b == 0);
     let mut next = || parts.next().unwrap_or_default();
-    let (cmd, container, netns, ifname, path, args, stdin, reply) = (next(), next(), next(), next(), next(), next(), next(), next());
+    let (cmd, container, netns, ifname, path, args, stdin, reply) =
+        (next(), next(), next(), next(), next(), next(), next(), next());
     let agent = agent();
     *agent.reply.lock().unwrap() = reply.to_vec();
 
@@ -151,7 +157,8 @@ fuzz_target!(|data: &[u8]| {
     assert!(first.starts_with("POST /v1/cni HTTP/1.1"), "{first}");
     let deadline = sdn_node::api::deadline::from_headers(&headers).expect("the agent accepts the plugin's deadline");
     assert!(deadline.is_some(), "the plugin always sends its deadline");
-    let r: sdn_node::reconcile::cni::CniRequest = serde_json::from_slice(&body).expect("the agent reads what the plugin sends");
+    let r: sdn_node::reconcile::cni::CniRequest =
+        serde_json::from_slice(&body).expect("the agent reads what the plugin sends");
     if let Err(e) = sdn_node::reconcile::cni::validate(&r) {
         let sdn_node::api::ApiError::Invalid(p) = &e else { panic!("validation is a 400: {e:?}") };
         assert!(!p.field.is_empty(), "{p}");

@@ -3,7 +3,7 @@
 //! default route leaves through it. Read over rtnetlink in the node's namespace; the policy is
 //! the caller's.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use rtnetlink::packet_route::{
@@ -84,7 +84,10 @@ pub async fn host_interface(ns: &Netns, name: &str) -> Result<Option<HostInterfa
                 _ => {}
             }
         }
-        if table == u32::from(RouteHeader::RT_TABLE_MAIN) && m.header.destination_prefix_length == 0 && oifs.contains(&index) {
+        if table == u32::from(RouteHeader::RT_TABLE_MAIN)
+            && m.header.destination_prefix_length == 0
+            && oifs.contains(&index)
+        {
             default_route = true;
         }
     }
@@ -94,10 +97,4 @@ pub async fn host_interface(ns: &Netns, name: &str) -> Result<Option<HostInterfa
         .find_map(|a| if let LinkAttribute::IfName(n) = a { Some(n.clone()) } else { None })
         .unwrap_or_else(|| name.to_string());
     Ok(Some(HostInterface { index, name, kind, addresses, default_route }))
-}
-
-/// The address an interface carries that makes it a node interface rather than a pod's port,
-/// if any (for messages).
-pub fn first_address(i: &HostInterface) -> Option<IpAddr> {
-    i.addresses.first().map(|a| a.addr())
 }

@@ -83,8 +83,12 @@ mod tests {
         let soon = Instant::now() + Duration::from_millis(100);
         let d = scope(Some(soon), async { current(Duration::from_secs(30)) }).await;
         assert_eq!(d, soon);
-        let d = scope(Some(Instant::now() + Duration::from_secs(3600)), async { current(Duration::from_secs(1)) }).await;
+        let d =
+            scope(Some(Instant::now() + Duration::from_secs(3600)), async { current(Duration::from_secs(1)) }).await;
         assert!(d <= Instant::now() + Duration::from_secs(1));
-        assert!(current(Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1), "no scope: the agent's own");
+        assert!(
+            current(Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1),
+            "no scope: the agent's own"
+        );
     }
 }

@@ -19,15 +19,23 @@ const TAP: &str = "tun";
 /// Refuses `pod.host_veth` unless it is a pod's port (see the module documentation).
 pub async fn check(pod: &Pod) -> Result<(), ApiError> {
     let object = format!("pod {}/{}", pod.namespace, pod.name);
-    let host = hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
-    let found = hostnet::host_interface(&host, &pod.host_veth).await.map_err(|e| ApiError::Failed(format!("{object}: reading interface {:?}: {e}", pod.host_veth)))?;
-    verdict(pod.internal, &pod.host_veth, found.as_ref()).map_err(|m| ApiError::Invalid(Problem::new(object, "hostVeth", m)))
+    let host =
+        hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
+    let found = hostnet::host_interface(&host, &pod.host_veth)
+        .await
+        .map_err(|e| ApiError::Failed(format!("{object}: reading interface {:?}: {e}", pod.host_veth)))?;
+    verdict(pod.internal, &pod.host_veth, found.as_ref())
+        .map_err(|m| ApiError::Invalid(Problem::new(object, "hostVeth", m)))
 }
 
 /// The policy alone: `Err` with the reason when `name` (as found, or `None`) is refused.
 pub fn verdict(internal: bool, name: &str, found: Option<&hostnet::HostInterface>) -> Result<(), String> {
     let Some(i) = found else {
-        return if internal { Ok(()) } else { Err(format!("{name:?}: no such interface on the node (the pod's host veth must exist)")) };
+        return if internal {
+            Ok(())
+        } else {
+            Err(format!("{name:?}: no such interface on the node (the pod's host veth must exist)"))
+        };
     };
     let kind = i.kind.as_deref();
     let fits = if internal { matches!(kind, Some(OVS_INTERNAL | TAP)) } else { kind == Some("veth") };
@@ -37,7 +45,11 @@ pub fn verdict(internal: bool, name: &str, found: Option<&hostnet::HostInterface
             Some(OVS_INTERNAL) => "an OVS internal port".to_string(),
             Some(k) => format!("a {k} device"),
         };
-        let hint = if internal { "with internal: true the name must be free or the pod's own OVS internal port" } else { "only a pod's veth can be attached" };
+        let hint = if internal {
+            "with internal: true the name must be free or the pod's own OVS internal port"
+        } else {
+            "only a pod's veth can be attached"
+        };
         return Err(format!("{name:?} is {is}, not a pod's port ({hint})"));
     }
     if i.default_route {
@@ -65,7 +77,12 @@ mod tests {
 
     #[test]
     fn only_a_pods_port_is_accepted() {
-        let ok = [(false, Some(iface(Some("veth"), None, false))), (true, None), (true, Some(iface(Some("openvswitch"), None, false))), (true, Some(iface(Some("tun"), None, false)))];
+        let ok = [
+            (false, Some(iface(Some("veth"), None, false))),
+            (true, None),
+            (true, Some(iface(Some("openvswitch"), None, false))),
+            (true, Some(iface(Some("tun"), None, false))),
+        ];
         for (internal, found) in ok {
             assert_eq!(verdict(internal, "v", found.as_ref()), Ok(()), "{internal} {found:?}");
         }

@@ -45,10 +45,12 @@ pub struct Limits {
 /// The pod API socket (root only: kubelet's CNI plugin, `sdn-node trace`, operators). A pod
 /// setup holds its connection for up to the request timeout, so this is the number of setups
 /// that can wait at once.
-pub const POD_API: Limits = Limits { max_connections: 128, header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(10) };
+pub const POD_API: Limits =
+    Limits { max_connections: 128, header_timeout: Duration::from_secs(10), body_timeout: Duration::from_secs(10) };
 
 /// The metrics listener (any local user; scrapes and kubelet probes take milliseconds).
-pub const METRICS: Limits = Limits { max_connections: 16, header_timeout: Duration::from_secs(5), body_timeout: Duration::from_secs(5) };
+pub const METRICS: Limits =
+    Limits { max_connections: 16, header_timeout: Duration::from_secs(5), body_timeout: Duration::from_secs(5) };
 
 /// A listener of either kind.
 pub trait Listener: Send + 'static {
@@ -145,7 +147,9 @@ pub async fn serve<L: Listener>(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let drained = Arc::new(tokio::sync::Notify::new());
     let gauge = metrics.api_connections.get_or_create(&ListenerLabel { listener: name.into() }).clone();
-    let shed = |why: &str| metrics.api_connections_shed.get_or_create(&ShedLabel { listener: name.into(), why: why.into() }).inc();
+    let shed = |why: &str| {
+        metrics.api_connections_shed.get_or_create(&ShedLabel { listener: name.into(), why: why.into() }).inc()
+    };
     tokio::pin!(shutdown);
     let mut last_accept_error = None::<tokio::time::Instant>;
     loop {
@@ -172,7 +176,11 @@ pub async fn serve<L: Listener>(
                 Admit::Room => {}
                 Admit::Evicted(old) => {
                     shed("evicted_idle");
-                    debug!(listener = name, connection = old, "at the connection cap: closed the oldest idle connection");
+                    debug!(
+                        listener = name,
+                        connection = old,
+                        "at the connection cap: closed the oldest idle connection"
+                    );
                 }
                 Admit::Full => {
                     shed("refused");
@@ -312,9 +320,14 @@ mod tests {
         let l = bind_private_unix(&path).unwrap();
         let m = std::fs::metadata(&path).unwrap();
         assert_eq!(m.permissions().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777, 0o700, "a missing directory is made 0700");
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777,
+            0o700,
+            "a missing directory is made 0700"
+        );
         // Nothing left next to it, and it answers where it was renamed to.
-        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> =
+            std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("api.sock")]);
         let c = tokio::net::UnixStream::connect(&path).await.unwrap();
         let (s, _) = l.accept().await.unwrap();

@@ -613,6 +613,36 @@ pub fn egress_policy<'a>(namespace: &str, name_: &str, rules_in: impl ExactSizeI
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_pods_mac_is_one_stations_in_canonical_hex() {
+        let pod = |mac: &str| {
+            validate_pod(RawPod {
+                namespace: "a".into(),
+                name: "p".into(),
+                container_id: "ab".repeat(32),
+                host_veth: "v".into(),
+                ip: "10.128.2.5".into(),
+                mac: mac.into(),
+                ingress_bps: 0,
+                egress_bps: 0,
+                internal: true,
+            })
+        };
+        assert!(pod("0a:58:0a:80:02:05").is_ok());
+        for (mac, why) in [
+            ("01:00:5e:00:00:01", "multicast"),
+            ("ff:ff:ff:ff:ff:ff", "multicast/broadcast"),
+            ("33:33:00:00:00:01", "multicast"),
+            ("00:00:00:00:00:00", "all zero"),
+            ("+a:58:0a:80:02:05", "hexadecimal octets"),
+            ("0a:58:0a:80:02:-5", "hexadecimal octets"),
+        ] {
+            let p = pod(mac).unwrap_err();
+            assert_eq!(p.field, "mac", "{mac}: {p}");
+            assert!(p.message.contains(why), "{mac}: {p}");
+        }
+    }
+
     pub(crate) const EXAMPLE: &str = r#"
 node: node-a
 plugin: multitenant
