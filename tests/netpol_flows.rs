@@ -122,7 +122,9 @@ fn disjoint(a: &Match, b: &Match) -> bool {
 /// picks (an overlap with identical actions, like openshift-sdn's two VNID-0 accepts in
 /// table 80, is harmless).
 fn ties(flows: &[Compiled]) -> Vec<String> {
-    let mut groups: BTreeMap<(u8, u16), Vec<(Match, &[u8], String)>> = BTreeMap::new();
+    /// A flow's match, encoded instructions and text.
+    type Entry<'a> = (Match, &'a [u8], String);
+    let mut groups: BTreeMap<(u8, u16), Vec<Entry<'_>>> = BTreeMap::new();
     for c in flows {
         let m = c.key.decode_match().expect("decode match");
         groups.entry((c.key.table, c.key.priority)).or_default().push((m, &c.instructions, c.to_string()));

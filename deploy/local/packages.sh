@@ -13,6 +13,8 @@ ensure_packages() {
   dpkg -s libmnl-dev >/dev/null 2>&1 || missing+=(libmnl-dev)
   command -v nft >/dev/null 2>&1 || missing+=(nftables)
   command -v ethtool >/dev/null 2>&1 || missing+=(ethtool)
+  # tests/deploy.rs compiles the DaemonSet's AppArmor profile (without loading it).
+  command -v apparmor_parser >/dev/null 2>&1 || missing+=(apparmor)
   # cni: the plugin's tests drive it through libcni, the reference Go library runtimes use
   # (built in GOPATH mode from Debian's sources); the reference plugins come along for demos.
   command -v go >/dev/null 2>&1 || missing+=(golang-go)

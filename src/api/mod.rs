@@ -132,6 +132,8 @@ pub enum ApiError {
     Timeout(String),
     /// The switch or OVSDB failed the change (500); nothing of the request remains.
     Failed(String),
+    /// The body is over [`MAX_BODY`] (413); nothing was done.
+    TooLarge(String),
 }
 
 impl ApiError {
@@ -143,13 +145,14 @@ impl ApiError {
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
     pub fn message(&self) -> String {
         match self {
             ApiError::Invalid(p) | ApiError::Conflict(p) => p.to_string(),
-            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) => m.clone(),
+            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) | ApiError::TooLarge(m) => m.clone(),
         }
     }
 }
@@ -168,7 +171,7 @@ impl IntoResponse for ApiError {
         let code = self.status();
         let body = match self {
             ApiError::Invalid(p) | ApiError::Conflict(p) => problem_body(p),
-            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) => {
+            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) | ApiError::TooLarge(m) => {
                 ErrorBody { error: m, object: String::new(), field: String::new() }
             }
         };
@@ -242,7 +245,13 @@ fn caller_deadline(headers: &HeaderMap) -> Result<Option<tokio::time::Instant>, 
 }
 
 async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiError> {
-    serve::read_body(body, MAX_BODY, serve::POD_API.body_timeout).await.map_err(|m| ApiError::Invalid(Problem::new("request", "", m)))
+    serve::read_body(body, MAX_BODY, serve::POD_API.body_timeout).await.map_err(|m| {
+        if m.contains("length limit exceeded") {
+            ApiError::TooLarge(format!("request body over {MAX_BODY} bytes"))
+        } else {
+            ApiError::Invalid(Problem::new("request", "", m))
+        }
+    })
 }
 
 async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {

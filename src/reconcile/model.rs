@@ -526,7 +526,6 @@ mod tests {
         let mut p = st.pods[0].clone();
         p.name = name.into();
         p.ip = ip.parse().unwrap();
-        // Its own MAC (as CNI derives it from the address): a MAC is one pod's.
         p.mac = crate::reconcile::cni::mac_for(p.ip).parse().unwrap();
         p.host_veth = veth.into();
         p
