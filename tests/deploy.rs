@@ -1011,8 +1011,8 @@ fn dockerfile_builds_and_ships_both_binaries() {
 // ---- confinement, node writes, metrics --------------------------------------------------------
 
 /// The agent's AppArmor profile compiles, is the one the DaemonSet names, and allows what the
-/// agent does (the two mounts of its entrypoint, net.* sysctls, the mounted directories, the
-/// pods' namespaces, netlink) and not more (no other mount, no write elsewhere in /proc/sys,
+/// agent does (the two mounts of its entrypoint, net.* sysctls, the mounted directories — its
+/// state directory's checkpoint and lock included — the pods' namespaces, netlink) and not more (no other mount, no write elsewhere in /proc/sys,
 /// no capability beyond the two, not in complain mode).
 #[test]
 fn apparmor_profile_allows_what_the_agent_does() {
@@ -1047,6 +1047,7 @@ fn apparmor_profile_allows_what_the_agent_does() {
         "/{var/,}run/netns/* r,",
         "/{var/,}run/openvswitch/* rw,",
         "/{var/,}run/sdn-node/** rwk,",
+        "/var/lib/sdn-node/** rwk,",
         "/etc/cni/net.d/** rw,",
         "/{var/,}run/secrets/kubernetes.io/serviceaccount/** r,",
     ] {

@@ -39,7 +39,10 @@ async fn a_veth_is_known_by_its_recorded_index_and_pairing() {
         veth_state(&host.ns, &made.host_veth, Some(idx + 1000), &pod.ns, "eth0").await.unwrap(),
         VethState::NotOurs { host_index: idx }
     );
-    assert_eq!(delete_owned(&host.ns, &made.host_veth, Some(idx + 1000)).await.unwrap(), Deleted::NotOurs { index: idx });
+    assert_eq!(
+        delete_owned(&host.ns, &made.host_veth, Some(idx + 1000)).await.unwrap(),
+        Deleted::NotOurs { index: idx }
+    );
     assert!(host.link(&made.host_veth).is_some() && pod.link("eth0").is_some(), "left alone");
     // The recorded one: deleted (both ends), then gone.
     assert_eq!(delete_owned(&host.ns, &made.host_veth, Some(idx)).await.unwrap(), Deleted::Yes);

@@ -69,6 +69,28 @@ pub struct CniRecord {
     pub address: String,
     pub gateway: String,
     pub mtu: u32,
+    /// The sandbox's identity when the pod was set up (its nsfs device and inode): one pod per
+    /// sandbox, whatever path names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxId>,
+    /// The host end's ifindex when the agent made it: what a DEL or teardown deletes, never
+    /// another interface that has (or got) the name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ifindex: Option<u32>,
+}
+
+/// A network namespace's identity (see [`hostnet::NsId`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl From<hostnet::NsId> for SandboxId {
+    fn from(id: hostnet::NsId) -> SandboxId {
+        SandboxId { dev: id.dev, ino: id.ino }
+    }
 }
 
 impl PodRequest {

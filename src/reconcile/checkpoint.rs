@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Node;
-use crate::api::{ApiError, CniRecord, PodRequest};
+use crate::api::{ApiError, CniRecord, PodRequest, SandboxId};
 use crate::cluster::PodKey;
 
 /// How long undoing a setup whose record failed may take.
@@ -148,6 +148,16 @@ struct CniEntry {
     address: String,
     gateway: String,
     mtu: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sandbox: Option<SandboxEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host_ifindex: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SandboxEntry {
+    dev: u64,
+    ino: u64,
 }
 
 impl From<&PodRequest> for Entry {
@@ -167,6 +177,8 @@ impl From<&PodRequest> for Entry {
                 address: c.address.clone(),
                 gateway: c.gateway.clone(),
                 mtu: c.mtu,
+                sandbox: c.sandbox.map(|s| SandboxEntry { dev: s.dev, ino: s.ino }),
+                host_ifindex: c.host_ifindex,
             }),
         }
     }
@@ -189,6 +201,8 @@ impl From<Entry> for PodRequest {
                 address: c.address,
                 gateway: c.gateway,
                 mtu: c.mtu,
+                sandbox: c.sandbox.map(|s| SandboxId { dev: s.dev, ino: s.ino }),
+                host_ifindex: c.host_ifindex,
             }),
         }
     }
@@ -247,6 +261,7 @@ fn validate(pods: &[PodRequest]) -> Result<(), String> {
     let mut keys = HashMap::new();
     let mut ips = HashMap::new();
     let mut veths = HashMap::new();
+    let mut sandboxes = HashMap::new();
     for (i, r) in pods.iter().enumerate() {
         let pod = r.to_pod().map_err(|p| format!("state.pods[{i}] ({}): {}: {}", p.object, p.field, p.message))?;
         if let Some(c) = &r.cni {
@@ -269,6 +284,11 @@ fn validate(pods: &[PodRequest]) -> Result<(), String> {
         }
         if let Some(j) = veths.insert(pod.host_veth.clone(), i) {
             return Err(twice(&format!("hostVeth {:?}", pod.host_veth), j));
+        }
+        if let Some(id) = r.cni.as_ref().and_then(|c| c.sandbox) {
+            if let Some(j) = sandboxes.insert(id, i) {
+                return Err(twice(&format!("sandbox {id:?}"), j));
+            }
         }
     }
     Ok(())
@@ -508,6 +528,8 @@ mod tests {
                 address: format!("{ip}/23"),
                 gateway: "10.128.0.1".into(),
                 mtu: 1450,
+                sandbox: Some(SandboxId { dev: 4, ino: 4026532000 + name.bytes().map(u64::from).sum::<u64>() }),
+                host_ifindex: Some(17),
             }),
         }
     }
@@ -588,6 +610,10 @@ mod tests {
         let mut s = saved();
         s.pods[1].host_veth = "vethab12".into();
         assert!(decode(reencode(&s).as_bytes()).unwrap_err().contains("hostVeth"));
+        // Two pods in one sandbox: never written (one pod per sandbox).
+        let mut s = saved();
+        s.pods[1].cni.as_mut().unwrap().sandbox = s.pods[0].cni.as_ref().unwrap().sandbox;
+        assert!(decode(reencode(&s).as_bytes()).unwrap_err().contains("sandbox"));
         // A type error names its field.
         let text = reencode(&saved()).replace("\"mtu\":1450", "\"mtu\":\"big\"");
         let state_start = text.find("\"state\":").unwrap() + 8;

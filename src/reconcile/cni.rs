@@ -18,15 +18,16 @@
 //!   sync, and the interface in the sandbox is as ADD made it.
 
 use std::net::Ipv4Addr;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use super::pods::{commit_reserved, finish_teardown, ready, refusal, remove_iface};
+use super::pods::{commit_reserved, finish_teardown, ready, refusal, remove_pod_iface};
 use super::Node;
-use crate::api::{ApiError, CniRecord, PodRequest};
+use crate::api::{ApiError, CniRecord, PodRequest, SandboxId};
 use crate::cluster::state_file::{dns1123_label, dns1123_subdomain};
 use crate::cluster::Problem;
 
@@ -137,12 +138,21 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
     validate(&req)?;
     let key = (req.namespace.clone(), req.name.clone());
     let pod_ns = crate::api::sandbox::open(node, &obj(&req), &req.netns).await?;
+    let sandbox: SandboxId =
+        pod_ns.id().map_err(|e| ApiError::Failed(format!("{}: the identity of its sandbox: {e}", obj(&req))))?.into();
     let host_ns = hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
     ready(node)?;
+    // One pod per sandbox: records of pods in it whose sandbox is gone (its inode reused) do
+    // not count.
+    let stale = stale_holders(node, sandbox, &req, &key).await?;
     // A warm port, if one is ready: the pod's interface and port then come from it.
     let mut taken = Taken { spares: &node.spares, spare: node.spares.take() };
+    // The host end's name comes from the container ID, unless an interface has it already (a
+    // name shared with another container's, or anyone's): then another name, never a deletion.
+    let derived = host_veth_name(&req.container_id);
+    let derived_free = taken.spare.is_some() || matches!(hostnet::owned::ifindex(&host_ns, &derived).await, Ok(None));
     // Reserve an address and the names, all under one lock.
-    let (pod, record, cluster) = {
+    let (pod, mut record, cluster) = {
         let mut m = node.model();
         let Some(st) = m.effective() else { return Err(ApiError::Unavailable("no cluster state yet".into())) };
         let cluster = st.cluster_network;
@@ -155,6 +165,16 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
                 _ => Err(ApiError::Conflict(Problem::new(obj(&req), "containerID", "the pod is set up with another container; DEL it first"))),
             };
         }
+        let (reserved, recorded) = m.sandbox_holders(sandbox, &req.netns);
+        let holder = reserved.or_else(|| recorded.into_iter().map(|(k, _)| k).find(|k| !stale.contains(k)));
+        if let Some(k) = holder.filter(|k| *k != key) {
+            return Err(sandbox_taken(&req, &k));
+        }
+        let host_veth = match &taken.spare {
+            Some((s, _, _)) => s.name.clone(),
+            None if derived_free && !m.host_veth_taken(&derived) => derived.clone(),
+            None => hostnet::pod::random_veth_name().map_err(|e| ApiError::Failed(format!("a name for the pod's interface: {e}")))?,
+        };
         let ip = m.allocate_ip().map_err(refusal)?;
         let gateway = Ipv4Addr::from(u32::from(local.subnet.network()) + 1);
         let rec = CniRecord {
@@ -163,12 +183,15 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
             address: format!("{ip}/{}", local.subnet.prefix_len()),
             gateway: gateway.to_string(),
             mtu,
+            sandbox: Some(sandbox),
+            // Known once the interface is made (below).
+            host_ifindex: None,
         };
         let record = PodRequest {
             container_id: req.container_id.clone(),
             namespace: req.namespace.clone(),
             name: req.name.clone(),
-            host_veth: taken.spare.as_ref().map(|(s, _, _)| s.name.clone()).unwrap_or_else(|| host_veth_name(&req.container_id)),
+            host_veth,
             ip: ip.to_string(),
             mac: mac_for(ip),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
@@ -178,6 +201,7 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
         };
         let pod = record.to_pod().map_err(ApiError::Invalid)?;
         m.reserve(&pod).map_err(refusal)?;
+        m.reserve_sandbox(&key, sandbox);
         (pod, record, cluster)
     };
     let Some(rec) = record.cni.clone() else { return Err(ApiError::Failed("no CNI record".into())) };
@@ -195,6 +219,10 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
     drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::pods::sandbox_lock(&req.netns))).await);
     // From here this ADD owns the spare: used, or destroyed with whatever failed.
     if let Some((spare, hold, ahead)) = taken.spare.take() {
+        // The spare's host end is the agent's (it made it): its ifindex is the record's.
+        if let Some(c) = record.cni.as_mut() {
+            c.host_ifindex = hostnet::owned::ifindex(&host_ns, &spare.name).await.ok().flatten();
+        }
         let r = add_warm(node, &pod, record, &cfg, (&spare, &hold, ahead), (&host_ns, &pod_ns), deadline).await;
         // The pod's now, or undone with it.
         node.spares.release(&spare.name);
@@ -208,12 +236,26 @@ async fn add(node: &Arc<Node>, req: CniRequest) -> Result<CniReply, ApiError> {
     let iface = match created {
         Ok(Ok(i)) => i,
         failed => {
+            // setup_pod undid its own steps; a timeout may have left the veth (and an
+            // interface that had the name already is someone else's: left alone).
+            undo_made(&host_ns, &pod.host_veth, &pod_ns, &cfg.ifname).await;
             node.model().unreserve(&key);
-            // setup_pod undid its own steps; a timeout may have left the veth.
-            let _ = remove_iface(&pod.host_veth).await;
             return Err(IfaceError::from(failed).into_api(&req));
         }
     };
+    // What a DEL or teardown may delete later: this interface, by its ifindex.
+    match hostnet::veth_state(&host_ns, &iface.host_veth, None, &pod_ns, &cfg.ifname).await {
+        Ok(hostnet::VethState::Paired { host_index }) => {
+            if let Some(c) = record.cni.as_mut() {
+                c.host_ifindex = Some(host_index);
+            }
+        }
+        other => {
+            undo_made(&host_ns, &pod.host_veth, &pod_ns, &cfg.ifname).await;
+            node.model().unreserve(&key);
+            return Err(ApiError::Failed(format!("{}: the interface just made is not there as made: {other:?}", obj(&req))));
+        }
+    }
     // The host end is a switch port, not an IP interface: it must never answer ARP for the
     // node's addresses (on the userspace datapath the kernel sees its packets too, and would
     // answer for the gateway, bypassing the pipeline). (A spare's was set when it was made.)
@@ -277,6 +319,7 @@ async fn add_warm(
         node.spares.moved(t.elapsed(), ahead);
         r
     };
+    let made = record.clone();
     let (moved, committed) = tokio::join!(claim, commit_reserved(node, pod.clone(), record, deadline, Some(spare.ofport)));
     tracing::debug!(pod = %format!("{}/{}", key.0, key.1), ahead, "warm port claimed");
     match (moved, committed) {
@@ -290,7 +333,7 @@ async fn add_warm(
         (_, Err(e)) => {
             // commit_reserved undid the port and flows, and deleted the interface if it was
             // there yet; a move that finished after that is deleted now.
-            let _ = remove_iface(&pod.host_veth).await;
+            let _ = remove_pod_iface(&made).await;
             Err(IfaceError::Api(e))
         }
     }
@@ -313,26 +356,102 @@ impl Drop for Taken<'_> {
 async fn del(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {
     let deadline = crate::api::deadline::current(node.cfg.request_timeout);
     let key = (req.namespace.clone(), req.name.clone());
-    let ours = {
-        let mut m = node.model();
-        let same = |r: &PodRequest| r.container_id == req.container_id && r.cni.is_some();
-        if m.api_pod(&key).is_some_and(|(_, r)| same(r)) {
-            m.tear_down(&key);
-            true
-        } else {
-            m.doomed(&key).is_some_and(|(_, r)| same(r))
+    // The pod this DEL is for: the one whose record has this full container ID and interface
+    // name; the pod's namespace and name, when the request gives them (CNI_ARGS), must match.
+    let unnamed = req.namespace.is_empty() && req.name.is_empty();
+    let target = node.model().cni_pod_of_container(&req.container_id).filter(|(k, r)| {
+        (unnamed || *k == key) && r.cni.as_ref().is_some_and(|c| c.if_name == req.if_name)
+    });
+    if let Some((k, _)) = target {
+        {
+            let mut m = node.model();
+            if m.is_api_pod(&k) {
+                m.tear_down(&k);
+            }
         }
-    };
-    if ours {
-        finish_teardown(node, &key, deadline).await?;
-        return super::checkpoint::forgotten(node, &key, deadline).await;
+        finish_teardown(node, &k, deadline).await?;
+        return super::checkpoint::forgotten(node, &k, deadline).await;
     }
     // Not (or no longer) known: whatever a half-done ADD of this container left.
     if crate::model::ContainerId::parse(&req.container_id).is_ok() {
-        remove_iface(&host_veth_name(&req.container_id)).await.map_err(|e| ApiError::Failed(format!("pod interface: {e}")))?;
+        remove_unrecorded(node, &req).await?;
     }
     // A retried DEL whose first attempt could not write the checkpoint writes it now.
     super::checkpoint::forgotten(node, &key, deadline).await
+}
+
+/// What an ADD of `req`'s container that died before its pod was recorded may have left: the
+/// veth under the name the container ID gives — only if no pod (set up, being set up or torn
+/// down) has that name, and only if it is paired with `req`'s interface in `req`'s sandbox:
+/// never an interface that merely has the name (another container's ID may give it too).
+async fn remove_unrecorded(node: &Arc<Node>, req: &CniRequest) -> Result<(), ApiError> {
+    let name = host_veth_name(&req.container_id);
+    if node.model().host_veth_taken(&name) || node.spares.owns(&name) || req.netns.is_empty() {
+        return Ok(());
+    }
+    // A sandbox that is gone (or not a sandbox) took whatever was paired into it with it.
+    let Ok(sandbox) = crate::api::sandbox::open(node, &obj(req), &req.netns).await else { return Ok(()) };
+    let host = hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
+    let failed = |e: hostnet::Error| ApiError::Failed(format!("{}: pod interface {name}: {e}", obj(req)));
+    match hostnet::veth_state(&host, &name, None, &sandbox, &req.if_name).await.map_err(failed)? {
+        hostnet::VethState::Paired { host_index } => {
+            let _g = node.locks.lock(&name).await;
+            hostnet::delete_owned(&host, &name, Some(host_index)).await.map(|_| ()).map_err(failed)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Undoes an interface a failed ADD may have made: `name` in the host namespace, if it is
+/// paired with `ifname` in `sandbox` (setup_pod checked `ifname` was free there first, and
+/// the sandbox is this ADD's alone, so such a pair is this ADD's).
+async fn undo_made(host: &hostnet::Netns, name: &str, sandbox: &hostnet::Netns, ifname: &str) {
+    if let Ok(hostnet::VethState::Paired { host_index }) = hostnet::veth_state(host, name, None, sandbox, ifname).await {
+        if let Err(e) = hostnet::delete_owned(host, name, Some(host_index)).await {
+            tracing::warn!(veth = %name, error = %e, "could not remove a failed ADD's interface; a DEL of the container removes it");
+        }
+    }
+}
+
+/// 409: `req`'s sandbox holds pod `holder` already.
+fn sandbox_taken(req: &CniRequest, holder: &crate::cluster::PodKey) -> ApiError {
+    ApiError::Conflict(Problem::new(
+        obj(req),
+        "netns",
+        format!("sandbox {:?} holds pod {}/{} already: one pod per sandbox", req.netns, holder.0, holder.1),
+    ))
+}
+
+/// The pods recorded in `sandbox` whose record is stale: their namespace is gone and another
+/// one got its inode. 409 if a live one is there (other than `key`, whose repeated ADD
+/// answers what the first one did).
+async fn stale_holders(
+    node: &Node,
+    sandbox: SandboxId,
+    req: &CniRequest,
+    key: &crate::cluster::PodKey,
+) -> Result<std::collections::HashSet<crate::cluster::PodKey>, ApiError> {
+    let (reserved, recorded) = node.model().sandbox_holders(sandbox, &req.netns);
+    if let Some(k) = reserved.filter(|k| k != key) {
+        return Err(sandbox_taken(req, &k));
+    }
+    let mut stale = std::collections::HashSet::new();
+    for (k, c) in recorded {
+        if k == *key {
+            continue;
+        }
+        let want = c.sandbox.unwrap_or(sandbox);
+        let path = c.netns.clone();
+        let look = tokio::task::spawn_blocking(move || std::fs::metadata(&path).map(|m| SandboxId { dev: m.dev(), ino: m.ino() }));
+        match tokio::time::timeout(std::time::Duration::from_secs(2), look).await {
+            Ok(Ok(Ok(id))) if id != want => {}
+            Ok(Ok(Err(e))) if e.kind() == std::io::ErrorKind::NotFound => {}
+            // Still that namespace (or it cannot be told): the pod is live there.
+            _ => return Err(sandbox_taken(req, &k)),
+        }
+        stale.insert(k);
+    }
+    Ok(stale)
 }
 
 async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), ApiError> {

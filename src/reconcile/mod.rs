@@ -456,7 +456,7 @@ impl Reconciler {
         for (p, req) in doomed {
             // The interface the agent created for a CNI pod goes too.
             if req.cni.is_some() {
-                if let Err(e) = pods::remove_iface(&p.host_veth).await {
+                if let Err(e) = pods::remove_pod_iface(&req).await {
                     warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %e, "could not remove a torn-down pod's interface; will retry");
                     continue;
                 }

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::api::PodRequest;
+use crate::api::{PodRequest, SandboxId};
 use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
 use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Update;
@@ -49,6 +49,8 @@ pub struct Model {
     /// port, listed by the API).
     api_pods: BTreeMap<PodKey, (Pod, PodRequest)>,
     reserved: BTreeMap<PodKey, Pod>,
+    /// The sandboxes of reserved CNI pods (set-up and doomed pods have theirs in their record).
+    reserved_sandboxes: BTreeMap<PodKey, SandboxId>,
     doomed: BTreeMap<PodKey, (Pod, PodRequest)>,
     /// The address IPAM handed out last: the next search starts after it, so a released
     /// address is not reused at once.
@@ -227,12 +229,59 @@ impl Model {
     /// Gives a reservation up (the setup failed before anything of it reached the switch).
     pub fn unreserve(&mut self, key: &PodKey) {
         self.reserved.remove(key);
+        self.reserved_sandboxes.remove(key);
+    }
+
+    /// The reserved pod `key` goes into sandbox `id` (see [`Model::sandbox_holders`]).
+    pub fn reserve_sandbox(&mut self, key: &PodKey, id: SandboxId) {
+        if self.reserved.contains_key(key) {
+            self.reserved_sandboxes.insert(key.clone(), id);
+        }
+    }
+
+    /// The CNI pods in sandbox `id` (`path`: how the request names it, for records that
+    /// predate sandbox identities): one being set up (`true`: certain), or set up or not torn
+    /// down yet, with their record (which may be stale: a namespace's inode can be reused once
+    /// it is gone, so the caller checks the record's path still leads to `id`).
+    pub fn sandbox_holders(&self, id: SandboxId, path: &str) -> (Option<PodKey>, Vec<(PodKey, crate::api::CniRecord)>) {
+        let reserved = self.reserved_sandboxes.iter().find(|(_, s)| **s == id).map(|(k, _)| k.clone());
+        let recorded = self
+            .api_pods
+            .iter()
+            .chain(self.doomed.iter())
+            .filter_map(|(k, (_, r))| r.cni.as_ref().map(|c| (k, c)))
+            .filter(|(_, c)| match c.sandbox {
+                Some(s) => s == id,
+                None => c.netns == path,
+            })
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect();
+        (reserved, recorded)
+    }
+
+    /// A host interface name some pod uses or will use (set up, being set up, or not torn down
+    /// yet): never a new pod's, and never deleted for another container.
+    pub fn host_veth_taken(&self, name: &str) -> bool {
+        self.effective.as_ref().is_some_and(|s| s.pods.iter().any(|p| p.host_veth == name))
+            || self.api_pods.values().any(|(p, _)| p.host_veth == name)
+            || self.reserved.values().any(|p| p.host_veth == name)
+            || self.doomed.values().any(|(p, _)| p.host_veth == name)
+    }
+
+    /// The CNI pod (set up or doomed) of container `id` (the full ID), with its record.
+    pub fn cni_pod_of_container(&self, id: &str) -> Option<(PodKey, PodRequest)> {
+        self.api_pods
+            .iter()
+            .chain(self.doomed.iter())
+            .find(|(_, (_, r))| r.cni.is_some() && r.container_id == id)
+            .map(|(k, (_, r))| (k.clone(), r.clone()))
     }
 
     /// The reserved pod's port is up: it joins the effective state (and gets flows).
     pub fn set_up(&mut self, pod: Pod, req: PodRequest, ofport: u32) {
         let key = pod.key();
         self.reserved.remove(&key);
+        self.reserved_sandboxes.remove(&key);
         self.ports.insert(
             key.clone(),
             PortState { host_veth: pod.host_veth.clone(), internal: pod.internal, ofport, bandwidth: (pod.ingress_bps, pod.egress_bps) },

@@ -121,15 +121,17 @@ pub(super) async fn commit_reserved(
     spare: Option<u32>,
 ) -> Result<SetupReply, ApiError> {
     let key = pod.key();
-    let owns_iface = req.cni.is_some();
+    // The record of the interface the agent made for a CNI pod (what an undo may delete).
+    let made = req.cni.is_some().then(|| req.clone());
+    let owns_iface = made.as_ref();
     let Some(ovs) = node.ovs() else {
         node.model().unreserve(&key);
-        undo_iface(owns_iface, &pod).await;
+        undo_iface(owns_iface).await;
         return Err(ApiError::Unavailable("ovsdb-server is not connected".into()));
     };
     let Ok(guard) = timeout_at(deadline, node.locks.lock(&pod.host_veth)).await else {
         node.model().unreserve(&key);
-        undo_iface(owns_iface, &pod).await;
+        undo_iface(owns_iface).await;
         return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
     };
     let record = record_json(&req);
@@ -153,7 +155,7 @@ pub(super) async fn commit_reserved(
                 _ => ApiError::Timeout("ovsdb-server did not set the port up in time".into()),
             };
             undo_port(node, &pod).await;
-            undo_iface(owns_iface, &pod).await;
+            undo_iface(owns_iface).await;
             node.model().unreserve(&key);
             drop(guard);
             return Err(err);
@@ -194,7 +196,7 @@ pub(super) async fn commit_reserved(
                 // Never reached the model: only the port (and interface) are left.
                 let _g = node.locks.lock(&pod.host_veth).await;
                 undo_port(node, &pod).await;
-                undo_iface(owns_iface, &pod).await;
+                undo_iface(owns_iface).await;
                 node.model().unreserve(&key);
             }
             Err(e)
@@ -202,13 +204,11 @@ pub(super) async fn commit_reserved(
     }
 }
 
-/// Removes the pod interface the agent created (CNI pods), if any.
-async fn undo_iface(owned: bool, pod: &Pod) {
-    if !owned {
-        return;
-    }
-    if let Err(e) = remove_iface(&pod.host_veth).await {
-        warn!(veth = %pod.host_veth, error = %e, "could not remove a failed setup's interface; a DEL of the container removes it");
+/// Removes the pod interface the agent created (CNI pods: `made` is its record), if any.
+async fn undo_iface(made: Option<&PodRequest>) {
+    let Some(req) = made else { return };
+    if let Err(e) = remove_pod_iface(req).await {
+        warn!(veth = %req.host_veth, error = %e, "could not remove a failed setup's interface; a DEL of the container removes it");
     }
 }
 
@@ -219,12 +219,20 @@ pub(super) fn sandbox_lock(netns: &str) -> String {
     format!("sandbox:{netns}")
 }
 
-/// Deletes a pod's veth by its host-side name (idempotent), within the undo grace period.
-pub(super) async fn remove_iface(host_veth: &str) -> Result<(), String> {
+/// Deletes the veth the agent made for a CNI pod, as its record says: the host end by name,
+/// only if it is still the interface of the recorded ifindex (an interface that took the
+/// name since is someone else's and stays). Idempotent; within the undo grace period. A
+/// record without `cni` (the pod's interface is not the agent's) deletes nothing.
+pub(super) async fn remove_pod_iface(req: &PodRequest) -> Result<(), String> {
+    let Some(cni) = &req.cni else { return Ok(()) };
     let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
-    match tokio::time::timeout(UNDO_GRACE * 5, hostnet::teardown_pod(&host, host_veth)).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err(format!("deleting {host_veth} took too long")),
+    match tokio::time::timeout(UNDO_GRACE * 5, hostnet::delete_owned(&host, &req.host_veth, cni.host_ifindex)).await {
+        Ok(Ok(hostnet::Deleted::NotOurs { index })) => {
+            warn!(veth = %req.host_veth, index, recorded = ?cni.host_ifindex, pod = %format!("{}/{}", req.namespace, req.name), "the pod's interface name is another interface's now; left alone");
+            Ok(())
+        }
+        Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+        Err(_) => Err(format!("deleting {} took too long", req.host_veth)),
     }
 }
 
@@ -309,11 +317,11 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
         let guard = node.locks.lock(&pod.host_veth).await;
         // And the sandbox's: a new ADD into the same sandbox would find the old interface.
         let sandbox = node.locks.lock(&sandbox_lock(&cni.netns)).await;
-        let name = pod.host_veth.clone();
+        let made = req.clone();
         tokio::spawn(async move {
             let _g = (guard, sandbox);
-            if let Err(e) = remove_iface(&name).await {
-                warn!(veth = %name, error = %e, "could not delete a torn-down pod's interface");
+            if let Err(e) = remove_pod_iface(&made).await {
+                warn!(veth = %made.host_veth, error = %e, "could not delete a torn-down pod's interface");
             }
         });
     }

@@ -124,7 +124,7 @@ async fn liveness(host: &hostnet::Netns, r: &PodRequest) -> Result<Liveness, Str
         }
         Err(e) => return Err(format!("sandbox {} of pod {}/{}: {e}", cni.netns, r.namespace, r.name)),
     };
-    let state = hostnet::veth_state(host, &r.host_veth, None, &sandbox, &cni.if_name)
+    let state = hostnet::veth_state(host, &r.host_veth, cni.host_ifindex, &sandbox, &cni.if_name)
         .await
         .map_err(|e| format!("interface {} of pod {}/{}: {e}", r.host_veth, r.namespace, r.name))?;
     Ok(match state {
@@ -139,12 +139,10 @@ async fn liveness(host: &hostnet::Netns, r: &PodRequest) -> Result<Liveness, Str
 }
 
 /// Deletes what the agent made for a torn-down record: its host veth, if it is still the
-/// recorded one (deleting it deletes the pod's end too).
+/// recorded one (its ifindex; deleting it deletes the pod's end too).
 async fn remove_interface(host: &hostnet::Netns, r: &PodRequest) -> Result<(), String> {
-    if r.cni.is_none() {
-        return Ok(());
-    }
-    match hostnet::delete_owned(host, &r.host_veth, None).await {
+    let Some(cni) = &r.cni else { return Ok(()) };
+    match hostnet::delete_owned(host, &r.host_veth, cni.host_ifindex).await {
         Ok(_) => Ok(()),
         Err(e) => Err(format!("deleting interface {} of pod {}/{}: {e}", r.host_veth, r.namespace, r.name)),
     }
@@ -244,6 +242,7 @@ mod tests {
                 address: format!("{ip}/23"),
                 gateway: "10.128.0.1".into(),
                 mtu: 1450,
+                ..Default::default()
             }),
         }
     }

@@ -271,19 +271,26 @@ impl NodeAgent {
     /// `POST /v1/cni` straight to the agent's socket (what `sdn-node-cni` sends, without a
     /// process in between: back-to-back requests microseconds apart). Returns the HTTP status.
     pub fn cni_raw(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> u16 {
-        use std::io::{Read, Write};
         let body = serde_json::json!({
             "command": command, "containerID": container, "netns": netns, "ifName": "eth0",
             "namespace": pod_ns, "name": name, "cniVersion": "1.0.0",
-        })
-        .to_string();
+        });
+        self.cni_post(&body).0
+    }
+
+    /// `POST /v1/cni` of `body` as it is (any field, or none, as a hostile caller would send
+    /// it); returns the HTTP status and the response body.
+    pub fn cni_post(&self, body: &Value) -> (u16, String) {
+        use std::io::{Read, Write};
+        let body = body.to_string();
         let mut s = std::os::unix::net::UnixStream::connect(&self.socket).expect("connect to the pod API socket");
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         write!(s, "POST /v1/cni HTTP/1.1\r\nHost: sdn-node\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
             .expect("send");
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
-        out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+        let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (code, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
     }
 
     /// Runs the libcni client: `add`, `check` or `del` for pod `ns/name` in `netns`.
@@ -359,6 +366,10 @@ impl CniNode {
 
     pub fn cni_raw(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> u16 {
         self.agent.cni_raw(command, pod_ns, name, container, netns)
+    }
+
+    pub fn cni_post(&self, body: &Value) -> (u16, String) {
+        self.agent.cni_post(body)
     }
 
     /// Host-side veths in the node's namespace.
