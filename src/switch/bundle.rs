@@ -5,6 +5,9 @@
 //! that message out of the still-open bundle, so we DISCARD and report; otherwise COMMIT, which
 //! either applies everything or (on a commit-time failure: the failing ADD's error, then
 //! OFPBFC_MSG_FAILED) nothing. The bundle is discarded if the commit future is dropped midway.
+//!
+//! `commit_one_trip` skips the barrier for FLOW_MODs that cannot be refused when added (the
+//! caller vouches for them, see [`openflow::accept`]): one round trip instead of two.
 
 use bytes::Bytes;
 use openflow::{BundleControl, BundleCtrlType, BundleFlags, FlowMod, Message, OfMessage};
@@ -103,6 +106,23 @@ impl Bundle {
         commit_one(&switch, flags, &bodies).await
     }
 
+    /// [`Bundle::commit`] in one round trip instead of two: OPEN, the ADDs and COMMIT are
+    /// written together and the COMMIT's reply is awaited. Only for FLOW_MODs the switch cannot
+    /// refuse when they are added (see [`openflow::accept`]): OVS leaves a refused ADD out of the
+    /// bundle and commits the rest. If that happens anyway, the result is
+    /// [`SwitchError::BundlePartial`] — the others *were* applied — and the caller must repair.
+    /// A failure at commit time still rolls everything back (`BundleRejected`).
+    pub async fn commit_one_trip(self) -> Result<(), SwitchError> {
+        let Bundle { switch, flags, bodies, error } = self;
+        if let Some(e) = error {
+            return Err(e);
+        }
+        if bodies.is_empty() {
+            return Ok(());
+        }
+        commit_one_trip(&switch, flags, &bodies).await
+    }
+
     /// Applies the FLOW_MODs as consecutive bundles of at most `max` messages: each chunk is
     /// atomic, the whole is not (use only where a partial application is acceptable, e.g. a
     /// replay that is retried until it converges). Stops at the first failing chunk.
@@ -155,6 +175,49 @@ async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Re
     guard.armed = false;
     match c.reply {
         Ok(OfMessage { msg: Message::BundleControl(b), .. }) if b.ctrl_type == BundleCtrlType::CommitReply => Ok(()),
+        Ok(other) => Err(SwitchError::UnexpectedReply { request: "BUNDLE COMMIT", got: other.msg.name() }),
+        Err(commit_err) => {
+            let mut failures = index_failures(c.covered, open);
+            if failures.is_empty() {
+                failures.push((usize::MAX, commit_err));
+            }
+            Err(SwitchError::BundleRejected { failures })
+        }
+    }
+}
+
+async fn commit_one_trip(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Result<(), SwitchError> {
+    let n = u32::try_from(bodies.len())
+        .map_err(|_| openflow::EncodeError::TooLong { what: "bundle", len: bodies.len(), max: u32::MAX as usize })?;
+    let bundle_id = switch.alloc_bundle_id();
+    // xids: OPEN, n ADDs, COMMIT.
+    let open = switch.alloc_xids(n + 2);
+    let commit = open + 1 + n;
+    let open_msg = std::iter::once(Item::Msg(
+        open,
+        Box::new(Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags))),
+    ));
+    let add_msgs = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| Item::Bundled { xid: open + 1 + i as u32, bundle_id, flags, body });
+    let commit_msg = Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::CommitRequest, flags));
+    // Dropped before the COMMIT went out, the bundle would stay open: discard it then.
+    let mut guard = DiscardGuard { switch, bundle_id, flags, armed: true };
+    let res = switch.pipeline(open_msg.chain(add_msgs), open..commit, commit, commit_msg, "a bundle commit").await;
+    // After a COMMIT attempt OVS has discarded the bundle whatever the outcome; a timeout may
+    // mean the COMMIT never ran.
+    guard.armed = !matches!(res, Ok(_) | Err(SwitchError::Disconnected(_)));
+    let c = res?;
+    guard.armed = false;
+    match c.reply {
+        Ok(OfMessage { msg: Message::BundleControl(b), .. }) if b.ctrl_type == BundleCtrlType::CommitReply => {
+            if c.covered.is_empty() {
+                Ok(())
+            } else {
+                Err(SwitchError::BundlePartial { failures: index_failures(c.covered, open) })
+            }
+        }
         Ok(other) => Err(SwitchError::UnexpectedReply { request: "BUNDLE COMMIT", got: other.msg.name() }),
         Err(commit_err) => {
             let mut failures = index_failures(c.covered, open);

@@ -260,8 +260,23 @@ impl Switch {
         cover: Range<u32>,
         barrier_xid: u32,
     ) -> Result<Completion, SwitchError> {
+        self.pipeline(items, cover, barrier_xid, Message::BarrierRequest, "the barrier after a batch").await
+    }
+
+    /// Sends `items` and then `last` (with xid `last_xid`), and waits for `last`'s reply (or
+    /// its error); errors for the xids in `cover` are collected on the way (OVS answers one
+    /// connection's messages in order, so they all arrive before that reply). Chunks are
+    /// queued as soon as they are encoded.
+    pub(crate) async fn pipeline<'a>(
+        &self,
+        items: impl Iterator<Item = Item<'a>>,
+        cover: Range<u32>,
+        last_xid: u32,
+        last: Message,
+        what: &'static str,
+    ) -> Result<Completion, SwitchError> {
         let (tx, rx) = oneshot::channel();
-        self.register(barrier_xid, Waiter::Reply(tx), Some(cover))?;
+        self.register(last_xid, Waiter::Reply(tx), Some(cover))?;
         let sent = async {
             let limit = self.inner.opts.chunk_bytes.max(1024);
             let mut buf = BytesMut::with_capacity(limit);
@@ -280,15 +295,15 @@ impl Switch {
                     buf.reserve(limit);
                 }
             }
-            OfMessage::new(barrier_xid, Message::BarrierRequest).encode(&mut buf)?;
+            OfMessage::new(last_xid, last).encode(&mut buf)?;
             self.enqueue(Outgoing::Raw(buf.freeze())).await
         }
         .await;
         if let Err(e) = sent {
-            self.inner.shared.table().forget(barrier_xid);
+            self.inner.shared.table().forget(last_xid);
             return Err(e);
         }
-        self.wait(barrier_xid, rx, "the barrier after a batch").await
+        self.wait(last_xid, rx, what).await
     }
 
     /// Sends FLOW_MODs back to back and one BARRIER; completes when the switch has processed
