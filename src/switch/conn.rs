@@ -193,6 +193,17 @@ async fn writer(
                     shared.close(CloseReason::Local);
                     break;
                 }
+                // A lone pre-encoded chunk (a serial commit) is written as it is, uncopied.
+                if let ([Outgoing::Raw(_)], true) = (items.as_slice(), buf.is_empty()) {
+                    if let Some(Outgoing::Raw(b)) = items.pop() {
+                        trace!(bytes = b.len(), "write");
+                        if let Err(e) = w.write_all(&b).await {
+                            shared.close(CloseReason::Io(e.to_string()));
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 for item in items.drain(..) {
                     let r = match item {
                         Outgoing::Msg(m) => codec.encode(&*m, &mut buf),
