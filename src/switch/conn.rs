@@ -169,6 +169,9 @@ async fn next_msg(r: &mut FramedRead<BoxRead, OfCodec>, target: &Target) -> Resu
     }
 }
 
+/// The largest lone chunk the writer sends without copying it into its buffer.
+const DIRECT_WRITE_MAX: usize = 64 * 1024;
+
 async fn writer(
     mut w: BoxWrite,
     mut rx: mpsc::Receiver<Outgoing>,
@@ -193,8 +196,11 @@ async fn writer(
                     shared.close(CloseReason::Local);
                     break;
                 }
-                // A lone pre-encoded chunk (a serial commit) is written as it is, uncopied.
-                if let ([Outgoing::Raw(_)], true) = (items.as_slice(), buf.is_empty()) {
+                // A lone small pre-encoded chunk (a serial commit) is written as it is,
+                // uncopied. Large ones (a replay) are copied and freed at once, as before:
+                // written directly they stay allocated longer and raise the peak RSS.
+                let small = matches!(items.as_slice(), [Outgoing::Raw(b)] if b.len() <= DIRECT_WRITE_MAX);
+                if small && buf.is_empty() {
                     if let Some(Outgoing::Raw(b)) = items.pop() {
                         trace!(bytes = b.len(), "write");
                         if let Err(e) = w.write_all(&b).await {
