@@ -152,6 +152,7 @@ impl Engine {
             installed: InstalledState::default(),
             dirty: true,
             stats: Stats::default(),
+            one_trip: true,
         };
         tokio::spawn(st.run(rx));
         Engine { tx }
@@ -229,6 +230,10 @@ struct State {
     installed: InstalledState,
     dirty: bool,
     stats: Stats,
+    /// Updates whose flows the switch cannot refuse when they are added commit in one round
+    /// trip ([`crate::switch::Bundle::commit_one_trip`]). Cleared for good if the switch ever
+    /// refuses one anyway (it then applied the rest, which the engine repaired at once).
+    one_trip: bool,
 }
 
 type Queued = (Update, OnFailure, Reply<Outcome>);
@@ -327,6 +332,27 @@ impl State {
         Ok(prev)
     }
 
+    /// Whether the commit of `u` may skip the barrier before COMMIT: every flow it adds or
+    /// modifies is one the switch cannot refuse when added (its deletes are of flows the mirror
+    /// holds, whose table and match the switch accepted before).
+    fn one_trip(&self, u: &Update) -> bool {
+        let n_tables = self.sw.features().n_tables;
+        self.one_trip
+            && u.iter().all(|(_, flows)| {
+                flows.iter().all(|f| openflow::accept::add_cannot_fail(f.table.id(), &f.match_, &f.instructions, n_tables))
+            })
+    }
+
+    /// Puts the switch right at once after a one-trip commit the switch applied only in part,
+    /// so that the update's error is answered with no part of it left on the switch.
+    async fn repair_partial(&mut self, e: &SwitchError) {
+        if matches!(e, SwitchError::BundlePartial { .. }) {
+            if let Err(r) = self.resync().await {
+                warn!(error = %r, "repair after a partly applied bundle failed; the next operation retries");
+            }
+        }
+    }
+
     fn unstage(&mut self, prev: Prev) {
         for (owner, old) in prev.into_iter().rev() {
             // Restoring what was there cannot conflict: it was consistent before.
@@ -336,11 +362,12 @@ impl State {
 
     /// Commits a plan as one bundle. On any failure the switch's state is unknown: dirty.
     async fn commit(&mut self, plan: &Plan) -> Result<(), SwitchError> {
-        self.commit_for(plan, &|| "all".to_string()).await
+        self.commit_for(plan, false, &|| "all".to_string()).await
     }
 
-    /// Commits `plan` for the owners `owners()` describes (only computed for log lines).
-    async fn commit_for(&mut self, plan: &Plan, owners: &(dyn Fn() -> String + Sync)) -> Result<(), SwitchError> {
+    /// Commits `plan` for the owners `owners()` describes (only computed for log lines), in
+    /// one round trip if `one_trip` (see [`State::one_trip`]).
+    async fn commit_for(&mut self, plan: &Plan, one_trip: bool, owners: &(dyn Fn() -> String + Sync)) -> Result<(), SwitchError> {
         if plan.is_empty() {
             return Ok(());
         }
@@ -349,7 +376,7 @@ impl State {
         for body in plan.bodies() {
             b.add_body(body);
         }
-        let r = b.commit().await;
+        let r = if one_trip { b.commit_one_trip().await } else { b.commit().await };
         let latency = t.elapsed();
         self.stats.bundles += 1;
         let record = CommitRecord {
@@ -376,7 +403,14 @@ impl State {
             Err(e) => {
                 self.stats.bundle_failures += 1;
                 self.dirty = true;
-                warn!(owners = owners(), error = %e, %plan, "bundle failed; the switch will be resynced from a dump");
+                if let SwitchError::BundlePartial { .. } = e {
+                    // A flow the switch should not have been able to refuse was refused: trust
+                    // the check no more on this engine.
+                    self.one_trip = false;
+                    tracing::error!(owners = owners(), error = %e, %plan, "the switch refused a flow when it was added to a one-trip bundle and applied the rest; repairing, and waiting for a barrier before every commit from now on");
+                } else {
+                    warn!(owners = owners(), error = %e, %plan, "bundle failed; the switch will be resynced from a dump");
+                }
             }
         }
         r
@@ -399,9 +433,13 @@ impl State {
         }
         // Stage every update; a conflicting one fails alone.
         let mut staged: Vec<(Queued, Prev)> = Vec::with_capacity(group.len());
+        let mut one_trip = true;
         for (u, on_failure, reply) in group {
             match self.stage(&u) {
-                Ok(prev) => staged.push(((u, on_failure, reply), prev)),
+                Ok(prev) => {
+                    one_trip = one_trip && self.one_trip(&u);
+                    staged.push(((u, on_failure, reply), prev))
+                }
                 Err(c) => {
                     let _ = reply.send(Err(EngineError::Conflict(c)));
                 }
@@ -413,7 +451,7 @@ impl State {
         let touched = staged.iter().flat_map(|(_, p)| p.iter().map(|(o, f)| (o, f.as_slice())));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
         let owners = || describe(staged.iter().flat_map(|(_, p)| p.iter().map(|(o, _)| o)));
-        match self.commit_for(&plan, &owners).await {
+        match self.commit_for(&plan, one_trip, &owners).await {
             Ok(()) => {
                 for ((_, _, reply), _) in staged {
                     let _ = reply.send(Ok(Outcome::of(&plan)));
@@ -424,6 +462,7 @@ impl State {
                     if on_failure == OnFailure::Revert {
                         self.unstage(prev);
                     }
+                    self.repair_partial(&e).await;
                     let _ = reply.send(Err(EngineError::Switch(e)));
                 }
             }
@@ -438,17 +477,19 @@ impl State {
             Err(e) => {
                 // Isolate the failing update(s): undo the revertible ones, repair, then one by
                 // one. Kept updates stay desired; the repair applies them.
-                let mut retry = Vec::new();
+                let (mut retry, mut kept) = (Vec::new(), Vec::new());
                 for ((u, on_failure, reply), prev) in staged.into_iter().rev() {
                     match on_failure {
                         OnFailure::Revert => {
                             self.unstage(prev);
                             retry.push((u, reply));
                         }
-                        OnFailure::Keep => {
-                            let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
-                        }
+                        OnFailure::Keep => kept.push(reply),
                     }
+                }
+                self.repair_partial(&e).await;
+                for reply in kept {
+                    let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
                 }
                 for (u, reply) in retry.into_iter().rev() {
                     let r = self.single(&u).await;
@@ -464,13 +505,15 @@ impl State {
             self.resync().await?;
         }
         let prev = self.stage(u)?;
+        let one_trip = self.one_trip(u);
         let touched = prev.iter().map(|(o, f)| (o, f.as_slice()));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
         let owners = || describe(prev.iter().map(|(o, _)| o));
-        match self.commit_for(&plan, &owners).await {
+        match self.commit_for(&plan, one_trip, &owners).await {
             Ok(()) => Ok(Outcome::of(&plan)),
             Err(e) => {
                 self.unstage(prev);
+                self.repair_partial(&e).await;
                 Err(EngineError::Switch(e))
             }
         }

@@ -270,6 +270,25 @@ enum BenchCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serial flow commits alone (churn's serial phase), side by side with raw baselines: the
+    /// switch's limit (one pre-encoded bundle + barrier per transaction), the two-phase
+    /// sequence the agent follows (ADDs + barrier, then COMMIT) pre-encoded, and a lone
+    /// barrier. `--only-agent` skips the baselines (for instruction counts under callgrind).
+    Commit {
+        #[arg(long, default_value_t = 10_000)]
+        base_pods: u32,
+        #[arg(long, default_value_t = 500)]
+        ops: u32,
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        #[arg(long)]
+        ovs_rundir: Option<PathBuf>,
+        #[arg(long)]
+        only_agent: bool,
+        /// Print one JSON object as the last line.
+        #[arg(long)]
+        json: bool,
+    },
     /// (Used by `churn`.) Measure the agent's peak RSS alone: replay M pods into the emptied
     /// bridge of a running switch, churn K pods, print the peak RSS in MiB.
     #[command(hide = true)]
@@ -487,6 +506,28 @@ async fn run(cli: Cli) -> ExitCode {
                 warm_ports,
             };
             match sdn_node::bench::pods::pods(&opts, |p| eprintln!("== {p}")).await {
+                Ok(r) => {
+                    print!("{}", r.table());
+                    if json {
+                        match serde_json::to_string(&r) {
+                            Ok(j) => println!("{j}"),
+                            Err(e) => {
+                                eprintln!("error: {e}");
+                                return ExitCode::FAILURE;
+                            }
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Cmd::Bench { which: BenchCmd::Commit { base_pods, ops, rounds, ovs_rundir, only_agent, json } } => {
+            let opts = sdn_node::bench::commit::CommitOptions { base_pods, ops, rounds, ovs_rundir, only_agent };
+            match sdn_node::bench::commit::commit(&opts, |p| eprintln!("== {p}")).await {
                 Ok(r) => {
                     print!("{}", r.table());
                     if json {

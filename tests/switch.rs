@@ -161,6 +161,100 @@ async fn commit_time_failure_rolls_back_everything() {
 }
 
 #[tokio::test]
+async fn one_trip_bundles_commit_atomically_and_roll_back_on_commit_time_failures() {
+    let sb = sandbox_with_bridge().await;
+    let sw = connect(&sb).await;
+    let mut b = sw.bundle();
+    b.extend((0..1000).map(pod_flow));
+    b.commit_one_trip().await.unwrap();
+    assert_eq!(dump_sorted(&sb, &[]).len(), 1000);
+
+    let before = dump_sorted(&sb, &[]);
+    let ip = Match::any().ipv4(Ipv4Match { proto: Some(openflow::IpProto::Other(6)), ..Default::default() });
+    sw.send_flow_mods(&[FlowMod::add(7, 5, ip, vec![], None)]).await.unwrap();
+    let before_overlap = dump_sorted(&sb, &[]);
+    assert_eq!(before_overlap.len(), before.len() + 1);
+    let mut overlapping = FlowMod::add(7, 5, Match::any().in_port(1), vec![], None);
+    overlapping.flags = FlowModFlags::CHECK_OVERLAP;
+    let mut b = sw.bundle();
+    b.extend((2000..2050).map(pod_flow));
+    b.add(overlapping);
+    b.extend((2050..2100).map(pod_flow));
+    let e = b.commit_one_trip().await.unwrap_err();
+    let SwitchError::BundleRejected { failures } = &e else { panic!("{e}") };
+    assert_eq!(failures[0].0, 50, "{e}");
+    assert_eq!(failures[0].1.error.code.name(), Some("OFPFMFC_OVERLAP"));
+    assert_eq!(dump_sorted(&sb, &[]), before_overlap, "nothing of it applied");
+    sw.barrier().await.unwrap();
+}
+
+/// Why only flows the switch cannot refuse when added take the one-trip path: OVS leaves a
+/// refused ADD out and commits the rest, which the result says.
+#[tokio::test]
+async fn a_one_trip_bundle_with_a_refused_add_reports_what_was_applied() {
+    let sb = sandbox_with_bridge().await;
+    let sw = connect(&sb).await;
+    let mut b = sw.bundle();
+    b.extend((10..20).map(pod_flow));
+    b.add(FlowMod::add(70, 5, Match::any(), vec![], Some(10))); // index 10: backwards goto
+    b.extend((20..30).map(pod_flow));
+    let e = b.commit_one_trip().await.unwrap_err();
+    let SwitchError::BundlePartial { failures } = &e else { panic!("{e}") };
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].0, 10);
+    assert_eq!(failures[0].1.error.code.name(), Some("OFPBIC_BAD_TABLE_ID"));
+    assert_eq!(dump_sorted(&sb, &[]).len(), 20, "the others were committed");
+}
+
+/// `openflow::accept` against the switch: every pipeline flow of a node it vouches for is
+/// accepted, and flows OVS refuses when they are added are not vouched for.
+#[tokio::test]
+async fn the_add_time_check_agrees_with_the_switch() {
+    use openflow::accept::add_cannot_fail;
+    use openflow::{ArpMatch, Instruction, SetField};
+    let sb = sandbox_with_bridge().await;
+    let sw = connect(&sb).await;
+    let n = sw.features().n_tables;
+    let desired = sdn_node::bench::workload::desired(60);
+    let mut vouched = 0;
+    for (owner, c) in desired.iter() {
+        let fm = c.to_flow_mod(owner.cookie(1)).unwrap();
+        if add_cannot_fail(fm.table_id, &fm.match_, &fm.instructions, n) {
+            vouched += 1;
+            let mut b = sw.bundle();
+            b.add(fm);
+            b.commit().await.unwrap_or_else(|e| panic!("{owner}: {c}: {e}"));
+        }
+    }
+    assert!(vouched >= 4 * 60, "every pod flow is vouched for ({vouched})");
+
+    let apply = |a: Vec<Action>| vec![Instruction::ApplyActions(a)];
+    let refused = [
+        (70, Match::any(), vec![Instruction::GotoTable(10)]),
+        (n, Match::any(), vec![]),
+        (1, Match::any(), apply(vec![Action::output(PortNo(0xff00))])),
+        (1, Match::any().in_port(0x1_0000u32), vec![]),
+        (1, Match::any().arp(ArpMatch { op: Some(0x100), ..Default::default() }), vec![]),
+        (1, Match::any(), apply(vec![Action::SetField(SetField::CtMark(1))])),
+        (1, Match::any(), apply(vec![Action::RegLoad { dst: openflow::Subfield::bits(openflow::NxmField::Reg(7), 31, 31).unwrap(), value: 2 }])),
+    ];
+    for (k, (table, m, ins)) in refused.into_iter().enumerate() {
+        assert!(!add_cannot_fail(table, &m, &ins, n), "table {table} {m:?} {ins:?}");
+        let mut fm = FlowMod::add(table, 5, m, vec![], None);
+        fm.instructions = ins;
+        // After a good flow, in one trip: refused when added, the good one is committed alone
+        // (a refusal at commit time would roll both back).
+        let mut b = sw.bundle();
+        b.add(pod_flow(5000 + k as u32));
+        b.add(fm.clone());
+        match b.commit_one_trip().await {
+            Err(SwitchError::BundlePartial { failures }) => assert_eq!(failures[0].0, 1, "{fm}"),
+            other => panic!("{fm}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
 async fn chunked_bundles_apply_in_parts() {
     let sb = sandbox_with_bridge().await;
     let sw = connect(&sb).await;

@@ -194,3 +194,137 @@ async fn multipart_replies_are_assembled_and_replies_are_matched_by_xid() {
     let flows = tokio::time::timeout(T, dump).await.unwrap().unwrap().unwrap();
     assert_eq!(flows.iter().map(|f| f.priority).collect::<Vec<_>>(), vec![10, 20]);
 }
+
+/// The one-round-trip commit's safety net, which a real switch never triggers (the engine
+/// takes that path only for flows it cannot refuse when added): a peer that refuses one ADD
+/// anyway and commits the rest, as OVS would. The update fails, the switch is repaired from a
+/// dump *before* the error is answered, and later commits wait for a barrier before COMMIT.
+#[tokio::test]
+async fn a_refused_one_trip_add_is_repaired_before_the_error_and_ends_one_trip_commits() {
+    use sdn_node::bench::workload;
+    use sdn_node::engine::{Engine, EngineError};
+
+    let (_d, l, target) = listener();
+    let (sw, mut p) = tokio::join!(Switch::connect(&target, SwitchOptions::default()), peer(&l));
+    let engine = Engine::start(sw.unwrap(), 1);
+    // A flow dump of `flows` as the only part.
+    let dump = |xid: u32, flows: Vec<openflow::FlowStats>| {
+        let body = openflow::MultipartReplyBody::Flow(flows.into_iter().map(Into::into).collect());
+        OfMessage::new(xid, Message::MultipartReply(openflow::MultipartReply { flags: 0, body }))
+    };
+
+    // The first resync: an empty switch and an empty desired state, nothing to commit.
+    let resync = tokio::spawn({
+        let e = engine.clone();
+        async move { e.resync(None).await }
+    });
+    let m = next_msg(&mut p).await;
+    assert_eq!(m.msg.name(), "MULTIPART_REQUEST");
+    p.send(dump(m.xid, vec![])).await.unwrap();
+    tokio::time::timeout(T, resync).await.unwrap().unwrap().unwrap();
+
+    // A pod setup: four ADDs and a COMMIT in one go (no OPEN, no barrier).
+    let (owner, flows) = workload::pod_flows(7);
+    let update = tokio::spawn({
+        let e = engine.clone();
+        let flows = flows.clone();
+        async move { e.update(vec![(owner, flows)]).await }
+    });
+    let mut adds = Vec::new();
+    let commit = loop {
+        let m = next_msg(&mut p).await;
+        match &m.msg {
+            Message::BundleAdd(_) => adds.push(m),
+            Message::BundleControl(c) if c.ctrl_type == BundleCtrlType::CommitRequest => break m,
+            other => panic!("one-trip commit sent {}", other.name()),
+        }
+    };
+    assert_eq!(adds.len(), 4);
+    // The peer refuses the second ADD and commits the others.
+    let refused = &adds[1];
+    let err = openflow::ErrorMsg { code: openflow::ErrorCode::Standard { typ: 2, code: 4 }, data: refused.to_bytes().unwrap() };
+    p.send(OfMessage::new(refused.xid, Message::Error(err))).await.unwrap();
+    let Message::BundleControl(c) = &commit.msg else { unreachable!() };
+    let reply = openflow::BundleControl::new(c.bundle_id, BundleCtrlType::CommitReply, openflow::BundleFlags::empty());
+    p.send(OfMessage::new(commit.xid, Message::BundleControl(reply))).await.unwrap();
+
+    // The repair: a dump (which shows the three committed flows), then a two-phase bundle of
+    // their three deletes.
+    let m = next_msg(&mut p).await;
+    assert_eq!(m.msg.name(), "MULTIPART_REQUEST", "repaired at once");
+    assert!(!update.is_finished(), "not answered before the repair");
+    let cookie = workload::pod(7).0.cookie(1);
+    let held = [0, 2, 3].map(|i| {
+        let f: &sdn_node::pipeline::Flow = &flows[i];
+        let fm = f.add(cookie);
+        openflow::FlowStats {
+            table_id: fm.table_id,
+            duration_sec: 0,
+            duration_nsec: 0,
+            priority: fm.priority,
+            idle_timeout: 0,
+            hard_timeout: 0,
+            flags: Default::default(),
+            cookie,
+            packet_count: 0,
+            byte_count: 0,
+            match_: fm.match_,
+            instructions: fm.instructions,
+        }
+    });
+    p.send(dump(m.xid, held.to_vec())).await.unwrap();
+    let mut names = Vec::new();
+    let mut deletes = 0;
+    loop {
+        let m = next_msg(&mut p).await;
+        names.push(m.msg.name());
+        match &m.msg {
+            Message::BundleAdd(b) => {
+                let Message::FlowMod(fm) = &b.message.msg else { panic!("{m:?}") };
+                assert_eq!(fm.command, openflow::FlowModCommand::DeleteStrict);
+                deletes += 1;
+            }
+            Message::BarrierRequest => p.send(OfMessage::new(m.xid, Message::BarrierReply)).await.unwrap(),
+            Message::BundleControl(c) if c.ctrl_type == BundleCtrlType::CommitRequest => {
+                let reply = openflow::BundleControl::new(c.bundle_id, BundleCtrlType::CommitReply, openflow::BundleFlags::empty());
+                p.send(OfMessage::new(m.xid, Message::BundleControl(reply))).await.unwrap();
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(deletes, 3);
+    assert_eq!(names.first().copied(), Some("BUNDLE_CONTROL"), "the repair opens its bundle: {names:?}");
+    let e = tokio::time::timeout(T, update).await.unwrap().unwrap().unwrap_err();
+    let EngineError::Switch(SwitchError::BundlePartial { failures }) = &e else { panic!("{e}") };
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].0, 1, "the refused ADD's index: {e}");
+    let (desired, installed, dirty) = engine.snapshot().await.unwrap();
+    assert!(desired.is_empty() && installed.is_empty() && !dirty);
+
+    // From now on every commit waits for a barrier before its COMMIT.
+    let update = tokio::spawn({
+        let e = engine.clone();
+        async move { e.update(vec![workload::pod_flows(8)]).await }
+    });
+    let mut names = Vec::new();
+    loop {
+        let m = next_msg(&mut p).await;
+        names.push(m.msg.name());
+        match &m.msg {
+            Message::BarrierRequest => p.send(OfMessage::new(m.xid, Message::BarrierReply)).await.unwrap(),
+            Message::BundleControl(c) if c.ctrl_type == BundleCtrlType::CommitRequest => {
+                let reply = openflow::BundleControl::new(c.bundle_id, BundleCtrlType::CommitReply, openflow::BundleFlags::empty());
+                p.send(OfMessage::new(m.xid, Message::BundleControl(reply))).await.unwrap();
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(names.contains(&"BARRIER_REQUEST"), "{names:?}");
+    tokio::time::timeout(T, update).await.unwrap().unwrap().unwrap();
+}
+
+async fn next_msg(p: &mut Framed<UnixStream, OfCodec>) -> OfMessage {
+    tokio::time::timeout(T, p.next()).await.unwrap().unwrap().unwrap().unwrap()
+}

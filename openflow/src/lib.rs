@@ -15,6 +15,7 @@
 //! Everything this crate does not model (message types, OXM fields, actions, instructions,
 //! multipart bodies) is kept as raw bytes in an `Unknown`/`Other` variant and re-encoded verbatim.
 
+pub mod accept;
 pub mod action;
 pub mod codec;
 pub mod error;

@@ -5,6 +5,7 @@
 //! the same for whole pod setups through CNI.
 
 pub mod baseline;
+pub mod commit;
 pub mod limit;
 pub mod pods;
 pub mod rawof;

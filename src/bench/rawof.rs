@@ -165,25 +165,38 @@ impl Encoder {
     /// One atomic bundle: OPEN, an ADD per FLOW_MOD body, COMMIT (all pipelined; OVS answers
     /// the COMMIT after applying everything or nothing).
     pub fn bundle<'a>(&mut self, bodies: impl IntoIterator<Item = &'a Bytes>) -> Result<(), BenchError> {
+        let id = self.bundle_adds(bodies)?;
+        self.bundle_commit(id)
+    }
+
+    /// The first half of a bundle: OPEN and an ADD per FLOW_MOD body; returns the bundle id
+    /// for [`Encoder::bundle_commit`].
+    pub fn bundle_adds<'a>(&mut self, bodies: impl IntoIterator<Item = &'a Bytes>) -> Result<u32, BenchError> {
         let id = self.next_bundle;
         self.next_bundle += 1;
-        let flags = BundleFlags::ATOMIC | BundleFlags::ORDERED;
         let x = self.xid();
-        OfMessage::new(x, Message::BundleControl(BundleControl::new(id, BundleCtrlType::OpenRequest, flags)))
+        OfMessage::new(x, Message::BundleControl(BundleControl::new(id, BundleCtrlType::OpenRequest, Self::FLAGS)))
             .encode(&mut self.buf)
             .map_err(err)?;
         for b in bodies {
             let x = self.xid();
-            BundleAdd::encode_flow_mod_body(&mut self.buf, x, id, flags, b).map_err(err)?;
+            BundleAdd::encode_flow_mod_body(&mut self.buf, x, id, Self::FLAGS, b).map_err(err)?;
             self.flush_if_big();
         }
+        Ok(id)
+    }
+
+    /// The COMMIT of bundle `id`.
+    pub fn bundle_commit(&mut self, id: u32) -> Result<(), BenchError> {
         let x = self.xid();
-        OfMessage::new(x, Message::BundleControl(BundleControl::new(id, BundleCtrlType::CommitRequest, flags)))
+        OfMessage::new(x, Message::BundleControl(BundleControl::new(id, BundleCtrlType::CommitRequest, Self::FLAGS)))
             .encode(&mut self.buf)
             .map_err(err)?;
         self.flush_if_big();
         Ok(())
     }
+
+    const FLAGS: BundleFlags = BundleFlags::ATOMIC.union(BundleFlags::ORDERED);
 
     /// A BARRIER_REQUEST; returns its xid.
     pub fn barrier(&mut self) -> u32 {

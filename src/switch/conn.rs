@@ -169,6 +169,9 @@ async fn next_msg(r: &mut FramedRead<BoxRead, OfCodec>, target: &Target) -> Resu
     }
 }
 
+/// The largest lone chunk the writer sends without copying it into its buffer.
+const DIRECT_WRITE_MAX: usize = 64 * 1024;
+
 async fn writer(
     mut w: BoxWrite,
     mut rx: mpsc::Receiver<Outgoing>,
@@ -192,6 +195,20 @@ async fn writer(
                     // Every handle is gone.
                     shared.close(CloseReason::Local);
                     break;
+                }
+                // A lone small pre-encoded chunk (a serial commit) is written as it is,
+                // uncopied. Large ones (a replay) are copied and freed at once, as before:
+                // written directly they stay allocated longer and raise the peak RSS.
+                let small = matches!(items.as_slice(), [Outgoing::Raw(b)] if b.len() <= DIRECT_WRITE_MAX);
+                if small && buf.is_empty() {
+                    if let Some(Outgoing::Raw(b)) = items.pop() {
+                        trace!(bytes = b.len(), "write");
+                        if let Err(e) = w.write_all(&b).await {
+                            shared.close(CloseReason::Io(e.to_string()));
+                            break;
+                        }
+                    }
+                    continue;
                 }
                 for item in items.drain(..) {
                     let r = match item {

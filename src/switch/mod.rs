@@ -254,17 +254,36 @@ impl Switch {
     /// Sends `items` and a trailing BARRIER, and waits for the barrier; errors for the xids in
     /// `cover` are collected on the way. Chunks are queued as soon as they are encoded, so the
     /// switch starts on the first messages while later ones are still being encoded.
+    /// `size` is about how many bytes the messages take (the first buffer's capacity).
     pub(crate) async fn batch<'a>(
         &self,
         items: impl Iterator<Item = Item<'a>>,
+        size: usize,
         cover: Range<u32>,
         barrier_xid: u32,
     ) -> Result<Completion, SwitchError> {
+        self.pipeline(items, size + 8, cover, barrier_xid, Message::BarrierRequest, "the barrier after a batch").await
+    }
+
+    /// Sends `items` and then `last` (with xid `last_xid`), and waits for `last`'s reply (or
+    /// its error); errors for the xids in `cover` are collected on the way (OVS answers one
+    /// connection's messages in order, so they all arrive before that reply). Chunks are
+    /// queued as soon as they are encoded.
+    pub(crate) async fn pipeline<'a>(
+        &self,
+        items: impl Iterator<Item = Item<'a>>,
+        size: usize,
+        cover: Range<u32>,
+        last_xid: u32,
+        last: Message,
+        what: &'static str,
+    ) -> Result<Completion, SwitchError> {
         let (tx, rx) = oneshot::channel();
-        self.register(barrier_xid, Waiter::Reply(tx), Some(cover))?;
+        self.register(last_xid, Waiter::Reply(tx), Some(cover))?;
         let sent = async {
             let limit = self.inner.opts.chunk_bytes.max(1024);
-            let mut buf = BytesMut::with_capacity(limit);
+            // Sized for what is sent: a small commit must not allocate a whole chunk.
+            let mut buf = BytesMut::with_capacity(size.min(limit + 64 * 1024));
             for item in items {
                 match item {
                     Item::Msg(xid, m) => OfMessage::new(xid, *m).encode(&mut buf)?,
@@ -280,15 +299,15 @@ impl Switch {
                     buf.reserve(limit);
                 }
             }
-            OfMessage::new(barrier_xid, Message::BarrierRequest).encode(&mut buf)?;
+            OfMessage::new(last_xid, last).encode(&mut buf)?;
             self.enqueue(Outgoing::Raw(buf.freeze())).await
         }
         .await;
         if let Err(e) = sent {
-            self.inner.shared.table().forget(barrier_xid);
+            self.inner.shared.table().forget(last_xid);
             return Err(e);
         }
-        self.wait(barrier_xid, rx, "the barrier after a batch").await
+        self.wait(last_xid, rx, what).await
     }
 
     /// Sends FLOW_MODs back to back and one BARRIER; completes when the switch has processed
@@ -310,7 +329,8 @@ impl Switch {
         let start = self.alloc_xids(n + 1);
         let barrier = start + n;
         let items = bodies.iter().enumerate().map(|(i, b)| Item::FlowModBody(start + i as u32, b));
-        let c = self.batch(items, start..barrier, barrier).await?;
+        let size = bodies.iter().map(|b| 8 + b.len()).sum();
+        let c = self.batch(items, size, start..barrier, barrier).await?;
         c.reply.map_err(|r| SwitchError::Rejected(Box::new(r)))?;
         if c.covered.is_empty() {
             return Ok(());
@@ -423,7 +443,7 @@ impl Switch {
         let xid = self.alloc_xids(2);
         // SET_CONFIG has no reply: cover it with a barrier so an error for it is not lost.
         let items = std::iter::once(Item::Msg(xid, Box::new(Message::SetConfig(cfg))));
-        let c = self.batch(items, xid..xid + 1, xid + 1).await?;
+        let c = self.batch(items, 32, xid..xid + 1, xid + 1).await?;
         if let Some(r) = c.covered.into_iter().next() {
             return Err(SwitchError::Rejected(Box::new(r)));
         }

@@ -7,7 +7,9 @@
 //! connection's messages in order, so every error for a covered message arrives before the
 //! covering reply.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::ops::Range;
 
 use openflow::{ErrorMsg, MultipartAssembler, MultipartReplyBody, OfMessage};
