@@ -237,8 +237,8 @@ struct State {
 }
 
 type Queued = (Update, OnFailure, Reply<Outcome>);
-/// Each touched owner with the flows it had before an update.
-type Prev = Vec<(Owner, Vec<Compiled>)>;
+/// The flows each owner of an update had before it, in the update's order.
+type Prev = Vec<Vec<Compiled>>;
 
 impl State {
     async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
@@ -324,10 +324,10 @@ impl State {
         for (owner, flows) in u {
             let old = self.desired.flows_of(owner).to_vec();
             if let Err(c) = self.desired.set_compiled(owner.clone(), flows.iter().map(Compiled::compile).collect()) {
-                self.unstage(prev);
+                self.unstage(u, prev);
                 return Err(c);
             }
-            prev.push((owner.clone(), old));
+            prev.push(old);
         }
         Ok(prev)
     }
@@ -353,10 +353,11 @@ impl State {
         }
     }
 
-    fn unstage(&mut self, prev: Prev) {
-        for (owner, old) in prev.into_iter().rev() {
+    /// Undoes [`State::stage`] of `u` (`prev` may cover only its first owners).
+    fn unstage(&mut self, u: &Update, prev: Prev) {
+        for ((owner, _), old) in u.iter().take(prev.len()).zip(prev).rev() {
             // Restoring what was there cannot conflict: it was consistent before.
-            let _ = self.desired.set_compiled(owner, old);
+            let _ = self.desired.set_compiled(owner.clone(), old);
         }
     }
 
@@ -448,9 +449,9 @@ impl State {
         if staged.is_empty() {
             return;
         }
-        let touched = staged.iter().flat_map(|(_, p)| p.iter().map(|(o, f)| (o, f.as_slice())));
+        let touched = staged.iter().flat_map(|((u, _, _), p)| touched(u, p));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-        let owners = || describe(staged.iter().flat_map(|(_, p)| p.iter().map(|(o, _)| o)));
+        let owners = || describe(staged.iter().flat_map(|((u, _, _), _)| u.iter().map(|(o, _)| o)));
         match self.commit_for(&plan, one_trip, &owners).await {
             Ok(()) => {
                 for ((_, _, reply), _) in staged {
@@ -458,18 +459,18 @@ impl State {
                 }
             }
             Err(e) if staged.len() == 1 => {
-                if let Some(((_, on_failure, reply), prev)) = staged.pop() {
+                if let Some(((u, on_failure, reply), prev)) = staged.pop() {
                     if on_failure == OnFailure::Revert {
-                        self.unstage(prev);
+                        self.unstage(&u, prev);
                     }
                     self.repair_partial(&e).await;
                     let _ = reply.send(Err(EngineError::Switch(e)));
                 }
             }
             Err(e) if e.is_disconnect() => {
-                for ((_, on_failure, reply), prev) in staged.into_iter().rev() {
+                for ((u, on_failure, reply), prev) in staged.into_iter().rev() {
                     if on_failure == OnFailure::Revert {
-                        self.unstage(prev);
+                        self.unstage(&u, prev);
                     }
                     let _ = reply.send(Err(EngineError::Switch(clone_err(&e))));
                 }
@@ -481,7 +482,7 @@ impl State {
                 for ((u, on_failure, reply), prev) in staged.into_iter().rev() {
                     match on_failure {
                         OnFailure::Revert => {
-                            self.unstage(prev);
+                            self.unstage(&u, prev);
                             retry.push((u, reply));
                         }
                         OnFailure::Keep => kept.push(reply),
@@ -506,13 +507,12 @@ impl State {
         }
         let prev = self.stage(u)?;
         let one_trip = self.one_trip(u);
-        let touched = prev.iter().map(|(o, f)| (o, f.as_slice()));
-        let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-        let owners = || describe(prev.iter().map(|(o, _)| o));
+        let plan = diff_owners(&self.desired, &self.installed, touched(u, &prev), self.generation);
+        let owners = || describe(u.iter().map(|(o, _)| o));
         match self.commit_for(&plan, one_trip, &owners).await {
             Ok(()) => Ok(Outcome::of(&plan)),
             Err(e) => {
-                self.unstage(prev);
+                self.unstage(u, prev);
                 self.repair_partial(&e).await;
                 Err(EngineError::Switch(e))
             }
@@ -545,6 +545,11 @@ impl State {
         }
         Ok(Outcome { full_replay: true, ..Outcome::of(&plan) })
     }
+}
+
+/// Each owner of `u` with the flows it had before (for [`diff_owners`]).
+fn touched<'a>(u: &'a Update, prev: &'a Prev) -> impl Iterator<Item = (&'a Owner, &'a [Compiled])> {
+    u.iter().zip(prev).map(|((o, _), f)| (o, f.as_slice()))
 }
 
 /// "pod/ns/a, vnid/11" (at most five owners, then a count).

@@ -157,11 +157,11 @@ pub struct Compiled {
 }
 
 fn encode_instructions(ins: &[Instruction]) -> Arc<[u8]> {
-    let mut b = Vec::with_capacity(openflow::instruction::instructions_len(ins));
     // Instruction lists built by the pipeline are small; an encoding error would mean an
     // action list over 64 KiB, which no pipeline flow has. Keep what was encoded.
-    let _ = openflow::instruction::encode_instructions(ins, &mut b);
-    b.into()
+    crate::pipeline::encoded_arc(|b| {
+        let _ = openflow::instruction::encode_instructions(ins, b);
+    })
 }
 
 impl Compiled {
@@ -535,11 +535,13 @@ pub fn diff_owners<'a>(
     let mut deletes = Vec::new();
     let mut modifies = Vec::new();
     let mut adds = Vec::new();
+    // An owner touched twice (two updates of one group): its first previous state is what the
+    // switch has. Most groups are a single owner: compare directly rather than hash owners.
+    let changed: Vec<(&Owner, &[Compiled])> = changed.into_iter().collect();
     let mut seen: HashSet<&Owner> = HashSet::default();
-    for (owner, old) in changed {
-        // An owner touched twice (two updates of one group): its first previous state is
-        // what the switch has.
-        if !seen.insert(owner) {
+    for (i, &(owner, old)) in changed.iter().enumerate() {
+        let again = if changed.len() <= 16 { changed[..i].iter().any(|(o, _)| *o == owner) } else { !seen.insert(owner) };
+        if again {
             continue;
         }
         let cookie = owner.cookie(generation);

@@ -42,6 +42,8 @@ pub struct Figures {
     pub p99_us: f64,
     /// This process's CPU time (user + system) per transaction.
     pub cpu_us: f64,
+    /// The system (kernel) part of it.
+    pub sys_us: f64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -61,7 +63,7 @@ pub struct CommitReport {
     pub rejections: usize,
 }
 
-fn figures(n: usize, total: Duration, cpu: Duration, lat: &mut [Duration]) -> Figures {
+fn figures(n: usize, total: Duration, cpu: Cpu, lat: &mut [Duration]) -> Figures {
     if n == 0 || total.is_zero() {
         return Figures::default();
     }
@@ -69,19 +71,40 @@ fn figures(n: usize, total: Duration, cpu: Duration, lat: &mut [Duration]) -> Fi
         tps: n as f64 / total.as_secs_f64(),
         p50_us: us(quantile(lat, 0.5)),
         p99_us: us(quantile(lat, 0.99)),
-        cpu_us: us(cpu) / n as f64,
+        cpu_us: us(cpu.user + cpu.sys) / n as f64,
+        sys_us: us(cpu.sys) / n as f64,
     }
 }
 
-/// CPU time (user + system) this process has used.
-fn cpu_time() -> Duration {
+/// CPU time used, user and system.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cpu {
+    user: Duration,
+    sys: Duration,
+}
+
+impl Cpu {
+    fn since(self, start: Cpu) -> Cpu {
+        Cpu { user: self.user.saturating_sub(start.user), sys: self.sys.saturating_sub(start.sys) }
+    }
+}
+
+impl std::ops::AddAssign for Cpu {
+    fn add_assign(&mut self, o: Cpu) {
+        self.user += o.user;
+        self.sys += o.sys;
+    }
+}
+
+/// The CPU time this process has used.
+fn cpu_time() -> Cpu {
     // SAFETY: getrusage only writes the struct it is given.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return Duration::ZERO;
+        return Cpu::default();
     }
     let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    Cpu { user: tv(ru.ru_utime), sys: tv(ru.ru_stime) }
 }
 
 /// A pre-encoded raw transaction: its parts, each written and then waited for (by its
@@ -92,7 +115,7 @@ async fn run_raw(
     mgmt: &std::path::Path,
     txs: &[RawTx],
     lat: &mut Vec<Duration>,
-    cpu: &mut Duration,
+    cpu: &mut Cpu,
     rejected: &mut usize,
 ) -> Result<Duration, BenchError> {
     let mut raw = rawof::RawConn::connect(mgmt).await?;
@@ -106,7 +129,7 @@ async fn run_raw(
         lat.push(t.elapsed());
     }
     let total = t0.elapsed();
-    *cpu += cpu_time().saturating_sub(c0);
+    *cpu += cpu_time().since(c0);
     *rejected += raw.rejected.len();
     Ok(total)
 }
@@ -152,7 +175,7 @@ pub async fn commit(opts: &CommitOptions, progress: impl Fn(&str)) -> Result<Com
     let mut r = CommitReport { base_pods: m, ops: k, rounds, commits: 2 * k * rounds, ..Default::default() };
     let (mut la, mut ll, mut l2, mut lb) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut ta, mut tl, mut t2, mut tb) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    let (mut ca, mut cl, mut c2, mut cb) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut ca, mut cl, mut c2, mut cb) = (Cpu::default(), Cpu::default(), Cpu::default(), Cpu::default());
     for round in 0..rounds {
         progress(&format!("round {}: agent", round + 1));
         let c0 = cpu_time();
@@ -168,7 +191,7 @@ pub async fn commit(opts: &CommitOptions, progress: impl Fn(&str)) -> Result<Com
             la.push(t.elapsed());
         }
         ta += t0.elapsed();
-        ca += cpu_time().saturating_sub(c0);
+        ca += cpu_time().since(c0);
         if opts.only_agent {
             continue;
         }
@@ -190,7 +213,7 @@ pub async fn commit(opts: &CommitOptions, progress: impl Fn(&str)) -> Result<Com
 
 impl CommitReport {
     pub fn table(&self) -> String {
-        let line = |name: &str, f: &Figures| format!("{name:<10} {:>9.0} tx/s  p50 {:>6.0} us  p99 {:>6.0} us  cpu {:>5.1} us/tx\n", f.tps, f.p50_us, f.p99_us, f.cpu_us);
+        let line = |name: &str, f: &Figures| format!("{name:<10} {:>9.0} tx/s  p50 {:>6.0} us  p99 {:>6.0} us  cpu {:>5.1} us/tx (sys {:>5.1})\n", f.tps, f.p50_us, f.p99_us, f.cpu_us, f.sys_us);
         format!(
             "base pods {}, {} ops x {} rounds ({} commits)\n{}{}{}{}agent vs limit {:.2}, two-phase vs limit {:.2}, rejections {}\n",
             self.base_pods,

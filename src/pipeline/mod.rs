@@ -113,11 +113,35 @@ pub struct FlowKey {
     pub match_bytes: std::sync::Arc<[u8]>,
 }
 
+/// What `encode` writes, as a shared byte string: encoded into a reused per-thread buffer and
+/// copied once into its final allocation (not a `Vec` turned into an `Arc`: two allocations and
+/// a copy). Flows are compiled on every update.
+pub(crate) fn encoded_arc(encode: impl FnOnce(&mut Vec<u8>)) -> std::sync::Arc<[u8]> {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|s| match s.try_borrow_mut() {
+        Ok(mut b) => {
+            b.clear();
+            encode(&mut b);
+            let out = std::sync::Arc::from(&b[..]);
+            if b.capacity() > 64 * 1024 {
+                *b = Vec::new();
+            }
+            out
+        }
+        // Re-entered (cannot happen with the encoders used here): a buffer of its own.
+        Err(_) => {
+            let mut b = Vec::new();
+            encode(&mut b);
+            b.into()
+        }
+    })
+}
+
 impl FlowKey {
     pub fn new(table: u8, priority: u16, m: &Match) -> FlowKey {
-        let mut match_bytes = Vec::with_capacity(m.encoded_len());
-        m.encode(&mut match_bytes);
-        FlowKey { table, priority, match_bytes: match_bytes.into() }
+        FlowKey { table, priority, match_bytes: encoded_arc(|b| m.encode(b)) }
     }
 
     /// The match, decoded back from its encoding.
