@@ -25,7 +25,23 @@
 //!   tun_src, tun_dst or eth_dst (no prerequisites; ct_mark only inside `ct`); load, move and
 //!   output_reg on registers and tunnel fields, a load's value within its bits
 //!   (`decode_NXAST_RAW_REG_LOAD`); note; resubmit. Not `ct` (datapath support again), not
-//!   meters, not anything kept raw.
+//!   meters, not anything kept raw;
+//! - conjunctive match: a flow with a `conjunction(id,k/n)` action only if its instructions are
+//!   one APPLY_ACTIONS holding nothing but `conjunction` and `note` actions. OVS's
+//!   `ofpacts_verify` refuses anything else next to a conjunction with NXBAC_BAD_CONJUNCTION:
+//!   another action, and also goto_table, clear/write_actions, write_metadata or meter, which
+//!   are all actions of the one list it checks; inside write_actions a conjunction is
+//!   OFPBAC_BAD_TYPE. Checked against ovs-vswitchd 3.1 (dummy datapath): bundled ADDs of
+//!   conjunction with output, goto_table or clear_actions, of `conjunction(id,1/1)`, and of a
+//!   conjunction in write_actions are each answered with an error before the commit, while
+//!   the conjunctive flows of OVS's tests/classifier.at and `conj_id` flows commit.
+//!   The values themselves (`2 <= n <= 64`, `k <= n`, checked by
+//!   `decode_NXAST_RAW_CONJUNCTION`) are guaranteed by [`Conjunction`](crate::Conjunction);
+//!   `check_CONJUNCTION` checks nothing else, and the rest of OVS's conjunction handling
+//!   (`get_conjunctions`, the classifier) refuses nothing: clauses whose id, `n` or priority
+//!   do not line up simply never match. A `conj_id` match is any 32-bit value with no
+//!   prerequisites and is not one of the hidden fields `add_flow_init` refuses (recirc_id,
+//!   dp_hash), so it cannot fail either.
 //!
 //! Anything else is `false`, which only means "wait for the barrier before committing".
 
@@ -89,6 +105,11 @@ fn match_ok(m: &Match) -> bool {
 }
 
 fn instructions_ok(table: u8, ins: &[Instruction], n_tables: u8) -> bool {
+    let has_conjunction =
+        ins.iter().any(|i| matches!(i, Instruction::ApplyActions(a) if a.iter().any(|a| matches!(a, Action::Conjunction(_)))));
+    if has_conjunction {
+        return conjunction_flow_ok(ins);
+    }
     let (mut apply, mut goto) = (0, 0);
     for i in ins {
         match i {
@@ -108,6 +129,13 @@ fn instructions_ok(table: u8, ins: &[Instruction], n_tables: u8) -> bool {
         }
     }
     apply <= 1 && goto <= 1
+}
+
+/// A flow with a conjunction action: OVS's `ofpacts_verify` allows only `conjunction` and
+/// `note` in the whole (flattened) instruction list, so exactly one APPLY_ACTIONS of those.
+fn conjunction_flow_ok(ins: &[Instruction]) -> bool {
+    let only = |a: &Action| matches!(a, Action::Conjunction(_) | Action::Note(_));
+    matches!(ins, [Instruction::ApplyActions(actions)] if actions.iter().all(only))
 }
 
 /// Registers and tunnel fields: readable, writable, no prerequisites, any value.
@@ -133,7 +161,8 @@ fn action_ok(a: &Action) -> bool {
         Action::RegMove(m) => plain_subfield(&m.src()) && plain_subfield(&m.dst()),
         Action::OutputReg { src, .. } => plain_subfield(src),
         Action::Note(_) | Action::ResubmitTable { .. } | Action::Resubmit { .. } => true,
-        Action::Ct(_) | Action::Unknown(_) => false,
+        // Acceptable only in a conjunction-only list, which `conjunction_flow_ok` decides.
+        Action::Ct(_) | Action::Conjunction(_) | Action::Unknown(_) => false,
     }
 }
 
@@ -166,6 +195,42 @@ mod tests {
         let acts = vec![Action::RegMove(tun), Action::SetField(SetField::TunDst(Ipv4Addr::new(1, 2, 3, 4))), Action::output(PortNo(1))];
         assert!(add_cannot_fail(90, &Match::any().reg(0, 5), &apply(acts), N));
         assert!(add_cannot_fail(0, &Match::any(), &[], N), "drop");
+    }
+
+    /// The shapes OVS's own tests add (tests/classifier.at "conjunctive match ..."): clause flows
+    /// with conjunction actions only (and notes), and the `conj_id=N` flow that acts for them.
+    #[test]
+    fn conjunctive_match_flows() {
+        let conj = |id, k, n| Action::conjunction(id, k, n).unwrap();
+        let src = Match::any().ipv4(Ipv4Match { src: Some(Masked::exact(Ipv4Addr::new(10, 0, 0, 1))), ..Default::default() });
+        assert!(add_cannot_fail(0, &src, &apply(vec![conj(1, 1, 2)]), N));
+        assert!(add_cannot_fail(0, &src, &apply(vec![conj(1, 1, 2), conj(3, 2, 3)]), N));
+        assert!(add_cannot_fail(0, &Match::any(), &apply(vec![conj(3, 1, 2), Action::note(*b"ABCDEF")]), N));
+        assert!(add_cannot_fail(0, &Match::any(), &apply(vec![Action::note(*b"ABCDEF"), conj(3, 1, 2)]), N));
+        assert!(add_cannot_fail(0, &Match::any().conj_id(1), &apply(vec![Action::output(3u32)]), N));
+        assert!(add_cannot_fail(0, &Match::any().conj_id(u32::MAX).in_port(1u32), &[Instruction::GotoTable(1)], N));
+        // "conjunction" with any other action or instruction: NXBAC_BAD_CONJUNCTION.
+        assert!(!add_cannot_fail(0, &Match::any(), &apply(vec![Action::output(1u32), conj(3, 1, 2)]), N));
+        assert!(!add_cannot_fail(0, &Match::any(), &apply(vec![conj(3, 1, 2), Action::output(1u32)]), N));
+        let with = |i: Instruction| vec![Instruction::ApplyActions(vec![conj(3, 1, 2)]), i];
+        for other in [
+            Instruction::GotoTable(1),
+            Instruction::ClearActions,
+            Instruction::WriteActions(vec![]),
+            Instruction::WriteMetadata { metadata: 1, mask: 1 },
+            Instruction::Meter(1),
+        ] {
+            assert!(!add_cannot_fail(0, &Match::any(), &with(other.clone()), N), "{other:?}");
+        }
+        // In write_actions (OFPBAC_BAD_TYPE) or nested in ct.
+        assert!(!add_cannot_fail(0, &Match::any(), &[Instruction::WriteActions(vec![conj(3, 1, 2)])], N));
+        let ct = Action::Ct(Ct::new().exec(vec![conj(3, 1, 2)]));
+        assert!(!add_cannot_fail(0, &Match::any(), &apply(vec![ct]), N));
+        // Two apply-actions, even of conjunctions only.
+        let two = vec![Instruction::ApplyActions(vec![conj(3, 1, 2)]), Instruction::ApplyActions(vec![conj(3, 1, 2)])];
+        assert!(!add_cannot_fail(0, &Match::any(), &two, N));
+        // The table checks still apply.
+        assert!(!add_cannot_fail(N, &Match::any(), &apply(vec![conj(3, 1, 2)]), N));
     }
 
     #[test]

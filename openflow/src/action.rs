@@ -27,6 +27,7 @@ pub const NXAST_REG_LOAD: u16 = 7;
 pub const NXAST_NOTE: u16 = 8;
 pub const NXAST_RESUBMIT_TABLE: u16 = 14;
 pub const NXAST_OUTPUT_REG: u16 = 15;
+pub const NXAST_CONJUNCTION: u16 = 34;
 pub const NXAST_CT: u16 = 35;
 
 /// `recirc_table` of NXAST_CT meaning "do not recirculate" (no `table=` in the text form).
@@ -264,6 +265,61 @@ impl Default for Ct {
     }
 }
 
+/// The fewest clauses a conjunction may have (OVS: `decode_NXAST_RAW_CONJUNCTION` answers
+/// NXBAC_BAD_CONJUNCTION below it; one clause would just be an ordinary flow).
+pub const CONJUNCTION_MIN_CLAUSES: u8 = 2;
+/// The most clauses a conjunction may have (OVS's classifier tracks the clauses that matched in
+/// a 64-bit map, so it refuses more).
+pub const CONJUNCTION_MAX_CLAUSES: u8 = 64;
+
+/// NXAST_CONJUNCTION: `conjunction(id,k/n)`, this flow is clause `k` of the `n` clauses of
+/// conjunctive match `id`. When a packet matches one flow of every clause of `id` (at the same
+/// priority, in the same table), the flow matching `conj_id=id` is executed instead
+/// ([`Match::conj_id`](crate::Match::conj_id)).
+///
+/// Always a value OVS accepts: `2 <= n <= 64` and `1 <= k <= n` (private fields, checked by
+/// [`Conjunction::new`]). A received action outside those limits, which OVS refuses with
+/// NXBAC_BAD_CONJUNCTION, is kept as [`Action::Unknown`] like every other Nicira action this
+/// crate cannot type, so decoding never fails or loses bytes because of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conjunction {
+    id: u32,
+    /// 0-based, as on the wire.
+    clause: u8,
+    n_clauses: u8,
+}
+
+impl Conjunction {
+    /// `conjunction(id,k/n)` with `k` 1-based as in the text form (clause `k` is sent as
+    /// `k - 1`). `None` unless `2 <= n <= 64` and `1 <= k <= n`.
+    pub fn new(id: u32, k: u8, n: u8) -> Option<Conjunction> {
+        Conjunction::from_wire(id, k.checked_sub(1)?, n)
+    }
+
+    /// From the wire's 0-based clause, with OVS's decode checks.
+    fn from_wire(id: u32, clause: u8, n_clauses: u8) -> Option<Conjunction> {
+        ((CONJUNCTION_MIN_CLAUSES..=CONJUNCTION_MAX_CLAUSES).contains(&n_clauses) && clause < n_clauses)
+            .then_some(Conjunction { id, clause, n_clauses })
+    }
+
+    /// The conjunction id (matched by `conj_id=`).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// The clause `k`, 1-based as printed (`conjunction(id,k/n)`).
+    pub fn clause(&self) -> u8 {
+        self.clause + 1
+    }
+    /// The clause as sent on the wire (0-based, `k - 1`).
+    pub fn wire_clause(&self) -> u8 {
+        self.clause
+    }
+    /// The number of clauses `n`.
+    pub fn n_clauses(&self) -> u8 {
+        self.n_clauses
+    }
+}
+
 /// An action.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
@@ -287,6 +343,9 @@ pub enum Action {
     Resubmit { in_port: u16 },
     /// NXAST_CT: `ct(...)`.
     Ct(Ct),
+    /// NXAST_CONJUNCTION: `conjunction(id,k/n)`. OVS accepts it only in a flow whose actions
+    /// are all `conjunction` or `note` (see [`accept`](crate::accept)).
+    Conjunction(Conjunction),
     /// Any other action, whole (type, length and body), re-encoded verbatim.
     Unknown(Bytes),
 }
@@ -314,10 +373,15 @@ impl Action {
         Action::Note(Note::new(bytes))
     }
 
+    /// `conjunction(id,k/n)`, `k` 1-based; `None` unless `2 <= n <= 64` and `1 <= k <= n`.
+    pub fn conjunction(id: u32, k: u8, n: u8) -> Option<Action> {
+        Conjunction::new(id, k, n).map(Action::Conjunction)
+    }
+
     /// Encoded length in bytes (always a multiple of 8).
     pub fn encoded_len(&self) -> usize {
         match self {
-            Action::Output { .. } | Action::ResubmitTable { .. } | Action::Resubmit { .. } => 16,
+            Action::Output { .. } | Action::ResubmitTable { .. } | Action::Resubmit { .. } | Action::Conjunction(_) => 16,
             Action::Ct(ct) => 24 + actions_len(&ct.actions),
             Action::SetField(sf) => pad8(8 + sf.payload_len()),
             Action::RegLoad { .. } | Action::OutputReg { .. } => 24,
@@ -401,6 +465,12 @@ impl Action {
                 for a in &ct.actions {
                     a.encode(buf)?;
                 }
+            }
+            Action::Conjunction(c) => {
+                nx_header(buf, 16, NXAST_CONJUNCTION);
+                buf.put_u8(c.clause);
+                buf.put_u8(c.n_clauses);
+                buf.put_u32(c.id);
             }
             Action::Unknown(b) => buf.put_slice(b),
         }
@@ -519,6 +589,13 @@ fn decode_nx(raw: &[u8], b: &mut Reader<'_>, nested: bool) -> Result<Option<Acti
             let in_port = b.u16()?;
             all_zero(b.rest()).then_some(Action::Resubmit { in_port })
         }
+        // Fixed 16 bytes, no padding (OVS: OFPBAC_BAD_LEN for any other length).
+        NXAST_CONJUNCTION if len == 16 => {
+            let clause = b.u8()?;
+            let n_clauses = b.u8()?;
+            let id = b.u32()?;
+            Conjunction::from_wire(id, clause, n_clauses).map(Action::Conjunction)
+        }
         NXAST_CT if len >= 24 && !nested => {
             let flags = b.u16()?;
             let zone_src = b.u32()?;
@@ -626,6 +703,9 @@ mod tests {
                 "ffff 0018 00002320 0008 01020304050607 00000000000000",
             ),
             (Action::ResubmitTable { in_port: 0xfff8, table: 3 }, "ffff 0010 00002320 000e fff8 03 000000"),
+            // NX | CONJUNCTION | clause 0 (printed 1) | n_clauses 2 | id 5
+            (Action::conjunction(5, 1, 2).unwrap(), "ffff 0010 00002320 0022 00 02 00000005"),
+            (Action::conjunction(0x4000_000a, 64, 64).unwrap(), "ffff 0010 00002320 0022 3f 40 4000000a"),
         ];
         for (a, want) in cases {
             let want = hex(want);
@@ -655,6 +735,30 @@ mod tests {
             assert!(matches!(a, Action::Unknown(_)), "{v}: {a:?}");
             assert_eq!(enc(&a), want);
         }
+    }
+
+    /// What OVS 3.1 refuses with NXBAC_BAD_CONJUNCTION (n < 2, n > 64, clause >= n) or
+    /// OFPBAC_BAD_LEN (not 16 bytes) is kept raw, byte for byte, and cannot be built typed.
+    #[test]
+    fn invalid_conjunctions_are_kept_raw() {
+        for v in [
+            "ffff 0010 00002320 0022 00 01 00000005", // 1/1
+            "ffff 0010 00002320 0022 00 41 00000005", // 1/65
+            "ffff 0010 00002320 0022 02 02 00000005", // 3/2
+            "ffff 0010 00002320 0022 ff 02 00000005", // 0/2 (clause -1)
+            "ffff 0010 00002320 0022 00 00 00000005", // no clauses
+            "ffff 0018 00002320 0022 00 02 00000005 0000000000000000", // 24 bytes
+        ] {
+            let want = hex(v);
+            let a = Action::decode(&mut Reader::new(&want, "t")).unwrap();
+            assert!(matches!(a, Action::Unknown(_)), "{v}: {a:?}");
+            assert_eq!(enc(&a), want);
+        }
+        for (k, n) in [(1, 1), (1, 65), (0, 2), (3, 2), (0, 0), (255, 255)] {
+            assert!(Action::conjunction(1, k, n).is_none(), "{k}/{n}");
+        }
+        let c = Conjunction::new(7, 2, 3).unwrap();
+        assert_eq!((c.id(), c.clause(), c.wire_clause(), c.n_clauses()), (7, 2, 1, 3));
     }
 
     #[test]

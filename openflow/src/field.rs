@@ -62,6 +62,9 @@ pub const NXM1_ARP_THA: u8 = 18;
 pub const NXM1_IP_FRAG: u8 = 26;
 pub const NXM1_TUN_IPV4_SRC: u8 = 31;
 pub const NXM1_TUN_IPV4_DST: u8 = 32;
+/// NXM_NX_CONJ_ID (32 bits, not maskable, no OXM form): OVS's meta-flow.h `NXM_NX_CONJ_ID(37)`,
+/// header 0x00014a04 (checked with `ovs-ofctl parse-nxm`).
+pub const NXM1_CONJ_ID: u8 = 37;
 pub const NXM1_CT_STATE: u8 = 105;
 pub const NXM1_CT_ZONE: u8 = 106;
 pub const NXM1_CT_MARK: u8 = 107;
@@ -167,6 +170,7 @@ pub fn field_name(h: u32) -> Option<&'static str> {
         (CLASS_NXM1, 29) => ("NXM_NX_IP_TTL", 1),
         (CLASS_NXM1, 33) => ("NXM_NX_PKT_MARK", 4),
         (CLASS_NXM1, 34) => ("NXM_NX_TCP_FLAGS", 2),
+        (CLASS_NXM1, NXM1_CONJ_ID) => ("NXM_NX_CONJ_ID", 4),
         (CLASS_NXM1, NXM1_CT_STATE) => ("NXM_NX_CT_STATE", 4),
         (CLASS_NXM1, NXM1_CT_ZONE) => ("NXM_NX_CT_ZONE", 2),
         (CLASS_NXM1, NXM1_CT_MARK) => ("NXM_NX_CT_MARK", 4),
@@ -202,6 +206,7 @@ mod tests {
         assert_eq!(NxmField::TunId.header(), 0x0001_2008);
         assert_eq!(NxmField::TunIpv4Dst.header(), 0x0001_4004);
         assert_eq!(header(CLASS_NXM1, NXM1_IP_FRAG, 1, true), 0x0001_3502);
+        assert_eq!(header(CLASS_NXM1, NXM1_CONJ_ID, 4, false), 0x0001_4a04);
     }
 
     #[test]

@@ -333,6 +333,10 @@ pub struct RawOxm {
 /// A flow match.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Match {
+    /// `conj_id=N` (NXM_NX_CONJ_ID, 32 bits, not maskable): matches the packets for which every
+    /// clause of conjunctive match `N` matched (see [`Conjunction`](crate::Conjunction)). OVS
+    /// emits it before every other field here, in_port included (`nx_put_raw`).
+    pub conj_id: Option<u32>,
     pub in_port: Option<PortNo>,
     pub eth: EthMatch,
     pub tun_id: Option<Masked<u64>>,
@@ -422,6 +426,12 @@ impl Match {
         self
     }
 
+    /// Builder: `conj_id=id`.
+    pub fn conj_id(mut self, id: u32) -> Self {
+        self.conj_id = Some(id);
+        self
+    }
+
     /// Builder: `tun_src=addr`.
     pub fn tun_src(mut self, addr: Ipv4Addr) -> Self {
         self.tun_src = Some(Masked::exact(addr));
@@ -429,6 +439,10 @@ impl Match {
     }
 
     fn emit<S: OxmSink>(&self, s: &mut S) {
+        // OVS puts conj_id (an NXM1 field even in an OXM match: it has no OXM) first.
+        if let Some(id) = self.conj_id {
+            s.tlv(CLASS_NXM1, NXM1_CONJ_ID, Masked::exact(id));
+        }
         if let Some(p) = self.in_port {
             s.tlv(OXM, OXM_IN_PORT, Masked::exact(p.0));
         }
@@ -547,6 +561,7 @@ impl Match {
 /// Collected TLVs before they are assembled into the typed structure.
 #[derive(Default)]
 struct Seen {
+    conj_id: Option<u32>,
     in_port: Option<u32>,
     eth_type: Option<u16>,
     ip_proto: Option<u8>,
@@ -574,6 +589,7 @@ struct Seen {
 /// Which typed slot a TLV fills.
 #[derive(Clone, Copy)]
 enum Kind {
+    ConjId,
     InPort32,
     InPort16,
     EthType,
@@ -601,6 +617,7 @@ enum Kind {
 fn classify(class: u16, field: u8) -> Option<(Kind, &'static str)> {
     use Kind::*;
     Some(match (class, field) {
+        (CLASS_NXM1, NXM1_CONJ_ID) => (ConjId, "conj_id"),
         (OXM, OXM_IN_PORT) => (InPort32, "in_port"),
         (CLASS_NXM0, NXM0_IN_PORT) => (InPort16, "in_port"),
         (OXM, OXM_ETH_TYPE) | (CLASS_NXM0, NXM0_ETH_TYPE) => (EthType, "eth_type"),
@@ -654,7 +671,7 @@ fn expected_len(kind: Kind) -> u8 {
     match kind {
         InPort16 | EthType | TcpDst | UdpDst | SctpDst | ArpOp | CtZone => 2,
         IpProto | IpFrag => 1,
-        InPort32 | Ipv4Src | Ipv4Dst | ArpSpa | ArpTpa | TunSrc | TunDst | Reg(_) | CtState | CtMark => 4,
+        ConjId | InPort32 | Ipv4Src | Ipv4Dst | ArpSpa | ArpTpa | TunSrc | TunDst | Reg(_) | CtState | CtMark => 4,
         ArpSha | ArpTha => 6,
         TunId => 8,
     }
@@ -688,6 +705,7 @@ fn decode_tlvs(body: &[u8]) -> Result<Match, DecodeError> {
         }
         let mut p = Reader::new(payload, name);
         match kind {
+            Kind::ConjId => put_once(&mut s.conj_id, exact::<u32>(&mut p, hasmask, name)?, name)?,
             Kind::InPort32 => put_once(&mut s.in_port, exact::<u32>(&mut p, hasmask, name)?, name)?,
             Kind::InPort16 => {
                 put_once(&mut s.in_port, port16_to_32(exact::<u16>(&mut p, hasmask, name)?), name)?
@@ -825,6 +843,7 @@ fn assemble(s: Seen) -> Result<Match, DecodeError> {
     };
     other.extend(s.other);
     Ok(Match {
+        conj_id: s.conj_id,
         in_port: s.in_port.map(PortNo),
         eth,
         tun_id: s.tun_id,
@@ -866,6 +885,7 @@ mod tests {
     fn e24_match_bytes() {
         // Wire reference §5.4 (captured from ovs-ofctl 3.1):
         let m = Match {
+            conj_id: None,
             in_port: Some(PortNo(7)),
             eth: EthMatch::Ipv4(Ipv4Match {
                 src: Masked::cidr(Ipv4Addr::new(10, 0, 0, 0), 8),
@@ -1008,6 +1028,24 @@ mod tests {
         assert_eq!(enc(&m), want);
         assert_eq!(Match::decode(&mut Reader::new(&want, "t")).unwrap(), m);
         assert!(matches!(decode_tlvs(&hex("0001d504 0005 00ff")), Err(DecodeError::NotMaskable { field: "ct_zone" })));
+    }
+
+    /// `conj_id=5,ip,in_port=3` as `ovs-ofctl -m --strict parse-oxm OpenFlow13` encodes it:
+    /// NXM_NX_CONJ_ID first, before in_port.
+    #[test]
+    fn conj_id_first() {
+        let m = Match::any().conj_id(5).in_port(3u32).ipv4(Ipv4Match::default());
+        let want = hex("0001 001a  00014a04 00000005  80000004 00000003  80000a02 0800  000000000000");
+        assert_eq!(enc(&m), want);
+        assert_eq!(Match::decode(&mut Reader::new(&want, "t")).unwrap(), m);
+        // An all-ones mask is an exact match; any other mask is refused (OFPBMC_BAD_MASK in OVS).
+        assert_eq!(decode_tlvs(&hex("00014b08 00000005 ffffffff")).unwrap().conj_id, Some(5));
+        assert!(matches!(decode_tlvs(&hex("00014b08 00000005 0000ffff")), Err(DecodeError::NotMaskable { field: "conj_id" })));
+        assert!(matches!(
+            decode_tlvs(&hex("00014a04 00000005 00014a04 00000006")),
+            Err(DecodeError::DuplicateField { field: "conj_id" })
+        ));
+        assert!(matches!(decode_tlvs(&hex("00014a02 0005")), Err(DecodeError::BadLength { .. })));
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod port;
 pub mod text;
 pub mod wire;
 
-pub use action::{Action, Ct, CtZone, Note, RegMove, SetField, Subfield};
+pub use action::{Action, Conjunction, Ct, CtZone, Note, RegMove, SetField, Subfield};
 pub use codec::{BadMessage, OfCodec};
 pub use error::{DecodeError, EncodeError, FrameError};
 pub use field::NxmField;

@@ -187,7 +187,11 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
     if let Some(p) = priority.filter(|&p| p != OFP_DEFAULT_PRIORITY) {
         it.item(format_args!("priority={p}"))?;
     }
-    // Conntrack fields come before the eth_type keyword in match_format.
+    // conj_id, then the conntrack fields, come before the eth_type keyword in match_format
+    // (decimal, no mask: OVS's `conj_id=%u`).
+    if let Some(id) = m.conj_id {
+        it.item(format_args!("conj_id={id}"))?;
+    }
     if let Some(cs) = m.ct_state.as_ref().filter(|cs| cs.mask() & 0xff != 0) {
         it.item(format_args!("ct_state={}", CtStateText(cs.value() & 0xff, cs.mask() & 0xff)))?;
     }
@@ -338,6 +342,8 @@ impl Display for Action {
             Action::ResubmitTable { in_port, table } => write_resubmit(f, *in_port, *table),
             Action::Resubmit { in_port } => write_resubmit(f, *in_port, 255),
             Action::Ct(ct) => write_ct(f, ct),
+            // OVS's format_CONJUNCTION: the clause 1-based.
+            Action::Conjunction(c) => write!(f, "conjunction({},{}/{})", c.id(), c.clause(), c.n_clauses()),
             Action::Unknown(raw) => {
                 f.write_str("unknown_action(0x")?;
                 for b in raw.iter() {
@@ -685,6 +691,11 @@ mod tests {
         assert_eq!(ip().ct_state(0, 0xffff_ffff).to_string(), "ct_state=0,ip");
         let m = Match { ct_zone: Some(5), ct_mark: Some(Masked::new(3, 0xf)), ..ip() };
         assert_eq!(m.to_string(), "ct_zone=5,ct_mark=0x3/0xf,ip");
+        // Conjunctive match (OVS 3.1 `ofp-parse`: `ADD conj_id=5,ip,in_port=3 ...`).
+        assert_eq!(Action::conjunction(1, 2, 3).unwrap().to_string(), "conjunction(1,2/3)");
+        assert_eq!(Action::conjunction(u32::MAX, 64, 64).unwrap().to_string(), "conjunction(4294967295,64/64)");
+        let m = Match::any().conj_id(5).in_port(3).ct_state(0x20, 0x20).ipv4(Ipv4Match::default());
+        assert_eq!(m.to_string(), "conj_id=5,ct_state=+trk,ip,in_port=3");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use tokio_util::codec::Decoder;
 use openflow::action::OFPCML_NO_BUFFER;
 use openflow::field::{self, CLASS_EXPERIMENTER, CLASS_NXM0, CLASS_NXM1, CLASS_OPENFLOW_BASIC};
 use openflow::{
-    Action, AggregateStats, ArpMatch, BundleAdd, Ct, CtZone, FlowStatsEntry, RawFlowStats, BundleControl, BundleCtrlType, BundleFlags, ErrorCode, ErrorMsg,
+    Action, AggregateStats, Conjunction, ArpMatch, BundleAdd, Ct, CtZone, FlowStatsEntry, RawFlowStats, BundleControl, BundleCtrlType, BundleFlags, ErrorCode, ErrorMsg,
     EthMatch, FeaturesReply, FlowMod, FlowModCommand, FlowModFlags, FlowStats, FlowStatsRequest, FragMode, Hello,
     HelloElement, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, Message, MultipartReply,
     MultipartReplyBody, MultipartRequest, MultipartRequestBody, NxmField, OfCodec, OfMessage, Port, PortNo, RawOxm,
@@ -194,10 +194,11 @@ fn flow_match() -> BoxedStrategy<Match> {
         of(masked_ip()),
         of(masked_ip()),
         regs(),
-        (of(masked_u32()), of(any::<u16>()), of(masked_u32())),
+        (of(masked_u32()), of(any::<u16>()), of(masked_u32()), of(any::<u32>())),
         vec(raw_oxm(), 0..3),
     )
-        .prop_map(|(in_port, eth, tun_id, tun_src, tun_dst, regs, (ct_state, ct_zone, ct_mark), other)| Match {
+        .prop_map(|(in_port, eth, tun_id, tun_src, tun_dst, regs, (ct_state, ct_zone, ct_mark, conj_id), other)| Match {
+            conj_id,
             in_port,
             eth,
             tun_id,
@@ -348,9 +349,17 @@ fn action() -> BoxedStrategy<Action> {
         (any::<u16>(), any::<u8>()).prop_map(|(in_port, table)| Action::ResubmitTable { in_port, table }),
         any::<u16>().prop_map(|in_port| Action::Resubmit { in_port }),
         ct_action().prop_map(Action::Ct),
+        conjunction().prop_map(Action::Conjunction),
         unknown_action().prop_map(Action::Unknown),
     ]
     .boxed()
+}
+
+/// NXAST_CONJUNCTION: any id, `n` in 2..=64, `k` in 1..=n (the only values the type admits).
+fn conjunction() -> BoxedStrategy<Conjunction> {
+    (any::<u32>(), 2u8..=64)
+        .prop_flat_map(|(id, n)| (1..=n).prop_map(move |k| Conjunction::new(id, k, n).expect("valid conjunction")))
+        .boxed()
 }
 
 /// NXAST_CT with any flags, either zone form, and nested actions (no nested `ct`).
@@ -829,6 +838,29 @@ proptest! {
         prop_assert_eq!(&back_fm.instructions[0], &Instruction::ApplyActions(acts));
         prop_assert_eq!(&back_fm.instructions[1], &Instruction::Unknown(ins));
         prop_assert_eq!(back.to_bytes().unwrap(), wire);
+    }
+
+    /// Any 16-byte NXAST_CONJUNCTION: typed exactly when OVS would accept it (2 <= n <= 64,
+    /// clause < n), otherwise kept raw; either way the same bytes come back.
+    #[test]
+    fn any_conjunction_bytes_decode_typed_or_raw(clause in any::<u8>(), n in any::<u8>(), id in any::<u32>()) {
+        let mut wire = vec![0xff, 0xff, 0x00, 0x10, 0x00, 0x00, 0x23, 0x20, 0x00, 0x22, clause, n];
+        wire.extend_from_slice(&id.to_be_bytes());
+        let a = openflow::action::decode_actions(&wire).unwrap();
+        prop_assert_eq!(a.len(), 1);
+        let valid = (2..=64).contains(&n) && clause < n;
+        match &a[0] {
+            Action::Conjunction(c) => {
+                prop_assert!(valid);
+                prop_assert_eq!((c.id(), c.wire_clause(), c.n_clauses()), (id, clause, n));
+                prop_assert_eq!(*c, Conjunction::new(id, clause + 1, n).unwrap());
+            }
+            Action::Unknown(_) => prop_assert!(!valid),
+            other => prop_assert!(false, "{:?}", other),
+        }
+        let mut again = Vec::new();
+        a[0].encode(&mut again).unwrap();
+        prop_assert_eq!(again, wire);
     }
 
     /// Arbitrary bytes never panic the decoder; what decodes is idempotent.

@@ -655,6 +655,7 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
         shapes.push((n, ipm(Ipv4Match { frag: Some(f), ..Default::default() }), vec![]));
     }
     let act = |a: Vec<Action>| vec![Instruction::ApplyActions(a)];
+    let conj = |id, k, n| Action::conjunction(id, k, n).expect("valid conjunction");
     shapes.extend([
         (
             "tcp masked port",
@@ -876,6 +877,25 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
             "set_field eth_dst",
             ipm(Ipv4Match::default()).ct_state(0x28, 0x28),
             act(vec![Action::SetField(SetField::EthDst(MacAddr([0x0a, 0x58, 0x0a, 0x80, 0, 1]))), Action::output(2)]),
+        ),
+        // Conjunctive match: clause flows (conjunction and note actions only, as OVS requires)
+        // and the conj_id flows that act for them.
+        (
+            "conjunction clauses",
+            ipm(Ipv4Match { src: Some(cidr("10.1.0.0/16")), ..Default::default() }),
+            act(vec![conj(1, 1, 2), conj(3, 2, 3)]),
+        ),
+        ("conjunction limits", Match::any(), act(vec![conj(0, 1, 2), conj(u32::MAX, 64, 64), conj(0x8000_0000, 17, 63)])),
+        (
+            "conjunction with notes",
+            ipm(Ipv4Match { proto: Some(IpProto::Tcp { dst: Some(Masked::exact(443)) }), ..Default::default() }),
+            act(vec![Action::note(*b"ABCDEF"), conj(3, 3, 3), Action::note([1, 2])]),
+        ),
+        ("conj_id", Match::any().conj_id(1), act(vec![Action::output(3)])),
+        (
+            "conj_id with others",
+            ipm(Ipv4Match { dst: Some(cidr("10.0.0.7")), ..Default::default() }).conj_id(u32::MAX).in_port(1).ct_state(0x20, 0x20).reg(3, 9),
+            act(vec![Action::ResubmitTable { in_port: 0xfff8, table: 3 }]),
         ),
     ]);
     shapes
