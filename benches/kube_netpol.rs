@@ -22,7 +22,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use sdn_node::cluster::desired::{desired_state_with_warnings, owner_flows};
-use sdn_node::cluster::{state_file, ClusterState, PodKey};
+use sdn_node::cluster::{validate, ClusterState, PodKey};
 use sdn_node::kube::mapping::{self, Object, Objects, Update};
 use sdn_node::kube::types::{ClusterNetwork, HostSubnet, NetNamespace};
 use sdn_node::kube::watch::Kind;
@@ -123,7 +123,7 @@ fn effective(l: &Loaded) -> (ClusterState, HashMap<PodKey, OfPort>) {
     let mut ofports = HashMap::new();
     for i in (0..PODS).filter(|i| local(*i)) {
         let o = pod_ip(i).octets();
-        let raw = state_file::RawPod {
+        let raw = validate::RawPod {
             namespace: format!("ns-{}", i % NAMESPACES),
             name: format!("p{i}"),
             container_id: format!("{:064x}", i + 1),
@@ -134,7 +134,7 @@ fn effective(l: &Loaded) -> (ClusterState, HashMap<PodKey, OfPort>) {
             egress_bps: 0,
             internal: true,
         };
-        let p = state_file::validate_pod(raw).expect("a valid pod");
+        let p = validate::pod(raw).expect("a valid pod");
         ofports.insert(p.key(), OfPort(3 + i as u32));
         st.pods.push(p);
     }

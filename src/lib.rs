@@ -6,20 +6,18 @@
 //! what the switch holds; [`switch`] commits the difference as one bundle; [`ovsdb`] manages the
 //! bridge and ports. [`apply`] runs that chain once.
 
+pub use sdn_model::{cluster, model, pipeline, store};
+
 pub mod api;
 pub mod apply;
 pub mod bench;
-pub mod cluster;
 pub mod engine;
 pub mod kube;
 pub mod metrics;
-pub mod model;
 pub mod ovsdb;
-pub mod pipeline;
 pub mod reconcile;
 pub mod rlimit;
 pub mod run;
 pub mod sandbox;
-pub mod store;
 pub mod switch;
 pub mod trace;

@@ -372,10 +372,10 @@ async fn run(cli: Cli) -> ExitCode {
                 PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
                     let mut annotations = std::collections::BTreeMap::new();
                     if let Some(v) = ingress_bandwidth {
-                        annotations.insert(sdn_node::api::INGRESS_ANNOTATION.to_string(), v);
+                        annotations.insert(sdn_node::cluster::INGRESS_ANNOTATION.to_string(), v);
                     }
                     if let Some(v) = egress_bandwidth {
-                        annotations.insert(sdn_node::api::EGRESS_ANNOTATION.to_string(), v);
+                        annotations.insert(sdn_node::cluster::EGRESS_ANNOTATION.to_string(), v);
                     }
                     let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal, cni: None };
                     ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())

@@ -899,7 +899,7 @@ fn crds_describe_what_the_daemon_reads() {
     let enp = m.crds.iter().find(|c| c.spec.names.kind == "EgressNetworkPolicy").unwrap();
     let schema = enp.spec.versions[0].schema.as_ref().unwrap().open_api_v3_schema.as_ref().unwrap();
     let egress = child(child(schema, "spec").unwrap(), "egress").unwrap();
-    assert_eq!(egress.max_items, Some(sdn_node::cluster::state_file::MAX_EGRESS_RULES as i64));
+    assert_eq!(egress.max_items, Some(sdn_node::cluster::validate::MAX_EGRESS_RULES as i64));
     let rule_type = child(child(egress, "[]").unwrap(), "type").unwrap();
     let allowed: Vec<String> =
         rule_type.enum_.clone().unwrap_or_default().into_iter().map(|j| j.0.as_str().unwrap().to_string()).collect();

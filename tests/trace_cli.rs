@@ -314,7 +314,7 @@ fn ofctl_counts(sb: &sdn_node::sandbox::OvsSandbox) -> (BTreeMap<u8, usize>, BTr
         let table: u8 = field("table=").map(|t| t.parse().unwrap()).unwrap_or(0);
         *tables.entry(table).or_insert(0) += 1;
         let cookie = field("cookie=0x").map(|c| u64::from_str_radix(&c, 16).unwrap()).unwrap_or(0);
-        let kind = trace::owners::kind_name((cookie >> 56) as u8).unwrap_or("none").to_string();
+        let kind = sdn_node::store::Owner::kind_name((cookie >> 56) as u8).unwrap_or("none").to_string();
         *kinds.entry(kind).or_insert(0) += 1;
     }
     (tables, kinds)

@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 
 /// The header that carries the request's deadline to the agent: milliseconds since the Unix
 /// epoch (plugin and agent share the node's clock). The agent does not start a request whose
@@ -28,24 +27,7 @@ pub fn deadline_value(timeout: Duration) -> String {
 /// confused peer, and reading it all would only delay the error.
 pub const MAX_REPLY_BYTES: usize = 1 << 20;
 
-/// The JSON body of `POST /v1/cni`.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Request {
-    /// `ADD`, `DEL` or `CHECK`.
-    pub command: String,
-    #[serde(rename = "containerID")]
-    pub container_id: String,
-    /// Empty on DEL when the runtime no longer has the namespace.
-    pub netns: String,
-    #[serde(rename = "ifName")]
-    pub if_name: String,
-    pub namespace: String,
-    pub name: String,
-    #[serde(rename = "infraContainerID")]
-    pub infra_container_id: String,
-    #[serde(rename = "cniVersion")]
-    pub cni_version: String,
-}
+pub use crate::wire::Request;
 
 /// The status and body of the agent's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]

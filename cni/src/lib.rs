@@ -68,6 +68,7 @@ pub mod config;
 pub mod error;
 pub mod result;
 pub mod run;
+pub mod wire;
 
 use std::fs;
 use std::io::{self, Write};

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use serde_json::{json, Map, Value};
 
 use crate::error::{self, CniError};
+use crate::wire;
 
 /// An address with its prefix length (`10.128.0.5/23`): the host address is kept, not masked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +67,11 @@ fn check_mac(s: &str) -> Result<String, String> {
     }
 }
 
+/// An empty string is no value (the agent's older versions sent absent fields so).
+fn given(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|s| !s.is_empty())
+}
+
 /// Checks the agent's ADD answer for `object` (e.g. `pod ns/name`). `if_name` and `netns`
 /// are what the runtime asked for: the answer must use the same interface name, and a
 /// missing sandbox is taken to be the requested namespace.
@@ -77,28 +83,19 @@ pub fn parse_add_reply(body: &[u8], object: &str, if_name: &str, netns: &str) ->
             "the sdn-node agent answered ADD with 200 but its reply cannot make a CNI result; this is an agent bug",
         )
     };
-    let v: Value = serde_json::from_slice(body).map_err(|e| bad("(body)", format!("not JSON: {e}")))?;
-    let Value::Object(obj) = v else { return Err(bad("(body)", "not a JSON object".into())) };
-    let opt_str = |field: &str| -> Result<Option<&str>, CniError> {
-        match obj.get(field) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if s.is_empty() => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.as_str())),
-            Some(_) => Err(bad(field, "not a string".into())),
-        }
-    };
-    let req_str = |field: &str| opt_str(field)?.ok_or_else(|| bad(field, "missing".into()));
+    let r = wire::AddReply::from_slice(body).map_err(|(field, what)| bad(&field, what))?;
+    let required = |field: &str, v: &Option<String>| given(v).map(str::to_owned).ok_or_else(|| bad(field, "missing".into()));
 
-    let host_veth = req_str("hostVeth")?;
-    crate::config::check_ifname(host_veth).map_err(|e| bad("hostVeth", e))?;
-    let reply_if = opt_str("ifName")?.unwrap_or(if_name);
+    let host_veth = required("hostVeth", &r.host_veth)?;
+    crate::config::check_ifname(&host_veth).map_err(|e| bad("hostVeth", e))?;
+    let reply_if = given(&r.if_name).unwrap_or(if_name);
     if reply_if != if_name {
         return Err(bad("ifName", format!("{reply_if:?} but the runtime asked for {if_name:?}")));
     }
-    let mac = check_mac(req_str("mac")?).map_err(|e| bad("mac", e))?;
-    let sandbox = opt_str("sandbox")?.unwrap_or(netns).to_owned();
-    let ip = Cidr::parse(req_str("ip")?).map_err(|e| bad("ip", e))?;
-    let gateway = match opt_str("gateway")? {
+    let mac = check_mac(&required("mac", &r.mac)?).map_err(|e| bad("mac", e))?;
+    let sandbox = given(&r.sandbox).unwrap_or(netns).to_owned();
+    let ip = Cidr::parse(&required("ip", &r.ip)?).map_err(|e| bad("ip", e))?;
+    let gateway = match given(&r.gateway) {
         None => None,
         Some(g) => {
             let gw: IpAddr = g.parse().map_err(|_| bad("gateway", format!("{g:?} is not an IP address")))?;
@@ -108,49 +105,20 @@ pub fn parse_add_reply(body: &[u8], object: &str, if_name: &str, netns: &str) ->
             Some(gw)
         }
     };
-    let mut routes = Vec::new();
-    match obj.get("routes") {
-        None | Some(Value::Null) => {}
-        Some(Value::Array(items)) => {
-            for (i, r) in items.iter().enumerate() {
-                let Value::Object(r) = r else { return Err(bad(&format!("routes[{i}]"), "not an object".into())) };
-                let dst = match r.get("dst") {
-                    Some(Value::String(d)) => Cidr::parse(d).map_err(|e| bad(&format!("routes[{i}].dst"), e))?,
-                    Some(_) => return Err(bad(&format!("routes[{i}].dst"), "not a string".into())),
-                    None => return Err(bad(&format!("routes[{i}].dst"), "missing".into())),
-                };
-                let gw = match r.get("gw") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(g)) if g.is_empty() => None,
-                    Some(Value::String(g)) => Some(
-                        g.parse::<IpAddr>()
-                            .map_err(|_| bad(&format!("routes[{i}].gw"), format!("{g:?} is not an IP address")))?,
-                    ),
-                    Some(_) => return Err(bad(&format!("routes[{i}].gw"), "not a string".into())),
-                };
-                routes.push(Route { dst, gw });
-            }
-        }
-        Some(_) => return Err(bad("routes", "not an array".into())),
+    let mut routes = Vec::with_capacity(r.routes.len());
+    for (i, rt) in r.routes.iter().enumerate() {
+        let d = rt.dst.as_deref().ok_or_else(|| bad(&format!("routes[{i}].dst"), "missing".into()))?;
+        let dst = Cidr::parse(d).map_err(|e| bad(&format!("routes[{i}].dst"), e))?;
+        let gw = match given(&rt.gw) {
+            None => None,
+            Some(g) => Some(g.parse::<IpAddr>().map_err(|_| bad(&format!("routes[{i}].gw"), format!("{g:?} is not an IP address")))?),
+        };
+        routes.push(Route { dst, gw });
     }
-    let mtu = match obj.get("mtu") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(m) if (68..=65535).contains(&m) => Some(m as u32),
-            _ => return Err(bad("mtu", format!("{n} is not from 68 to 65535"))),
-        },
-        Some(_) => return Err(bad("mtu", "not a number".into())),
-    };
-    Ok(AddReply {
-        host_veth: host_veth.to_owned(),
-        if_name: if_name.to_owned(),
-        mac,
-        sandbox,
-        ip,
-        gateway,
-        routes,
-        mtu,
-    })
+    if let Some(m) = r.mtu.filter(|m| !(68..=65535).contains(m)) {
+        return Err(bad("mtu", format!("{m} is not from 68 to 65535")));
+    }
+    Ok(AddReply { host_veth, if_name: if_name.to_owned(), mac, sandbox, ip, gateway, routes, mtu: r.mtu })
 }
 
 /// The CNI result for `cni_version`: interfaces `[host veth, pod interface]`, the pod's
@@ -291,7 +259,7 @@ mod tests {
             (r#"{"hostVeth":"this-name-is-too-long","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24"}"#, "hostVeth"),
             (r#"{"hostVeth":"v","ifName":"net1","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24"}"#, "ifName"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00","ip":"10.0.0.1/24"}"#, "mac"),
-            (r#"{"hostVeth":"v","mac":7,"ip":"10.0.0.1/24"}"#, "mac: not a string"),
+            (r#"{"hostVeth":"v","mac":7,"ip":"10.0.0.1/24"}"#, "mac: invalid type"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1"}"#, "field ip"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/33"}"#, "field ip"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","gateway":"fd00::1"}"#, "gateway"),

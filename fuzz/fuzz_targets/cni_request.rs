@@ -160,7 +160,7 @@ fuzz_target!(|data: &[u8]| {
     let r: sdn_node::reconcile::cni::CniRequest =
         serde_json::from_slice(&body).expect("the agent reads what the plugin sends");
     if let Err(e) = sdn_node::reconcile::cni::validate(&r) {
-        let sdn_node::api::ApiError::Invalid(p) = &e else { panic!("validation is a 400: {e:?}") };
+        let sdn_node::reconcile::PodError::Invalid(p) = &e else { panic!("validation is a 400: {e:?}") };
         assert!(!p.field.is_empty(), "{p}");
     }
     if !r.netns.is_empty() {

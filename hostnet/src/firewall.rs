@@ -2,7 +2,8 @@
 //! node_iptables.go, translated to one nf_tables table instead of rules spliced into the
 //! shared iptables chains).
 //!
-//! Installing is one atomic netlink batch: "add table (a no-op if it exists), delete table,
+//! This module is the rule set alone; [`crate::nfbatch`] encodes and installs it. Installing
+//! is one atomic netlink batch: "add table (a no-op if it exists), delete table,
 //! add table, chains, rules". The kernel applies a batch all or nothing, so readers see either
 //! the old rule set or the new one — never an empty or half-built table — and running it
 //! again replaces rather than duplicates.
@@ -14,8 +15,6 @@ use ipnet::Ipv4Net;
 use crate::{
     error::{Error, Result},
     names::check_ifname,
-    netns::Netns,
-    nfbatch, nfnl,
 };
 
 /// Default name of our table (family `ip`).
@@ -56,7 +55,7 @@ impl FirewallConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         check_table_name(&self.table)?;
         check_ifname(&self.tun)?;
         if self.vxlan_port == 0 {
@@ -143,29 +142,7 @@ pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
     ]
 }
 
-/// Installs (or atomically replaces) the rule set in namespace `ns`.
-pub async fn install_firewall(ns: &Netns, cfg: &FirewallConfig) -> Result<()> {
-    cfg.validate()?;
-    let cfg = cfg.clone();
-    ns.run(&format!("install nftables table ip {}", cfg.table), move || {
-        let (batch, names) = nfbatch::install_batch(&cfg.table, &rules(&cfg))?;
-        nfnl::send_batch(&batch, &names)
-    })
-    .await
-}
-
-/// Removes our table from namespace `ns`; a missing table is success.
-pub async fn remove_firewall(ns: &Netns, table: &str) -> Result<()> {
-    check_table_name(table)?;
-    let table = table.to_string();
-    ns.run(&format!("remove nftables table ip {table}"), move || {
-        let (batch, names) = nfbatch::remove_batch(&table)?;
-        nfnl::send_batch(&batch, &names)
-    })
-    .await
-}
-
-fn check_table_name(name: &str) -> Result<()> {
+pub(crate) fn check_table_name(name: &str) -> Result<()> {
     // NFT_NAME_MAXLEN is 256 including the NUL.
     if name.is_empty() || name.len() > 255 || CString::new(name).is_err() {
         return Err(Error::invalid(

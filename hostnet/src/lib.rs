@@ -11,7 +11,6 @@
 //!   move into its namespace.
 //! - [`setup_host`]: the gateway interface (tun0), its routes and forwarding sysctls.
 //! - [`install_firewall`] / [`remove_firewall`]: the node's nftables table.
-//! - [`Ipam`]: pod address bookkeeping in the node subnet.
 //! - [`veth_state`] / [`delete_owned`]: a pod's veth as recorded (name and ifindex), never by a
 //!   name alone.
 
@@ -20,7 +19,6 @@ pub mod ethtool;
 pub mod firewall;
 pub mod host;
 pub mod hostif;
-pub mod ipam;
 pub mod mac;
 pub mod names;
 pub mod netns;
@@ -33,10 +31,10 @@ pub mod spare;
 pub mod sysctl;
 
 pub use error::{Error, Result};
-pub use firewall::{install_firewall, remove_firewall, FirewallConfig, DEFAULT_TABLE};
+pub use firewall::{FirewallConfig, DEFAULT_TABLE};
+pub use nfbatch::{install_firewall, remove_firewall};
 pub use host::{setup_host, HostChanges, HostConfig};
 pub use hostif::{host_interface, HostInterface};
-pub use ipam::{Ipam, IpamError};
 pub use mac::MacAddr;
 pub use netns::{Netns, NsId, SandboxError};
 pub use owned::{delete_owned, veth_state, Deleted, VethState};

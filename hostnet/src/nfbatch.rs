@@ -1,4 +1,5 @@
-//! Translation of the rule model (`firewall`) into an nf_tables netlink batch with nftnl.
+//! Translation of the rule model (`firewall`) into an nf_tables netlink batch with nftnl, and
+//! its installation (one atomic batch) in a namespace.
 //! Each message's description is kept in batch order so a kernel NACK can name the object.
 
 use std::ffi::CString;
@@ -14,8 +15,32 @@ use nftnl::{
 
 use crate::{
     error::{Error, Result},
-    firewall::{Action, ChainId, Match, RuleSpec},
+    firewall::{self, Action, ChainId, FirewallConfig, Match, RuleSpec},
+    netns::Netns,
+    nfnl,
 };
+
+/// Installs (or atomically replaces) the rule set in namespace `ns`.
+pub async fn install_firewall(ns: &Netns, cfg: &FirewallConfig) -> Result<()> {
+    cfg.validate()?;
+    let cfg = cfg.clone();
+    ns.run(&format!("install nftables table ip {}", cfg.table), move || {
+        let (batch, names) = install_batch(&cfg.table, &firewall::rules(&cfg))?;
+        nfnl::send_batch(&batch, &names)
+    })
+    .await
+}
+
+/// Removes our table from namespace `ns`; a missing table is success.
+pub async fn remove_firewall(ns: &Netns, table: &str) -> Result<()> {
+    firewall::check_table_name(table)?;
+    let table = table.to_string();
+    ns.run(&format!("remove nftables table ip {table}"), move || {
+        let (batch, names) = remove_batch(&table)?;
+        nfnl::send_batch(&batch, &names)
+    })
+    .await
+}
 
 /// A finalized batch and one description per object message, in order.
 pub(crate) type Described = (FinalizedBatch, Vec<String>);

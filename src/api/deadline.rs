@@ -2,9 +2,8 @@
 //! container runtime) gives up as `Sdn-Deadline` (milliseconds since the Unix epoch; plugin
 //! and agent share the node's clock), and the agent never starts work whose caller has already
 //! given up, nor works past that moment — an ADD that outlives its plugin would leave a pod the
-//! runtime believes failed. The deadline of the request being served is a task-local, set by
-//! the handler around the request's task ([`scope`]) and read where the work takes its
-//! deadline ([`current`]).
+//! runtime believes failed. The handler turns the header into the request's deadline
+//! ([`effective`]) and hands it to the work as a parameter.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,23 +13,11 @@ use tokio::time::Instant;
 /// The header the plugin sends.
 pub const HEADER: &str = sdn_node_cni::agent::DEADLINE_HEADER;
 
-tokio::task_local! {
-    static DEADLINE: Instant;
-}
-
 /// The deadline for work started now that may take up to `limit` (the agent's own request
 /// timeout): the earlier of that and the caller's deadline, if the request brought one.
-pub fn current(limit: Duration) -> Instant {
+pub fn effective(caller: Option<Instant>, limit: Duration) -> Instant {
     let own = Instant::now() + limit;
-    DEADLINE.try_with(|d| (*d).min(own)).unwrap_or(own)
-}
-
-/// Runs `f` with `deadline` as the request's deadline.
-pub async fn scope<F: std::future::Future>(deadline: Option<Instant>, f: F) -> F::Output {
-    match deadline {
-        Some(d) => DEADLINE.scope(d, f).await,
-        None => f.await,
-    }
+    caller.map_or(own, |c| c.min(own))
 }
 
 /// The caller's deadline from the request's headers: `Ok(None)` without one, `Err` naming the
@@ -78,17 +65,11 @@ mod tests {
         assert!(d > Instant::now() + Duration::from_secs(3) && d <= Instant::now() + Duration::from_secs(6), "{d:?}");
     }
 
-    #[tokio::test]
-    async fn the_earlier_deadline_wins() {
+    #[test]
+    fn the_earlier_deadline_wins() {
         let soon = Instant::now() + Duration::from_millis(100);
-        let d = scope(Some(soon), async { current(Duration::from_secs(30)) }).await;
-        assert_eq!(d, soon);
-        let d =
-            scope(Some(Instant::now() + Duration::from_secs(3600)), async { current(Duration::from_secs(1)) }).await;
-        assert!(d <= Instant::now() + Duration::from_secs(1));
-        assert!(
-            current(Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1),
-            "no scope: the agent's own"
-        );
+        assert_eq!(effective(Some(soon), Duration::from_secs(30)), soon);
+        assert!(effective(Some(Instant::now() + Duration::from_secs(3600)), Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1));
+        assert!(effective(None, Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1), "none: the agent's own");
     }
 }

@@ -7,9 +7,6 @@
 
 pub mod client;
 pub mod deadline;
-pub mod hostport;
-pub mod quantity;
-pub mod sandbox;
 pub mod serve;
 pub mod status;
 
@@ -25,15 +22,15 @@ use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::{Pod, Problem};
-use crate::reconcile::Node;
+use crate::cluster::Problem;
 use crate::metrics::Telemetry;
+use crate::reconcile::record::PodRecord;
+use crate::reconcile::{Node, PodError};
 
 pub const DEFAULT_SOCKET: &str = "/var/run/sdn-node/cni.sock";
-pub const INGRESS_ANNOTATION: &str = "kubernetes.io/ingress-bandwidth";
-pub const EGRESS_ANNOTATION: &str = "kubernetes.io/egress-bandwidth";
 
-/// A pod setup request (the CNI plugin's view of a pod).
+/// The body of `POST /v1/pods`: a pod whose interface the caller made. Strict (an unknown field
+/// is a 400 naming it); what the agent stores is a [`PodRecord`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PodRequest {
@@ -52,72 +49,37 @@ pub struct PodRequest {
     /// (demos and tests).
     #[serde(default)]
     pub internal: bool,
-    /// Set up through CNI: the pod's network namespace and interface, which the agent created
-    /// (and removes on DEL).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cni: Option<CniRecord>,
-}
-
-/// What the agent created for a CNI pod, kept with its record (a restarted agent can then
-/// still DEL and CHECK it).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CniRecord {
-    pub netns: String,
-    pub if_name: String,
-    /// The address with the subnet's prefix, e.g. 10.128.0.5/23.
-    pub address: String,
-    pub gateway: String,
-    pub mtu: u32,
-    /// The sandbox's identity when the pod was set up (its nsfs device and inode): one pod per
-    /// sandbox, whatever path names it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<SandboxId>,
-    /// The host end's ifindex when the agent made it: what a DEL or teardown deletes, never
-    /// another interface that has (or got) the name.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_ifindex: Option<u32>,
-}
-
-/// A network namespace's identity (see [`hostnet::NsId`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SandboxId {
-    pub dev: u64,
-    pub ino: u64,
-}
-
-impl From<hostnet::NsId> for SandboxId {
-    fn from(id: hostnet::NsId) -> SandboxId {
-        SandboxId { dev: id.dev, ino: id.ino }
-    }
+    /// Only the agent sets a record's `cni` part (see [`PodRequest::to_record`]); a request
+    /// bringing one is refused by name rather than as an unknown field.
+    #[serde(default, skip_serializing)]
+    pub cni: Option<serde_json::Value>,
 }
 
 impl PodRequest {
-    /// Validates the request into a pod (fields named as in the request).
-    pub fn to_pod(&self) -> Result<Pod, Problem> {
-        let obj = format!("pod {}/{}", self.namespace, self.name);
-        let bw = |key: &str| -> Result<i64, Problem> {
-            match self.annotations.get(key) {
-                None => Ok(0),
-                Some(v) => quantity::bandwidth(v).map_err(|e| Problem::new(obj.clone(), format!("annotations[{key}]"), e)),
-            }
-        };
-        crate::cluster::state_file::validate_pod(crate::cluster::state_file::RawPod {
+    /// The record the agent will store for this request. The `cni` part says the agent created
+    /// the pod's interface, and so may delete it (on DEL, or when the sandbox is gone): a caller
+    /// setting it could have any node interface deleted.
+    pub fn to_record(&self) -> Result<PodRecord, ApiError> {
+        if self.cni.is_some() {
+            let obj = format!("pod {}/{}", self.namespace, self.name);
+            return Err(ApiError::Invalid(Problem::new(obj, "cni", "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here")));
+        }
+        Ok(PodRecord {
+            version: crate::reconcile::record::VERSION,
+            container_id: self.container_id.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
             ip: self.ip.clone(),
             mac: self.mac.clone(),
-            ingress_bps: bw(INGRESS_ANNOTATION)?,
-            egress_bps: bw(EGRESS_ANNOTATION)?,
+            annotations: self.annotations.clone(),
             internal: self.internal,
+            cni: None,
         })
     }
 }
 
-/// Why a request failed.
+/// Why a request failed, as HTTP says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApiError {
     /// Malformed or invalid (400).
@@ -134,6 +96,20 @@ pub enum ApiError {
     Failed(String),
     /// The body is over [`MAX_BODY`] (413); nothing was done.
     TooLarge(String),
+}
+
+/// The one place a pod failure becomes an HTTP status.
+impl From<PodError> for ApiError {
+    fn from(e: PodError) -> ApiError {
+        match e {
+            PodError::Invalid(p) => ApiError::Invalid(p),
+            PodError::Conflict(p) => ApiError::Conflict(p),
+            PodError::NotFound(m) => ApiError::NotFound(m),
+            PodError::NotReady(m) => ApiError::Unavailable(m),
+            PodError::Deadline(m) => ApiError::Timeout(m),
+            PodError::Refused(m) | PodError::Failed(m) => ApiError::Failed(m),
+        }
+    }
 }
 
 impl ApiError {
@@ -196,8 +172,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 
 /// Runs a request's work on its own task: a client that hangs up cannot cancel it halfway (its
 /// undo steps always run), and requests never wait on each other's I/O.
-async fn detached<T: Send + 'static>(f: impl std::future::Future<Output = Result<T, ApiError>> + Send + 'static) -> Result<T, ApiError> {
-    tokio::spawn(f).await.unwrap_or_else(|e| Err(ApiError::Failed(format!("request task failed: {e}"))))
+async fn detached<T: Send + 'static>(f: impl std::future::Future<Output = Result<T, PodError>> + Send + 'static) -> Result<T, ApiError> {
+    tokio::spawn(f).await.unwrap_or_else(|e| Err(PodError::Failed(format!("request task failed: {e}")))).map_err(ApiError::from)
 }
 
 fn count(t: &Telemetry, op: &str, code: StatusCode) {
@@ -207,41 +183,30 @@ fn count(t: &Telemetry, op: &str, code: StatusCode) {
 async fn setup(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Result<Json<SetupReply>, ApiError> {
     let t = Instant::now();
     let r = async {
-        let deadline = caller_deadline(&headers)?;
+        let deadline = caller_deadline(&node, &headers)?;
         let body = request_body(body).await?;
         let req = serde_json::from_slice::<PodRequest>(&body).map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
-        public_request(&req)?;
-        hostport::check(&req.to_pod().map_err(ApiError::Invalid)?).await?;
+        let record = req.to_record()?;
         let n = node.clone();
-        detached(deadline::scope(deadline, async move { crate::reconcile::pods::setup(&n, req).await })).await
+        detached(async move { crate::reconcile::pods::setup(&n, record, deadline).await }).await
     }
     .await;
     count(&node.telemetry, "setup", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     if r.is_ok() {
         node.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
     }
-    r.map(Json)
+    r.map(|ofport| Json(SetupReply { ofport }))
 }
 
-/// What only the agent may put into a pod's record: the `cni` part says the agent created the
-/// pod's interface, and so may delete it (on DEL, or when the sandbox is gone) — a caller
-/// setting it could have any node interface deleted.
-fn public_request(req: &PodRequest) -> Result<(), ApiError> {
-    if req.cni.is_some() {
-        let obj = format!("pod {}/{}", req.namespace, req.name);
-        return Err(ApiError::Invalid(Problem::new(obj, "cni", "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here")));
-    }
-    Ok(())
-}
-
-/// The caller's deadline (see [`deadline`]): a request whose caller has already given up is
-/// answered 504 before anything is done.
-fn caller_deadline(headers: &HeaderMap) -> Result<Option<tokio::time::Instant>, ApiError> {
+/// The request's deadline: the caller's (see [`deadline`]) or the agent's own request timeout,
+/// whichever is earlier. A request whose caller has already given up is answered 504 before
+/// anything is done.
+fn caller_deadline(node: &Node, headers: &HeaderMap) -> Result<tokio::time::Instant, ApiError> {
     let d = deadline::from_headers(headers).map_err(|m| ApiError::Invalid(Problem::new("request", deadline::HEADER, m)))?;
     if d.is_some_and(|d| d <= tokio::time::Instant::now()) {
         return Err(ApiError::Timeout("the caller's deadline passed before the request was started; nothing was done".into()));
     }
-    Ok(d)
+    Ok(deadline::effective(d, node.cfg.request_timeout))
 }
 
 async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiError> {
@@ -255,11 +220,11 @@ async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiEr
 }
 
 async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
-    let r = match caller_deadline(&headers) {
+    let r = match caller_deadline(&node, &headers) {
         Err(e) => Err(e),
         Ok(d) => {
             let n = node.clone();
-            detached(deadline::scope(d, async move { crate::reconcile::pods::teardown(&n, ns, name).await })).await
+            detached(async move { crate::reconcile::pods::teardown(&n, ns, name, d).await }).await
         }
     };
     count(&node.telemetry, "teardown", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
@@ -269,12 +234,12 @@ async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns
 async fn cni(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Response {
     let t = Instant::now();
     let r = async {
-        let deadline = caller_deadline(&headers)?;
+        let deadline = caller_deadline(&node, &headers)?;
         let body = request_body(body).await?;
-        let req = serde_json::from_slice::<crate::reconcile::cni::CniRequest>(&body)
+        let req = serde_json::from_slice::<sdn_node_cni::wire::Request>(&body)
             .map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
         let n = node.clone();
-        detached(deadline::scope(deadline, async move { crate::reconcile::cni::handle(&n, req).await })).await
+        detached(async move { crate::reconcile::cni::handle(&n, req, deadline).await }).await
     }
     .await;
     count(&node.telemetry, "cni", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
@@ -288,8 +253,9 @@ async fn cni(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body
     }
 }
 
-async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRequest>> {
-    Json(node.model().api_requests())
+/// The pods set up through the API and CNI, as their records.
+async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRecord>> {
+    Json(node.model().api_records())
 }
 
 /// Serves the pod API on `socket` (mode 0600 from the start, its directory made 0700 if
@@ -345,6 +311,3 @@ pub async fn serve_metrics(
         .with_state(telemetry);
     serve::serve(listener, app, serve::METRICS, "metrics", m, shutdown).await
 }
-
-/// Shared by tests and the client: the pods an agent serves, by key.
-pub type PodList = Arc<Vec<PodRequest>>;

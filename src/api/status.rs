@@ -156,7 +156,7 @@ pub async fn status(node: &Node) -> Status {
     }
     let (pods, plugin, model_version) = {
         let m = node.model();
-        let api = m.api_requests().len();
+        let api = m.api_records().len();
         let (names, plugin) = match m.effective() {
             Some(s) => {
                 let mut n: Vec<String> = s.pods.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
@@ -175,7 +175,7 @@ pub async fn status(node: &Node) -> Status {
                 let mut per_owner_kind = BTreeMap::new();
                 for (k, f) in installed.iter() {
                     *per_table.entry(k.table).or_insert(0) += 1;
-                    let kind = crate::trace::owners::kind_name((f.cookie >> 56) as u8)
+                    let kind = crate::store::Owner::kind_name((f.cookie >> 56) as u8)
                         .map(str::to_string)
                         .unwrap_or_else(|| {
                             if f.cookie == 0 {

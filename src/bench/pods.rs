@@ -223,12 +223,11 @@ impl Site {
 /// limit; the seed takes what OVS gives), VNID 100 + i % 5.
 fn bpod(tag: char, i: u32) -> (String, PodPort) {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 10)) + i);
-    let o = ip.octets();
     let cid = workload::pod(i).1.container_id;
     let p = PodPort {
         ofport: OfPort(10 + i),
         ip,
-        mac: openflow::MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]]),
+        mac: crate::model::pod_mac(ip),
         container_id: cid,
         vnid: Vnid::new(100 + i % NAMESPACES).unwrap_or(Vnid::GLOBAL),
     };
@@ -582,7 +581,7 @@ impl Agent {
         let deadline = tokio::time::Instant::now() + WAIT;
         let never = || fail(format!("the agent's {} warm ports never came back: {}", self.warm_ports, self.log_tail()));
         let spares = loop {
-            let spares = self.ovs.ports_with_external_id(crate::reconcile::spares::SPARE_KEY).await.map_err(fail)?;
+            let spares = self.ovs.ports_with_external_id(crate::reconcile::ports::SPARE_KEY).await.map_err(fail)?;
             if spares.len() >= self.warm_ports {
                 break spares;
             }

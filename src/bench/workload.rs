@@ -4,7 +4,6 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use openflow::MacAddr;
 
 use crate::model::{ContainerId, OfPort, Plugin, Vnid};
 use crate::pipeline::egress::{self, Policy, Rule, RuleType, Target};
@@ -27,14 +26,13 @@ pub fn node() -> NodeConfig {
 /// Pod number `i` (0-based): IP 10.128.0.10 + i, ofport 10 + i, VNID 100 + i % 50.
 pub fn pod(i: u32) -> (Owner, PodPort) {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 10)) + i);
-    let o = ip.octets();
     let mut id = [0u8; 32];
     id[..4].copy_from_slice(&i.to_be_bytes());
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let p = PodPort {
         ofport: OfPort(10 + i),
         ip,
-        mac: MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]]),
+        mac: crate::model::pod_mac(ip),
         container_id: ContainerId::parse(&hex).unwrap_or_else(|_| unreachable_id()),
         vnid: Vnid::new(100 + i % VNIDS).unwrap_or(Vnid::GLOBAL),
     };

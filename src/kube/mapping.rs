@@ -12,16 +12,17 @@ use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::types::{
+    Kind,
     annotations, ClusterNetwork, EgressNetworkPolicy, HostSubnet as KubeHostSubnet, NetNamespace as KubeNetNamespace,
     FIXED_VNID_ANNOTATION, MULTICAST_ANNOTATION,
 };
-use super::watch::Kind;
-use crate::cluster::state_file::{self, name_problems, EgressRuleFields};
+use crate::cluster::validate::{self, EgressRuleFields};
+use crate::cluster::{name_problems, Checked};
 use crate::cluster::netpol::{self, ContainerPort, Labels, NetworkPolicy, PodMeta, RemotePod};
 use crate::cluster::{ClusterState, HostSubnet, NetNamespace, PodKey, Problem, Service};
 use crate::model::Plugin;
 use crate::pipeline::egress::Policy;
-use crate::run::source::Loaded;
+use crate::cluster::Loaded;
 use crate::store::Owner;
 
 /// The openshift-sdn plugin names.
@@ -80,7 +81,7 @@ pub struct Converted<T> {
     pub problems: Vec<Problem>,
 }
 
-fn converted<T>(sort: String, object: &str, checked: state_file::Checked<T>) -> Converted<T> {
+fn converted<T>(sort: String, object: &str, checked: Checked<T>) -> Converted<T> {
     let (value, problems) = name_problems(object, checked);
     Converted { sort, value, problems }
 }
@@ -101,13 +102,13 @@ pub fn host_subnet(h: &KubeHostSubnet) -> Converted<HostSubnet> {
     let fixed = annotations(&h.metadata)
         .get(FIXED_VNID_ANNOTATION)
         .map(|v| v.trim().parse::<u64>().map_err(|_| format!("invalid type: string {v:?}, expected u64")));
-    converted(host.to_string(), &format!("hostsubnet {host}"), state_file::host_subnet(host, &h.host_ip, &h.subnet, fixed))
+    converted(host.to_string(), &format!("hostsubnet {host}"), validate::host_subnet(host, &h.host_ip, &h.subnet, fixed))
 }
 
 pub fn net_namespace(n: &KubeNetNamespace) -> Converted<NetNamespace> {
     let name = if n.netname.is_empty() { name_of(&n.metadata) } else { &n.netname };
     let multicast = annotations(&n.metadata).get(MULTICAST_ANNOTATION).is_some_and(|v| v == "true");
-    converted(name.to_string(), &format!("netnamespace {name}"), state_file::net_namespace(name, n.netid.0.clone(), multicast))
+    converted(name.to_string(), &format!("netnamespace {name}"), validate::net_namespace(name, n.netid.0.clone(), multicast))
 }
 
 /// `None` for a service without a cluster IP (headless, ExternalName): nothing to program.
@@ -119,7 +120,7 @@ pub fn service(svc: &KubeService) -> Option<Converted<Service>> {
     }
     let (ns, name) = (svc.metadata.namespace.as_deref().unwrap_or_default(), name_of(&svc.metadata));
     let ports = spec.ports.iter().flatten().map(|p| (p.protocol.as_deref().unwrap_or("TCP"), i64::from(p.port)));
-    Some(converted(String::new(), &format!("service {ns}/{name}"), state_file::service(ns, name, ip, ports)))
+    Some(converted(String::new(), &format!("service {ns}/{name}"), validate::service(ns, name, ip, ports)))
 }
 
 pub fn egress_policy(p: &EgressNetworkPolicy) -> Converted<Policy> {
@@ -129,7 +130,7 @@ pub fn egress_policy(p: &EgressNetworkPolicy) -> Converted<Policy> {
         cidr_selector: r.to.cidr_selector.as_deref(),
         dns_name: r.to.dns_name.as_deref(),
     });
-    let checked = state_file::egress_policy(ns, name, rules).map(|p| (p, Vec::new()));
+    let checked = validate::egress_policy(ns, name, rules).map(|p| (p, Vec::new()));
     converted(String::new(), &format!("egressnetworkpolicy {ns}/{name}"), checked)
 }
 
@@ -179,7 +180,7 @@ pub struct PodInfo {
 
 /// The bandwidth annotations of a pod's metadata.
 pub fn pod_info(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> PodInfo {
-    let keep = [crate::api::INGRESS_ANNOTATION, crate::api::EGRESS_ANNOTATION];
+    let keep = [crate::cluster::INGRESS_ANNOTATION, crate::cluster::EGRESS_ANNOTATION];
     PodInfo {
         annotations: meta
             .annotations
@@ -726,7 +727,7 @@ impl Objects {
             Some(Err(e)) => return Err(e.clone()),
             Some(Ok(c)) => c,
         };
-        let header = state_file::header(self.node.clone(), cfg.plugin, &cfg.cluster_network, &cfg.service_network, cfg.vxlan_port, cfg.mtu)
+        let header = validate::header(self.node.clone(), cfg.plugin, &cfg.cluster_network, &cfg.service_network, cfg.vxlan_port, cfg.mtu)
             .map_err(|e| format!("ClusterNetwork \"default\": {e}"))?;
         let empty = KindMap::default();
         let egress = if self.egress_forbidden { &empty } else { &m.egress_policies };
@@ -753,7 +754,7 @@ impl Objects {
             }
         }
         let remote_pods = if netpol { m.remote_pods.values().cloned().collect() } else { Vec::new() };
-        let (mut state, problems) = state_file::assemble_with_policies(
+        let (mut state, problems) = validate::assemble_with_policies(
             header,
             m.host_subnets.values().cloned().collect(),
             net_namespaces,
@@ -977,7 +978,7 @@ mod tests {
         // A CNI pod (no labels of its own) is selected through the source's labels: the
         // policy isolates it and resolves its named port.
         let mut eff = st.clone();
-        let raw = state_file::RawPod {
+        let raw = validate::RawPod {
             namespace: "team-a".into(),
             name: "a1".into(),
             container_id: "ab".repeat(32),
@@ -988,7 +989,7 @@ mod tests {
             egress_bps: 0,
             internal: false,
         };
-        eff.pods.push(state_file::validate_pod(raw).unwrap());
+        eff.pods.push(validate::pod(raw).unwrap());
         let view = netpol::View::new(&eff);
         let (isolated, _) = netpol::isolation(&eff, &view, "team-a");
         assert_eq!(isolated.len(), 1, "{isolated:?}");
@@ -1165,7 +1166,7 @@ mod tests {
             let i: usize = name[1..].parse().unwrap();
             let ip = format!("10.128.2.{}", 10 + i);
             let mac = format!("0a:58:0a:80:02:{:02x}", 10 + i);
-            let raw = state_file::RawPod {
+            let raw = validate::RawPod {
                 namespace: ns.clone(),
                 name: name.clone(),
                 container_id: "ab".repeat(32),
@@ -1176,7 +1177,7 @@ mod tests {
                 egress_bps: 0,
                 internal: false,
             };
-            state.pods.push(state_file::validate_pod(raw).unwrap());
+            state.pods.push(validate::pod(raw).unwrap());
             ofports.insert((ns.clone(), name.clone()), crate::model::OfPort(3 + i as u32));
         }
         let (d, _) = desired_state(&state, &ofports, &DnsAnswers::new());

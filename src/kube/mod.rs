@@ -26,7 +26,7 @@ pub mod mapping;
 pub mod types;
 pub mod watch;
 
-use crate::run::source::Loaded;
+use crate::cluster::Loaded;
 
 /// One Kubernetes resource the daemon uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

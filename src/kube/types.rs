@@ -212,3 +212,51 @@ pub(crate) fn annotations(meta: &ObjectMeta) -> &BTreeMap<String, String> {
     static EMPTY: BTreeMap<String, String> = BTreeMap::new();
     meta.annotations.as_ref().unwrap_or(&EMPTY)
 }
+
+/// The kinds the daemon watches, in readiness-slot order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    ClusterNetwork,
+    HostSubnet,
+    NetNamespace,
+    EgressNetworkPolicy,
+    Service,
+    Pod,
+    NetworkPolicy,
+    Namespace,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 8] = [
+        Kind::ClusterNetwork,
+        Kind::HostSubnet,
+        Kind::NetNamespace,
+        Kind::EgressNetworkPolicy,
+        Kind::Service,
+        Kind::Pod,
+        Kind::NetworkPolicy,
+        Kind::Namespace,
+    ];
+
+    /// (API group, plural resource): the [`super::WATCHED`] entry that allows watching it.
+    pub fn resource(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::ClusterNetwork => ("network.openshift.io", "clusternetworks"),
+            Kind::HostSubnet => ("network.openshift.io", "hostsubnets"),
+            Kind::NetNamespace => ("network.openshift.io", "netnamespaces"),
+            Kind::EgressNetworkPolicy => ("network.openshift.io", "egressnetworkpolicies"),
+            Kind::Service => ("", "services"),
+            Kind::Pod => ("", "pods"),
+            Kind::NetworkPolicy => ("networking.k8s.io", "networkpolicies"),
+            Kind::Namespace => ("", "namespaces"),
+        }
+    }
+
+    /// The kind's slot in [`Kind::ALL`].
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+
+    /// The verbs a watcher uses.
+    pub const VERBS: [&'static str; 2] = ["list", "watch"];
+}

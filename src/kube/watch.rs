@@ -25,7 +25,7 @@ use super::KubeOptions;
 use crate::cluster::netpol;
 use crate::metrics::{TargetLabel, Telemetry};
 use crate::model::Plugin;
-use crate::run::source::Loaded;
+use crate::cluster::Loaded;
 
 /// The label openshift-sdn sets on a node that cannot list EgressNetworkPolicies.
 pub const EGRESS_FAILURE_LABEL: &str = "network.openshift.io/not-enforcing-egress-network-policy";
@@ -33,53 +33,7 @@ pub const EGRESS_FAILURE_LABEL: &str = "network.openshift.io/not-enforcing-egres
 /// How long the publisher waits after a change for more changes (a relist is many events).
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
 
-/// The kinds the daemon watches, in readiness-slot order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    ClusterNetwork,
-    HostSubnet,
-    NetNamespace,
-    EgressNetworkPolicy,
-    Service,
-    Pod,
-    NetworkPolicy,
-    Namespace,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 8] = [
-        Kind::ClusterNetwork,
-        Kind::HostSubnet,
-        Kind::NetNamespace,
-        Kind::EgressNetworkPolicy,
-        Kind::Service,
-        Kind::Pod,
-        Kind::NetworkPolicy,
-        Kind::Namespace,
-    ];
-
-    /// (API group, plural resource): the [`super::WATCHED`] entry that allows watching it.
-    pub fn resource(self) -> (&'static str, &'static str) {
-        match self {
-            Kind::ClusterNetwork => ("network.openshift.io", "clusternetworks"),
-            Kind::HostSubnet => ("network.openshift.io", "hostsubnets"),
-            Kind::NetNamespace => ("network.openshift.io", "netnamespaces"),
-            Kind::EgressNetworkPolicy => ("network.openshift.io", "egressnetworkpolicies"),
-            Kind::Service => ("", "services"),
-            Kind::Pod => ("", "pods"),
-            Kind::NetworkPolicy => ("networking.k8s.io", "networkpolicies"),
-            Kind::Namespace => ("", "namespaces"),
-        }
-    }
-
-    /// The kind's slot in [`Kind::ALL`].
-    pub fn slot(self) -> usize {
-        self as usize
-    }
-
-    /// The verbs a watcher uses.
-    pub const VERBS: [&'static str; 2] = ["list", "watch"];
-}
+pub use super::types::Kind;
 
 async fn client(opts: &KubeOptions) -> Result<Client, String> {
     let config = match &opts.kubeconfig {

@@ -27,7 +27,7 @@
 //! error naming the file and what is wrong, and the agent refuses to start on it (see
 //! [`CheckpointError::Corrupt`]): never a panic, never a silent reset to "no pods".
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::net::Ipv4Addr;
@@ -43,11 +43,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Node;
-use crate::api::{ApiError, CniRecord, PodRequest, SandboxId};
+use super::record::PodRecord;
+use super::PodError;
 use crate::cluster::PodKey;
 
-/// How long undoing a setup whose record failed may take.
-const UNDO_GRACE: Duration = Duration::from_secs(2);
 
 /// The checkpoint's file name in the state directory.
 pub const FILE: &str = "pods.json";
@@ -63,7 +62,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the checkpoint holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Saved {
-    pub pods: Vec<PodRequest>,
+    pub pods: Vec<PodRecord>,
     /// IPAM's position: the address handed out last.
     pub last_address: Option<Ipv4Addr>,
 }
@@ -112,100 +111,23 @@ struct EnvelopeOut<'a> {
     state: &'a RawValue,
 }
 
-#[derive(Serialize, Deserialize)]
+/// The checkpoint's state: the pods' records ([`PodRecord`], read as tolerantly as on a
+/// port) and IPAM's position.
+#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct State {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     last_address: Option<Ipv4Addr>,
-    pods: Vec<Entry>,
+    pods: Vec<PodRecord>,
 }
 
-/// A pod record as the checkpoint keeps it: the fields of [`PodRequest`], but tolerant of
-/// fields it does not know (a record is data written by some agent version, not a request).
-#[derive(Serialize, Deserialize)]
+/// [`State`] as written, borrowing the records.
+#[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Entry {
-    #[serde(rename = "containerID")]
-    container_id: String,
-    namespace: String,
-    name: String,
-    host_veth: String,
-    ip: String,
-    mac: String,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    annotations: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    internal: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    cni: Option<CniEntry>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct CniEntry {
-    netns: String,
-    if_name: String,
-    address: String,
-    gateway: String,
-    mtu: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    sandbox: Option<SandboxEntry>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    host_ifindex: Option<u32>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct SandboxEntry {
-    dev: u64,
-    ino: u64,
-}
-
-impl From<&PodRequest> for Entry {
-    fn from(r: &PodRequest) -> Entry {
-        Entry {
-            container_id: r.container_id.clone(),
-            namespace: r.namespace.clone(),
-            name: r.name.clone(),
-            host_veth: r.host_veth.clone(),
-            ip: r.ip.clone(),
-            mac: r.mac.clone(),
-            annotations: r.annotations.clone(),
-            internal: r.internal,
-            cni: r.cni.as_ref().map(|c| CniEntry {
-                netns: c.netns.clone(),
-                if_name: c.if_name.clone(),
-                address: c.address.clone(),
-                gateway: c.gateway.clone(),
-                mtu: c.mtu,
-                sandbox: c.sandbox.map(|s| SandboxEntry { dev: s.dev, ino: s.ino }),
-                host_ifindex: c.host_ifindex,
-            }),
-        }
-    }
-}
-
-impl From<Entry> for PodRequest {
-    fn from(e: Entry) -> PodRequest {
-        PodRequest {
-            container_id: e.container_id,
-            namespace: e.namespace,
-            name: e.name,
-            host_veth: e.host_veth,
-            ip: e.ip,
-            mac: e.mac,
-            annotations: e.annotations,
-            internal: e.internal,
-            cni: e.cni.map(|c| CniRecord {
-                netns: c.netns,
-                if_name: c.if_name,
-                address: c.address,
-                gateway: c.gateway,
-                mtu: c.mtu,
-                sandbox: c.sandbox.map(|s| SandboxId { dev: s.dev, ino: s.ino }),
-                host_ifindex: c.host_ifindex,
-            }),
-        }
-    }
+struct StateOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_address: Option<Ipv4Addr>,
+    pods: &'a [PodRecord],
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -214,7 +136,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// The file's bytes for `saved` (pods in the order given).
 pub fn encode(saved: &Saved) -> Vec<u8> {
-    let state = State { last_address: saved.last_address, pods: saved.pods.iter().map(Entry::from).collect() };
+    let state = StateOut { last_address: saved.last_address, pods: &saved.pods };
     // Serialising plain strings, numbers and maps cannot fail.
     let state = serde_json::to_string(&state).unwrap_or_default();
     let raw = RawValue::from_string(state).unwrap_or_else(|_| RawValue::from_string("{}".into()).unwrap_or_default());
@@ -250,14 +172,14 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
     let mut de = serde_json::Deserializer::from_str(state.get());
     let state: State =
         serde_path_to_error::deserialize(&mut de).map_err(|e| format!("state.{}: {}", e.path(), e.inner()))?;
-    let pods: Vec<PodRequest> = state.pods.into_iter().map(PodRequest::from).collect();
+    let pods = state.pods;
     validate(&pods)?;
     Ok(Saved { pods, last_address: state.last_address })
 }
 
 /// Each record is a valid pod (as a pod API request would be), and no two share a pod, an
 /// address or a host interface: the agent never writes such a file.
-fn validate(pods: &[PodRequest]) -> Result<(), String> {
+fn validate(pods: &[PodRecord]) -> Result<(), String> {
     let mut keys = HashMap::new();
     let mut ips = HashMap::new();
     let mut veths = HashMap::new();
@@ -458,21 +380,11 @@ pub async fn persist(node: &Node, deadline: Instant) -> Result<(), CheckpointErr
     node.checkpoint.persist(|| node.model().saved(), deadline).await
 }
 
-/// A set-up pod is made durable before its request is answered: on failure it is torn down
-/// again (flows, port, interface) and the request fails.
-pub(super) async fn recorded(node: &Arc<Node>, key: &PodKey, deadline: Instant) -> Result<(), ApiError> {
-    let Err(e) = persist(node, deadline).await else { return Ok(()) };
-    tracing::warn!(pod = %format!("{}/{}", key.0, key.1), error = %e, "the pod could not be recorded; undoing its setup");
-    node.model().tear_down(key);
-    let _ = super::pods::finish_teardown(node, key, Instant::now() + UNDO_GRACE).await;
-    Err(ApiError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
-}
-
 /// After a teardown: the checkpoint no longer lists the pod before the request is answered (a
 /// failure fails the request, whose retry writes again).
-pub(super) async fn forgotten(node: &Node, key: &PodKey, deadline: Instant) -> Result<(), ApiError> {
+pub(super) async fn forgotten(node: &Node, key: &PodKey, deadline: Instant) -> Result<(), PodError> {
     persist(node, deadline).await.map_err(|e| {
-        ApiError::Failed(format!(
+        PodError::Failed(format!(
             "pod {}/{}: torn down, but the agent's record of it remains: {e}; retry",
             key.0, key.1
         ))
@@ -511,9 +423,11 @@ pub async fn keep_written(node: Arc<Node>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reconcile::record::{CniRecord, SandboxId};
 
-    fn record(name: &str, ip: &str, veth: &str) -> PodRequest {
-        PodRequest {
+    fn record(name: &str, ip: &str, veth: &str) -> PodRecord {
+        PodRecord {
+            version: 1,
             container_id: "ab".repeat(32),
             namespace: "team-a".into(),
             name: name.into(),

@@ -17,13 +17,17 @@
 pub mod checkpoint;
 pub mod cni;
 pub mod dns;
+mod error;
 pub mod host;
+pub mod hostport;
 pub mod model;
 pub mod pods;
 pub mod ports;
+pub mod record;
 pub mod recovery;
 pub mod repair;
 pub mod spares;
+mod undo;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +36,8 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
-use crate::api::PodRequest;
+pub use error::PodError;
+use record::PodRecord;
 use crate::cluster::Problem;
 use crate::engine::{Engine, EngineError, Outcome};
 use crate::metrics::{Executor, Telemetry};
@@ -313,7 +318,7 @@ impl Reconciler {
         let pods = m
             .ports()
             .iter()
-            .map(|(k, ps)| (k.clone(), (ps.clone(), m.api_pod(k).map(|(_, req)| pods::record_json(req)))))
+            .map(|(k, ps)| (k.clone(), (ps.clone(), m.api_pod(k).map(|(_, req)| req.to_json()))))
             .collect();
         repair::Expected {
             bridge: self.node.cfg.bridge.clone(),
@@ -527,8 +532,7 @@ impl Reconciler {
     async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), ConvergeError> {
         let mut pods = Vec::new();
         for (port, json) in ovs.ports_with_external_id(POD_KEY).await? {
-            let parsed = serde_json::from_str::<PodRequest>(&json)
-                .map_err(|e| e.to_string())
+            let parsed = PodRecord::from_json(&json)
                 .and_then(|r| r.to_pod().map(|p| (p, r)).map_err(|p| p.to_string()));
             match parsed {
                 Ok(pr) => pods.push(pr),
@@ -594,7 +598,7 @@ impl Reconciler {
                 // there and not under repair keeps the record it has (no write per pod).
                 .map(|p| {
                     let rewrite = repair.contains(&p.key()) || !listed.contains(&p.host_veth);
-                    let record = m.api_pod(&p.key()).filter(|_| rewrite).map(|(_, req)| pods::record_json(req));
+                    let record = m.api_pod(&p.key()).filter(|_| rewrite).map(|(_, req)| req.to_json());
                     (p, record)
                 })
                 .collect()

@@ -11,13 +11,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::api::{PodRequest, SandboxId};
+use super::record::{PodRecord, SandboxId};
 use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
 use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Update;
 use crate::model::OfPort;
 use crate::pipeline::egress::{dns_names, DnsAnswers};
-use crate::run::source::Loaded;
+use crate::cluster::Loaded;
 use crate::store::{DesiredState, Owner};
 
 /// A pod's port as OVSDB last confirmed it.
@@ -47,11 +47,11 @@ pub struct Model {
     source: Option<Arc<Loaded>>,
     /// Pods set up through the pod API, with the request that created them (persisted on the
     /// port, listed by the API).
-    api_pods: BTreeMap<PodKey, (Pod, PodRequest)>,
+    api_pods: BTreeMap<PodKey, (Pod, PodRecord)>,
     reserved: BTreeMap<PodKey, Pod>,
     /// The sandboxes of reserved CNI pods (set-up and doomed pods have theirs in their record).
     reserved_sandboxes: BTreeMap<PodKey, SandboxId>,
-    doomed: BTreeMap<PodKey, (Pod, PodRequest)>,
+    doomed: BTreeMap<PodKey, (Pod, PodRecord)>,
     /// The address IPAM handed out last: the next search starts after it, so a released
     /// address is not reused at once.
     last_ip: Option<std::net::Ipv4Addr>,
@@ -173,7 +173,7 @@ impl Model {
     }
 
     /// Records API pods found on OVSDB ports after an agent restart.
-    pub fn recover(&mut self, pods: Vec<(Pod, PodRequest)>) {
+    pub fn recover(&mut self, pods: Vec<(Pod, PodRecord)>) {
         for (pod, req) in pods {
             self.api_pods.entry(pod.key()).or_insert((pod, req));
         }
@@ -243,7 +243,7 @@ impl Model {
     /// predate sandbox identities): one being set up (`true`: certain), or set up or not torn
     /// down yet, with their record (which may be stale: a namespace's inode can be reused once
     /// it is gone, so the caller checks the record's path still leads to `id`).
-    pub fn sandbox_holders(&self, id: SandboxId, path: &str) -> (Option<PodKey>, Vec<(PodKey, crate::api::CniRecord)>) {
+    pub fn sandbox_holders(&self, id: SandboxId, path: &str) -> (Option<PodKey>, Vec<(PodKey, super::record::CniRecord)>) {
         let reserved = self.reserved_sandboxes.iter().find(|(_, s)| **s == id).map(|(k, _)| k.clone());
         let recorded = self
             .api_pods
@@ -269,7 +269,7 @@ impl Model {
     }
 
     /// The CNI pod (set up or doomed) of container `id` (the full ID), with its record.
-    pub fn cni_pod_of_container(&self, id: &str) -> Option<(PodKey, PodRequest)> {
+    pub fn cni_pod_of_container(&self, id: &str) -> Option<(PodKey, PodRecord)> {
         self.api_pods
             .iter()
             .chain(self.doomed.iter())
@@ -278,7 +278,7 @@ impl Model {
     }
 
     /// The reserved pod's port is up: it joins the effective state (and gets flows).
-    pub fn set_up(&mut self, pod: Pod, req: PodRequest, ofport: u32) {
+    pub fn set_up(&mut self, pod: Pod, req: PodRecord, ofport: u32) {
         let key = pod.key();
         self.reserved.remove(&key);
         self.reserved_sandboxes.remove(&key);
@@ -308,7 +308,7 @@ impl Model {
     }
 
     /// A doomed pod and its record.
-    pub fn doomed(&self, key: &PodKey) -> Option<&(Pod, PodRequest)> {
+    pub fn doomed(&self, key: &PodKey) -> Option<&(Pod, PodRecord)> {
         self.doomed.get(key)
     }
 
@@ -317,7 +317,7 @@ impl Model {
     }
 
     /// An API pod and its record.
-    pub fn api_pod(&self, key: &PodKey) -> Option<&(Pod, PodRequest)> {
+    pub fn api_pod(&self, key: &PodKey) -> Option<&(Pod, PodRecord)> {
         self.api_pods.get(key)
     }
 
@@ -359,7 +359,7 @@ impl Model {
     /// What the agent's checkpoint keeps ([`super::checkpoint`]): the records of the API pods,
     /// set up or doomed (both hold their address), in key order, and IPAM's position.
     pub fn saved(&self) -> super::checkpoint::Saved {
-        let mut pods: Vec<(&PodKey, &PodRequest)> =
+        let mut pods: Vec<(&PodKey, &PodRecord)> =
             self.api_pods.iter().chain(self.doomed.iter()).map(|(k, (_, r))| (k, r)).collect();
         pods.sort_by(|a, b| a.0.cmp(b.0));
         super::checkpoint::Saved { pods: pods.into_iter().map(|(_, r)| r.clone()).collect(), last_address: self.last_ip }
@@ -394,7 +394,7 @@ impl Model {
         self.api_pods.iter().filter_map(|(k, (_, r))| r.cni.as_ref().map(|c| (k.clone(), c.netns.clone()))).collect()
     }
 
-    pub fn api_requests(&self) -> Vec<PodRequest> {
+    pub fn api_records(&self) -> Vec<PodRecord> {
         self.api_pods.values().map(|(_, r)| r.clone()).collect()
     }
 
@@ -526,7 +526,7 @@ mod tests {
         let mut p = st.pods[0].clone();
         p.name = name.into();
         p.ip = ip.parse().unwrap();
-        p.mac = crate::reconcile::cni::mac_for(p.ip).parse().unwrap();
+        p.mac = crate::model::pod_mac(p.ip);
         p.host_veth = veth.into();
         p
     }
@@ -588,7 +588,7 @@ mod tests {
         let mut m = model();
         let a = pod(&m, "a", "10.128.3.200", "va");
         m.reserve(&a).unwrap();
-        m.set_up(a.clone(), PodRequest::default(), 40);
+        m.set_up(a.clone(), PodRecord::default(), 40);
         let owner = Owner::Pod { namespace: a.namespace.clone(), name: "a".into() };
         let (d, _, _) = m.desired().unwrap();
         assert!(!d.flows_of(&owner).is_empty());

@@ -20,122 +20,110 @@ use std::sync::Arc;
 use tokio::time::{timeout_at, Instant};
 use tracing::{info, warn};
 
-use super::model::Refusal;
+use super::undo::{Step, Undo, UNDO_GRACE};
 use super::{ports, Node, POD_KEY};
-use crate::api::{ApiError, PodRequest, SetupReply};
+use super::record::PodRecord;
+use super::PodError;
 use crate::cluster::{Pod, Problem};
 use crate::engine::{EngineError, OnFailure, Pending};
 use crate::ovsdb::OvsdbError;
 
-/// How long an undo may take once the request's own deadline has passed.
-const UNDO_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn refused(r: Refusal) -> ApiError {
-    match r {
-        Refusal::Invalid(p) => ApiError::Invalid(p),
-        Refusal::Conflict(p) => ApiError::Conflict(p),
-        Refusal::NoState => ApiError::Unavailable("no cluster state yet".into()),
-    }
-}
 
 /// Maps an OVSDB failure of a pod's port to what the client is told.
-fn ovsdb_error(pod: &Pod, e: OvsdbError) -> ApiError {
+fn ovsdb_error(pod: &Pod, e: OvsdbError) -> PodError {
     let obj = format!("pod {}/{}", pod.namespace, pod.name);
     match e {
-        e if e.is_disconnect() => ApiError::Unavailable(format!("ovsdb-server: {e}")),
-        OvsdbError::Timeout(m) => ApiError::Timeout(format!("ovsdb-server: {m}")),
+        e if e.is_disconnect() => PodError::NotReady(format!("ovsdb-server: {e}")),
+        OvsdbError::Timeout(m) => PodError::Deadline(format!("ovsdb-server: {m}")),
         // The device does not exist or OVS cannot use it: the request named it.
         e @ (OvsdbError::InterfaceError { .. } | OvsdbError::NotFound { .. }) => {
-            ApiError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))
+            PodError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))
         }
-        e => ApiError::Failed(format!("ovsdb-server: {e}")),
+        e => PodError::Refused(format!("ovsdb-server: {e}")),
     }
 }
 
-fn engine_error(e: EngineError) -> ApiError {
+fn engine_error(e: EngineError) -> PodError {
     match e {
-        EngineError::Switch(e) if e.is_disconnect() => ApiError::Unavailable(format!("switch: {e}")),
+        EngineError::Switch(e) if e.is_disconnect() => PodError::NotReady(format!("switch: {e}")),
         EngineError::Switch(crate::switch::SwitchError::Timeout { what, after }) => {
-            ApiError::Timeout(format!("switch: no answer to {what} within {after:?}"))
+            PodError::Deadline(format!("switch: no answer to {what} within {after:?}"))
         }
-        EngineError::Busy | EngineError::Stopped => ApiError::Unavailable(format!("switch: {e}")),
-        e => ApiError::Failed(format!("switch: {e}")),
+        EngineError::Busy | EngineError::Stopped => PodError::NotReady(format!("switch: {e}")),
+        e => PodError::Refused(format!("switch: {e}")),
     }
 }
 
 /// Awaits the engine's answer within the deadline.
-async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Result<(), ApiError> {
+async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Result<(), PodError> {
     match timeout_at(deadline, rx).await {
-        Err(_) => Err(ApiError::Timeout("the switch did not commit the change in time".into())),
-        Ok(Err(_)) => Err(ApiError::Unavailable("the flow engine stopped".into())),
+        Err(_) => Err(PodError::Deadline("the switch did not commit the change in time".into())),
+        Ok(Err(_)) => Err(PodError::NotReady("the flow engine stopped".into())),
         Ok(Ok(r)) => r.map(|_| ()).map_err(engine_error),
     }
 }
 
-/// The record a pod's port carries in `external_ids:sdn-node-pod` (what a restarted agent
-/// rebuilds the pod from).
-pub fn record_json(req: &PodRequest) -> String {
-    serde_json::to_string(req).unwrap_or_default()
-}
-
-/// Sets a pod up; see the module documentation.
-pub async fn setup(node: &Arc<Node>, req: PodRequest) -> Result<SetupReply, ApiError> {
-    let deadline = crate::api::deadline::current(node.cfg.request_timeout);
-    let pod = req.to_pod().map_err(ApiError::Invalid)?;
+/// Sets a pod up; see the module documentation. Answers the pod's ofport.
+pub async fn setup(node: &Arc<Node>, req: PodRecord, deadline: Instant) -> Result<u32, PodError> {
+    let pod = req.to_pod().map_err(PodError::Invalid)?;
+    super::hostport::check(&pod).await?;
     ready(node)?;
     if node.spares.owns(&pod.host_veth) {
         let obj = format!("pod {}/{}", pod.namespace, pod.name);
-        return Err(ApiError::Conflict(Problem::new(obj, "hostVeth", format!("{:?} is one of the agent's warm ports", pod.host_veth))));
+        return Err(PodError::Conflict(Problem::new(obj, "hostVeth", format!("{:?} is one of the agent's warm ports", pod.host_veth))));
     }
-    node.model().reserve(&pod).map_err(refused)?;
-    let key = pod.key();
-    let reply = commit_reserved(node, pod, req, deadline, None).await?;
-    super::checkpoint::recorded(node, &key, deadline).await?;
-    Ok(reply)
+    let mut undo = Undo::new(node, pod.key());
+    let r = async {
+        node.model().reserve(&pod)?;
+        undo.done(Step::Reserved);
+        let ofport = port_and_flows(node, pod.clone(), req, deadline, None, &mut undo).await?;
+        recorded(node, &pod.key(), deadline).await?;
+        Ok(ofport)
+    }
+    .await;
+    undo.finish(r).await
 }
 
 /// OVSDB and the switch are there (else 503 before anything is reserved).
-pub(super) fn ready(node: &Node) -> Result<(), ApiError> {
+pub(super) fn ready(node: &Node) -> Result<(), PodError> {
     if node.ovs().is_none() {
-        return Err(ApiError::Unavailable("ovsdb-server is not connected".into()));
+        return Err(PodError::NotReady("ovsdb-server is not connected".into()));
     }
     if node.engine_ready().is_none() {
-        return Err(ApiError::Unavailable("the switch is not connected or not synced yet".into()));
+        return Err(PodError::NotReady("the switch is not connected or not synced yet".into()));
     }
     Ok(())
 }
 
-pub(super) fn refusal(r: Refusal) -> ApiError {
-    refused(r)
+/// The last step of a setup: the pod is durable (in the agent's checkpoint) before its request
+/// is answered.
+pub(super) async fn recorded(node: &Node, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
+    super::checkpoint::persist(node, deadline)
+        .await
+        .map_err(|e| PodError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
 }
 
-/// The rest of a setup, for a pod already reserved in the model: port (a new one, or the warm
-/// port with ofport `spare` the pod's interface came from), record, flows. Any failure undoes
-/// every step (including the pod's interface, if the agent created it: a CNI pod's record has
-/// `cni`).
-pub(super) async fn commit_reserved(
-    node: &Arc<Node>,
+/// The steps of a setup after the pod is reserved in the model: port (a new one, or the warm
+/// port with ofport `spare` the pod's interface came from) with the pod's record, then the
+/// pod into the model with its flows, committed. Each step is recorded in `undo` as it is
+/// taken; the caller undoes them on failure ([`Undo::finish`]).
+pub(super) async fn port_and_flows<'a>(
+    node: &'a Arc<Node>,
     pod: Pod,
-    req: PodRequest,
+    req: PodRecord,
     deadline: Instant,
     spare: Option<u32>,
-) -> Result<SetupReply, ApiError> {
+    undo: &mut Undo<'a>,
+) -> Result<u32, PodError> {
     let key = pod.key();
-    // The record of the interface the agent made for a CNI pod (what an undo may delete).
-    let made = req.cni.is_some().then(|| req.clone());
-    let owns_iface = made.as_ref();
-    let Some(ovs) = node.ovs() else {
-        node.model().unreserve(&key);
-        undo_iface(owns_iface).await;
-        return Err(ApiError::Unavailable("ovsdb-server is not connected".into()));
-    };
+    let Some(ovs) = node.ovs() else { return Err(PodError::NotReady("ovsdb-server is not connected".into())) };
     let Ok(guard) = timeout_at(deadline, node.locks.lock(&pod.host_veth)).await else {
-        node.model().unreserve(&key);
-        undo_iface(owns_iface).await;
-        return Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth)));
+        return Err(PodError::Deadline(format!("port {:?} stayed busy", pod.host_veth)));
     };
-    let record = record_json(&req);
+    let record = req.to_json();
     let t_port = Instant::now();
+    // A failed or timed-out add may have made the port.
+    undo.done(Step::Port(pod.clone()));
     let added = match spare {
         None => {
             let r = timeout_at(deadline, ports::add_pod_port(&ovs, &node.cfg.bridge, &pod, Some((POD_KEY, &record)), node.cfg.port_timeout)).await;
@@ -149,67 +137,28 @@ pub(super) async fn commit_reserved(
     let port_ms = t_port.elapsed().as_secs_f64() * 1e3;
     let ofport = match added {
         Ok(Ok(p)) => p,
-        failed => {
-            let err = match failed {
-                Ok(Err(e)) => ovsdb_error(&pod, e),
-                _ => ApiError::Timeout("ovsdb-server did not set the port up in time".into()),
-            };
-            undo_port(node, &pod).await;
-            undo_iface(owns_iface).await;
-            node.model().unreserve(&key);
-            drop(guard);
-            return Err(err);
-        }
+        Ok(Err(e)) => return Err(ovsdb_error(&pod, e)),
+        Err(_) => return Err(PodError::Deadline("ovsdb-server did not set the port up in time".into())),
     };
     // Into the model and, in the same critical section, to the engine: the engine then applies
     // this pod's flows after any replacement computed before it, never before.
     let queued = {
         let mut m = node.model();
         match node.engine_ready() {
-            None => Err(ApiError::Unavailable("the switch disconnected".into())),
+            None => Err(PodError::NotReady("the switch disconnected".into())),
             Some(engine) => {
                 m.set_up(pod.clone(), req, ofport);
+                undo.done(Step::InModel);
                 let u = m.pod_update(&pod);
-                engine.submit_update(u, OnFailure::Revert).map_err(|e| {
-                    m.tear_down(&key);
-                    engine_error(e)
-                })
+                engine.submit_update(u, OnFailure::Revert).map_err(engine_error)
             }
         }
     };
-    let result = match queued {
-        Ok(rx) => committed(rx, deadline).await,
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok(()) => {
-            tracing::debug!(pod = %format!("{}/{}", key.0, key.1), port_ms, total_ms = t_port.elapsed().as_secs_f64() * 1e3, "pod port and flows committed");
-            Ok(SetupReply { ofport })
-        }
-        Err(e) => {
-            warn!(pod = %format!("{}/{}", key.0, key.1), error = %e.message(), "pod setup failed; undoing it");
-            drop(guard);
-            node.model().tear_down(&key);
-            if node.model().doomed(&key).is_some() {
-                let _ = finish_teardown(node, &key, Instant::now() + UNDO_GRACE).await;
-            } else {
-                // Never reached the model: only the port (and interface) are left.
-                let _g = node.locks.lock(&pod.host_veth).await;
-                undo_port(node, &pod).await;
-                undo_iface(owns_iface).await;
-                node.model().unreserve(&key);
-            }
-            Err(e)
-        }
-    }
-}
-
-/// Removes the pod interface the agent created (CNI pods: `made` is its record), if any.
-async fn undo_iface(made: Option<&PodRequest>) {
-    let Some(req) = made else { return };
-    if let Err(e) = remove_pod_iface(req).await {
-        warn!(veth = %req.host_veth, error = %e, "could not remove a failed setup's interface; a DEL of the container removes it");
-    }
+    // The port's lock is released before any undo (a teardown takes it).
+    drop(guard);
+    committed(queued?, deadline).await?;
+    tracing::debug!(pod = %format!("{}/{}", key.0, key.1), port_ms, total_ms = t_port.elapsed().as_secs_f64() * 1e3, "pod port and flows committed");
+    Ok(ofport)
 }
 
 /// The lock name of a sandbox (network namespace path) in [`super::ports::PortLocks`]: held
@@ -223,7 +172,7 @@ pub(super) fn sandbox_lock(netns: &str) -> String {
 /// only if it is still the interface of the recorded ifindex (an interface that took the
 /// name since is someone else's and stays). Idempotent; within the undo grace period. A
 /// record without `cni` (the pod's interface is not the agent's) deletes nothing.
-pub(super) async fn remove_pod_iface(req: &PodRequest) -> Result<(), String> {
+pub(super) async fn remove_pod_iface(req: &PodRecord) -> Result<(), String> {
     let Some(cni) = &req.cni else { return Ok(()) };
     let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
     match tokio::time::timeout(UNDO_GRACE * 5, hostnet::delete_owned(&host, &req.host_veth, cni.host_ifindex)).await {
@@ -238,7 +187,7 @@ pub(super) async fn remove_pod_iface(req: &PodRequest) -> Result<(), String> {
 
 /// Removes a failed setup's port within a short grace period; if OVSDB does not answer, the
 /// reconcile loop removes it later (the model does not want it).
-async fn undo_port(node: &Arc<Node>, pod: &Pod) {
+pub(super) async fn undo_port(node: &Arc<Node>, pod: &Pod) {
     let Some(ovs) = node.ovs() else {
         node.kick();
         return;
@@ -253,19 +202,18 @@ async fn undo_port(node: &Arc<Node>, pod: &Pod) {
 }
 
 /// Tears a pod set up through the API down; see the module documentation.
-pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Result<(), ApiError> {
-    let deadline = crate::api::deadline::current(node.cfg.request_timeout);
+pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadline: Instant) -> Result<(), PodError> {
     let key = (namespace, name);
     {
         let mut m = node.model();
         if m.tear_down(&key).is_none() && m.doomed(&key).is_none() {
             let obj = format!("pod {}/{}", key.0, key.1);
             return Err(if m.is_reserved(&key) {
-                ApiError::Conflict(Problem::new(obj, "name", "a setup of this pod is in progress"))
+                PodError::Conflict(Problem::new(obj, "name", "a setup of this pod is in progress"))
             } else if m.in_source(&key) {
-                ApiError::Conflict(Problem::new(obj, "name", "the pod comes from the cluster state, not from the pod API"))
+                PodError::Conflict(Problem::new(obj, "name", "the pod comes from the cluster state, not from the pod API"))
             } else {
-                ApiError::NotFound(format!("{obj} was not set up through the pod API"))
+                PodError::NotFound(format!("{obj} was not set up through the pod API"))
             });
         }
     }
@@ -282,14 +230,14 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String) -> Resu
 /// veth vanishing under one of its ports (measured with `sdn-node bench pods`: overlapping the
 /// three made DEL slower, not faster). The port removal answers as soon as ovsdb-server has
 /// committed it, and the kernel's veth deletion then overlaps ovs-vswitchd's reconfiguration.
-pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), ApiError> {
+pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
     let Some((pod, req)) = node.model().doomed(key).cloned() else { return Ok(()) };
     // Flows: the pod's owner is empty in the model now; its VNID's flows are recomputed.
     let queued = {
         let m = node.model();
         match node.engine() {
             Some(engine) => engine.submit_update(m.pod_update(&pod), OnFailure::Keep).map_err(engine_error),
-            None => Err(ApiError::Unavailable("the switch is not connected".into())),
+            None => Err(PodError::NotReady("the switch is not connected".into())),
         }
     };
     let flows = match queued {
@@ -298,11 +246,11 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
     };
     // The port, whatever became of the flows (it carries no flows any more).
     let port = match node.ovs() {
-        None => Err(ApiError::Unavailable("ovsdb-server is not connected".into())),
+        None => Err(PodError::NotReady("ovsdb-server is not connected".into())),
         Some(ovs) => match timeout_at(deadline, node.locks.lock(&pod.host_veth)).await {
-            Err(_) => Err(ApiError::Timeout(format!("port {:?} stayed busy", pod.host_veth))),
+            Err(_) => Err(PodError::Deadline(format!("port {:?} stayed busy", pod.host_veth))),
             Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, &node.cfg.bridge, &pod.host_veth)).await {
-                Err(_) => Err(ApiError::Timeout("ovsdb-server did not remove the port in time".into())),
+                Err(_) => Err(PodError::Deadline("ovsdb-server did not remove the port in time".into())),
                 Ok(r) => r.map_err(|e| ovsdb_error(&pod, e)),
             },
         },

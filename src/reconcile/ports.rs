@@ -14,6 +14,9 @@ use crate::cluster::Pod;
 use crate::model::OfPort;
 use crate::ovsdb::{BridgeOptions, Ovs, OvsdbError, PortSpec};
 
+/// The Port `external_ids` key that marks a spare (not yet any pod's).
+pub const SPARE_KEY: &str = "sdn-node-spare";
+
 /// What the base ports depend on in the cluster's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BaseSpec {
@@ -76,7 +79,7 @@ pub async fn add_pod_port(
 /// record in one transaction (which fails if the port is gone), then bandwidth if the pod has
 /// limits. Returns the spare's ofport.
 pub async fn claim_spare_port(ovs: &Ovs, pod: &Pod, record: (&str, &str), ofport: u32) -> Result<u32, OvsdbError> {
-    ovs.replace_port_external_id(&pod.host_veth, super::spares::SPARE_KEY, record.0, record.1).await?;
+    ovs.replace_port_external_id(&pod.host_veth, SPARE_KEY, record.0, record.1).await?;
     if pod.ingress_bps > 0 || pod.egress_bps > 0 {
         ovs.set_pod_bandwidth(&pod.host_veth, pod.ingress_bps, pod.egress_bps).await?;
     }

@@ -33,7 +33,7 @@ use tracing::{info, warn};
 
 use super::checkpoint;
 use super::Node;
-use crate::api::PodRequest;
+use super::record::PodRecord;
 use crate::cluster::{Pod, PodKey};
 
 /// Where a candidate's record came from.
@@ -46,8 +46,8 @@ pub enum Origin {
 /// The records of one pod.
 #[derive(Clone, Debug, Default)]
 pub struct Claim {
-    pub ovsdb: Option<(Pod, PodRequest)>,
-    pub checkpoint: Option<(Pod, PodRequest)>,
+    pub ovsdb: Option<(Pod, PodRecord)>,
+    pub checkpoint: Option<(Pod, PodRecord)>,
 }
 
 /// Whether a record's sandbox and interface are there.
@@ -61,14 +61,14 @@ pub enum Liveness {
 /// What becomes of one pod's records.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
-    pub keep: Option<(Origin, PodRequest)>,
+    pub keep: Option<(Origin, PodRecord)>,
     /// Records torn down, with why.
-    pub tear_down: Vec<(PodRequest, String)>,
+    pub tear_down: Vec<(PodRecord, String)>,
 }
 
 /// The union of both sources, by pod. Checkpoint records that are not valid pods cannot occur
 /// (the file is validated when read) and are skipped.
-pub fn merge(ovsdb: Vec<(Pod, PodRequest)>, saved: &[PodRequest]) -> BTreeMap<PodKey, Claim> {
+pub fn merge(ovsdb: Vec<(Pod, PodRecord)>, saved: &[PodRecord]) -> BTreeMap<PodKey, Claim> {
     let mut claims: BTreeMap<PodKey, Claim> = BTreeMap::new();
     for (pod, req) in ovsdb {
         let key = pod.key();
@@ -84,9 +84,9 @@ pub fn merge(ovsdb: Vec<(Pod, PodRequest)>, saved: &[PodRequest]) -> BTreeMap<Po
 }
 
 /// Which records of a pod to keep, given each record's liveness; see the module documentation.
-pub fn decide(claim: &Claim, live: impl Fn(&PodRequest) -> Liveness) -> Decision {
+pub fn decide(claim: &Claim, live: impl Fn(&PodRecord) -> Liveness) -> Decision {
     let mut d = Decision::default();
-    let consider = |origin: Origin, r: &PodRequest, d: &mut Decision| match live(r) {
+    let consider = |origin: Origin, r: &PodRecord, d: &mut Decision| match live(r) {
         Liveness::Live if d.keep.is_none() => d.keep = Some((origin, r.clone())),
         Liveness::Live => d.tear_down.push((r.clone(), "another record of the pod, newer in OVSDB, is live".into())),
         Liveness::Gone(why) => d.tear_down.push((r.clone(), why)),
@@ -112,7 +112,7 @@ pub fn decide(claim: &Claim, live: impl Fn(&PodRequest) -> Liveness) -> Decision
 
 /// A record's sandbox and interface, as the kernel has them. `Err`: the kernel could not be
 /// asked (the recovery is retried).
-async fn liveness(host: &hostnet::Netns, r: &PodRequest) -> Result<Liveness, String> {
+async fn liveness(host: &hostnet::Netns, r: &PodRecord) -> Result<Liveness, String> {
     let Some(cni) = &r.cni else { return Ok(Liveness::Live) };
     if !std::path::Path::new(&cni.netns).exists() {
         return Ok(Liveness::Gone(format!("its sandbox {} is gone", cni.netns)));
@@ -140,7 +140,7 @@ async fn liveness(host: &hostnet::Netns, r: &PodRequest) -> Result<Liveness, Str
 
 /// Deletes what the agent made for a torn-down record: its host veth, if it is still the
 /// recorded one (its ifindex; deleting it deletes the pod's end too).
-async fn remove_interface(host: &hostnet::Netns, r: &PodRequest) -> Result<(), String> {
+async fn remove_interface(host: &hostnet::Netns, r: &PodRecord) -> Result<(), String> {
     let Some(cni) = &r.cni else { return Ok(()) };
     match hostnet::delete_owned(host, &r.host_veth, cni.host_ifindex).await {
         Ok(_) => Ok(()),
@@ -153,12 +153,12 @@ const CONCURRENCY: usize = 16;
 
 /// Recovers the API pods into the model (see the module documentation); `from_ovsdb` are the
 /// records on the bridge's ports.
-pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRequest)>) -> Result<(), String> {
+pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(), String> {
     let saved = node.checkpoint.loaded().unwrap_or_default();
     let claims = merge(from_ovsdb, &saved.pods);
     let host = hostnet::Netns::current().map_err(|e| format!("the agent's network namespace: {e}"))?;
     // Every record's liveness, looked up concurrently.
-    let records: Vec<PodRequest> =
+    let records: Vec<PodRecord> =
         claims.values().flat_map(|c| c.ovsdb.iter().chain(c.checkpoint.iter())).map(|(_, r)| r.clone()).collect();
     let looked: Vec<Result<(String, Liveness), String>> = futures::stream::iter(records)
         .map(|r| {
@@ -217,17 +217,18 @@ pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRequest)>) -> Re
 
 /// One record's identity among the candidates (a pod has at most two records, of different
 /// containers when they are compared).
-fn identity(r: &PodRequest) -> String {
+fn identity(r: &PodRecord) -> String {
     format!("{}/{}/{}", r.namespace, r.name, r.container_id)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::CniRecord;
+    use crate::reconcile::record::CniRecord;
 
-    fn record(name: &str, container: u8, ip: &str) -> PodRequest {
-        PodRequest {
+    fn record(name: &str, container: u8, ip: &str) -> PodRecord {
+        PodRecord {
+            version: 1,
             container_id: format!("{container:02x}").repeat(32),
             namespace: "team-a".into(),
             name: name.into(),
@@ -247,11 +248,11 @@ mod tests {
         }
     }
 
-    fn with_pod(r: PodRequest) -> (Pod, PodRequest) {
+    fn with_pod(r: PodRecord) -> (Pod, PodRecord) {
         (r.to_pod().unwrap(), r)
     }
 
-    fn all_live(_: &PodRequest) -> Liveness {
+    fn all_live(_: &PodRecord) -> Liveness {
         Liveness::Live
     }
 
@@ -287,7 +288,7 @@ mod tests {
         assert_eq!(d.tear_down.len(), 1);
         assert_eq!(d.tear_down[0].0, c);
         // Only the checkpoint's sandbox is live: it is kept.
-        let only_c = |r: &PodRequest| {
+        let only_c = |r: &PodRecord| {
             if r.container_id == c.container_id {
                 Liveness::Live
             } else {

@@ -30,11 +30,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::ports::SPARE_KEY;
 use super::Node;
 use crate::ovsdb::PortSpec;
 
-/// The Port `external_ids` key that marks a spare (not yet any pod's).
-pub const SPARE_KEY: &str = "sdn-node-spare";
 
 /// How long the pool waits after the last take before refilling.
 const QUIET: Duration = Duration::from_millis(150);

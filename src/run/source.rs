@@ -9,30 +9,9 @@ use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
-use crate::cluster::{state_file, ClusterState, Problem};
+use crate::cluster::state_file;
 
-/// A loaded state and the objects it rejected.
-#[derive(Debug)]
-pub struct Loaded {
-    pub state: ClusterState,
-    pub problems: Vec<Problem>,
-    /// The pods that exist on this node according to the source (Kubernetes), once it has
-    /// listed them: pods set up through the pod API that are not in it are torn down. `None`
-    /// for sources that do not know (the state file).
-    pub live_pods: Option<std::collections::BTreeSet<crate::cluster::PodKey>>,
-    /// A hint for the reconciler: `None` = anything may have changed since the previously
-    /// published state (a first list, a relist, a ClusterNetwork or NetNamespace change, or a
-    /// source that does not know, like the state file); `Some(owners)` = only these owners'
-    /// flows can differ from the previously published state's.
-    pub touched: Option<Vec<crate::store::Owner>>,
-    /// The publisher's sequence number (1, 2, ...; 0 = unnumbered). `touched` is relative to
-    /// the state numbered one less: a consumer that skipped a state (the channel keeps only the
-    /// latest) must recompute everything.
-    pub seq: u64,
-    /// This node's pods' bandwidth annotations (Kubernetes), applied when a pod is set up
-    /// through CNI; the state file gives none.
-    pub pod_annotations: std::collections::BTreeMap<crate::cluster::PodKey, std::collections::BTreeMap<String, String>>,
-}
+pub use crate::cluster::Loaded;
 
 /// Loads the file once and then follows it. The returned receiver always holds the last good
 /// state (`None` until the file first parses). The watcher lives as long as the task.

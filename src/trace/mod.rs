@@ -122,7 +122,7 @@ pub struct Inventory {
 impl Inventory {
     /// Builds the inventory from `state`, the agent's pod requests and OVSDB's ports (whose pod
     /// records name the API pods when the agent is not running).
-    pub fn new(state: Option<ClusterState>, api_pods: Vec<crate::api::PodRequest>, ports: Ports) -> Inventory {
+    pub fn new(state: Option<ClusterState>, api_pods: Vec<crate::reconcile::record::PodRecord>, ports: Ports) -> Inventory {
         let Ports { ofports, macs, records } = ports;
         let mut pods: Vec<PodInfo> = Vec::new();
         let vnid_of = |ns: &str| state.as_ref().and_then(|s| s.vnid_of(ns)).map(|v| v.get());
@@ -177,7 +177,7 @@ impl Inventory {
         )
         .await
         {
-            Ok(Ok((200, body))) => match serde_json::from_str::<Vec<crate::api::PodRequest>>(&body) {
+            Ok(Ok((200, body))) => match serde_json::from_str::<Vec<crate::reconcile::record::PodRecord>>(&body) {
                 Ok(p) => p,
                 Err(e) => {
                     notes.push(format!("agent {}: unreadable pod list: {e}", args.socket.display()));
@@ -276,7 +276,7 @@ pub struct Ports {
     /// Interface name -> MAC (see [`Inventory::macs`]).
     pub macs: HashMap<String, String>,
     /// The pod records the agent keeps on its API pods' ports ([`crate::reconcile::POD_KEY`]).
-    pub records: Vec<crate::api::PodRequest>,
+    pub records: Vec<crate::reconcile::record::PodRecord>,
 }
 
 /// Reads the Interface rows (name, ofport, MAC) and the Port rows' pod records in one
@@ -321,7 +321,7 @@ async fn read_ports(db: &std::path::Path) -> Result<(Ports, Vec<String>), String
         else {
             continue;
         };
-        match serde_json::from_str::<crate::api::PodRequest>(&json) {
+        match serde_json::from_str::<crate::reconcile::record::PodRecord>(&json) {
             Ok(req) if req.host_veth == name => out.records.push(req),
             Ok(req) => problems.push(format!("OVSDB: port {name}: its pod record names port {:?}", req.host_veth)),
             Err(e) => problems.push(format!("OVSDB: port {name}: unreadable pod record: {e}")),

@@ -15,23 +15,6 @@ use crate::cluster::ClusterState;
 use crate::model::Vnid;
 use crate::store::Owner;
 
-/// The kinds' names, as [`Owner::parse`] spells them.
-pub fn kind_name(kind: u8) -> Option<&'static str> {
-    Some(match kind {
-        1 => "base",
-        2 => "version",
-        3 => "policy",
-        4 => "pod",
-        5 => "hostsubnet",
-        6 => "service",
-        7 => "egress",
-        8 => "multicast",
-        9 => "multicast-vxlan",
-        10 => "vnid",
-        _ => return None,
-    })
-}
-
 /// What a cookie says about its flow's owner.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CookieOwner {
@@ -141,7 +124,7 @@ impl OwnerIndex {
         let generation = Owner::generation_of(cookie);
         let mut out = CookieOwner {
             cookie: format!("{cookie:#x}"),
-            kind: match (cookie, kind_name(kind)) {
+            kind: match (cookie, Owner::kind_name(kind)) {
                 (0, _) => "none".into(),
                 (_, Some(k)) => k.into(),
                 (_, None) => format!("unknown({kind})"),

@@ -16,8 +16,7 @@ use k8s_openapi::api::networking::v1 as knet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::state_file::{Checked, FieldError};
-use super::{ClusterState, Problem};
+use super::{Checked, ClusterState, FieldError, Problem};
 use crate::model::Vnid;
 use crate::pipeline::netpol::{Allow, Dst, IsolatedPod, Src, L4};
 

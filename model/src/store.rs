@@ -45,6 +45,24 @@ pub enum Owner {
 }
 
 impl Owner {
+    /// The kinds' names, as [`Owner::parse`] spells them.
+    pub fn kind_name(kind: u8) -> Option<&'static str> {
+        Some(match kind {
+            1 => "base",
+            2 => "version",
+            3 => "policy",
+            4 => "pod",
+            5 => "hostsubnet",
+            6 => "service",
+            7 => "egress",
+            8 => "multicast",
+            9 => "multicast-vxlan",
+            10 => "vnid",
+            11 => "netpol",
+            _ => return None,
+        })
+    }
+
     pub fn kind(&self) -> u8 {
         match self {
             Owner::Base => 1,
@@ -485,7 +503,7 @@ pub fn is_current(desired: &DesiredState, installed: &InstalledState, generation
     version_ok
         && installed.iter().all(|(_, i)| {
             let kind = (i.cookie >> 56) as u8;
-            !(1..=10).contains(&kind) || Owner::generation_of(i.cookie) == (generation & 0xff_ffff)
+            Owner::kind_name(kind).is_none() || Owner::generation_of(i.cookie) == (generation & 0xff_ffff)
         })
 }
 

@@ -361,7 +361,7 @@ mod tests {
     use super::*;
     use crate::cluster::state_file::parse;
 
-    const EXAMPLE: &str = include_str!("../../deploy/examples/cluster.yaml");
+    const EXAMPLE: &str = include_str!("../../../deploy/examples/cluster.yaml");
 
     #[test]
     fn example_state() {
@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn networkpolicy_example() {
-        let (state, problems) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
+        let (state, problems) = parse(include_str!("../../../deploy/examples/networkpolicy.yaml")).unwrap();
         assert!(problems.is_empty(), "{problems:?}");
         let (d, problems, warnings) = desired_state_with_warnings(&state, &example_ofports(&state), &DnsAnswers::new());
         assert!(problems.is_empty() && warnings.is_empty(), "{problems:?} {warnings:?}");
@@ -507,7 +507,7 @@ mod tests {
     fn owner_flows_agree_with_the_full_computation_on_the_examples() {
         let mut dns = DnsAnswers::new();
         dns.insert("www.example.com".into(), Ok(vec!["93.184.216.34".parse().unwrap()]));
-        for text in [EXAMPLE, include_str!("../../deploy/examples/subnet.yaml"), include_str!("../../deploy/examples/networkpolicy.yaml")] {
+        for text in [EXAMPLE, include_str!("../../../deploy/examples/subnet.yaml"), include_str!("../../../deploy/examples/networkpolicy.yaml")] {
             let (state, _) = parse(text).unwrap();
             let ofports = example_ofports(&state);
             assert_incremental_is_full(&state, &ofports, &dns);

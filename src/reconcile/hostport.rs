@@ -8,7 +8,7 @@
 //! interface has) or the node's default route — those are the node's own interfaces, whatever
 //! their kind.
 
-use crate::api::ApiError;
+use super::PodError;
 use crate::cluster::{Pod, Problem};
 
 /// IFLA_INFO_KIND of an OVS internal port on the kernel datapath.
@@ -17,15 +17,15 @@ const OVS_INTERNAL: &str = "openvswitch";
 const TAP: &str = "tun";
 
 /// Refuses `pod.host_veth` unless it is a pod's port (see the module documentation).
-pub async fn check(pod: &Pod) -> Result<(), ApiError> {
+pub async fn check(pod: &Pod) -> Result<(), PodError> {
     let object = format!("pod {}/{}", pod.namespace, pod.name);
     let host =
-        hostnet::Netns::current().map_err(|e| ApiError::Failed(format!("the agent's own network namespace: {e}")))?;
+        hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
     let found = hostnet::host_interface(&host, &pod.host_veth)
         .await
-        .map_err(|e| ApiError::Failed(format!("{object}: reading interface {:?}: {e}", pod.host_veth)))?;
+        .map_err(|e| PodError::Failed(format!("{object}: reading interface {:?}: {e}", pod.host_veth)))?;
     verdict(pod.internal, &pod.host_veth, found.as_ref())
-        .map_err(|m| ApiError::Invalid(Problem::new(object, "hostVeth", m)))
+        .map_err(|m| PodError::Invalid(Problem::new(object, "hostVeth", m)))
 }
 
 /// The policy alone: `Err` with the reason when `name` (as found, or `None`) is refused.

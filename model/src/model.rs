@@ -118,6 +118,13 @@ impl Plugin {
     }
 }
 
+/// openshift-sdn's MAC for a pod's address: `0a:58:` followed by the address's four bytes
+/// (locally administered, unicast, and unique while the address is).
+pub fn pod_mac(ip: std::net::Ipv4Addr) -> openflow::MacAddr {
+    let o = ip.octets();
+    openflow::MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

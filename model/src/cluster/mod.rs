@@ -3,7 +3,9 @@
 
 pub mod desired;
 pub mod netpol;
+pub mod quantity;
 pub mod state_file;
+pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -41,6 +43,60 @@ impl fmt::Display for Problem {
         }
     }
 }
+
+/// A state as a source (the state file, Kubernetes) publishes it, with the objects it
+/// rejected.
+#[derive(Debug)]
+pub struct Loaded {
+    pub state: ClusterState,
+    pub problems: Vec<Problem>,
+    /// The pods that exist on this node according to the source (Kubernetes), once it has
+    /// listed them: pods set up through the pod API that are not in it are torn down. `None`
+    /// for sources that do not know (the state file).
+    pub live_pods: Option<std::collections::BTreeSet<PodKey>>,
+    /// A hint for the reconciler: `None` = anything may have changed since the previously
+    /// published state (a first list, a relist, a ClusterNetwork or NetNamespace change, or a
+    /// source that does not know, like the state file); `Some(owners)` = only these owners'
+    /// flows can differ from the previously published state's.
+    pub touched: Option<Vec<crate::store::Owner>>,
+    /// The publisher's sequence number (1, 2, ...; 0 = unnumbered). `touched` is relative to
+    /// the state numbered one less: a consumer that skipped a state (the channel keeps only the
+    /// latest) must recompute everything.
+    pub seq: u64,
+    /// This node's pods' bandwidth annotations (Kubernetes), applied when a pod is set up
+    /// through CNI; the state file gives none.
+    pub pod_annotations: std::collections::BTreeMap<PodKey, std::collections::BTreeMap<String, String>>,
+}
+
+/// A rejected field: (field, message).
+pub type FieldError = (String, String);
+
+/// One object checked on its own: the model object and the problems of the parts that were
+/// dropped from it (named by field only; [`name_problems`] names the object), or why the whole
+/// object is rejected.
+pub type Checked<T> = Result<(T, Vec<Problem>), FieldError>;
+
+/// The problems of one checked object, named after it (`hostsubnet node-b`, `service ns/web`).
+pub fn name_problems<T>(object: &str, checked: Checked<T>) -> (Option<T>, Vec<Problem>) {
+    match checked {
+        Ok((t, local)) => (
+            Some(t),
+            local
+                .into_iter()
+                .map(|mut p| {
+                    p.object = object.to_string();
+                    p
+                })
+                .collect(),
+        ),
+        Err((field, msg)) => (None, vec![Problem::new(object, field, msg)]),
+    }
+}
+
+/// The annotations that give a pod's bandwidth (as openshift-sdn's SetPodBandwidth).
+pub const INGRESS_ANNOTATION: &str = "kubernetes.io/ingress-bandwidth";
+pub const EGRESS_ANNOTATION: &str = "kubernetes.io/egress-bandwidth";
+
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostSubnet {

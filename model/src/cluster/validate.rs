@@ -1,0 +1,354 @@
+//! The rule book: every check an object of the cluster passes before it enters the model,
+//! whatever its source (the state file, Kubernetes, the pod API, CNI, a stored record). Each
+//! function takes an object's fields as the source has them and returns the model's object,
+//! or the field that is wrong and why.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::Deserialize;
+
+use super::{Checked, ClusterState, Fatal, FieldError, HostSubnet, NetNamespace, Pod, Problem, Service};
+use crate::model::{ContainerId, Plugin, Vnid};
+use crate::pipeline::egress::{self, RuleType, Target};
+use crate::pipeline::service::{ServicePort, ServiceProto};
+
+/// The most rules one EgressNetworkPolicy may have (as the OpenShift API limits it).
+pub const MAX_EGRESS_RULES: usize = 10_000;
+
+/// A pod as the state file (and the pod API, field for field) writes it, before validation.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPod {
+    pub namespace: String,
+    pub name: String,
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    #[serde(rename = "hostVeth")]
+    pub host_veth: String,
+    pub ip: String,
+    pub mac: String,
+    #[serde(default, rename = "ingressBPS")]
+    pub ingress_bps: i64,
+    #[serde(default, rename = "egressBPS")]
+    pub egress_bps: i64,
+    #[serde(default)]
+    pub internal: bool,
+}
+
+/// The cluster-wide settings of a state, validated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub node: String,
+    pub plugin: Plugin,
+    pub cluster_network: Ipv4Net,
+    pub service_network: Ipv4Net,
+    pub vxlan_port: u16,
+    pub mtu: u32,
+}
+
+/// Validates the cluster-wide settings (the state cannot be used without them).
+pub fn header(
+    node: String,
+    plugin: Plugin,
+    cluster_network: &str,
+    service_network: &str,
+    vxlan_port: u16,
+    mtu: u32,
+) -> Result<Header, Fatal> {
+    let cluster_network = net(cluster_network).map_err(|e| Fatal(format!("field clusterNetwork: {e}")))?;
+    let service_network = net(service_network).map_err(|e| Fatal(format!("field serviceNetwork: {e}")))?;
+    if node.is_empty() {
+        return Err(Fatal("field node: must not be empty".into()));
+    }
+    if !(576..=9000).contains(&mtu) {
+        return Err(Fatal(format!("field mtu: {mtu} is outside 576..=9000")));
+    }
+    if vxlan_port == 0 {
+        return Err(Fatal("field vxlanPort: 0 is not a UDP port".into()));
+    }
+    Ok(Header { node, plugin, cluster_network, service_network, vxlan_port, mtu })
+}
+
+/// Builds the state from objects validated one by one ([`host_subnet`], [`service`], ...) and
+/// runs the cross-object checks ([`ClusterState::validate`]); `problems` are the per-object
+/// problems found so far, the cross-object ones follow them.
+pub fn assemble(
+    h: Header,
+    host_subnets: Vec<HostSubnet>,
+    net_namespaces: Vec<NetNamespace>,
+    services: Vec<Service>,
+    pods: Vec<Pod>,
+    egress_policies: Vec<egress::Policy>,
+    problems: Vec<Problem>,
+) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    assemble_with_policies(h, host_subnets, net_namespaces, services, pods, egress_policies, (Vec::new(), Vec::new()), problems)
+}
+
+/// [`assemble`] with the NetworkPolicy plugin's objects: pods on other nodes and policies.
+#[allow(clippy::too_many_arguments)]
+pub fn assemble_with_policies(
+    h: Header,
+    host_subnets: Vec<HostSubnet>,
+    net_namespaces: Vec<NetNamespace>,
+    services: Vec<Service>,
+    pods: Vec<Pod>,
+    egress_policies: Vec<egress::Policy>,
+    (remote_pods, network_policies): (Vec<super::netpol::RemotePod>, Vec<super::netpol::NetworkPolicy>),
+    mut problems: Vec<Problem>,
+) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    let state = ClusterState {
+        node: h.node,
+        plugin: h.plugin,
+        cluster_network: h.cluster_network,
+        service_network: h.service_network,
+        vxlan_port: h.vxlan_port,
+        mtu: h.mtu,
+        host_subnets,
+        net_namespaces,
+        services,
+        pods,
+        egress_policies,
+        remote_pods,
+        network_policies,
+        pod_meta: Default::default(),
+    };
+    let (state, more) = state.validate()?;
+    problems.extend(more);
+    Ok((state, problems))
+}
+
+fn net(s: &str) -> Result<Ipv4Net, String> {
+    s.parse::<Ipv4Net>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))
+}
+
+fn addr(s: &str) -> Result<Ipv4Addr, String> {
+    s.parse::<Ipv4Addr>().map_err(|_| format!("{s:?} is not an IPv4 address"))
+}
+
+fn vnid(v: u64) -> Result<Vnid, String> {
+    u32::try_from(v).map_err(|_| format!("VNID {v} exceeds the 24-bit maximum")).and_then(Vnid::new)
+}
+
+fn at(field: &str) -> impl Fn(String) -> FieldError + '_ {
+    move |m| (field.to_string(), m)
+}
+
+fn name(field: &str, s: &str) -> Result<(), FieldError> {
+    if s.is_empty() {
+        return Err((field.into(), "must not be empty".into()));
+    }
+    Ok(())
+}
+
+/// Checks one pod of another node (a NetworkPolicy peer).
+pub fn remote_pod(namespace: String, name_: String, ip: &str, labels: super::netpol::Labels) -> Result<super::netpol::RemotePod, FieldError> {
+    name("namespace", &namespace)?;
+    name("name", &name_)?;
+    Ok(super::netpol::RemotePod { ip: addr(ip).map_err(at("ip"))?, namespace, name: name_, labels })
+}
+
+/// Checks one HostSubnet. `fixed_vnid`: the fixed-VNID value, or why it is not a number.
+pub fn host_subnet(host: &str, host_ip: &str, subnet: &str, fixed_vnid: Option<Result<u64, String>>) -> Checked<HostSubnet> {
+    name("host", host)?;
+    let fixed_vnid = match fixed_vnid {
+        None => None,
+        Some(v) => Some(v.and_then(vnid).map_err(at("fixedVNID"))?),
+    };
+    Ok((
+        HostSubnet { host: host.to_string(), host_ip: addr(host_ip).map_err(at("hostIP"))?, subnet: net(subnet).map_err(at("subnet"))?, fixed_vnid },
+        Vec::new(),
+    ))
+}
+
+/// Checks one NetNamespace. `netid`: the number, or why the value is not one.
+pub fn net_namespace(name_: &str, netid: Result<u64, String>, multicast: bool) -> Checked<NetNamespace> {
+    name("name", name_)?;
+    let vnid = netid.and_then(vnid).map_err(at("netid"))?;
+    Ok((NetNamespace { name: name_.to_string(), vnid, multicast, labels: Default::default() }, Vec::new()))
+}
+
+/// Checks one service; `ports` are (protocol, port). A port with an unsupported protocol or
+/// number is dropped from the service with a problem; the service keeps its other ports (the
+/// seed logs and skips such a port).
+pub fn service<'a>(namespace: &str, name_: &str, cluster_ip: &str, ports_in: impl Iterator<Item = (&'a str, i64)>) -> Checked<Service> {
+    name("namespace", namespace)?;
+    name("name", name_)?;
+    let cluster_ip = addr(cluster_ip).map_err(at("clusterIP"))?;
+    let mut problems = Vec::new();
+    let mut ports = Vec::new();
+    for (i, (protocol, port)) in ports_in.enumerate() {
+        let proto = match protocol {
+            "TCP" => ServiceProto::Tcp,
+            "UDP" => ServiceProto::Udp,
+            other => {
+                problems.push(Problem::new("", format!("ports[{i}].protocol"), format!("unhandled protocol {other:?}: only TCP and UDP; this port is skipped")));
+                continue;
+            }
+        };
+        let Ok(n) = u16::try_from(port).map_err(|_| ()).and_then(|n| if n == 0 { Err(()) } else { Ok(n) }) else {
+            problems.push(Problem::new("", format!("ports[{i}].port"), format!("{port} is not a port number (1..65535); this port is skipped")));
+            continue;
+        };
+        let sp = ServicePort { proto, port: n };
+        if !ports.contains(&sp) {
+            ports.push(sp);
+        }
+    }
+    Ok((Service { namespace: namespace.to_string(), name: name_.to_string(), cluster_ip, ports }, problems))
+}
+
+/// Validates one pod (the state file's, the pod API's, CNI's and the stored records' single
+/// rule set).
+pub fn pod(r: RawPod) -> Result<Pod, Problem> {
+    let obj = format!("pod {}/{}", r.namespace, r.name);
+    pod_fields(r).map_err(|(f, m)| Problem::new(obj, f, m))
+}
+
+fn pod_fields(r: RawPod) -> Result<Pod, FieldError> {
+    name("namespace", &r.namespace)?;
+    name("name", &r.name)?;
+    // As the API server validates them: a namespace is a DNS-1123 label, a pod name a
+    // DNS-1123 subdomain.
+    if !dns1123_label(&r.namespace) {
+        return Err(("namespace".into(), format!("{:?} is not a DNS-1123 label (lower-case alphanumerics and '-', at most 63)", r.namespace)));
+    }
+    if !dns1123_subdomain(&r.name) {
+        return Err(("name".into(), format!("{:?} is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253)", r.name)));
+    }
+    name("hostVeth", &r.host_veth)?;
+    // IFNAMSIZ - 1: longer names cannot be network devices; "." and ".." are not names.
+    if r.host_veth.len() > 15
+        || r.host_veth == "."
+        || r.host_veth == ".."
+        || !r.host_veth.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':')
+    {
+        return Err(("hostVeth".into(), format!("{:?} is not a valid interface name (at most 15 characters, no '/' or space)", r.host_veth)));
+    }
+    for (f, v) in [("ingressBPS", r.ingress_bps), ("egressBPS", r.egress_bps)] {
+        if v < 0 {
+            return Err((f.into(), format!("{v} is negative")));
+        }
+    }
+    if !r.mac.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
+        return Err(("mac".into(), format!("{:?} is not six hexadecimal octets separated by ':'", r.mac)));
+    }
+    let mac: openflow::flow_match::MacAddr = r.mac.parse().map_err(|e: openflow::flow_match::MacParseError| ("mac".to_string(), e.to_string()))?;
+    // The pod's own address: the flows match it as a source and deliver to it, so it must be
+    // one station's (a group address would take in every multicast; all-zero is no address).
+    if mac.0[0] & 1 == 1 {
+        return Err(("mac".into(), format!("{mac} is a multicast/broadcast address, not a pod's")));
+    }
+    if mac.0 == [0; 6] {
+        return Err(("mac".into(), format!("{mac} is all zero, not a pod's address")));
+    }
+    Ok(Pod {
+        container_id: ContainerId::parse(&r.container_id).map_err(at("containerID"))?,
+        ip: addr(&r.ip).map_err(at("ip"))?,
+        mac,
+        namespace: r.namespace,
+        name: r.name,
+        host_veth: r.host_veth,
+        ingress_bps: r.ingress_bps,
+        egress_bps: r.egress_bps,
+        internal: r.internal,
+        labels: Default::default(),
+        container_ports: Vec::new(),
+    })
+}
+
+/// A DNS-1123 label: lower-case alphanumerics and '-', starting and ending alphanumeric.
+pub fn dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain: dot-separated DNS-1123 labels, at most 253 characters.
+pub fn dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns1123_label)
+}
+
+/// A DNS name as RFC 1123 allows it.
+fn valid_dns_name(s: &str) -> bool {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+/// One egress rule's fields, as an EgressNetworkPolicy gives them.
+#[derive(Clone, Copy, Debug)]
+pub struct EgressRuleFields<'a> {
+    pub kind: &'a str,
+    pub cidr_selector: Option<&'a str>,
+    pub dns_name: Option<&'a str>,
+}
+
+/// Checks one EgressNetworkPolicy.
+pub fn egress_policy<'a>(namespace: &str, name_: &str, rules_in: impl ExactSizeIterator<Item = EgressRuleFields<'a>>) -> Result<egress::Policy, FieldError> {
+    name("namespace", namespace)?;
+    name("name", name_)?;
+    if rules_in.len() > MAX_EGRESS_RULES {
+        return Err(("egress".into(), format!("{} rules exceed the limit of {MAX_EGRESS_RULES}", rules_in.len())));
+    }
+    let mut rules = Vec::with_capacity(rules_in.len());
+    for (i, rule) in rules_in.enumerate() {
+        let kind = match rule.kind {
+            "Allow" => RuleType::Allow,
+            "Deny" => RuleType::Deny,
+            other => return Err((format!("egress[{i}].type"), format!("{other:?} is neither Allow nor Deny"))),
+        };
+        let to = match (rule.cidr_selector, rule.dns_name) {
+            (Some(c), None) => Target::Cidr(net(c).map_err(at(&format!("egress[{i}].to.cidrSelector")))?),
+            (None, Some(d)) if valid_dns_name(d) => Target::DnsName(d.trim_end_matches('.').to_ascii_lowercase()),
+            (None, Some(d)) => return Err((format!("egress[{i}].to.dnsName"), format!("{d:?} is not a valid DNS name"))),
+            _ => return Err((format!("egress[{i}].to"), "exactly one of cidrSelector and dnsName is required".into())),
+        };
+        rules.push(egress::Rule { kind, to });
+    }
+    Ok(egress::Policy { namespace: namespace.to_string(), name: name_.to_string(), rules })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_mac_is_one_stations_in_canonical_hex() {
+        let pod = |mac: &str| {
+            pod(RawPod {
+                namespace: "a".into(),
+                name: "p".into(),
+                container_id: "ab".repeat(32),
+                host_veth: "v".into(),
+                ip: "10.128.2.5".into(),
+                mac: mac.into(),
+                ingress_bps: 0,
+                egress_bps: 0,
+                internal: true,
+            })
+        };
+        assert!(pod("0a:58:0a:80:02:05").is_ok());
+        for (mac, why) in [
+            ("01:00:5e:00:00:01", "multicast"),
+            ("ff:ff:ff:ff:ff:ff", "multicast/broadcast"),
+            ("33:33:00:00:00:01", "multicast"),
+            ("00:00:00:00:00:00", "all zero"),
+            ("+a:58:0a:80:02:05", "hexadecimal octets"),
+            ("0a:58:0a:80:02:-5", "hexadecimal octets"),
+        ] {
+            let p = pod(mac).unwrap_err();
+            assert_eq!(p.field, "mac", "{mac}: {p}");
+            assert!(p.message.contains(why), "{mac}: {p}");
+        }
+    }
+}

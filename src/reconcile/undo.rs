@@ -1,0 +1,123 @@
+//! A pod setup's one failure path. Each step of a setup (reserve, interface, port + record,
+//! flows) records what undoing it takes as soon as it may have left something behind — before
+//! the call that makes it, when a failed or timed-out call can leave it half made — and the
+//! setup's outcome goes through [`Undo::finish`]: on failure the completed steps are undone,
+//! the latest (in the setup's order) first; on success nothing is.
+//!
+//! The order is the setup's, not the order in which steps were recorded: a warm port's
+//! interface is claimed while its port is added, and is still undone after the port.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::record::PodRecord;
+use super::{pods, Node, PodError};
+use crate::cluster::{Pod, PodKey};
+
+/// How long an undo may take once the request's own deadline has passed.
+pub(super) const UNDO_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// One step of a pod setup, as its undo needs it.
+pub(super) enum Step<'a> {
+    /// The pod's name, address, port name (and sandbox) reserved in the model.
+    Reserved,
+    /// An interface a call of this setup may have made (it failed, or timed out): deleted
+    /// only if it is paired with `ifname` in the setup's sandbox (the sandbox is this setup's
+    /// alone, so such a pair is its own).
+    MaybeInterface { host: &'a hostnet::Netns, name: String, sandbox: &'a hostnet::Netns, ifname: String },
+    /// The interface this setup made (CNI), as its record says: deleted by its recorded ifindex.
+    Interface(PodRecord),
+    /// The pod's port and record on the bridge (added, or perhaps added).
+    Port(Pod),
+    /// The pod in the model with its flows queued: undone as a teardown is (flows, port,
+    /// interface), which covers every earlier step.
+    InModel,
+}
+
+impl Step<'_> {
+    /// The step's place in a setup.
+    fn rank(&self) -> u8 {
+        match self {
+            Step::Reserved => 0,
+            Step::MaybeInterface { .. } | Step::Interface(_) => 1,
+            Step::Port(_) => 2,
+            Step::InModel => 3,
+        }
+    }
+}
+
+/// The steps one setup of pod `key` has completed.
+pub(super) struct Undo<'a> {
+    node: &'a Arc<Node>,
+    key: PodKey,
+    steps: Vec<Step<'a>>,
+}
+
+impl<'a> Undo<'a> {
+    pub fn new(node: &'a Arc<Node>, key: PodKey) -> Undo<'a> {
+        Undo { node, key, steps: Vec::new() }
+    }
+
+    /// Records a completed (or possibly completed) step.
+    pub fn done(&mut self, step: Step<'a>) {
+        self.steps.push(step);
+    }
+
+    /// The interface a call may have made is known now, as `record` says: undone by it.
+    pub fn interface_made(&mut self, record: PodRecord) {
+        self.steps.retain(|s| !matches!(s, Step::MaybeInterface { .. }));
+        self.steps.push(Step::Interface(record));
+    }
+
+    /// The setup's outcome: on failure every completed step is undone before the error is
+    /// returned.
+    pub async fn finish<T>(self, r: Result<T, PodError>) -> Result<T, PodError> {
+        if let Err(e) = &r {
+            if !self.steps.is_empty() {
+                warn!(pod = %format!("{}/{}", self.key.0, self.key.1), error = %e, "pod setup failed; undoing it");
+            }
+            self.run().await;
+        }
+        r
+    }
+
+    async fn run(mut self) {
+        // Stable: steps of one rank keep the order they were done in.
+        self.steps.sort_by_key(Step::rank);
+        let (node, key) = (self.node, &self.key);
+        while let Some(step) = self.steps.pop() {
+            match step {
+                Step::InModel => {
+                    node.model().tear_down(key);
+                    if node.model().doomed(key).is_some() {
+                        // The teardown takes the port and interface too; nothing stays reserved.
+                        let _ = pods::finish_teardown(node, key, Instant::now() + UNDO_GRACE).await;
+                        return;
+                    }
+                }
+                Step::Port(pod) => {
+                    let _g = node.locks.lock(&pod.host_veth).await;
+                    pods::undo_port(node, &pod).await;
+                }
+                Step::Interface(record) => {
+                    if let Err(e) = pods::remove_pod_iface(&record).await {
+                        warn!(veth = %record.host_veth, error = %e, "could not remove a failed setup's interface; a DEL of the container removes it");
+                    }
+                }
+                Step::MaybeInterface { host, name, sandbox, ifname } => undo_made(host, &name, sandbox, &ifname).await,
+                Step::Reserved => node.model().unreserve(key),
+            }
+        }
+    }
+}
+
+/// Deletes `name` in the host namespace if it is paired with `ifname` in `sandbox`.
+async fn undo_made(host: &hostnet::Netns, name: &str, sandbox: &hostnet::Netns, ifname: &str) {
+    if let Ok(hostnet::VethState::Paired { host_index }) = hostnet::veth_state(host, name, None, sandbox, ifname).await {
+        if let Err(e) = hostnet::delete_owned(host, name, Some(host_index)).await {
+            warn!(veth = %name, error = %e, "could not remove a failed ADD's interface; a DEL of the container removes it");
+        }
+    }
+}
