@@ -224,7 +224,7 @@ async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns
         Err(e) => Err(e),
         Ok(d) => {
             let n = node.clone();
-            detached(async move { crate::reconcile::pods::teardown(&n, ns, name, d).await }).await
+            detached(async move { crate::reconcile::teardown::teardown(&n, ns, name, d).await }).await
         }
     };
     count(&node.telemetry, "teardown", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));

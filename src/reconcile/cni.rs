@@ -24,7 +24,8 @@ use std::sync::Arc;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
-use super::pods::{finish_teardown, ready};
+use super::pods::ready;
+use super::teardown::finish_teardown;
 use super::undo::{Step, Undo};
 use super::Node;
 use super::record::{CniRecord, PodRecord, SandboxId};
@@ -193,7 +194,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
             host_ifname: Some(pod.host_veth.clone()),
         };
         // A DEL of a pod of this sandbox may still be deleting its interface.
-        drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::pods::sandbox_lock(&req.netns))).await);
+        drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
         let iface = match spare {
             // This ADD owns the spare now: used, or destroyed with whatever failed.
             Some((spare, hold, ahead)) => {

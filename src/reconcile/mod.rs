@@ -27,6 +27,7 @@ pub mod record;
 pub mod recovery;
 pub mod repair;
 pub mod spares;
+pub mod teardown;
 mod undo;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -461,7 +462,7 @@ impl Reconciler {
         for (p, req) in doomed {
             // The interface the agent created for a CNI pod goes too.
             if req.cni.is_some() {
-                if let Err(e) = pods::remove_pod_iface(&req).await {
+                if let Err(e) = teardown::remove_pod_iface(&req).await {
                     warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %e, "could not remove a torn-down pod's interface; will retry");
                     continue;
                 }

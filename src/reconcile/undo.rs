@@ -13,11 +13,9 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::record::PodRecord;
-use super::{pods, Node, PodError};
+use super::teardown::{self, UNDO_GRACE};
+use super::{Node, PodError};
 use crate::cluster::{Pod, PodKey};
-
-/// How long an undo may take once the request's own deadline has passed.
-pub(super) const UNDO_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One step of a pod setup, as its undo needs it.
 pub(super) enum Step<'a> {
@@ -93,16 +91,16 @@ impl<'a> Undo<'a> {
                     node.model().tear_down(key);
                     if node.model().doomed(key).is_some() {
                         // The teardown takes the port and interface too; nothing stays reserved.
-                        let _ = pods::finish_teardown(node, key, Instant::now() + UNDO_GRACE).await;
+                        let _ = teardown::finish_teardown(node, key, Instant::now() + UNDO_GRACE).await;
                         return;
                     }
                 }
                 Step::Port(pod) => {
                     let _g = node.locks.lock(&pod.host_veth).await;
-                    pods::undo_port(node, &pod).await;
+                    teardown::undo_port(node, &pod).await;
                 }
                 Step::Interface(record) => {
-                    if let Err(e) = pods::remove_pod_iface(&record).await {
+                    if let Err(e) = teardown::remove_pod_iface(&record).await {
                         warn!(veth = %record.host_veth, error = %e, "could not remove a failed setup's interface; a DEL of the container removes it");
                     }
                 }
