@@ -36,6 +36,151 @@ struct Ovs {
     bridge: String,
 }
 
+/// The bridge the agent programs, and how (shared by `apply` and `run`).
+#[derive(clap::Args)]
+struct BridgeArgs {
+    #[command(flatten)]
+    ovs: Ovs,
+    /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
+    #[arg(long, default_value = "system")]
+    datapath_type: String,
+    /// Seconds to wait for a pod's port to get an ofport.
+    #[arg(long, default_value_t = 10)]
+    port_timeout: u64,
+}
+
+/// `sdn-node run`'s options.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The cluster state (YAML), watched for changes.
+    #[arg(long, required_unless_present_any = ["kubeconfig", "in_cluster"], conflicts_with_all = ["kubeconfig", "in_cluster"])]
+    state: Option<PathBuf>,
+    /// Follow the Kubernetes API (openshift-sdn's objects) through this kubeconfig instead
+    /// of a state file.
+    #[arg(long, conflicts_with = "in_cluster", requires = "node")]
+    kubeconfig: Option<PathBuf>,
+    /// Follow the Kubernetes API with the in-cluster service account.
+    #[arg(long, requires = "node")]
+    in_cluster: bool,
+    /// This node's name (Kubernetes mode).
+    #[arg(long, env = "NODE_NAME")]
+    node: Option<String>,
+    #[command(flatten)]
+    bridge: BridgeArgs,
+    /// Seconds of silence from the switch before an echo request.
+    #[arg(long, default_value_t = 5.0)]
+    echo_interval: f64,
+    /// Seconds an echo may take before the switch is declared dead.
+    #[arg(long, default_value_t = 15.0)]
+    echo_timeout: f64,
+    /// Longest delay between reconnect attempts, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    max_backoff: f64,
+    /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
+    #[arg(long, default_value = sdn_node::api::DEFAULT_SOCKET)]
+    pod_api_socket: String,
+    /// Where /metrics, /healthz and /readyz are served; `none` disables them.
+    #[arg(long, default_value = "127.0.0.1:9101")]
+    metrics_addr: String,
+    /// Deadline of one pod API request, in seconds (answered 504 when it passes, with
+    /// nothing of the request left behind).
+    #[arg(long, default_value_t = 30.0)]
+    request_timeout: f64,
+    /// Deadline of one OVSDB request, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    ovsdb_timeout: f64,
+    /// OVSDB inactivity probe: an echo after this many idle seconds; a server silent for
+    /// twice as long is declared dead and the connection re-established.
+    #[arg(long, default_value_t = 5.0)]
+    ovsdb_probe: f64,
+    /// /healthz fails when one reconcile pass has taken longer than this many seconds.
+    #[arg(long, default_value_t = 120.0)]
+    watchdog: f64,
+    /// Leave the node's own networking alone (tun0 address and routes, sysctls, the
+    /// nftables NAT/filter table); the dummy datapath never touches it.
+    #[arg(long)]
+    no_host_network: bool,
+    /// Where the CNI network configuration (80-sdn-node.conflist) is written once the agent
+    /// serves pods; `none` disables it.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: String,
+    /// Name server (IP:PORT) for egress policies' dnsName rules, instead of the system's
+    /// resolv.conf; repeatable.
+    #[arg(long)]
+    dns_server: Vec<std::net::SocketAddr>,
+    /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
+    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
+    /// README). Refilled in the background after ADDs; 0 disables them.
+    #[arg(long, default_value_t = 0)]
+    warm_ports: usize,
+    /// Take a warm port whenever one is ready, even while adding a port is measured to be
+    /// cheaper than moving one (for tests of the warm path on small bridges).
+    #[arg(long, hide = true)]
+    warm_ports_always: bool,
+    /// Where the agent keeps its own durable record of the pods (pods.json), so that they
+    /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
+    /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
+    /// (exit 1, the file named): see README "Pod records".
+    #[arg(long, default_value = "/var/lib/sdn-node")]
+    state_dir: String,
+}
+
+/// `none` disables an optional path.
+fn unless_none(s: String) -> Option<PathBuf> {
+    (s != "none").then(|| PathBuf::from(s))
+}
+
+impl RunArgs {
+    /// The agent's options, and the Kubernetes source's if it follows the API.
+    fn options(self) -> Result<(sdn_node::run::RunOptions, Option<sdn_node::kube::KubeOptions>), String> {
+        let RunArgs {
+            state,
+            kubeconfig,
+            in_cluster,
+            node,
+            bridge,
+            echo_interval,
+            echo_timeout,
+            max_backoff,
+            pod_api_socket,
+            metrics_addr,
+            request_timeout,
+            ovsdb_timeout,
+            ovsdb_probe,
+            watchdog,
+            no_host_network,
+            cni_conf_dir,
+            dns_server,
+            warm_ports,
+            warm_ports_always,
+            state_dir,
+        } = self;
+        let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
+        let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), bridge.ovs.ovs_rundir);
+        opts.api_socket = unless_none(pod_api_socket);
+        if metrics_addr != "none" {
+            opts.metrics_addr = Some(metrics_addr.parse().map_err(|e| format!("--metrics-addr {metrics_addr:?}: {e}"))?);
+        }
+        opts.bridge = bridge.ovs.bridge;
+        opts.datapath_type = bridge.datapath_type;
+        opts.port_timeout = Duration::from_secs(bridge.port_timeout);
+        opts.switch.echo_interval = Some(secs(echo_interval));
+        opts.switch.echo_timeout = secs(echo_timeout);
+        opts.backoff.max = secs(max_backoff);
+        opts.request_timeout = secs(request_timeout);
+        opts.ovsdb.request_timeout = Some(secs(ovsdb_timeout));
+        opts.ovsdb.probe_interval = Some(secs(ovsdb_probe));
+        opts.watchdog = secs(watchdog);
+        opts.host_network = !no_host_network;
+        opts.dns_servers = (!dns_server.is_empty()).then_some(dns_server);
+        opts.cni_conf_dir = unless_none(cni_conf_dir);
+        opts.warm_ports = warm_ports;
+        opts.warm_ports_always = warm_ports_always;
+        opts.state_dir = unless_none(state_dir);
+        Ok((opts, kube))
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Converge the switch to a state file once: bridge, ports and flows. Exits 0 when the
@@ -46,97 +191,13 @@ enum Cmd {
         #[arg(long)]
         state: PathBuf,
         #[command(flatten)]
-        ovs: Ovs,
-        /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
-        #[arg(long, default_value = "system")]
-        datapath_type: String,
-        /// Seconds to wait for a pod's port to get an ofport.
-        #[arg(long, default_value_t = 10)]
-        port_timeout: u64,
+        bridge: BridgeArgs,
     },
     /// Keep the switch equal to a state file for as long as it runs: converges at start,
     /// re-applies when the file changes (a file that fails to parse keeps the last good
     /// state), reconnects to ovs-vswitchd and ovsdb-server when they restart and replays what
     /// they lost. Stops on SIGTERM/SIGINT, leaving flows installed.
-    Run {
-        /// The cluster state (YAML), watched for changes.
-        #[arg(long, required_unless_present_any = ["kubeconfig", "in_cluster"], conflicts_with_all = ["kubeconfig", "in_cluster"])]
-        state: Option<PathBuf>,
-        /// Follow the Kubernetes API (openshift-sdn's objects) through this kubeconfig instead
-        /// of a state file.
-        #[arg(long, conflicts_with = "in_cluster", requires = "node")]
-        kubeconfig: Option<PathBuf>,
-        /// Follow the Kubernetes API with the in-cluster service account.
-        #[arg(long, requires = "node")]
-        in_cluster: bool,
-        /// This node's name (Kubernetes mode).
-        #[arg(long, env = "NODE_NAME")]
-        node: Option<String>,
-        #[command(flatten)]
-        ovs: Ovs,
-        /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
-        #[arg(long, default_value = "system")]
-        datapath_type: String,
-        /// Seconds to wait for a pod's port to get an ofport.
-        #[arg(long, default_value_t = 10)]
-        port_timeout: u64,
-        /// Seconds of silence from the switch before an echo request.
-        #[arg(long, default_value_t = 5.0)]
-        echo_interval: f64,
-        /// Seconds an echo may take before the switch is declared dead.
-        #[arg(long, default_value_t = 15.0)]
-        echo_timeout: f64,
-        /// Longest delay between reconnect attempts, in seconds.
-        #[arg(long, default_value_t = 5.0)]
-        max_backoff: f64,
-        /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
-        #[arg(long, default_value = sdn_node::api::DEFAULT_SOCKET)]
-        pod_api_socket: String,
-        /// Where /metrics, /healthz and /readyz are served; `none` disables them.
-        #[arg(long, default_value = "127.0.0.1:9101")]
-        metrics_addr: String,
-        /// Deadline of one pod API request, in seconds (answered 504 when it passes, with
-        /// nothing of the request left behind).
-        #[arg(long, default_value_t = 30.0)]
-        request_timeout: f64,
-        /// Deadline of one OVSDB request, in seconds.
-        #[arg(long, default_value_t = 10.0)]
-        ovsdb_timeout: f64,
-        /// OVSDB inactivity probe: an echo after this many idle seconds; a server silent for
-        /// twice as long is declared dead and the connection re-established.
-        #[arg(long, default_value_t = 5.0)]
-        ovsdb_probe: f64,
-        /// /healthz fails when one reconcile pass has taken longer than this many seconds.
-        #[arg(long, default_value_t = 120.0)]
-        watchdog: f64,
-        /// Leave the node's own networking alone (tun0 address and routes, sysctls, the
-        /// nftables NAT/filter table); the dummy datapath never touches it.
-        #[arg(long)]
-        no_host_network: bool,
-        /// Where the CNI network configuration (80-sdn-node.conflist) is written once the agent
-        /// serves pods; `none` disables it.
-        #[arg(long, default_value = "/etc/cni/net.d")]
-        cni_conf_dir: String,
-        /// Name server (IP:PORT) for egress policies' dnsName rules, instead of the system's
-        /// resolv.conf; repeatable.
-        #[arg(long)]
-        dns_server: Vec<std::net::SocketAddr>,
-        /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
-        /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
-        /// README). Refilled in the background after ADDs; 0 disables them.
-        #[arg(long, default_value_t = 0)]
-        warm_ports: usize,
-        /// Take a warm port whenever one is ready, even while adding a port is measured to be
-        /// cheaper than moving one (for tests of the warm path on small bridges).
-        #[arg(long, hide = true)]
-        warm_ports_always: bool,
-        /// Where the agent keeps its own durable record of the pods (pods.json), so that they
-        /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
-        /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
-        /// (exit 1, the file named): see README "Pod records".
-        #[arg(long, default_value = "/var/lib/sdn-node")]
-        state_dir: String,
-    },
+    Run(RunArgs),
     /// Client for the pod API of a running agent.
     Pod {
         /// The pod API socket.
@@ -400,64 +461,19 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Cmd::Run {
-            state,
-            kubeconfig,
-            in_cluster,
-            node,
-            ovs,
-            datapath_type,
-            port_timeout,
-            echo_interval,
-            echo_timeout,
-            max_backoff,
-            pod_api_socket,
-            metrics_addr,
-            request_timeout,
-            ovsdb_timeout,
-            ovsdb_probe,
-            watchdog,
-            no_host_network,
-            cni_conf_dir,
-            dns_server,
-            warm_ports,
-            warm_ports_always,
-            state_dir,
-        } => {
+        Cmd::Run(args) => {
             match sdn_node::rlimit::raise_nofile() {
                 Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
                 Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
                 Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
             }
-            let kube = (kubeconfig.is_some() || in_cluster)
-                .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
-            let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), ovs.ovs_rundir);
-            opts.api_socket = (pod_api_socket != "none").then(|| PathBuf::from(pod_api_socket));
-            if metrics_addr != "none" {
-                match metrics_addr.parse() {
-                    Ok(a) => opts.metrics_addr = Some(a),
-                    Err(e) => {
-                        eprintln!("error: --metrics-addr {metrics_addr:?}: {e}");
-                        return ExitCode::FAILURE;
-                    }
+            let (opts, kube) = match args.options() {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
                 }
-            }
-            opts.bridge = ovs.bridge;
-            opts.datapath_type = datapath_type;
-            opts.port_timeout = Duration::from_secs(port_timeout);
-            opts.switch.echo_interval = Some(secs(echo_interval));
-            opts.switch.echo_timeout = secs(echo_timeout);
-            opts.backoff.max = secs(max_backoff);
-            opts.request_timeout = secs(request_timeout);
-            opts.ovsdb.request_timeout = Some(secs(ovsdb_timeout));
-            opts.ovsdb.probe_interval = Some(secs(ovsdb_probe));
-            opts.watchdog = secs(watchdog);
-            opts.host_network = !no_host_network;
-            opts.dns_servers = (!dns_server.is_empty()).then_some(dns_server);
-            opts.cni_conf_dir = (cni_conf_dir != "none").then(|| PathBuf::from(cni_conf_dir));
-            opts.warm_ports = warm_ports;
-            opts.warm_ports_always = warm_ports_always;
-            opts.state_dir = (state_dir != "none").then(|| PathBuf::from(state_dir));
+            };
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();
@@ -569,11 +585,11 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Cmd::Apply { state, ovs, datapath_type, port_timeout } => {
-            let mut opts = ApplyOptions::new(state, ovs.ovs_rundir);
-            opts.bridge = ovs.bridge;
-            opts.datapath_type = datapath_type;
-            opts.port_timeout = Duration::from_secs(port_timeout);
+        Cmd::Apply { state, bridge } => {
+            let mut opts = ApplyOptions::new(state, bridge.ovs.ovs_rundir);
+            opts.bridge = bridge.ovs.bridge;
+            opts.datapath_type = bridge.datapath_type;
+            opts.port_timeout = Duration::from_secs(bridge.port_timeout);
             match apply(&opts).await {
                 Ok(r) => {
                     eprintln!(

@@ -179,8 +179,8 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
     // From here the ADD's steps are undone together if any fails.
     let mut undo = Undo::new(node, key.clone());
     undo.done(Step::Reserved);
-    let spare = taken.spare.take();
-    let spare_name = spare.as_ref().map(|(s, _, _)| s.name.clone());
+    // The warm port this ADD used, if any (released from the pool once the ADD is over).
+    let mut used_spare = None;
     let r = async {
         let Some(rec) = record.cni.clone() else { return Err(PodError::Failed("no CNI record".into())) };
         let cfg = hostnet::PodConfig {
@@ -195,9 +195,10 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
         };
         // A DEL of a pod of this sandbox may still be deleting its interface.
         drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
-        let iface = match spare {
+        let iface = match taken.spare.take() {
             // This ADD owns the spare now: used, or destroyed with whatever failed.
             Some((spare, hold, ahead)) => {
+                used_spare = Some(spare.name.clone());
                 // The spare's host end is the agent's (it made it): its ifindex is the record's.
                 if let Some(c) = record.cni.as_mut() {
                     c.host_ifindex = hostnet::owned::ifindex(&host_ns, &spare.name).await.ok().flatten();
@@ -222,7 +223,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
     .await;
     let r = undo.finish(r).await;
     // A spare is the pod's now, or was undone with it.
-    if let Some(name) = spare_name {
+    if let Some(name) = used_spare {
         node.spares.release(&name);
     }
     r
