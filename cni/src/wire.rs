@@ -81,7 +81,7 @@ impl AddReply {
         let mut de = serde_json::Deserializer::from_slice(body);
         let r: AddReply = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
-            let path = if path.is_empty() || path == "." { "(body)".to_string() } else { path };
+            let path = if path.is_empty() || path == "." || path == "?" { "(body)".to_string() } else { path };
             (path, e.into_inner().to_string())
         })?;
         de.end().map_err(|e| ("(body)".to_string(), e.to_string()))?;
