@@ -671,10 +671,7 @@ mod tests {
             .find_map(|i| {
                 let name = format!("p{i}");
                 let id = conj_id_seed("x", &name, 0, &d);
-                match seen.insert(id, name.clone()) {
-                    Some(other) => Some((other, name)),
-                    None => None,
-                }
+                seen.insert(id, name.clone()).map(|other| (other, name))
             })
             .expect("a collision among a million 32-bit seeds");
         let seed = conj_id_seed("x", &p1, 0, &d);
