@@ -117,23 +117,108 @@ fn disjoint(a: &Match, b: &Match) -> bool {
     a.other.iter().any(|x| b.other.iter().any(|y| x.header == y.header && x.header & 0x100 == 0 && x.payload != y.payload))
 }
 
-/// Every pair of equal-priority flows of one table with overlapping matches and different
+/// Every pair of equal-priority entries of one table with overlapping matches and different
 /// actions, as text: only such a pair makes a packet's fate depend on which entry the switch
 /// picks (an overlap with identical actions, like openshift-sdn's two VNID-0 accepts in
 /// table 80, is harmless).
+///
+/// Conjunctive matches as OVS's classifier runs them (lib/classifier.c): a flow whose actions
+/// are `conjunction(id,k/n)` is no entry of its own (every such flow a packet matches is
+/// collected, none is chosen); conjunction `id` is an entry at its `conj_id` flow's priority
+/// that matches the packets matching one flow of each clause and the `conj_id` flow's other
+/// fields, with that flow's actions — expanded here into one box per choice of clause
+/// members (masked fields: a set of matches has a common packet iff every two of them do). A
+/// non-conjunctive flow of the same priority that a packet matches hides the conjunction
+/// (OVS considers conjunctions only above the best such flow): an overlap with different
+/// actions is reported like any tie. Also reported: a flow mixing `conjunction` with other
+/// actions, clause flows of one id at another priority than its `conj_id` flow, with
+/// different `n`, a clause without flows, an id without or with two `conj_id` flows in one
+/// table.
 fn ties(flows: &[Compiled]) -> Vec<String> {
-    /// A flow's match, encoded instructions and text.
-    type Entry<'a> = (Match, &'a [u8], String);
-    let mut groups: BTreeMap<(u8, u16), Vec<Entry<'_>>> = BTreeMap::new();
+    use openflow::{Action, Instruction};
+    /// An entry: the matches a packet must all match, the encoded instructions, the text.
+    type Entry = (Vec<Match>, Vec<u8>, String);
+    let mut groups: BTreeMap<(u8, u16), Vec<Entry>> = BTreeMap::new();
+    // (table, id) -> (priority, k, n, match, text) of every clause membership.
+    let mut clauses: BTreeMap<(u8, u32), Vec<(u16, u8, u8, Match, String)>> = BTreeMap::new();
+    // (table, id) -> the conj_id flows.
+    let mut conj: BTreeMap<(u8, u32), Vec<(u16, Match, Vec<u8>, String)>> = BTreeMap::new();
+    let mut out = Vec::new();
     for c in flows {
         let m = c.key.decode_match().expect("decode match");
-        groups.entry((c.key.table, c.key.priority)).or_default().push((m, &c.instructions, c.to_string()));
+        let text = c.to_string();
+        let ins = openflow::instruction::decode_instructions(&c.instructions).expect("decode instructions");
+        let actions: Vec<&Action> = ins.iter().flat_map(|i| match i { Instruction::ApplyActions(a) | Instruction::WriteActions(a) => a.iter().collect(), _ => vec![] }).collect();
+        let conjunctions: Vec<openflow::Conjunction> = actions.iter().filter_map(|a| match a { Action::Conjunction(c) => Some(*c), _ => None }).collect();
+        if !conjunctions.is_empty() {
+            if conjunctions.len() != actions.len() || ins.len() != 1 || !matches!(ins[0], Instruction::ApplyActions(_)) {
+                out.push(format!("{text}\n    mixes conjunction with other actions or instructions"));
+            }
+            for cj in conjunctions {
+                clauses.entry((c.key.table, cj.id())).or_default().push((c.key.priority, cj.clause(), cj.n_clauses(), m.clone(), text.clone()));
+            }
+            continue;
+        }
+        if let Some(id) = m.conj_id {
+            conj.entry((c.key.table, id)).or_default().push((c.key.priority, m, c.instructions.to_vec(), text));
+            continue;
+        }
+        groups.entry((c.key.table, c.key.priority)).or_default().push((vec![m], c.instructions.to_vec(), text));
     }
-    let mut out = Vec::new();
+    for ((table, id), cf) in &conj {
+        if cf.len() != 1 {
+            out.push(format!("conj_id={id} in table {table}: {} flows\n    {}", cf.len(), cf.iter().map(|c| c.3.as_str()).collect::<Vec<_>>().join("\n    ")));
+        }
+        if !clauses.contains_key(&(*table, *id)) {
+            out.push(format!("{}\n    has no clause flows", cf[0].3));
+        }
+    }
+    for ((table, id), members) in &clauses {
+        let Some([(prio, cm, ins, ctext)]) = conj.get(&(*table, *id)).map(Vec::as_slice) else {
+            out.push(format!("{}\n    conjunction {id} has no single conj_id flow in table {table}", members[0].4));
+            continue;
+        };
+        let n = members[0].2;
+        let mut by_k: Vec<Vec<&Match>> = vec![Vec::new(); n as usize];
+        for (p, k, nn, m, text) in members {
+            if p != prio || *nn != n {
+                out.push(format!("{text}\n    clause of {id} at priority {p} with n={nn}; its conj_id flow: {ctext}"));
+                continue;
+            }
+            by_k[*k as usize - 1].push(m);
+        }
+        if let Some(k) = by_k.iter().position(Vec::is_empty) {
+            out.push(format!("{ctext}\n    clause {} of {n} has no flow", k + 1));
+            continue;
+        }
+        // The boxes: one member per clause, every two compatible (and with the conj_id flow's
+        // other fields).
+        let mut base = cm.clone();
+        base.conj_id = None;
+        let mut boxes: Vec<Vec<Match>> = vec![vec![base]];
+        for clause in &by_k {
+            let mut next = Vec::new();
+            for b in &boxes {
+                for m in clause {
+                    if b.iter().all(|x| !disjoint(x, m)) {
+                        let mut nb = b.clone();
+                        nb.push((*m).clone());
+                        next.push(nb);
+                    }
+                }
+            }
+            boxes = next;
+        }
+        let g = groups.entry((*table, *prio)).or_default();
+        for b in boxes {
+            let text = format!("{ctext} via {}", b[1..].iter().map(|m| m.to_string()).collect::<Vec<_>>().join(" & "));
+            g.push((b, ins.clone(), text));
+        }
+    }
     for g in groups.values() {
         for (i, (a, ia, ta)) in g.iter().enumerate() {
             for (b, ib, tb) in &g[i + 1..] {
-                if ia != ib && !disjoint(a, b) {
+                if ia != ib && a.iter().all(|x| b.iter().all(|y| !disjoint(x, y))) {
                     out.push(format!("{ta}\n    overlaps {tb}"));
                 }
             }
@@ -244,12 +329,13 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
     for seed in 0..12 {
         states.push((format!("generated seed {seed}"), generated(seed, 6, 60, 20)));
     }
-    let mut total = 0;
+    let (mut total, mut conjunctions) = (0, 0);
     for (name, text) in &states {
         let (state, problems) = parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(problems.is_empty(), "{name}: {problems:?}");
         let flows = all_flows(&state);
         total += flows.len();
+        conjunctions += flows.iter().filter(|c| c.key.decode_match().unwrap().conj_id.is_some()).count();
         let t = ties(&flows);
         assert!(t.is_empty(), "{name}: {} overlapping equal-priority pairs:\n{}", t.len(), t.join("\n"));
     }
@@ -273,7 +359,30 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
         Compiled::compile(&Flow::new(Table::Policy, 50, b, out(), None)),
     ];
     assert!(ties(&same).is_empty(), "identical actions at a tie are not a conflict");
-    eprintln!("no ties: {} states, {total} flows", states.len());
+    // Conjunctions: a conjunction whose conj_id flow drops, and a plain output overlapping it at
+    // its priority (which would hide it whenever it matches): a tie. Disjoint from it (another
+    // source): none. A clause flow without its conj_id flow, or at another priority: reported.
+    let conj = |id: u32, k: u8, n: u8| vec![openflow::Action::conjunction(id, k, n).unwrap()];
+    let src = |a: &str| Match::any().ipv4(openflow::Ipv4Match { src: Some(Masked::exact(a.parse().unwrap())), ..Default::default() });
+    let dst = |a: &str| Match::any().ipv4(openflow::Ipv4Match { dst: Some(Masked::exact(a.parse().unwrap())), ..Default::default() });
+    let conjunction = |prio: u16| {
+        vec![
+            Compiled::compile(&Flow::new(Table::Policy, prio, src("10.0.0.1"), conj(7, 1, 2), None)),
+            Compiled::compile(&Flow::new(Table::Policy, prio, dst("10.0.0.2"), conj(7, 2, 2), None)),
+            Compiled::compile(&Flow::drop(Table::Policy, 60, Match::any().conj_id(7))),
+        ]
+    };
+    let mut hidden = conjunction(60);
+    hidden.push(Compiled::compile(&Flow::new(Table::Policy, 60, src("10.0.0.1"), out(), None)));
+    assert_eq!(ties(&hidden).len(), 1, "{:?}", ties(&hidden));
+    let mut apart = conjunction(60);
+    apart.push(Compiled::compile(&Flow::new(Table::Policy, 60, src("10.0.0.3"), out(), None)));
+    assert!(ties(&apart).is_empty(), "{:?}", ties(&apart));
+    let misplaced = conjunction(61);
+    assert_eq!(ties(&misplaced).len(), 3, "{:?}", ties(&misplaced));
+    assert_eq!(ties(&conjunction(60)[..2]).len(), 1, "no conj_id flow");
+    assert!(conjunctions > 0, "the states have conjunctions");
+    eprintln!("no ties: {} states, {total} flows, {conjunctions} conjunctions", states.len());
 }
 
 /// `ovs-ofctl ofp-parse` of the message bytes.

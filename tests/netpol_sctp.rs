@@ -355,7 +355,7 @@ async fn fragmented_udp_through_a_port_restricted_policy() {
 /// The SCTP flow text and encoding are OVS's (ofp-parse of what the agent sends).
 #[test]
 fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
-    use sdn_node::pipeline::netpol::{namespace_flows, Allow, Dst, IsolatedPod, Src, L4};
+    use sdn_node::pipeline::netpol::{namespace_flows, plain_flows, Allow, Dst, IsolatedPod, NamespacePolicy, RuleAllow, Src, L4};
     if std::process::Command::new("ovs-ofctl").arg("--version").output().is_err() {
         assert!(std::env::var_os("CI").is_none(), "ovs-ofctl is needed and CI is set");
         eprintln!("SKIPPED: no ovs-ofctl");
@@ -369,8 +369,24 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
             Allow { src: Src::Net("10.129.0.0/16".parse().unwrap()), dst: Dst::Ports { proto: L4::Sctp, start: 0, end: u16::MAX } },
         ],
     };
-    let (flows, errors) = namespace_flows(&[pod]);
+    let mut flows = plain_flows(&[pod]);
+    // And as conjunctive clauses (two sources, two pods, a port range: 2 + 2 + 2 + 1 flows).
+    let sctp = Dst::Ports { proto: L4::Sctp, start: 9000, end: 9003 };
+    let ns = NamespacePolicy {
+        namespace: "team-a".into(),
+        vnid: Some(sdn_node::model::Vnid::new(11).unwrap()),
+        isolated: vec![],
+        rules: vec![RuleAllow {
+            policy: "p".into(),
+            rule: 0,
+            srcs: Some(vec![Src::Net("10.128.0.0/16".parse().unwrap()), Src::Net("10.130.0.0/16".parse().unwrap())]),
+            pods: ["10.128.2.5", "10.128.2.6"].iter().map(|a| (a.parse().unwrap(), vec![sctp])).collect(),
+        }],
+    };
+    let (conj, errors) = namespace_flows(&ns);
     assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(conj.len(), 7, "{conj:?}");
+    flows.extend(conj);
     let dir = tempfile::tempdir().unwrap();
     let mut seen = Vec::new();
     for (i, f) in flows.iter().enumerate() {
@@ -389,11 +405,14 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
         seen.push(ours);
     }
     for want in [
-        "priority=199,sctp,nw_dst=10.128.2.5,tp_dst=7000 actions=output:NXM_NX_REG2[]",
-        "priority=199,sctp,nw_src=10.128.0.0/16,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=output:NXM_NX_REG2[]",
-        "priority=198,sctp,nw_src=10.129.0.0/16,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]",
+        "priority=150,sctp,nw_dst=10.128.2.5,tp_dst=7000 actions=output:NXM_NX_REG2[]",
+        "priority=150,sctp,nw_src=10.128.0.0/16,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=output:NXM_NX_REG2[]",
+        "priority=150,sctp,nw_src=10.129.0.0/16,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]",
     ] {
         assert!(seen.iter().any(|s| s == want), "missing {want}\n{}", seen.join("\n"));
+    }
+    for want in ["sctp,reg1=0xb,tp_dst=0x2328/0xfffc actions=conjunction(", "ct_state=-inv+trk,sctp,reg1=0xb,nw_frag=later actions=conjunction("] {
+        assert!(seen.iter().any(|s| s.contains(want)), "missing {want}\n{}", seen.join("\n"));
     }
 }
 

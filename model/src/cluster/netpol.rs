@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Checked, ClusterState, FieldError, Problem};
 use crate::model::Vnid;
-use crate::pipeline::netpol::{Allow, Dst, IsolatedPod, Src, L4};
+use crate::pipeline::netpol::{Dst, NamespacePolicy, RuleAllow, Src, L4};
 
 /// Labels of a namespace or pod.
 pub type Labels = BTreeMap<String, String>;
@@ -428,9 +428,9 @@ impl<'a> View<'a> {
 }
 
 /// What the policies of `namespace` make of its local pods: every pod some Ingress policy
-/// selects, with what its policies allow (their union), and the warnings (Egress not enforced)
-/// naming each policy.
-pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec<IsolatedPod>, Vec<Problem>) {
+/// selects, each rule of those policies with its sources and, per selected pod, its ports; and
+/// the warnings (Egress not enforced) naming each policy.
+pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (NamespacePolicy, Vec<Problem>) {
     let mut warnings = Vec::new();
     let policies: Vec<&NetworkPolicy> = state.network_policies.iter().filter(|p| p.namespace == namespace).collect();
     for p in &policies {
@@ -439,52 +439,39 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Vec
             warnings.push(Problem::new(&obj, "spec.policyTypes", "Egress rules are not enforced by this node: egress from the selected pods stays allowed"));
         }
     }
-    // Sources per (policy, rule), resolved once for all pods.
-    let sources: Vec<Vec<Option<Vec<Src>>>> = policies
-        .iter()
-        .map(|p| {
-            p.ingress
-                .iter()
-                .flatten()
-                .map(|r| {
-                    r.from.as_ref().map(|peers| {
-                        let mut out = Vec::new();
-                        for peer in peers {
-                            view.sources(&p.namespace, peer, &mut out);
-                        }
-                        out.sort();
-                        out.dedup();
-                        out
-                    })
-                })
-                .collect()
-        })
-        .collect();
-    let mut out = Vec::new();
-    for pod in state.pods.iter().filter(|p| p.namespace == namespace) {
-        let mut isolated = false;
-        let mut allows = Vec::new();
-        for (pi, p) in policies.iter().enumerate() {
-            let Some(rules) = &p.ingress else { continue };
-            if !p.pod_selector.matches(state.pod_labels(pod)) {
-                continue;
-            }
-            isolated = true;
-            for (ri, r) in rules.iter().enumerate() {
-                let dsts = destinations(r, state.pod_container_ports(pod));
-                let srcs = sources[pi][ri].clone().unwrap_or_else(|| vec![Src::Any]);
-                for s in &srcs {
-                    for d in &dsts {
-                        allows.push(Allow { src: *s, dst: *d });
-                    }
-                }
-            }
+    let pods: Vec<&super::Pod> = state.pods.iter().filter(|p| p.namespace == namespace).collect();
+    let mut isolated = vec![false; pods.len()];
+    let mut rules = Vec::new();
+    for p in &policies {
+        let Some(ingress) = &p.ingress else { continue };
+        let selected: Vec<usize> = (0..pods.len()).filter(|i| p.pod_selector.matches(state.pod_labels(pods[*i]))).collect();
+        if selected.is_empty() {
+            continue;
         }
-        if isolated {
-            out.push(IsolatedPod { ip: pod.ip, allows });
+        for i in &selected {
+            isolated[*i] = true;
+        }
+        for (ri, r) in ingress.iter().enumerate() {
+            let srcs = r.from.as_ref().map(|peers| {
+                let mut out = Vec::new();
+                for peer in peers {
+                    view.sources(&p.namespace, peer, &mut out);
+                }
+                out.sort();
+                out.dedup();
+                out
+            });
+            let pods = selected.iter().map(|i| (pods[*i].ip, destinations(r, state.pod_container_ports(pods[*i])))).collect();
+            rules.push(RuleAllow { policy: p.name.clone(), rule: ri, srcs, pods });
         }
     }
-    (out, warnings)
+    // Conjunctions keep namespaces apart by the destination VNID (reg1): only a VNID no other
+    // namespace carries will do.
+    let vnid = state
+        .vnid_of(namespace)
+        .filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
+    let isolated = pods.iter().zip(isolated).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect();
+    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules }, warnings)
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).
