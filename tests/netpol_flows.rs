@@ -138,11 +138,15 @@ fn ties(flows: &[Compiled]) -> Vec<String> {
     use openflow::{Action, Instruction};
     /// An entry: the matches a packet must all match, the encoded instructions, the text.
     type Entry = (Vec<Match>, Vec<u8>, String);
+    /// A clause membership: priority, k, n, match, text.
+    type Member = (u16, u8, u8, Match, String);
+    /// A `conj_id` flow: priority, match, encoded instructions, text.
+    type ConjFlow = (u16, Match, Vec<u8>, String);
     let mut groups: BTreeMap<(u8, u16), Vec<Entry>> = BTreeMap::new();
     // (table, id) -> (priority, k, n, match, text) of every clause membership.
-    let mut clauses: BTreeMap<(u8, u32), Vec<(u16, u8, u8, Match, String)>> = BTreeMap::new();
+    let mut clauses: BTreeMap<(u8, u32), Vec<Member>> = BTreeMap::new();
     // (table, id) -> the conj_id flows.
-    let mut conj: BTreeMap<(u8, u32), Vec<(u16, Match, Vec<u8>, String)>> = BTreeMap::new();
+    let mut conj: BTreeMap<(u8, u32), Vec<ConjFlow>> = BTreeMap::new();
     let mut out = Vec::new();
     for c in flows {
         let m = c.key.decode_match().expect("decode match");

@@ -992,8 +992,8 @@ mod tests {
         eff.pods.push(validate::pod(raw).unwrap());
         let view = netpol::View::new(&eff);
         let (isolated, _) = netpol::isolation(&eff, &view, "team-a");
-        assert_eq!(isolated.len(), 1, "{isolated:?}");
-        let text = format!("{:?}", isolated[0].allows);
+        assert_eq!(isolated.isolated.len(), 1, "{isolated:?}");
+        let text = format!("{:?}", isolated.rules);
         assert!(text.contains("10.129.0.5") && text.contains("8080"), "{text}");
 
         // A pod label change, a namespace label change, a policy change: team-a's policies
