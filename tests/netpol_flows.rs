@@ -506,3 +506,64 @@ fn scale_one_policy_change_recomputes_one_namespace() {
         after.len()
     );
 }
+
+/// The `scale` state on a real ovs-vswitchd (dummy datapath): the full desired state installed
+/// as the engine installs it (one resync), the switch's and this process's memory once it holds
+/// it, then one policy change committed and acknowledged.
+/// `cargo test --release --test netpol_flows scale_on_a_real_switch -- --ignored --nocapture`.
+#[test]
+#[ignore = "scale figures: run with --release --ignored"]
+fn scale_on_a_real_switch() {
+    use sdn_node::engine::Engine;
+    use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+    use sdn_node::switch::{Switch, SwitchOptions};
+    use std::time::Instant;
+    fn rss_kib(pid: &str) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let state = parse(&generated(7, 100, 5000, 1000)).unwrap().0;
+        let ports = ofports(&state);
+        let dns = DnsAnswers::new();
+        // The agent's memory for the flows: from before the desired state is computed to after
+        // the engine holds it and its mirror of the switch (the test keeps no copy).
+        let me0 = rss_kib("self");
+        let (d, _, _) = desired_state_with_warnings(&state, &ports, &dns);
+        let flows = d.iter().count();
+        let i = state.network_policies.iter().position(|p| p.ingress.as_ref().is_some_and(|r| !r.is_empty()) && !d.flows_of(&Owner::NetworkPolicy { namespace: p.namespace.clone() }).is_empty()).unwrap();
+        let sb = OvsSandbox::start(SandboxOptions::default()).await.expect("a private switch (Open vSwitch installed?)");
+        sb.add_bridge("br0", "dummy").await.unwrap();
+        let sw = Switch::connect(&format!("unix:{}", sb.mgmt_socket("br0").display()), SwitchOptions::default()).await.unwrap();
+        let engine = Engine::start(sw, 1);
+        let vswitchd = sb.vswitchd_pid().unwrap().to_string();
+        let vs0 = rss_kib(&vswitchd);
+        let t = Instant::now();
+        engine.resync(Some(d)).await.unwrap();
+        let install = t.elapsed();
+        let (vs1, me1) = (rss_kib(&vswitchd), rss_kib("self"));
+        // One policy change, as the scale test makes it, committed and acknowledged.
+        let mut changed = state.clone();
+        let ns = changed.network_policies[i].namespace.clone();
+        let p = &mut changed.network_policies[i];
+        p.pod_selector = Default::default();
+        if let Some(r) = p.ingress.as_mut().and_then(|r| r.first_mut()) {
+            r.ports = Some(vec![sdn_node::cluster::netpol::PolicyPort {
+                proto: sdn_node::cluster::netpol::Proto::Tcp,
+                port: sdn_node::cluster::netpol::PortSpec::Range(7000, 7000),
+            }]);
+        }
+        let owner = Owner::NetworkPolicy { namespace: ns.clone() };
+        let t = Instant::now();
+        let (new, _, _) = owner_flows(&changed, &ports, &dns, &owner);
+        let out = engine.update(vec![(owner, new)]).await.unwrap();
+        let change = t.elapsed();
+        eprintln!(
+            "netpol scale on ovs-vswitchd: {flows} flows installed in {install:?}; ovs-vswitchd RSS {} -> {} MiB ({:.2} KiB/flow), \
+             the agent (this process) {} -> {} MiB ({:.2} KiB/flow: desired state and installed mirror); one policy change in {ns} committed and acked in {change:?} ({out:?})",
+            vs0 >> 10, vs1 >> 10, (vs1.saturating_sub(vs0)) as f64 / flows as f64,
+            me0 >> 10, me1 >> 10, (me1.saturating_sub(me0)) as f64 / flows as f64,
+        );
+    });
+}
