@@ -409,6 +409,15 @@ fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
 }
 
+/// A benchmark's report: its table, then with `--json` one JSON object as the last line.
+fn print_report<R: serde::Serialize, E: std::fmt::Display>(r: Result<R, E>, table: impl FnOnce(&R) -> String, as_json: bool) -> ExitCode {
+    let r = r.map_err(|e| e.to_string()).and_then(|r| {
+        let line = if as_json { serde_json::to_string(&r).map_err(|e| e.to_string())? + "\n" } else { String::new() };
+        Ok((r, line))
+    });
+    print_result(r, |(r, line)| table(r) + line)
+}
+
 fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> ExitCode {
     match r {
         Ok(v) => {
@@ -521,69 +530,15 @@ async fn run(cli: Cli) -> ExitCode {
                 install_concurrency: 8,
                 warm_ports,
             };
-            match sdn_node::bench::pods::pods(&opts, |p| eprintln!("== {p}")).await {
-                Ok(r) => {
-                    print!("{}", r.table());
-                    if json {
-                        match serde_json::to_string(&r) {
-                            Ok(j) => println!("{j}"),
-                            Err(e) => {
-                                eprintln!("error: {e}");
-                                return ExitCode::FAILURE;
-                            }
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            print_report(sdn_node::bench::pods::pods(&opts, |p| eprintln!("== {p}")).await, |r| r.table(), json)
         }
         Cmd::Bench { which: BenchCmd::Commit { base_pods, ops, rounds, ovs_rundir, only_agent, json } } => {
             let opts = sdn_node::bench::commit::CommitOptions { base_pods, ops, rounds, ovs_rundir, only_agent };
-            match sdn_node::bench::commit::commit(&opts, |p| eprintln!("== {p}")).await {
-                Ok(r) => {
-                    print!("{}", r.table());
-                    if json {
-                        match serde_json::to_string(&r) {
-                            Ok(j) => println!("{j}"),
-                            Err(e) => {
-                                eprintln!("error: {e}");
-                                return ExitCode::FAILURE;
-                            }
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            print_report(sdn_node::bench::commit::commit(&opts, |p| eprintln!("== {p}")).await, |r| r.table(), json)
         }
         Cmd::Bench { which: BenchCmd::Churn { base_pods, ops, rounds, ovs_rundir, recovery_pods, json } } => {
             let opts = sdn_node::bench::ChurnOptions { base_pods, ops, rounds, ovs_rundir, recovery_pods, ..Default::default() };
-            match sdn_node::bench::churn(&opts, |p| eprintln!("== {p}")).await {
-                Ok(r) => {
-                    print!("{}", r.table());
-                    if json {
-                        match serde_json::to_string(&r) {
-                            Ok(j) => println!("{j}"),
-                            Err(e) => {
-                                eprintln!("error: {e}");
-                                return ExitCode::FAILURE;
-                            }
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            print_report(sdn_node::bench::churn(&opts, |p| eprintln!("== {p}")).await, |r| r.table(), json)
         }
         Cmd::Apply { state, bridge } => {
             let mut opts = ApplyOptions::new(state, bridge.ovs.ovs_rundir);

@@ -446,6 +446,27 @@ fn thread_cpu() -> std::time::Duration {
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// The scale tests' policy change: the first policy with ingress rules whose namespace has
+/// flows gets another pod selector and its first rule another port (TCP 7000).
+fn change_one_policy(state: &ClusterState, d: &sdn_node::store::DesiredState) -> (ClusterState, Owner) {
+    let mut changed = state.clone();
+    let i = changed
+        .network_policies
+        .iter()
+        .position(|p| p.ingress.as_ref().is_some_and(|r| !r.is_empty()) && !d.flows_of(&Owner::NetworkPolicy { namespace: p.namespace.clone() }).is_empty())
+        .unwrap();
+    let p = &mut changed.network_policies[i];
+    p.pod_selector = Default::default();
+    if let Some(r) = p.ingress.as_mut().and_then(|r| r.first_mut()) {
+        r.ports = Some(vec![sdn_node::cluster::netpol::PolicyPort {
+            proto: sdn_node::cluster::netpol::Proto::Tcp,
+            port: sdn_node::cluster::netpol::PortSpec::Range(7000, 7000),
+        }]);
+    }
+    let owner = Owner::NetworkPolicy { namespace: p.namespace.clone() };
+    (changed, owner)
+}
+
 /// 100 namespaces, 5,000 pods (1,250 local), 1,000 policies: one policy change recomputes its
 /// namespace's owner only; prints the CPU and FLOW_MODs of that change. Run with --release for
 /// the figures (ignored by default: about a minute in release, far longer in debug):
@@ -467,19 +488,8 @@ fn scale_one_policy_change_recomputes_one_namespace() {
     let netpol_flows: usize = d.owners().filter(|o| matches!(o, Owner::NetworkPolicy { .. })).map(|o| d.flows_of(o).len()).sum();
 
     // Change one policy: another pod selector and port.
-    let mut changed = state.clone();
-    let i = changed.network_policies.iter().position(|p| p.ingress.as_ref().is_some_and(|r| !r.is_empty()) && !d.flows_of(&Owner::NetworkPolicy { namespace: p.namespace.clone() }).is_empty()).unwrap();
-    let ns = changed.network_policies[i].namespace.clone();
-    let mut p = changed.network_policies[i].clone();
-    p.pod_selector = Default::default();
-    if let Some(r) = p.ingress.as_mut().and_then(|r| r.first_mut()) {
-        r.ports = Some(vec![sdn_node::cluster::netpol::PolicyPort {
-            proto: sdn_node::cluster::netpol::Proto::Tcp,
-            port: sdn_node::cluster::netpol::PortSpec::Range(7000, 7000),
-        }]);
-    }
-    changed.network_policies[i] = p;
-    let owner = Owner::NetworkPolicy { namespace: ns.clone() };
+    let (changed, owner) = change_one_policy(&state, &d);
+    let Owner::NetworkPolicy { namespace: ns } = &owner else { unreachable!() };
     let before: BTreeSet<String> = d.flows_of(&owner).iter().map(|c| c.to_string()).collect();
     let t0 = thread_cpu();
     let (flows, _, _) = owner_flows(&changed, &ports, &dns, &owner);
@@ -532,7 +542,7 @@ fn scale_on_a_real_switch() {
         let me0 = rss_kib("self");
         let (d, _, _) = desired_state_with_warnings(&state, &ports, &dns);
         let flows = d.iter().count();
-        let i = state.network_policies.iter().position(|p| p.ingress.as_ref().is_some_and(|r| !r.is_empty()) && !d.flows_of(&Owner::NetworkPolicy { namespace: p.namespace.clone() }).is_empty()).unwrap();
+        let (changed, owner) = change_one_policy(&state, &d);
         let sb = OvsSandbox::start(SandboxOptions::default()).await.expect("a private switch (Open vSwitch installed?)");
         sb.add_bridge("br0", "dummy").await.unwrap();
         let sw = Switch::connect(&format!("unix:{}", sb.mgmt_socket("br0").display()), SwitchOptions::default()).await.unwrap();
@@ -544,24 +554,13 @@ fn scale_on_a_real_switch() {
         let install = t.elapsed();
         let (vs1, me1) = (rss_kib(&vswitchd), rss_kib("self"));
         // One policy change, as the scale test makes it, committed and acknowledged.
-        let mut changed = state.clone();
-        let ns = changed.network_policies[i].namespace.clone();
-        let p = &mut changed.network_policies[i];
-        p.pod_selector = Default::default();
-        if let Some(r) = p.ingress.as_mut().and_then(|r| r.first_mut()) {
-            r.ports = Some(vec![sdn_node::cluster::netpol::PolicyPort {
-                proto: sdn_node::cluster::netpol::Proto::Tcp,
-                port: sdn_node::cluster::netpol::PortSpec::Range(7000, 7000),
-            }]);
-        }
-        let owner = Owner::NetworkPolicy { namespace: ns.clone() };
         let t = Instant::now();
         let (new, _, _) = owner_flows(&changed, &ports, &dns, &owner);
-        let out = engine.update(vec![(owner, new)]).await.unwrap();
+        let out = engine.update(vec![(owner.clone(), new)]).await.unwrap();
         let change = t.elapsed();
         eprintln!(
             "netpol scale on ovs-vswitchd: {flows} flows installed in {install:?}; ovs-vswitchd RSS {} -> {} MiB ({:.2} KiB/flow), \
-             the agent (this process) {} -> {} MiB ({:.2} KiB/flow: desired state and installed mirror); one policy change in {ns} committed and acked in {change:?} ({out:?})",
+             the agent (this process) {} -> {} MiB ({:.2} KiB/flow: desired state and installed mirror); one policy change in {owner} committed and acked in {change:?} ({out:?})",
             vs0 >> 10, vs1 >> 10, (vs1.saturating_sub(vs0)) as f64 / flows as f64,
             me0 >> 10, me1 >> 10, (me1.saturating_sub(me0)) as f64 / flows as f64,
         );

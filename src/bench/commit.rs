@@ -20,9 +20,6 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::{quantile, rawof, setup_bodies, teardown_bodies, us, workload, BenchError};
-use crate::engine::Engine;
-use crate::sandbox::{OvsSandbox, SandboxOptions};
-use crate::switch::{Switch, SwitchOptions};
 
 #[derive(Clone, Debug)]
 pub struct CommitOptions {
@@ -136,20 +133,10 @@ async fn run_raw(
 
 pub async fn commit(opts: &CommitOptions, progress: impl Fn(&str)) -> Result<CommitReport, BenchError> {
     let (m, k, rounds) = (opts.base_pods, opts.ops, opts.rounds.max(1));
-    let (_sandbox, dir) = match &opts.ovs_rundir {
-        Some(d) => (None, d.clone()),
-        None => {
-            let sb = OvsSandbox::start(SandboxOptions::default()).await?;
-            sb.add_bridge("br0", "dummy").await?;
-            let d = sb.dir().to_path_buf();
-            (Some(sb), d)
-        }
-    };
-    let mgmt = dir.join("br0.mgmt");
-    let sw = Switch::connect(&format!("unix:{}", mgmt.display()), SwitchOptions::default()).await?;
-    let engine = Engine::start(sw.clone(), 1);
+    let b = super::setup(&opts.ovs_rundir).await?;
+    let (engine, mgmt) = (&b.engine, b.dir.join("br0.mgmt"));
     progress(&format!("installing {m} pods"));
-    engine.resync(Some(workload::desired(m))).await?;
+    b.set_pods(m).await?;
 
     // The baselines' transactions, encoded before any clock starts.
     let (mut limit, mut two_phase, mut barrier): (Vec<RawTx>, Vec<RawTx>, Vec<RawTx>) = Default::default();

@@ -268,8 +268,10 @@ async fn recovery(b: &mut Bench, progress: &impl Fn(&str)) -> Result<Option<Reco
     Ok(Some(Recovery { flows: desired.len(), restart_to_equal_s, ..Default::default() }))
 }
 
-async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
-    let (sandbox, dir) = match &opts.ovs_rundir {
+/// A switch to measure on: the running one whose run directory is `ovs_rundir`, or a private
+/// one (dummy datapath); the agent's engine and a raw connection to it.
+async fn setup(ovs_rundir: &Option<PathBuf>) -> Result<Bench, BenchError> {
+    let (sandbox, dir) = match ovs_rundir {
         Some(d) => (None, d.clone()),
         None => {
             let sb = OvsSandbox::start(SandboxOptions::default()).await?;
@@ -293,7 +295,7 @@ async fn setup(opts: &ChurnOptions) -> Result<Bench, BenchError> {
 
 /// Runs every measurement; `progress` receives a line per phase.
 pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<ChurnReport, BenchError> {
-    let mut b = setup(opts).await?;
+    let mut b = setup(&opts.ovs_rundir).await?;
     let m = opts.base_pods;
     let k = opts.ops;
     let rounds = opts.rounds.max(1);

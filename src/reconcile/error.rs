@@ -2,7 +2,11 @@
 //! (the api module) and the CNI plugin maps those to CNI error codes; nothing below the API
 //! knows either. Every failure leaves nothing of the request behind (see [`super::pods`]).
 
-use crate::cluster::Problem;
+use tokio::time::{timeout_at, Instant};
+
+use crate::cluster::{Pod, Problem};
+use crate::engine::{EngineError, Pending};
+use crate::ovsdb::OvsdbError;
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PodError {
@@ -44,5 +48,41 @@ impl PodError {
     /// The failure's message (a [`Problem`] with its object and field).
     pub fn message(&self) -> String {
         self.to_string()
+    }
+}
+
+// What the peers' failures mean for a pod request (setup and teardown alike).
+
+/// Maps an OVSDB failure of a pod's port to what the client is told.
+pub(super) fn ovsdb_error(pod: &Pod, e: OvsdbError) -> PodError {
+    let obj = format!("pod {}/{}", pod.namespace, pod.name);
+    match e {
+        e if e.is_disconnect() => PodError::NotReady(format!("ovsdb-server: {e}")),
+        OvsdbError::Timeout(m) => PodError::Deadline(format!("ovsdb-server: {m}")),
+        // The device does not exist or OVS cannot use it: the request named it.
+        e @ (OvsdbError::InterfaceError { .. } | OvsdbError::NotFound { .. }) => {
+            PodError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))
+        }
+        e => PodError::Refused(format!("ovsdb-server: {e}")),
+    }
+}
+
+pub(super) fn engine_error(e: EngineError) -> PodError {
+    match e {
+        EngineError::Switch(e) if e.is_disconnect() => PodError::NotReady(format!("switch: {e}")),
+        EngineError::Switch(crate::switch::SwitchError::Timeout { what, after }) => {
+            PodError::Deadline(format!("switch: no answer to {what} within {after:?}"))
+        }
+        EngineError::Busy | EngineError::Stopped => PodError::NotReady(format!("switch: {e}")),
+        e => PodError::Refused(format!("switch: {e}")),
+    }
+}
+
+/// Awaits the engine's answer within the deadline.
+pub(super) async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Instant) -> Result<(), PodError> {
+    match timeout_at(deadline, rx).await {
+        Err(_) => Err(PodError::Deadline("the switch did not commit the change in time".into())),
+        Ok(Err(_)) => Err(PodError::NotReady("the flow engine stopped".into())),
+        Ok(Ok(r)) => r.map(|_| ()).map_err(engine_error),
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio::time::{timeout_at, Instant};
 
 use super::record::PodRecord;
-use super::teardown::{committed, engine_error, ovsdb_error};
+use super::error::{committed, engine_error, ovsdb_error};
 use super::undo::{Step, Undo};
 use super::{ports, Node, PodError, POD_KEY};
 use crate::cluster::{Pod, Problem};

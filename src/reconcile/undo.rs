@@ -88,8 +88,12 @@ impl<'a> Undo<'a> {
         while let Some(step) = self.steps.pop() {
             match step {
                 Step::InModel => {
-                    node.model().tear_down(key);
-                    if node.model().doomed(key).is_some() {
+                    let doomed = {
+                        let mut m = node.model();
+                        m.tear_down(key);
+                        m.doomed(key).is_some()
+                    };
+                    if doomed {
                         // The teardown takes the port and interface too; nothing stays reserved.
                         let _ = teardown::finish_teardown(node, key, Instant::now() + UNDO_GRACE).await;
                         return;

@@ -321,7 +321,7 @@ async fn read_ports(db: &std::path::Path) -> Result<(Ports, Vec<String>), String
         else {
             continue;
         };
-        match serde_json::from_str::<crate::reconcile::record::PodRecord>(&json) {
+        match crate::reconcile::record::PodRecord::from_json(&json) {
             Ok(req) if req.host_veth == name => out.records.push(req),
             Ok(req) => problems.push(format!("OVSDB: port {name}: its pod record names port {:?}", req.host_veth)),
             Err(e) => problems.push(format!("OVSDB: port {name}: unreadable pod record: {e}")),
