@@ -709,6 +709,22 @@ fn add_flow_of_our_display_text_encodes_like_ours() {
 /// The NetworkPolicy plugin's conntrack flows and the other shapes added with them (RARP with
 /// ARP fields, `resubmit:N`, `nw_proto=2`), written as a person would hand them to
 /// `ovs-ofctl add-flow`: OVS's encoding must equal our typed builder's, byte for byte.
+/// `ovs-ofctl add-flow` of each text sends the bytes of its FLOW_MOD, and what OVS sent
+/// decodes to the same typed flow.
+fn add_flows_equal_ours(what: &str, cases: &[(&str, FlowMod)]) {
+    let mut failures = Vec::new();
+    for (text, fm) in cases {
+        let (_, got) = ofctl(&[], "add-flow", &[text], Script::default());
+        let fms = sent(&got, is_flow_mod);
+        assert_eq!(fms.len(), 1, "{text}: {got:?}");
+        let ours = OfMessage::new(fms[0].msg.xid, Message::FlowMod(fm.clone()));
+        assert_same_bytes(&format!("add-flow {text:?}"), fms[0], &ours, &mut failures);
+        assert_eq!(&fms[0].msg.msg, &Message::FlowMod(fm.clone()), "{text}");
+    }
+    eprintln!("capture: compared {} {what} FLOW_MODs byte for byte", cases.len());
+    report(failures, cases.len());
+}
+
 #[test]
 fn conntrack_and_rarp_flows_bytes_equal_ovs_ofctl() {
     if !have_ofctl("conntrack_and_rarp_flows_bytes_equal_ovs_ofctl") {
@@ -816,18 +832,7 @@ fn conntrack_and_rarp_flows_bytes_equal_ovs_ofctl() {
             ),
         ),
     ];
-    let mut failures = Vec::new();
-    for (text, fm) in &cases {
-        let (_, got) = ofctl(&[], "add-flow", &[text], Script::default());
-        let fms = sent(&got, is_flow_mod);
-        assert_eq!(fms.len(), 1, "{text}: {got:?}");
-        let ours = OfMessage::new(fms[0].msg.xid, Message::FlowMod(fm.clone()));
-        assert_same_bytes(&format!("add-flow {text:?}"), fms[0], &ours, &mut failures);
-        // And what OVS sent decodes to the same typed flow.
-        assert_eq!(&fms[0].msg.msg, &Message::FlowMod(fm.clone()), "{text}");
-    }
-    eprintln!("capture: compared {} conntrack/rarp/resubmit FLOW_MODs byte for byte", cases.len());
-    report(failures, cases.len());
+    add_flows_equal_ours("conntrack/rarp/resubmit", &cases);
 }
 
 /// The conjunctive-match flows of OVS's tests/classifier.at (and `conj_id` beside other fields),
@@ -895,15 +900,5 @@ fn conjunctive_match_flows_bytes_equal_ovs_ofctl() {
             FlowMod::add(0, DEFAULT_PRIORITY, Match::any(), vec![conj(u32::MAX, 64, 64), conj(0, 1, 2)], None),
         ),
     ];
-    let mut failures = Vec::new();
-    for (text, fm) in &cases {
-        let (_, got) = ofctl(&[], "add-flow", &[text], Script::default());
-        let fms = sent(&got, is_flow_mod);
-        assert_eq!(fms.len(), 1, "{text}: {got:?}");
-        let ours = OfMessage::new(fms[0].msg.xid, Message::FlowMod(fm.clone()));
-        assert_same_bytes(&format!("add-flow {text:?}"), fms[0], &ours, &mut failures);
-        assert_eq!(&fms[0].msg.msg, &Message::FlowMod(fm.clone()), "{text}");
-    }
-    eprintln!("capture: compared {} conjunctive-match FLOW_MODs byte for byte", cases.len());
-    report(failures, cases.len());
+    add_flows_equal_ours("conjunctive-match", &cases);
 }
