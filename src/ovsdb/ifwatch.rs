@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::debug;
 
 use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
+use super::mirror::{self, lock, Mirror};
 use super::types::{row_opt_i64, row_opt_string, row_opt_uuid, row_string};
-use super::{OvsdbError, VSWITCH_DB};
+use super::OvsdbError;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Iface {
@@ -49,11 +49,11 @@ pub struct InterfaceWatch {
     changed: watch::Receiver<u64>,
 }
 
-fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+impl Mirror for State {
+    fn ended(&mut self, why: MonitorEnd) {
+        self.ended = Some(why);
+    }
 
-impl State {
     fn apply(&mut self, updates: &TableUpdates) {
         for (uuid, u) in updates.get("Port").into_iter().flatten() {
             if let Some((old, _)) = self.ports.remove(uuid) {
@@ -98,21 +98,8 @@ impl InterfaceWatch {
                 ("Port".to_string(), MonitorRequest::columns(["name", "qos"])),
             ]
             .into();
-        let mut mon = client.monitor(VSWITCH_DB, &reqs).await?;
         let state = Arc::new(Mutex::new(State::default()));
-        lock(&state).apply(&mon.initial);
-        let (tx, changed) = watch::channel(0u64);
-        let st = state.clone();
-        tokio::spawn(async move {
-            while let Some(u) = mon.updates.recv().await {
-                lock(&st).apply(&u);
-                tx.send_modify(|n| *n += 1);
-            }
-            let why = mon.updates.end_reason().unwrap_or(MonitorEnd::Disconnected);
-            debug!(?why, "interface monitor ended");
-            lock(&st).ended = Some(why);
-            tx.send_modify(|n| *n += 1);
-        });
+        let changed = mirror::start(client, &reqs, state.clone(), "interface watch").await?;
         Ok(InterfaceWatch { state, changed })
     }
 

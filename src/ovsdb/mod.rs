@@ -15,6 +15,7 @@
 pub mod bridge;
 pub mod client;
 pub mod ifwatch;
+mod mirror;
 pub mod sentinel;
 pub mod framing;
 pub mod txn;

@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
-use tracing::debug;
 
 use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
+use super::mirror::{self, lock, Mirror};
 use super::types::{row_opt_i64, row_opt_string, row_opt_uuid, row_string, row_string_map, row_string_set, row_uuid_set, Row};
-use super::{OvsdbError, VSWITCH_DB};
+use super::OvsdbError;
 
 /// A `Bridge` row, with its ports by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -71,7 +71,11 @@ const COLUMNS: [(&str, &[&str]); 5] = [
     ("QoS", &["type"]),
 ];
 
-impl Rows {
+impl Mirror for Rows {
+    fn ended(&mut self, why: MonitorEnd) {
+        self.ended = Some(why);
+    }
+
     fn apply(&mut self, updates: &TableUpdates) {
         for (table, rows) in updates {
             let t = self.tables.entry(table.clone()).or_default();
@@ -88,7 +92,9 @@ impl Rows {
             }
         }
     }
+}
 
+impl Rows {
     fn table(&self, name: &str) -> impl Iterator<Item = (&String, &Row)> {
         self.tables.get(name).into_iter().flatten()
     }
@@ -152,30 +158,13 @@ pub struct Sentinel {
     changed: watch::Receiver<u64>,
 }
 
-fn lock(m: &Mutex<Rows>) -> std::sync::MutexGuard<'_, Rows> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Sentinel {
     /// Starts the monitor on `client` (its initial contents are applied before this returns).
     pub async fn start(client: &OvsdbClient) -> Result<Sentinel, OvsdbError> {
         let reqs: BTreeMap<String, MonitorRequest> =
             COLUMNS.iter().map(|(t, cols)| (t.to_string(), MonitorRequest::columns(cols.iter().copied()))).collect();
-        let mut mon = client.monitor(VSWITCH_DB, &reqs).await?;
         let rows = Arc::new(Mutex::new(Rows::default()));
-        lock(&rows).apply(&mon.initial);
-        let (tx, changed) = watch::channel(0u64);
-        let r = rows.clone();
-        tokio::spawn(async move {
-            while let Some(u) = mon.updates.recv().await {
-                lock(&r).apply(&u);
-                tx.send_modify(|n| *n += 1);
-            }
-            let why = mon.updates.end_reason().unwrap_or(MonitorEnd::Disconnected);
-            debug!(?why, "OVSDB sentinel monitor ended");
-            lock(&r).ended = Some(why);
-            tx.send_modify(|n| *n += 1);
-        });
+        let changed = mirror::start(client, &reqs, rows.clone(), "sentinel").await?;
         Ok(Sentinel { rows, changed })
     }
 
