@@ -123,9 +123,9 @@ pub struct Metrics {
     pub pod_requests: Family<RequestLabel, Counter>,
     /// Seconds since the reconcile loop last finished a pass (0 while idle and caught up).
     pub reconcile_stalled: Gauge<f64, std::sync::atomic::AtomicU64>,
-    /// NetworkPolicies of type Egress in the current state: not enforced by this node (the
-    /// datapath has no egress stage for them), so counted where an operator looks.
-    pub policies_egress_ignored: Gauge,
+    /// NetworkPolicies of the current state with a part this node could not use (dropped,
+    /// never widening what is allowed): counted where an operator looks.
+    pub policies_partly_enforced: Gauge,
     /// Failed converge attempts, by executor (host, ovsdb, flows).
     pub converge_errors: Family<ExecutorLabel, Counter>,
     /// Things someone else removed or changed that the agent put back, by what.
@@ -169,7 +169,7 @@ impl Metrics {
             connected: Family::default(),
             pod_requests: Family::default(),
             reconcile_stalled: Gauge::default(),
-            policies_egress_ignored: Gauge::default(),
+            policies_partly_enforced: Gauge::default(),
             converge_errors: Family::default(),
             repairs: Family::default(),
             api_connections: Family::default(),
@@ -189,9 +189,9 @@ impl Metrics {
             r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
             r.register("pod_requests", "Pod API requests, by operation and the status code answered (503: switch or OVSDB unavailable, 504: deadline)", m.pod_requests.clone());
             r.register(
-                "policies_egress_ignored",
-                "NetworkPolicies with Egress in policyTypes, which this node does not enforce (egress from their pods stays allowed)",
-                m.policies_egress_ignored.clone(),
+                "policies_partly_enforced",
+                "NetworkPolicies with a part this node could not use and dropped (never allowing more); the problem names the field",
+                m.policies_partly_enforced.clone(),
             );
             r.register("converge_errors", "Failed converge attempts, by executor (host, ovsdb, flows); each retries on its own", m.converge_errors.clone());
             r.register("repairs", "What someone else removed or changed and the agent put back from its model, by what", m.repairs.clone());

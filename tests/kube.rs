@@ -431,11 +431,12 @@ async fn network_policies_drive_table_80() {
             "spec": {"nodeName": "node-b", "containers": [{"name": "c"}]},
             "status": {"phase": "Running", "podIP": "10.129.0.5"}}),
     );
-    // Of types Ingress and Egress: the Egress part is not enforced, and reported.
+    // Of types Ingress and Egress, both enforced; one port this node cannot match (ICMP) is
+    // dropped, and reported.
     let policy = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"namespace": "team-a", "name": "db-from-web", "uid": "u-1", "generation": 1},
         "spec": {"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress", "Egress"],
-                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "sql"}]}]}});
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"port": "sql"}, {"protocol": "ICMP", "port": 1}]}]}});
     fake.put("networkpolicies", policy.clone());
     let d = Daemon::start(&fake).await;
     d.add_pod("team-a", "db", "veth-db", "10.128.2.5", "0a:58:0a:80:02:05").await;
@@ -446,27 +447,31 @@ async fn network_policies_drive_table_80() {
         .await;
     // Only the selected source and the named port (resolved to 5432) are allowed.
     assert!(!has(&flows, &["nw_dst=10.128.2.5", "tp_dst=5432", "nw_src=10.128"]), "{flows:#?}");
+    // Egress, with no rule: everything the pod sends is judged in table 27, and dropped.
+    d.until("the pod's egress hook (table 21)", 21, |f| has(f, &["priority=300", "nw_src=10.128.2.5", "ct(table=27"])).await;
+    d.until("the pod's egress drop (table 27)", 27, |f| has(f, &["priority=100", "nw_src=10.128.2.5", "actions=drop"])).await;
     // The plugin needs every pod, the policies and the namespaces watched.
     let reqs = fake.requests();
     for path in ["/apis/networking.k8s.io/v1/networkpolicies?", "/api/v1/namespaces?", "/api/v1/pods?"] {
         assert!(reqs.iter().any(|r| r.starts_with(&format!("GET {path}")) && !r.contains("fieldSelector")), "{path}: {reqs:#?}");
     }
 
-    // The Egress part: a Warning Event regarding the policy, and the gauge.
-    let events = poll("the EgressNotEnforced Event", || {
+    // The dropped port: a Warning Event regarding the policy, naming the field, and the gauge.
+    let events = poll("the NetworkPolicyPartlyEnforced Event", || {
         let p = fake.posts();
         async move { if p.is_empty() { Err("no POST yet".into()) } else { Ok(p) } }
     })
     .await;
     let (path, ev) = &events[0];
     assert_eq!(path, "/apis/events.k8s.io/v1/namespaces/team-a/events");
-    assert_eq!(ev["reason"], "EgressNotEnforced");
+    assert_eq!(ev["reason"], "NetworkPolicyPartlyEnforced");
+    assert!(ev["note"].as_str().is_some_and(|n| n.contains("spec.ingress[0].ports[1].protocol") && n.contains("ICMP")), "{ev:#}");
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["regarding"]["kind"], "NetworkPolicy");
     assert_eq!(ev["regarding"]["namespace"], "team-a");
     assert_eq!(ev["regarding"]["name"], "db-from-web");
     assert_eq!(ev["reportingInstance"], NODE);
-    assert_eq!(d.telemetry.metrics.policies_egress_ignored.get(), 1);
+    assert_eq!(d.telemetry.metrics.policies_partly_enforced.get(), 1);
     // Once per generation: a change that keeps it (a label) reports nothing; a new generation
     // is reported again.
     let mut relabelled = policy.clone();
@@ -474,7 +479,7 @@ async fn network_policies_drive_table_80() {
     fake.put("networkpolicies", relabelled.clone());
     let mut next = relabelled;
     next["metadata"]["generation"] = json!(2);
-    next["spec"]["ingress"][0]["ports"] = json!([{"port": 5433}]);
+    next["spec"]["ingress"][0]["ports"] = json!([{"port": 5433}, {"protocol": "ICMP", "port": 1}]);
     fake.put("networkpolicies", next);
     d.until("generation 2's port", 80, |f| has(f, &["nw_src=10.129.0.5", "tp_dst=5433"])).await;
     // The Recorder publishes a repeat as the first Event's series (a PATCH counting it).
@@ -487,7 +492,7 @@ async fn network_policies_drive_table_80() {
     fake.delete("networkpolicies", "team-a", "db-from-web");
     d.until("the policy's flows gone", 80, |f| !f.iter().any(|l| l.contains("nw_dst=10.128.2.5"))).await;
     poll("the gauge back to 0", || {
-        let n = d.telemetry.metrics.policies_egress_ignored.get();
+        let n = d.telemetry.metrics.policies_partly_enforced.get();
         async move { if n == 0 { Ok(()) } else { Err(format!("{n}")) } }
     })
     .await;
@@ -517,7 +522,7 @@ async fn other_plugins_watch_only_their_node_pods() {
     assert!(!reqs.iter().any(|r| r.contains("/networkpolicies") || r.contains("/api/v1/namespaces?")), "{reqs:#?}");
     let pods: Vec<&String> = reqs.iter().filter(|r| r.starts_with("GET /api/v1/pods")).collect();
     assert!(!pods.is_empty() && pods.iter().all(|r| r.contains("fieldSelector=spec.nodeName%3Dnode-a")), "{pods:#?}");
-    assert_eq!(d.telemetry.metrics.policies_egress_ignored.get(), 0);
+    assert_eq!(d.telemetry.metrics.policies_partly_enforced.get(), 0);
 
     // The cluster moves to the networkpolicy plugin (and the node is granted the lists).
     fake.forbid("networkpolicies", false);
@@ -526,7 +531,7 @@ async fn other_plugins_watch_only_their_node_pods() {
     fake.put("namespaces", json!({"metadata": {"name": "team-a"}}));
     fake.put(
         "networkpolicies",
-        json!({"metadata": {"namespace": "team-a", "name": "deny-all"}, "spec": {"podSelector": {}, "policyTypes": ["Egress"]}}),
+        json!({"metadata": {"namespace": "team-a", "name": "deny-all"}, "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"protocol": "ICMP"}]}]}}),
     );
     let mut cn = cluster_network();
     cn["pluginName"] = json!("redhat/openshift-ovs-networkpolicy");
@@ -539,8 +544,8 @@ async fn other_plugins_watch_only_their_node_pods() {
         async move { if np && all_pods { Ok(()) } else { Err(format!("{reqs:#?}")) } }
     })
     .await;
-    poll("the Egress policy counted", || {
-        let n = d.telemetry.metrics.policies_egress_ignored.get();
+    poll("the partly enforced policy counted", || {
+        let n = d.telemetry.metrics.policies_partly_enforced.get();
         async move { if n == 1 { Ok(()) } else { Err(format!("{n}")) } }
     })
     .await;

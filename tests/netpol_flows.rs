@@ -244,8 +244,10 @@ fn all_flows(state: &ClusterState) -> Vec<Compiled> {
 }
 
 /// A generated networkpolicy state: `namespaces` namespaces, `pods` pods (a quarter local),
-/// `policies` policies of every rule shape, from a seed.
-fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize) -> String {
+/// `policies` policies of every rule shape, from a seed. With `egress`, remote pods have
+/// containerPorts too and each policy is of type Ingress, Egress or both (the same rule shapes
+/// with `to`); without, every policy is of type Ingress (the scale figures' states).
+fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize, egress: bool) -> String {
     let mut r = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut next = move |n: usize| {
         r ^= r >> 12;
@@ -279,7 +281,8 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize) -> Stri
             );
         } else {
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 129, 0, 10)) + i as u32);
-            remote += &format!("  - {{namespace: ns-{ns}, name: p{i}, ip: {ip}, labels: {labels}}}\n");
+            let ports = if egress { format!(", containerPorts: [{{name: http, containerPort: {}, protocol: TCP}}]", 8000 + i % 3) } else { String::new() };
+            remote += &format!("  - {{namespace: ns-{ns}, name: p{i}, ip: {ip}, labels: {labels}{ports}}}\n");
         }
     }
     s += &local;
@@ -294,31 +297,37 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize) -> Stri
     for p in 0..policies {
         let ns = next(namespaces);
         let pod_sel = sel(next(8), "app", 5);
-        let mut rules = Vec::new();
-        for _ in 0..next(3) {
-            let from = match next(6) {
-                0 => String::new(),
-                1 => format!("from: [{{podSelector: {}}}]", sel(next(8), "role", 3)),
-                2 => format!("from: [{{namespaceSelector: {}}}]", sel(next(8), "team", 7)),
-                3 => format!("from: [{{namespaceSelector: {}, podSelector: {}}}]", sel(next(8), "tier", 3), sel(next(8), "app", 5)),
-                4 => "from: [{ipBlock: {cidr: 10.128.0.0/14, except: [10.129.0.0/17, 10.128.0.64/26]}}]".to_string(),
-                _ => format!("from: [{{podSelector: {}}}, {{ipBlock: {{cidr: 10.129.{}.0/24}}}}]", sel(next(8), "app", 5), next(4)),
-            };
-            let ports = match next(6) {
-                0 => String::new(),
-                1 => format!("ports: [{{port: {}}}]", 8000 + next(3)),
-                2 => "ports: [{port: http}, {protocol: UDP, port: 53}, {protocol: SCTP, port: assoc}]".to_string(),
-                3 => format!("ports: [{{protocol: TCP, port: {}, endPort: {}}}]", 1000 + next(100), 2000 + next(3000)),
-                4 => "ports: [{protocol: UDP}, {protocol: SCTP}]".to_string(),
-                _ => "ports: [{port: 8000, endPort: 8002}, {port: 8001}, {protocol: SCTP, port: 8000, endPort: 8003}]".to_string(),
-            };
-            let parts: Vec<String> = [from, ports].into_iter().filter(|x| !x.is_empty()).collect();
-            rules.push(format!("{{{}}}", parts.join(", ")));
-        }
-        s += &format!(
-            "  - {{apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {{name: np{p}, namespace: ns-{ns}}}, spec: {{podSelector: {pod_sel}, ingress: [{}]}}}}\n",
+        let kind = if egress { next(3) } else { 0 };
+        let mut rules_of = |key: &str| {
+            let mut rules = Vec::new();
+            for _ in 0..next(3) {
+                let from = match next(6) {
+                    0 => String::new(),
+                    1 => format!("{key}: [{{podSelector: {}}}]", sel(next(8), "role", 3)),
+                    2 => format!("{key}: [{{namespaceSelector: {}}}]", sel(next(8), "team", 7)),
+                    3 => format!("{key}: [{{namespaceSelector: {}, podSelector: {}}}]", sel(next(8), "tier", 3), sel(next(8), "app", 5)),
+                    4 => format!("{key}: [{{ipBlock: {{cidr: 10.128.0.0/14, except: [10.129.0.0/17, 10.128.0.64/26]}}}}]"),
+                    _ => format!("{key}: [{{podSelector: {}}}, {{ipBlock: {{cidr: 10.129.{}.0/24}}}}]", sel(next(8), "app", 5), next(4)),
+                };
+                let ports = match next(6) {
+                    0 => String::new(),
+                    1 => format!("ports: [{{port: {}}}]", 8000 + next(3)),
+                    2 => "ports: [{port: http}, {protocol: UDP, port: 53}, {protocol: SCTP, port: assoc}]".to_string(),
+                    3 => format!("ports: [{{protocol: TCP, port: {}, endPort: {}}}]", 1000 + next(100), 2000 + next(3000)),
+                    4 => "ports: [{protocol: UDP}, {protocol: SCTP}]".to_string(),
+                    _ => "ports: [{port: 8000, endPort: 8002}, {port: 8001}, {protocol: SCTP, port: 8000, endPort: 8003}]".to_string(),
+                };
+                let parts: Vec<String> = [from, ports].into_iter().filter(|x| !x.is_empty()).collect();
+                rules.push(format!("{{{}}}", parts.join(", ")));
+            }
             rules.join(", ")
-        );
+        };
+        let body = match kind {
+            0 => format!("ingress: [{}]", rules_of("from")),
+            1 => format!("policyTypes: [Egress], egress: [{}]", rules_of("to")),
+            _ => format!("policyTypes: [Ingress, Egress], ingress: [{}], egress: [{}]", rules_of("from"), rules_of("to")),
+        };
+        s += &format!("  - {{apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {{name: np{p}, namespace: ns-{ns}}}, spec: {{podSelector: {pod_sel}, {body}}}}}\n");
     }
     s
 }
@@ -331,15 +340,17 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
         ("networkpolicy.yaml".into(), include_str!("../deploy/examples/networkpolicy.yaml").into()),
     ];
     for seed in 0..12 {
-        states.push((format!("generated seed {seed}"), generated(seed, 6, 60, 20)));
+        states.push((format!("generated seed {seed}"), generated(seed, 6, 60, 20, seed % 4 != 0)));
     }
-    let (mut total, mut conjunctions) = (0, 0);
+    let (mut total, mut conjunctions, mut egress_conjunctions) = (0, 0, 0);
     for (name, text) in &states {
         let (state, problems) = parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(problems.is_empty(), "{name}: {problems:?}");
         let flows = all_flows(&state);
         total += flows.len();
-        conjunctions += flows.iter().filter(|c| c.key.decode_match().unwrap().conj_id.is_some()).count();
+        let conj_ids = |t: Option<u8>| flows.iter().filter(|c| t.is_none_or(|t| c.key.table == t) && c.key.decode_match().unwrap().conj_id.is_some()).count();
+        conjunctions += conj_ids(None);
+        egress_conjunctions += conj_ids(Some(27));
         let t = ties(&flows);
         assert!(t.is_empty(), "{name}: {} overlapping equal-priority pairs:\n{}", t.len(), t.join("\n"));
     }
@@ -386,7 +397,8 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
     assert_eq!(ties(&misplaced).len(), 3, "{:?}", ties(&misplaced));
     assert_eq!(ties(&conjunction(60)[..2]).len(), 1, "no conj_id flow");
     assert!(conjunctions > 0, "the states have conjunctions");
-    eprintln!("no ties: {} states, {total} flows, {conjunctions} conjunctions", states.len());
+    assert!(egress_conjunctions > 0, "the states have egress conjunctions (table 27)");
+    eprintln!("no ties: {} states, {total} flows, {conjunctions} conjunctions ({egress_conjunctions} egress)", states.len());
 }
 
 /// `ovs-ofctl ofp-parse` of the message bytes.
@@ -412,7 +424,7 @@ fn every_networkpolicy_flow_shape_decodes_in_ovs_as_displayed() {
     let dir = tempfile::tempdir().unwrap();
     // One flow per shape: the table, priority class and the set of fields and actions.
     let mut shapes: BTreeMap<String, Compiled> = BTreeMap::new();
-    for c in flows.iter().filter(|c| c.key.table == 21 || c.key.table == 80 || c.key.table == 60) {
+    for c in flows.iter().filter(|c| [21, 25, 27, 28, 60, 80].contains(&c.key.table)) {
         let text = c.to_string();
         let shape: String = text.chars().map(|ch| if ch.is_ascii_digit() { '9' } else { ch }).collect();
         shapes.entry(shape).or_insert_with(|| c.clone());
@@ -474,7 +486,7 @@ fn change_one_policy(state: &ClusterState, d: &sdn_node::store::DesiredState) ->
 #[test]
 #[ignore = "scale figures: run with --release --ignored"]
 fn scale_one_policy_change_recomputes_one_namespace() {
-    let text = generated(7, 100, 5000, 1000);
+    let text = generated(7, 100, 5000, 1000, false);
     let t0 = thread_cpu();
     let (state, problems) = parse(&text).unwrap();
     let parse_cpu = thread_cpu() - t0;
@@ -534,7 +546,7 @@ fn scale_on_a_real_switch() {
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let state = parse(&generated(7, 100, 5000, 1000)).unwrap().0;
+        let state = parse(&generated(7, 100, 5000, 1000, false)).unwrap().0;
         let ports = ofports(&state);
         let dns = DnsAnswers::new();
         // The agent's memory for the flows: from before the desired state is computed to after

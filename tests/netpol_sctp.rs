@@ -382,6 +382,7 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
             srcs: Some(vec![Src::Net("10.128.0.0/16".parse().unwrap()), Src::Net("10.130.0.0/16".parse().unwrap())]),
             pods: ["10.128.2.5", "10.128.2.6"].iter().map(|a| (a.parse().unwrap(), vec![sctp])).collect(),
         }],
+        ..Default::default()
     };
     let (conj, errors) = namespace_flows(&ns);
     assert!(errors.is_empty(), "{errors:?}");

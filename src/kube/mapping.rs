@@ -307,7 +307,13 @@ fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
         }
         Some(_) => {
             if let Some(ip) = info.ip {
-                let remote = RemotePod { namespace: id.0.clone(), name: id.1.clone(), ip, labels: info.meta.labels.clone() };
+                let remote = RemotePod {
+                    namespace: id.0.clone(),
+                    name: id.1.clone(),
+                    ip,
+                    labels: info.meta.labels.clone(),
+                    container_ports: info.meta.container_ports.clone(),
+                };
                 m.remote_pods.insert(id, remote);
             }
         }

@@ -53,7 +53,7 @@ pub const WATCHED: &[Watched] = &[
     Watched { group: "", resource: "namespaces", verbs: &["get", "list", "watch"] },
     // The egress-policy label: `network.openshift.io/not-enforcing-egress-network-policy`.
     Watched { group: "", resource: "nodes", verbs: &["get", "patch"] },
-    // Warning Events on NetworkPolicies whose Egress rules are not enforced (kube's Recorder
+    // Warning Events on NetworkPolicies with parts this node dropped (kube's Recorder
     // creates events.k8s.io Events and patches their series; core Events are the same objects
     // through the older API).
     Watched { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },

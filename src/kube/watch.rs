@@ -128,7 +128,7 @@ fn start_scoped(ctx: &Ctx, scope: Scope, epoch: u32, tasks: &mut tokio::task::Jo
     }
     let stream = watcher::watcher(Api::<NetworkPolicy>::all(ctx.client.clone()), watcher::Config::default());
     let notices = ctx.notices.clone();
-    let report = move |ev: &Event<NetworkPolicy>| egress_notice(&notices, ev);
+    let report = move |ev: &Event<NetworkPolicy>| policy_notice(&notices, ev);
     let convert = |p: &NetworkPolicy| Object::NetworkPolicy(mapping::network_policy(p));
     tasks.spawn(follow(stream, Kind::NetworkPolicy, epoch, convert, ctx.tx.clone(), t.clone(), None, report));
     objects.watch(Kind::NetworkPolicy);
@@ -147,16 +147,25 @@ struct Ctx {
     notices: mpsc::UnboundedSender<events::Notice>,
 }
 
-/// Tells the events task about a NetworkPolicy: of type Egress (reported), or not (any longer).
-fn egress_notice(notices: &mpsc::UnboundedSender<events::Notice>, ev: &Event<NetworkPolicy>) {
+/// Tells the events task about a NetworkPolicy: with parts dropped (reported), or whole.
+fn policy_notice(notices: &mpsc::UnboundedSender<events::Notice>, ev: &Event<NetworkPolicy>) {
     use kube::Resource;
+    let dropped = |p: &NetworkPolicy| match netpol::network_policy(p) {
+        Ok((_, problems)) if problems.is_empty() => None,
+        Ok((_, problems)) => Some(problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; ")),
+        Err((field, message)) => Some(format!("{field}: {message}; the policy is not used")),
+    };
     let notice = match ev {
-        Event::Apply(p) | Event::InitApply(p) if netpol::declares_egress(p) => events::Notice::Egress {
-            id: mapping::id_of(&p.metadata),
-            reference: p.object_ref(&()),
-            generation: p.metadata.generation.unwrap_or(0),
+        Event::Apply(p) | Event::InitApply(p) => match dropped(p) {
+            Some(note) => events::Notice::PartlyEnforced {
+                id: mapping::id_of(&p.metadata),
+                reference: p.object_ref(&()),
+                generation: p.metadata.generation.unwrap_or(0),
+                note,
+            },
+            None => events::Notice::Quiet(mapping::id_of(&p.metadata)),
         },
-        Event::Apply(p) | Event::InitApply(p) | Event::Delete(p) => events::Notice::Quiet(mapping::id_of(&p.metadata)),
+        Event::Delete(p) => events::Notice::Quiet(mapping::id_of(&p.metadata)),
         Event::Init | Event::InitDone => return,
     };
     // The events task ends only with the publisher.

@@ -426,13 +426,13 @@ async fn start_sentinel(node: &Node, deadline: Duration) -> Option<Sentinel> {
 }
 
 /// What a new source state says to the metrics: its rejected objects, and how many
-/// NetworkPolicies of type Egress this node leaves unenforced.
+/// NetworkPolicies this node enforces only in part (a part it could not use was dropped).
 fn record_source(metrics: &crate::metrics::Metrics, loaded: &Loaded) {
     for p in &loaded.problems {
         metrics.reject(&p.object);
     }
-    let ignored = crate::cluster::netpol::egress_ignored(&loaded.state);
-    metrics.policies_egress_ignored.set(i64::try_from(ignored).unwrap_or(i64::MAX));
+    let partly = crate::cluster::netpol::partly_enforced(&loaded.state, &loaded.problems);
+    metrics.policies_partly_enforced.set(i64::try_from(partly).unwrap_or(i64::MAX));
 }
 
 #[cfg(test)]
@@ -448,22 +448,24 @@ mod tests {
     const HEADER: &str = "node: node-a\nplugin: networkpolicy\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\nhostSubnets:\n  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}\nnetNamespaces:\n  - {name: a, netid: 11}\n";
 
     #[test]
-    fn egress_policies_are_counted_in_the_gauge() {
+    fn partly_enforced_policies_are_counted_in_the_gauge() {
+        // Egress is enforced: a policy of both types counts only when a part was dropped (two
+        // bad ports here, one problem each: the policy counts once).
         let policies = "networkPolicies:\n\
             - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: both, namespace: a}, spec: {podSelector: {}, policyTypes: [Ingress, Egress]}}\n\
-            - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: implied, namespace: a}, spec: {podSelector: {}, egress: [{}]}}\n\
+            - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: implied, namespace: a}, spec: {podSelector: {}, egress: [{ports: [{port: 0}, {protocol: ICMP}]}]}}\n\
             - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: ingress, namespace: a}, spec: {podSelector: {}, ingress: [{}]}}\n";
         let m = crate::metrics::Metrics::new();
-        assert!(m.encode().contains("sdn_node_policies_egress_ignored 0"), "{}", m.encode());
+        assert!(m.encode().contains("sdn_node_policies_partly_enforced 0"), "{}", m.encode());
         record_source(&m, &loaded(&format!("{HEADER}{policies}")));
-        assert!(m.encode().contains("sdn_node_policies_egress_ignored 2"), "{}", m.encode());
+        assert!(m.encode().contains("sdn_node_policies_partly_enforced 1"), "{}", m.encode());
         // The policies go: the gauge follows.
         record_source(&m, &loaded(HEADER));
-        assert!(m.encode().contains("sdn_node_policies_egress_ignored 0"), "{}", m.encode());
-        // Another plugin enforces no NetworkPolicy at all: nothing counted as ignored here.
+        assert!(m.encode().contains("sdn_node_policies_partly_enforced 0"), "{}", m.encode());
+        // Another plugin enforces no NetworkPolicy at all: nothing counted here.
         let mut l = loaded(&format!("{HEADER}{policies}"));
         l.state.plugin = crate::model::Plugin::Multitenant;
         record_source(&m, &l);
-        assert_eq!(m.policies_egress_ignored.get(), 0);
+        assert_eq!(m.policies_partly_enforced.get(), 0);
     }
 }

@@ -1,7 +1,8 @@
 //! A NetworkPolicy evaluator written from the Kubernetes specification text
 //! (networking.k8s.io/v1, "Network Policies" concept page and the API reference), independent
 //! of the agent's pipeline code: it reads the policy objects as JSON and says whether a new
-//! connection from one pod to another is allowed at ingress.
+//! connection from one pod to another is allowed: by the source's egress policies and by the
+//! destination's ingress policies (both must allow it).
 //!
 //! The rules it follows, from the specification:
 //! - A pod is isolated for ingress when some policy in its namespace selects it (podSelector;
@@ -18,8 +19,14 @@
 //!   matches on the packet's source IP.)
 //! - A port: protocol (default TCP), port (absent: all ports), endPort (a range), a named port
 //!   is looked up among the destination pod's container ports with that name and protocol.
+//! - Egress mirrors ingress: a pod is isolated for egress when some policy in its namespace
+//!   selects it and has Egress in policyTypes; an isolated pod may open a connection when
+//!   some egress rule of some policy selecting it matches: `to` (empty or absent: all
+//!   destinations; peers as above, matched against the destination pod, ipBlock against the
+//!   destination IP) and `ports` (a named port is looked up among the *destination* pod's
+//!   container ports).
+//! - Replies of an allowed connection always pass (the evaluator judges new connections only).
 //! - Namespaces carry the label kubernetes.io/metadata.name = their name.
-//! - Egress rules are not evaluated (the agent does not enforce them, and says so).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -123,18 +130,19 @@ impl Evaluator<'_> {
         }
     }
 
-    fn peer_matches(&self, policy_ns: &str, peer: &Value, src: &EvalPod) -> bool {
+    /// Does `peer` (of a policy in `policy_ns`) match the pod at the other end, `other`?
+    fn peer_matches(&self, policy_ns: &str, peer: &Value, other: &EvalPod) -> bool {
         if let Some(b) = peer.get("ipBlock") {
             let cidr = b["cidr"].as_str().expect("ipBlock.cidr");
             let excepts: Vec<&str> = b.get("except").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
-            return in_cidr(src.ip, cidr) && !excepts.iter().any(|e| in_cidr(src.ip, e));
+            return in_cidr(other.ip, cidr) && !excepts.iter().any(|e| in_cidr(other.ip, e));
         }
         let ns_ok = match peer.get("namespaceSelector") {
-            Some(sel) => selects(sel, &self.ns_labels(&src.namespace)),
-            None => src.namespace == policy_ns,
+            Some(sel) => selects(sel, &self.ns_labels(&other.namespace)),
+            None => other.namespace == policy_ns,
         };
         let pod_ok = match peer.get("podSelector") {
-            Some(sel) => selects(sel, &src.labels),
+            Some(sel) => selects(sel, &other.labels),
             None => true,
         };
         ns_ok && pod_ok
@@ -157,25 +165,34 @@ impl Evaluator<'_> {
         }
     }
 
-    /// Is a new connection from `src` to `dst` on (`proto`, `dport`) allowed?
+    /// Is a new connection from `src` to `dst` on (`proto`, `dport`) allowed? Both the
+    /// source's egress and the destination's ingress must allow it.
     pub fn allowed(&self, src: &EvalPod, dst: &EvalPod, proto: Proto, dport: u16) -> bool {
+        self.side_allows("Egress", src, dst, proto, dport) && self.side_allows("Ingress", src, dst, proto, dport)
+    }
+
+    /// One side's verdict: `Ingress` by the policies selecting `dst` (peers match `src`),
+    /// `Egress` by those selecting `src` (peers match `dst`); named ports are `dst`'s.
+    fn side_allows(&self, side: &str, src: &EvalPod, dst: &EvalPod, proto: Proto, dport: u16) -> bool {
+        let (selected, other, rules_key, peers_key) =
+            if side == "Ingress" { (dst, src, "ingress", "from") } else { (src, dst, "egress", "to") };
         let selecting: Vec<&Value> = self
             .policies
             .iter()
-            .filter(|p| p["metadata"]["namespace"].as_str() == Some(&dst.namespace))
-            .filter(|p| Self::policy_types(p).iter().any(|t| t == "Ingress"))
-            .filter(|p| selects(p["spec"].get("podSelector").unwrap_or(&Value::Null), &dst.labels))
+            .filter(|p| p["metadata"]["namespace"].as_str() == Some(&selected.namespace))
+            .filter(|p| Self::policy_types(p).iter().any(|t| t == side))
+            .filter(|p| selects(p["spec"].get("podSelector").unwrap_or(&Value::Null), &selected.labels))
             .collect();
         if selecting.is_empty() {
             return true;
         }
         selecting.iter().any(|p| {
-            p["spec"].get("ingress").and_then(Value::as_array).into_iter().flatten().any(|rule| {
-                let from: Vec<&Value> = rule.get("from").and_then(Value::as_array).into_iter().flatten().collect();
+            p["spec"].get(rules_key).and_then(Value::as_array).into_iter().flatten().any(|rule| {
+                let peers: Vec<&Value> = rule.get(peers_key).and_then(Value::as_array).into_iter().flatten().collect();
                 let ports: Vec<&Value> = rule.get("ports").and_then(Value::as_array).into_iter().flatten().collect();
-                let from_ok = from.is_empty() || from.iter().any(|peer| self.peer_matches(&dst.namespace, peer, src));
+                let peer_ok = peers.is_empty() || peers.iter().any(|peer| self.peer_matches(&selected.namespace, peer, other));
                 let port_ok = ports.is_empty() || ports.iter().any(|port| Self::port_matches(port, dst, proto, dport));
-                from_ok && port_ok
+                peer_ok && port_ok
             })
         })
     }

@@ -1,6 +1,7 @@
 //! The networkpolicy state file of one node of a two-node harness (tests/netpol.rs,
 //! tests/netpol_sctp.rs): its own pods with labels and container ports, the other node's as
-//! `remotePods`, the policies as whole Kubernetes objects.
+//! `remotePods` (also with container ports: egress named ports resolve on the destination),
+//! the policies as whole Kubernetes objects.
 
 use serde_json::{json, Value};
 
@@ -17,15 +18,15 @@ pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(
     let mut local = Vec::new();
     let mut remote = Vec::new();
     for (p, e) in pods {
+        let ports: Vec<Value> =
+            e.container_ports.iter().map(|(n, port, proto)| json!({"name": n, "containerPort": port, "protocol": proto})).collect();
         if p.node == node {
-            let ports: Vec<Value> =
-                e.container_ports.iter().map(|(n, port, proto)| json!({"name": n, "containerPort": port, "protocol": proto})).collect();
             local.push(json!({
                 "namespace": p.namespace, "name": p.name, "containerID": p.container_id, "hostVeth": p.host_veth,
                 "ip": p.ip.to_string(), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
             }));
         } else {
-            remote.push(json!({"namespace": p.namespace, "name": p.name, "ip": p.ip.to_string(), "labels": e.labels}));
+            remote.push(json!({"namespace": p.namespace, "name": p.name, "ip": p.ip.to_string(), "labels": e.labels, "containerPorts": ports}));
         }
     }
     json!({

@@ -1,6 +1,7 @@
-//! Kubernetes NetworkPolicy (networking.k8s.io/v1, ingress) for the networkpolicy plugin: the
-//! objects checked into a model, and resolved against the namespaces and pods in view into what
-//! table 80 allows per local pod ([`crate::pipeline::netpol`]).
+//! Kubernetes NetworkPolicy (networking.k8s.io/v1, ingress and egress) for the networkpolicy
+//! plugin: the objects checked into a model, and resolved against the namespaces and pods in
+//! view into what table 80 (ingress) and table 27 (egress) allow per local pod
+//! ([`crate::pipeline::netpol`]).
 //!
 //! Where openshift-sdn and the Kubernetes specification disagree, the specification wins (the
 //! README's "NetworkPolicy plugin" section lists each difference). A part of a policy that
@@ -18,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Checked, ClusterState, FieldError, Problem};
 use crate::model::Vnid;
-use crate::pipeline::netpol::{Dst, NamespacePolicy, RuleAllow, Src, L4};
+use crate::pipeline::netpol::{Dst, EgressRule, NamespacePolicy, RuleAllow, Src, L4};
 
 /// Labels of a namespace or pod.
 pub type Labels = BTreeMap<String, String>;
@@ -61,13 +62,15 @@ pub struct PodMeta {
     pub container_ports: Vec<ContainerPort>,
 }
 
-/// A pod on another node: only a policy peer, known by namespace, IP and labels.
+/// A pod on another node: only a policy peer, known by namespace, IP, labels and container
+/// ports (which an egress rule's named ports resolve against).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemotePod {
     pub namespace: String,
     pub name: String,
     pub ip: Ipv4Addr,
     pub labels: Labels,
+    pub container_ports: Vec<ContainerPort>,
 }
 
 /// One `matchExpressions` requirement.
@@ -129,14 +132,15 @@ impl Selector {
     }
 }
 
-/// One `from` entry.
+/// One `from` (ingress) or `to` (egress) entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Peer {
     /// Pods: of the namespaces `namespaces` selects (`None`: the policy's own namespace), those
     /// `pods` selects (`None`: all of them). Both given = the intersection.
     Pods { namespaces: Option<Selector>, pods: Option<Selector> },
-    /// Source addresses in `cidr` but in none of `except` (IPv4 only: an IPv6 block matches no
-    /// packet of this pipeline and is kept out).
+    /// Addresses (the source's for ingress, the destination's for egress) in `cidr` but in
+    /// none of `except` (IPv4 only: an IPv6 block matches no packet of this pipeline and is
+    /// kept out).
     IpBlock { cidr: Ipv4Net, except: Vec<Ipv4Net> },
 }
 
@@ -147,7 +151,8 @@ pub enum PortSpec {
     All,
     /// `port` (and `endPort`): `start..=end`.
     Range(u16, u16),
-    /// A named port, resolved against each selected pod's `containerPorts`.
+    /// A named port, resolved against the destination pod's `containerPorts` (the selected
+    /// pod's for ingress, the peer's for egress).
     Named(String),
 }
 
@@ -157,10 +162,11 @@ pub struct PolicyPort {
     pub port: PortSpec,
 }
 
-/// One ingress rule. `None` = the field was empty or absent: everything.
+/// One ingress or egress rule. `None` = the field was empty or absent: everything.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rule {
-    pub from: Option<Vec<Peer>>,
+    /// `from` (ingress) or `to` (egress).
+    pub peers: Option<Vec<Peer>>,
     pub ports: Option<Vec<PolicyPort>>,
 }
 
@@ -173,8 +179,9 @@ pub struct NetworkPolicy {
     /// The ingress rules if the policy is of type Ingress (it then isolates the pods it
     /// selects); `None` if it is not.
     pub ingress: Option<Vec<Rule>>,
-    /// The policy is of type Egress: not enforced by this datapath, reported.
-    pub egress: bool,
+    /// The egress rules if the policy is of type Egress (it then isolates the pods it selects
+    /// for egress); `None` if it is not.
+    pub egress: Option<Vec<Rule>>,
 }
 
 /// Checks one NetworkPolicy. Unusable parts are dropped with a problem (never allowing more).
@@ -203,43 +210,49 @@ pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
     }
     // Without policyTypes, the API server's default: Ingress.
     let ingress_type = spec.policy_types.as_ref().is_none_or(|types| types.iter().any(|t| t == "Ingress"));
-    let egress = declares_egress(np);
+    let egress_type = declares_egress(&spec);
     let ingress = ingress_type.then(|| {
         spec.ingress
             .iter()
             .flatten()
             .enumerate()
-            .map(|(i, r)| rule(r, &format!("spec.ingress[{i}]"), &mut problems))
+            .map(|(i, r)| rule(r.from.as_deref(), r.ports.as_deref(), &format!("spec.ingress[{i}]"), "from", &mut problems))
+            .collect()
+    });
+    let egress = egress_type.then(|| {
+        spec.egress
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, r)| rule(r.to.as_deref(), r.ports.as_deref(), &format!("spec.egress[{i}]"), "to", &mut problems))
             .collect()
     });
     Ok((NetworkPolicy { namespace, name, pod_selector, ingress, egress }, problems))
 }
 
 /// The policy is of type Egress: `Egress` in policyTypes, or (without policyTypes, the API
-/// server's default) egress rules. One rule for the model and for the Kubernetes Event that
-/// reports it as not enforced.
-pub fn declares_egress(np: &knet::NetworkPolicy) -> bool {
-    let Some(spec) = &np.spec else { return false };
+/// server's default) egress rules.
+fn declares_egress(spec: &knet::NetworkPolicySpec) -> bool {
     match &spec.policy_types {
         Some(types) => types.iter().any(|t| t == "Egress"),
         None => spec.egress.as_ref().is_some_and(|e| !e.is_empty()),
     }
 }
 
-/// How many policies of `state` are of type Egress, which this node does not enforce (the
-/// `sdn_node_policies_egress_ignored` gauge): none unless the plugin is networkpolicy.
-pub fn egress_ignored(state: &ClusterState) -> usize {
+/// How many NetworkPolicies of `state` this node enforces only in part: those `problems` name
+/// (a part dropped as unusable). None unless the plugin is networkpolicy.
+pub fn partly_enforced(state: &ClusterState, problems: &[Problem]) -> usize {
     if state.plugin != crate::model::Plugin::NetworkPolicy {
         return 0;
     }
-    state.network_policies.iter().filter(|p| p.egress).count()
+    problems.iter().filter(|p| p.object.starts_with("networkpolicy ")).map(|p| p.object.as_str()).collect::<BTreeSet<_>>().len()
 }
 
-fn rule(r: &knet::NetworkPolicyIngressRule, field: &str, problems: &mut Vec<Problem>) -> Rule {
-    let from = r.from.as_ref().filter(|f| !f.is_empty()).map(|peers| {
+fn rule(peers: Option<&[knet::NetworkPolicyPeer]>, ports: Option<&[knet::NetworkPolicyPort]>, field: &str, peers_field: &str, problems: &mut Vec<Problem>) -> Rule {
+    let peers = peers.filter(|f| !f.is_empty()).map(|peers| {
         let mut out = Vec::new();
         for (i, p) in peers.iter().enumerate() {
-            let f = format!("{field}.from[{i}]");
+            let f = format!("{field}.{peers_field}[{i}]");
             match peer(p, &f) {
                 Ok(Some(p)) => out.push(p),
                 Ok(None) => {}
@@ -248,7 +261,7 @@ fn rule(r: &knet::NetworkPolicyIngressRule, field: &str, problems: &mut Vec<Prob
         }
         out
     });
-    let ports = r.ports.as_ref().filter(|p| !p.is_empty()).map(|ports| {
+    let ports = ports.filter(|p| !p.is_empty()).map(|ports| {
         let mut out = Vec::new();
         for (i, p) in ports.iter().enumerate() {
             match port(p, &format!("{field}.ports[{i}]")) {
@@ -258,7 +271,7 @@ fn rule(r: &knet::NetworkPolicyIngressRule, field: &str, problems: &mut Vec<Prob
         }
         out
     });
-    Rule { from, ports }
+    Rule { peers, ports }
 }
 
 fn peer(p: &knet::NetworkPolicyPeer, field: &str) -> Result<Option<Peer>, FieldError> {
@@ -358,8 +371,16 @@ pub struct View<'a> {
     namespaces: BTreeMap<&'a str, (Vnid, Labels)>,
     /// VNID to the namespaces carrying it.
     by_vnid: HashMap<Vnid, Vec<&'a str>>,
-    /// Every pod in view (local and remote): (namespace, IP, labels).
-    pods: Vec<(&'a str, Ipv4Addr, &'a Labels)>,
+    /// Every pod in view (local and remote).
+    pods: Vec<ViewPod<'a>>,
+}
+
+/// A pod as policies see it.
+struct ViewPod<'a> {
+    namespace: &'a str,
+    ip: Ipv4Addr,
+    labels: &'a Labels,
+    container_ports: &'a [ContainerPort],
 }
 
 impl<'a> View<'a> {
@@ -378,8 +399,8 @@ impl<'a> View<'a> {
         let pods = state
             .pods
             .iter()
-            .map(|p| (p.namespace.as_str(), p.ip, state.pod_labels(p)))
-            .chain(state.remote_pods.iter().map(|p| (p.namespace.as_str(), p.ip, &p.labels)))
+            .map(|p| ViewPod { namespace: &p.namespace, ip: p.ip, labels: state.pod_labels(p), container_ports: state.pod_container_ports(p) })
+            .chain(state.remote_pods.iter().map(|p| ViewPod { namespace: &p.namespace, ip: p.ip, labels: &p.labels, container_ports: &p.container_ports }))
             .collect();
         View { namespaces, by_vnid, pods }
     }
@@ -398,9 +419,9 @@ impl<'a> View<'a> {
             Peer::Pods { namespaces, pods } => {
                 let selected = self.selected_namespaces(policy_ns, namespaces);
                 let pod_ips = |nss: &BTreeSet<&str>, sel: Option<&Selector>, out: &mut Vec<Src>| {
-                    for (ns, ip, labels) in &self.pods {
-                        if nss.contains(ns) && sel.is_none_or(|s| s.matches(labels)) {
-                            out.push(Src::Net(Ipv4Net::from(*ip)));
+                    for p in &self.pods {
+                        if nss.contains(p.namespace) && sel.is_none_or(|s| s.matches(p.labels)) {
+                            out.push(Src::Net(Ipv4Net::from(p.ip)));
                         }
                     }
                 };
@@ -427,18 +448,63 @@ impl<'a> View<'a> {
     }
 }
 
-/// What the policies of `namespace` make of its local pods: every pod some Ingress policy
-/// selects, each rule of those policies with its sources and, per selected pod, its ports; and
-/// the warnings (Egress not enforced) naming each policy.
-pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (NamespacePolicy, Vec<Problem>) {
-    let mut warnings = Vec::new();
-    let policies: Vec<&NetworkPolicy> = state.network_policies.iter().filter(|p| p.namespace == namespace).collect();
-    for p in &policies {
-        let obj = format!("networkpolicy {}/{}", p.namespace, p.name);
-        if p.egress {
-            warnings.push(Problem::new(&obj, "spec.policyTypes", "Egress rules are not enforced by this node: egress from the selected pods stays allowed"));
+impl View<'_> {
+    /// The destinations an egress rule allows, each with the rule's ports for it: the numeric
+    /// ports for every destination; a named port resolves on the destination pod — a pod peer,
+    /// or any pod in view whose address the ipBlock holds (or any pod at all, without `to`):
+    /// the specification looks a named port up on the destination pod, whichever way the
+    /// destination was selected.
+    fn destinations(&self, policy_ns: &str, r: &Rule) -> Vec<(Src, Vec<Dst>)> {
+        let numeric: Vec<Dst> = match &r.ports {
+            None => vec![Dst::Any],
+            Some(ports) => ports.iter().filter(|p| !matches!(p.port, PortSpec::Named(_))).flat_map(|p| resolve(p, &[])).collect(),
+        };
+        let named: Vec<&PolicyPort> = r.ports.iter().flatten().filter(|p| matches!(p.port, PortSpec::Named(_))).collect();
+        let named_on = |p: &ViewPod<'_>| -> Vec<Dst> { named.iter().flat_map(|n| resolve(n, p.container_ports)).collect() };
+        let mut out = Vec::new();
+        let Some(peers) = &r.peers else {
+            out.push((Src::Any, numeric));
+            if !named.is_empty() {
+                for p in &self.pods {
+                    out.push((Src::Net(Ipv4Net::from(p.ip)), named_on(p)));
+                }
+            }
+            return out;
+        };
+        for peer in peers {
+            match peer {
+                Peer::IpBlock { cidr, except } => {
+                    let parts = subtract(*cidr, except);
+                    if !named.is_empty() {
+                        for p in self.pods.iter().filter(|p| parts.iter().any(|n| n.contains(&p.ip))) {
+                            out.push((Src::Net(Ipv4Net::from(p.ip)), named_on(p)));
+                        }
+                    }
+                    out.extend(parts.into_iter().map(|n| (Src::Net(n), numeric.clone())));
+                }
+                Peer::Pods { namespaces, pods } => {
+                    let selected = self.selected_namespaces(policy_ns, namespaces);
+                    for p in &self.pods {
+                        if selected.contains(p.namespace) && pods.as_ref().is_none_or(|s| s.matches(p.labels)) {
+                            let mut d = numeric.clone();
+                            d.extend(named_on(p));
+                            out.push((Src::Net(Ipv4Net::from(p.ip)), d));
+                        }
+                    }
+                }
+            }
         }
+        out
     }
+}
+
+/// What the policies of `namespace` make of its local pods: every pod some Ingress policy
+/// selects, each rule of those policies with its sources and, per selected pod, its ports;
+/// every pod some Egress policy selects, each egress rule with its destinations and their
+/// ports. (No warnings today: kept for what a later version may not enforce.)
+pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (NamespacePolicy, Vec<Problem>) {
+    let warnings = Vec::new();
+    let policies: Vec<&NetworkPolicy> = state.network_policies.iter().filter(|p| p.namespace == namespace).collect();
     let pods: Vec<&super::Pod> = state.pods.iter().filter(|p| p.namespace == namespace).collect();
     let mut isolated = vec![false; pods.len()];
     let mut rules = Vec::new();
@@ -452,7 +518,7 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
             isolated[*i] = true;
         }
         for (ri, r) in ingress.iter().enumerate() {
-            let srcs = r.from.as_ref().map(|peers| {
+            let srcs = r.peers.as_ref().map(|peers| {
                 let mut out = Vec::new();
                 for peer in peers {
                     view.sources(&p.namespace, peer, &mut out);
@@ -465,36 +531,55 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
             rules.push(RuleAllow { policy: p.name.clone(), rule: ri, srcs, pods });
         }
     }
-    // Conjunctions keep namespaces apart by the destination VNID (reg1): only a VNID no other
-    // namespace carries will do.
-    let vnid = state
-        .vnid_of(namespace)
-        .filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
-    let isolated = pods.iter().zip(isolated).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect();
-    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules }, warnings)
+    let mut egress_isolated = vec![false; pods.len()];
+    let mut egress_rules = Vec::new();
+    for p in &policies {
+        let Some(egress) = &p.egress else { continue };
+        let selected: Vec<usize> = (0..pods.len()).filter(|i| p.pod_selector.matches(state.pod_labels(pods[*i]))).collect();
+        if selected.is_empty() {
+            continue;
+        }
+        for i in &selected {
+            egress_isolated[*i] = true;
+        }
+        for (ri, r) in egress.iter().enumerate() {
+            let peers = view.destinations(&p.namespace, r);
+            egress_rules.push(EgressRule { policy: p.name.clone(), rule: ri, pods: selected.iter().map(|i| pods[*i].ip).collect(), peers });
+        }
+    }
+    // Conjunctions keep namespaces apart by the selected pod's VNID (reg1 for ingress, reg0
+    // for egress): only a VNID no other namespace carries will do.
+    let pod_vnid = state.vnid_of(namespace);
+    let vnid = pod_vnid.filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
+    let chosen = |flags: Vec<bool>| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect();
+    let isolated = chosen(isolated);
+    let egress_isolated = chosen(egress_isolated);
+    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules }, warnings)
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).
 fn destinations(r: &Rule, container_ports: &[ContainerPort]) -> Vec<Dst> {
     let Some(ports) = &r.ports else { return vec![Dst::Any] };
-    let mut out = Vec::new();
-    for p in ports {
-        let proto = match p.proto {
-            Proto::Tcp => L4::Tcp,
-            Proto::Udp => L4::Udp,
-            Proto::Sctp => L4::Sctp,
-        };
-        match &p.port {
-            PortSpec::All => out.push(Dst::Ports { proto, start: 0, end: u16::MAX }),
-            PortSpec::Range(s, e) => out.push(Dst::Ports { proto, start: *s, end: *e }),
-            PortSpec::Named(n) => {
-                for cp in container_ports.iter().filter(|c| c.name.as_deref() == Some(n.as_str()) && c.proto == p.proto) {
-                    out.push(Dst::Ports { proto, start: cp.port, end: cp.port });
-                }
-            }
-        }
+    ports.iter().flat_map(|p| resolve(p, container_ports)).collect()
+}
+
+/// One policy port for a destination with `container_ports` (a named port: the numbers of
+/// its container ports of that name and protocol, none if it has none).
+fn resolve(p: &PolicyPort, container_ports: &[ContainerPort]) -> Vec<Dst> {
+    let proto = match p.proto {
+        Proto::Tcp => L4::Tcp,
+        Proto::Udp => L4::Udp,
+        Proto::Sctp => L4::Sctp,
+    };
+    match &p.port {
+        PortSpec::All => vec![Dst::Ports { proto, start: 0, end: u16::MAX }],
+        PortSpec::Range(s, e) => vec![Dst::Ports { proto, start: *s, end: *e }],
+        PortSpec::Named(n) => container_ports
+            .iter()
+            .filter(|c| c.name.as_deref() == Some(n.as_str()) && c.proto == p.proto)
+            .map(|cp| Dst::Ports { proto, start: cp.port, end: cp.port })
+            .collect(),
     }
-    out
 }
 
 /// The namespaces whose table-80 flows may change when a pod of `namespace` comes, goes or
@@ -512,10 +597,12 @@ pub fn namespaces_watching_pods_of(state: &ClusterState, namespace: &str) -> BTr
 /// change; its policies are those the namespaces have then (a namespace whose policies changed
 /// is touched by that change itself).
 ///
-/// A policy of namespace N can see pods of P through a peer without namespaceSelector (P = N)
-/// or through a namespaceSelector that matches P's labels, before or after a relabelling; an
-/// ipBlock sees addresses, not pods. Conservative where cheap: a relabelled namespace's own
-/// policies count as affected.
+/// A policy of namespace N can see pods of P through a peer (ingress `from`, egress `to`)
+/// without namespaceSelector (P = N) or through a namespaceSelector that matches P's labels,
+/// before or after a relabelling; an ipBlock sees addresses, not pods; an egress rule with a
+/// named port and no `to`, or an ipBlock in `to`, sees every pod (the port resolves on the
+/// destination pod).
+/// Conservative where cheap: a relabelled namespace's own policies count as affected.
 pub fn namespaces_affected(state: &ClusterState, pods_of: &BTreeSet<String>, relabelled: &BTreeMap<String, Labels>) -> BTreeSet<String> {
     let view = View::new(state);
     let labels_now = |n: &str| view.namespaces.get(n).map(|(_, l)| l);
@@ -525,8 +612,16 @@ pub fn namespaces_affected(state: &ClusterState, pods_of: &BTreeSet<String>, rel
             continue;
         }
         let own = pods_of.contains(&p.namespace) || relabelled.contains_key(&p.namespace);
+        let any_destination_named = || {
+            !pods_of.is_empty()
+                && p.egress.iter().flatten().any(|r| {
+                    r.ports.iter().flatten().any(|p| matches!(p.port, PortSpec::Named(_)))
+                        && r.peers.as_ref().is_none_or(|peers| peers.iter().any(|p| matches!(p, Peer::IpBlock { .. })))
+                })
+        };
         let affected = own
-            || p.ingress.iter().flatten().flat_map(|r| r.from.iter().flatten()).any(|peer| match peer {
+            || any_destination_named()
+            || p.ingress.iter().chain(p.egress.iter()).flatten().flat_map(|r| r.peers.iter().flatten()).any(|peer| match peer {
                 // The policy's own namespace: `own` above.
                 Peer::IpBlock { .. } | Peer::Pods { namespaces: None, .. } => false,
                 Peer::Pods { namespaces: Some(sel), .. } => {

@@ -80,6 +80,9 @@ struct RawRemotePod {
     ip: String,
     #[serde(default)]
     labels: super::netpol::Labels,
+    /// What an egress rule's named ports resolve against (Kubernetes' ContainerPort shape).
+    #[serde(default, rename = "containerPorts")]
+    container_ports: Vec<k8s_openapi::api::core::v1::ContainerPort>,
 }
 
 #[derive(Deserialize)]
@@ -262,20 +265,28 @@ fn pod_extras(v: &mut Value) -> Result<(super::netpol::Labels, Vec<super::netpol
     if let Some(cp) = o.remove("containerPorts").filter(|v| !v.is_null()) {
         let raw: Vec<k8s_openapi::api::core::v1::ContainerPort> =
             serde_path_to_error::deserialize(&cp).map_err(|e| (format!("containerPorts{}", e.path()), e.inner().to_string()))?;
-        for (i, c) in raw.iter().enumerate() {
-            let port = u16::try_from(c.container_port)
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| (format!("containerPorts[{i}].containerPort"), format!("{} is not a port number (1..65535)", c.container_port)))?;
-            let proto = super::netpol::Proto::parse(c.protocol.as_deref()).map_err(|m| (format!("containerPorts[{i}].protocol"), m))?;
-            ports.push(super::netpol::ContainerPort { name: c.name.clone().filter(|n| !n.is_empty()), port, proto });
-        }
+        ports = container_ports(&raw)?;
     }
     Ok((labels, ports))
 }
 
+/// Kubernetes ContainerPorts, checked (a port 1..65535, a known protocol, an empty name is none).
+fn container_ports(raw: &[k8s_openapi::api::core::v1::ContainerPort]) -> Result<Vec<super::netpol::ContainerPort>, FieldError> {
+    let mut ports = Vec::with_capacity(raw.len());
+    for (i, c) in raw.iter().enumerate() {
+        let port = u16::try_from(c.container_port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| (format!("containerPorts[{i}].containerPort"), format!("{} is not a port number (1..65535)", c.container_port)))?;
+        let proto = super::netpol::Proto::parse(c.protocol.as_deref()).map_err(|m| (format!("containerPorts[{i}].protocol"), m))?;
+        ports.push(super::netpol::ContainerPort { name: c.name.clone().filter(|n| !n.is_empty()), port, proto });
+    }
+    Ok(ports)
+}
+
 fn remote_pod(r: RawRemotePod) -> Result<super::netpol::RemotePod, FieldError> {
-    validate::remote_pod(r.namespace, r.name, &r.ip, r.labels)
+    let ports = container_ports(&r.container_ports)?;
+    validate::remote_pod(r.namespace, r.name, &r.ip, r.labels, ports)
 }
 
 /// Decodes each NetworkPolicy as the Kubernetes object (k8s-openapi's type) and checks it.

@@ -142,10 +142,16 @@ fn name(field: &str, s: &str) -> Result<(), FieldError> {
 }
 
 /// Checks one pod of another node (a NetworkPolicy peer).
-pub fn remote_pod(namespace: String, name_: String, ip: &str, labels: super::netpol::Labels) -> Result<super::netpol::RemotePod, FieldError> {
+pub fn remote_pod(
+    namespace: String,
+    name_: String,
+    ip: &str,
+    labels: super::netpol::Labels,
+    container_ports: Vec<super::netpol::ContainerPort>,
+) -> Result<super::netpol::RemotePod, FieldError> {
     name("namespace", &namespace)?;
     name("name", &name_)?;
-    Ok(super::netpol::RemotePod { ip: addr(ip).map_err(at("ip"))?, namespace, name: name_, labels })
+    Ok(super::netpol::RemotePod { ip: addr(ip).map_err(at("ip"))?, namespace, name: name_, labels, container_ports })
 }
 
 /// Checks one HostSubnet. `fixed_vnid`: the fixed-VNID value, or why it is not a number.

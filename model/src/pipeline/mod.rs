@@ -41,6 +41,13 @@ pub enum Table {
     /// 25: IP from a local pod that came back from the node through tun0 (a DNATed Service
     /// connection, networkpolicy plugin): reload the pod's VNID and remember the connection.
     ViaHost = 25,
+    /// 27: NetworkPolicy egress (networkpolicy plugin): what a local pod some Egress policy
+    /// selects may send; reached from table 21 (the pod's own packets) and 25 (its Service
+    /// connections after the node's DNAT). See [`netpol::egress`].
+    PolicyEgress = 27,
+    /// 28: an egress-allowed connection is committed to conntrack (marked if it came back
+    /// from the node), then routed.
+    PolicyEgressCommit = 28,
     /// 30: general routing.
     Routing = 30,
     /// 40: ARP to a local pod.

@@ -69,15 +69,64 @@
 //! `ct_tuple4(proto=17,tp_dst=0)`). tests/netpol_sctp.rs sends datagrams larger than the MTU
 //! through such rules, on one node and across VXLAN.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+mod compile;
+mod cube;
+pub mod egress;
+
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use openflow::flow_match::ct_state;
-use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
+use openflow::{Ipv4Match, Match};
 
 use super::{cidr, host, output_reg2, Flow, Reg, Table};
 use crate::model::Vnid;
+use compile::{compile, Direction, Group};
+pub use cube::port_masks;
+
+/// Which end of a connection a policy's rules judge: ingress rules the connections to the
+/// pods they select (table 80, the peer is the source), egress rules the connections from them
+/// (table 27, the peer is the destination).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Side {
+    Ingress,
+    Egress,
+}
+
+impl Side {
+    pub fn table(self) -> Table {
+        match self {
+            Side::Ingress => Table::Policy,
+            Side::Egress => Table::PolicyEgress,
+        }
+    }
+
+    /// The register holding the selected pod's namespace VNID where the rules are judged:
+    /// reg1 (table 70 loads the destination's) or reg0 (table 20 or 25 loads the source's).
+    pub fn namespace_reg(self) -> Reg {
+        match self {
+            Side::Ingress => Reg::DstVnid,
+            Side::Egress => Reg::SrcVnid,
+        }
+    }
+
+    /// The selected pod's address in the packet: the destination or the source.
+    pub fn pod_match(self, pod: Ipv4Addr) -> Ipv4Match {
+        match self {
+            Side::Ingress => Ipv4Match { dst: Some(host(pod)), ..Default::default() },
+            Side::Egress => Ipv4Match { src: Some(host(pod)), ..Default::default() },
+        }
+    }
+
+    /// An allowed entry: delivered (`output:NXM_NX_REG2[]`) or committed and routed.
+    pub fn allow(self, priority: u16, m: Match) -> Flow {
+        match self {
+            Side::Ingress => Flow::new(Table::Policy, priority, m, vec![output_reg2()], None),
+            Side::Egress => Flow::new(Table::PolicyEgress, priority, m, vec![], Some(Table::PolicyEgressCommit)),
+        }
+    }
+}
 
 /// The reply flow's priority (as openshift-sdn VERSION 4).
 pub const REPLY_PRIORITY: u16 = 200;
@@ -126,7 +175,8 @@ pub struct Allow {
 }
 
 /// A local pod some policy selects, with everything its policies allow (the product form:
-/// what [`plain_flows`] expands into one flow per box).
+/// what [`plain_flows`] expands into one flow per box). For egress, `src` of each box is the
+/// destination peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IsolatedPod {
     pub ip: Ipv4Addr,
@@ -147,8 +197,23 @@ pub struct RuleAllow {
     pub pods: Vec<(Ipv4Addr, Vec<Dst>)>,
 }
 
-/// What the policies of one namespace make of its local pods.
+/// One egress rule of one policy, resolved: the local pods the policy selects and the rule's
+/// destinations, each with the rule's ports for it (named ports resolved against the
+/// destination pod's containerPorts; an ipBlock or any destination has only numeric ports).
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EgressRule {
+    pub policy: String,
+    pub rule: usize,
+    /// The selected local pods (the connections' sources).
+    pub pods: Vec<Ipv4Addr>,
+    /// Destinations: [`Src::Any`] (no `to`), pod addresses and ipBlock ranges as [`Src::Net`],
+    /// with their ports (empty: nothing). [`Src::Vnid`] is not a destination (the
+    /// destination's VNID is not known where egress is judged) and matches nothing.
+    pub peers: Vec<(Src, Vec<Dst>)>,
+}
+
+/// What the policies of one namespace make of its local pods.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespacePolicy {
     pub namespace: String,
     /// The namespace's VNID (table 70 loads it into reg1 for its pods) when no other
@@ -159,6 +224,14 @@ pub struct NamespacePolicy {
     pub isolated: Vec<Ipv4Addr>,
     /// Every rule of every Ingress policy selecting some of them.
     pub rules: Vec<RuleAllow>,
+    /// The namespace's VNID, shared with other namespaces or not: what table 25 reloads for
+    /// an egress-isolated pod's connections that come back from the node. `None`: the
+    /// namespace is unknown, its pods have no flows.
+    pub pod_vnid: Option<Vnid>,
+    /// The pods some Egress policy selects, in pod order.
+    pub egress_isolated: Vec<Ipv4Addr>,
+    /// Every rule of every Egress policy selecting some of them.
+    pub egress_rules: Vec<EgressRule>,
 }
 
 /// Table 21 (base flows in networkpolicy mode): connections from local pods to the cluster
@@ -166,20 +239,20 @@ pub struct NamespacePolicy {
 /// 80 knows their replies — for a Service, the reply the node un-NATs and sends back through
 /// tun0 (see [`super::via_host`]).
 ///
+/// Connections to anywhere else (outside the cluster, through the node's masquerade) are
+/// committed too, at a lower priority: their replies come back through tun0 untracked, and
+/// table 30's lookup must find them as replies, or a pod some Ingress policy isolates could
+/// not hear back from outside the cluster.
+///
 /// [`via_host::CT_ZONE`]: super::via_host::CT_ZONE
 pub fn conntrack_flows(cluster_network: Ipv4Net, service_network: Ipv4Net) -> Vec<Flow> {
-    [cluster_network, service_network]
-        .into_iter()
-        .map(|net| {
-            Flow::new(
-                Table::PolicyConntrack,
-                200,
-                Match::any().ipv4(Ipv4Match { dst: Some(cidr(net)), ..Default::default() }),
-                vec![super::via_host::commit(Table::Routing)],
-                None,
-            )
-        })
-        .collect()
+    let commit = |priority: u16, m: Ipv4Match| {
+        Flow::new(Table::PolicyConntrack, priority, Match::any().ipv4(m), vec![super::via_host::commit(Table::Routing)], None)
+    };
+    let mut flows: Vec<Flow> =
+        [cluster_network, service_network].into_iter().map(|net| commit(200, Ipv4Match { dst: Some(cidr(net)), ..Default::default() })).collect();
+    flows.push(commit(100, Ipv4Match::default()));
+    flows
 }
 
 /// The plugin's fixed table-80 flows: accept replies, accept pods no policy selects. Every
@@ -200,162 +273,6 @@ pub fn plugin_flows() -> Vec<Flow> {
     ]
 }
 
-/// A match as a box of constraints, for the overlap and containment checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct Cube {
-    reg0: Option<u32>,
-    /// (value, mask), value pre-masked.
-    src: Option<(u32, u32)>,
-    proto: Option<L4>,
-    /// (value, mask), only with `proto`; the value is non-zero (policy ports are 1..=65535),
-    /// so a later fragment (`tp_dst` 0) never matches.
-    port: Option<(u16, u16)>,
-    /// Later fragments only (`ct_state=-inv+trk`, `nw_frag=later`), never with `port`.
-    later: bool,
-}
-
-/// `outer` holds every value `inner` holds.
-fn masked_within<T: Copy + std::ops::BitXor<Output = T> + std::ops::BitAnd<Output = T> + PartialEq + Default>(
-    inner: Option<(T, T)>,
-    outer: Option<(T, T)>,
-) -> bool {
-    match (inner, outer) {
-        (_, None) => true,
-        (None, Some(_)) => false,
-        (Some((vi, mi)), Some((vo, mo))) => (mi & mo) == mo && ((vi ^ vo) & mo) == T::default(),
-    }
-}
-
-impl Cube {
-    fn within(&self, o: &Cube) -> bool {
-        (o.reg0.is_none() || self.reg0 == o.reg0)
-            && masked_within(self.src, o.src)
-            && (o.proto.is_none() || self.proto == o.proto)
-            && masked_within(self.port, o.port)
-            && (self.later || !o.later)
-    }
-
-    /// The match of this box, to `dst` (a pod) if given, in namespace `dst_vnid` (reg1) if given.
-    fn to_match(self, dst: Option<Ipv4Addr>, dst_vnid: Option<u32>) -> Match {
-        let proto = self.proto.map(|p| {
-            let dst = self.port.map(|(v, m)| Masked::new(v, m));
-            match p {
-                L4::Tcp => IpProto::Tcp { dst },
-                L4::Udp => IpProto::Udp { dst },
-                L4::Sctp => IpProto::Sctp { dst },
-            }
-        });
-        let src = self.src.map(|(v, m)| Masked::new(Ipv4Addr::from(v), Ipv4Addr::from(m)));
-        let frag = self.later.then_some(IpFrag::Later);
-        let mut m = Match::any().ipv4(Ipv4Match { src, dst: dst.map(host), proto, frag });
-        if let Some(v) = self.reg0 {
-            m = m.reg(Reg::SrcVnid.n(), v);
-        }
-        if let Some(v) = dst_vnid {
-            m = m.reg(Reg::DstVnid.n(), v);
-        }
-        if self.later {
-            m = m.ct_state(ct_state::TRK, ct_state::TRK | ct_state::INV);
-        }
-        m
-    }
-}
-
-/// `start..=end` as the fewest (value, mask) prefixes.
-pub fn port_masks(start: u16, end: u16) -> Vec<(u16, u16)> {
-    let mut out = Vec::new();
-    let (mut lo, hi) = (start as u32, end as u32);
-    while lo <= hi {
-        // The largest aligned block starting at lo that stays within hi.
-        let mut size = if lo == 0 { 1u32 << 16 } else { 1u32 << lo.trailing_zeros() };
-        while lo + size - 1 > hi {
-            size >>= 1;
-        }
-        out.push((lo as u16, (!(size - 1) & 0xffff) as u16));
-        lo += size;
-    }
-    out
-}
-
-fn cubes(a: &Allow) -> Vec<Cube> {
-    let (reg0, src) = match a.src {
-        Src::Any => (None, None),
-        Src::Vnid(v) => (Some(v.get()), None),
-        Src::Net(n) if n.prefix_len() == 0 => (None, None),
-        Src::Net(n) => (None, Some((u32::from(n.network()), u32::from(n.netmask())))),
-    };
-    match a.dst {
-        Dst::Any => vec![Cube { reg0, src, proto: None, port: None, later: false }],
-        Dst::Ports { proto, start, end } if start == 0 && end == u16::MAX => {
-            vec![Cube { reg0, src, proto: Some(proto), port: None, later: false }]
-        }
-        // Port 0 is no policy port; a range from 0 starts at 1 (a later fragment's tp_dst is 0).
-        Dst::Ports { proto, start, end } if start.max(1) <= end => {
-            let mut out: Vec<Cube> = port_masks(start.max(1), end)
-                .into_iter()
-                .map(|p| Cube { reg0, src, proto: Some(proto), port: Some(p), later: false })
-                .collect();
-            // The twin for later fragments (see the module documentation).
-            out.push(Cube { reg0, src, proto: Some(proto), port: None, later: true });
-            out
-        }
-        Dst::Ports { .. } => vec![],
-    }
-}
-
-/// Drops the boxes another box contains (they allow nothing more); the rest in a stable
-/// order, narrow-last.
-fn prune(mut cubes: Vec<Cube>) -> Vec<Cube> {
-    cubes.sort();
-    cubes.dedup();
-    // Wider cubes first, so that containment drops the narrow ones.
-    cubes.sort_by_key(|c| {
-        (
-            c.reg0.is_some() as u8 + c.proto.is_some() as u8 + c.later as u8,
-            c.src.map_or(0, |(_, m)| m.count_ones()),
-            c.port.map_or(0, |(_, m)| m.count_ones()),
-            *c,
-        )
-    });
-    let mut kept: Vec<Cube> = Vec::with_capacity(cubes.len());
-    for c in cubes {
-        if !kept.iter().any(|k| c.within(k)) {
-            kept.push(c);
-        }
-    }
-    kept
-}
-
-/// The product form: one allowed flow per (pod, box) at [`ALLOW_PRIORITY`], boxes another box
-/// of the pod contains left out, then the pod's drop at [`ISOLATED_PRIORITY`]. Pods allowed
-/// the same boxes share one pruning (quadratic in a pod's boxes).
-pub fn plain_flows(pods: &[IsolatedPod]) -> Vec<Flow> {
-    let mut flows = Vec::new();
-    let mut memo: HashMap<Vec<Allow>, std::rc::Rc<Vec<Cube>>> = HashMap::new();
-    for p in pods {
-        let mut key = p.allows.clone();
-        key.sort_unstable();
-        key.dedup();
-        let kept = match memo.get(&key) {
-            Some(l) => l.clone(),
-            None => {
-                let l = std::rc::Rc::new(prune(key.iter().flat_map(cubes).collect()));
-                memo.insert(key, l.clone());
-                l
-            }
-        };
-        for c in kept.iter() {
-            flows.push(Flow::new(Table::Policy, ALLOW_PRIORITY, c.to_match(Some(p.ip), None), vec![output_reg2()], None));
-        }
-        flows.push(isolated_drop(p.ip));
-    }
-    flows
-}
-
-fn isolated_drop(pod: Ipv4Addr) -> Flow {
-    Flow::drop(Table::Policy, ISOLATED_PRIORITY, Match::any().ipv4(Ipv4Match { dst: Some(host(pod)), ..Default::default() }))
-}
-
 /// The most `conjunction` actions one clause flow carries (16 bytes each: a FLOW_MOD must stay
 /// under 64 KiB). A pod in more rules' destination clauses than this loses the rest (less is
 /// allowed) and the namespace reports it.
@@ -366,6 +283,12 @@ pub const MAX_CONJUNCTIONS_PER_FLOW: usize = 2000;
 /// packet carries outside a conjunction). Collisions within the namespace move to the next
 /// free id, in the order of [`namespace_flows`]' units (sorted by policy, rule, ports).
 pub fn conj_id_seed(namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
+    conj_id_seed_on(Side::Ingress, namespace, policy, rule, ports)
+}
+
+/// [`conj_id_seed`] on either side: an egress rule's seed also eats `egress` first, so that a
+/// policy's ingress and egress rules start apart (ids are per table anyway).
+pub fn conj_id_seed_on(side: Side, namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     let mut eat = |b: &[u8]| {
         for x in b {
@@ -373,6 +296,9 @@ pub fn conj_id_seed(namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -
             h = h.wrapping_mul(0x0100_0193);
         }
     };
+    if side == Side::Egress {
+        eat(b"egress\0");
+    }
     eat(namespace.as_bytes());
     eat(&[0]);
     eat(policy.as_bytes());
@@ -391,166 +317,68 @@ pub fn conj_id_seed(namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -
     h.max(1)
 }
 
-/// A namespace's table-80 flows: per rule, conjunctive clauses (sources; destination pods;
-/// ports) when that is fewer flows than their product, else the product as plain flows; the
-/// isolated pods' drops. See the module documentation for the layout.
+/// The product form for ingress (table 80): see [`cube::plain_flows_on`].
+pub fn plain_flows(pods: &[IsolatedPod]) -> Vec<Flow> {
+    cube::plain_flows_on(Side::Ingress, pods)
+}
+
+/// A namespace's policy flows: per rule, conjunctive clauses (peers; selected pods; ports)
+/// when that is fewer flows than their product, else the product as plain flows; the
+/// isolated pods' drops — table 80 for ingress, table 27 for egress, with the egress-isolated
+/// pods' hooks into table 27 ([`egress::pod_hooks`]). See the module documentation.
 pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
-    let mut errors = Vec::new();
-    // Pods allowed everything from everywhere: one plain flow, in no conjunction (its match,
-    // `ip,nw_dst=<pod>`, is the pod's destination clause flow's).
-    let open: BTreeSet<Ipv4Addr> = ns
-        .rules
-        .iter()
-        .filter(|r| r.srcs.as_ref().is_none_or(|s| s.iter().any(|s| source_member(s).is_none())))
-        .flat_map(|r| r.pods.iter().filter(|(_, d)| d.contains(&Dst::Any)).map(|(ip, _)| *ip))
-        .collect();
-    let mut plain: BTreeMap<Ipv4Addr, Vec<Allow>> = BTreeMap::new();
-    for ip in &open {
-        plain.entry(*ip).or_default().push(Allow { src: Src::Any, dst: Dst::Any });
-    }
-    // Conjunction units: (policy, rule, ports) -> source members, pods, port members.
-    type Unit = (Option<Vec<Cube>>, Vec<Ipv4Addr>, Option<Vec<Cube>>);
-    let mut units: BTreeMap<(&str, usize, Vec<Dst>), Unit> = BTreeMap::new();
+    let mut ingress = Vec::new();
     for r in &ns.rules {
-        let src_members: Option<Vec<Cube>> = r.srcs.as_ref().and_then(|srcs| {
-            let m: Option<BTreeSet<Cube>> = srcs.iter().map(source_member).collect();
-            m.map(|m| m.into_iter().collect())
-        });
-        let mut groups: BTreeMap<Vec<Dst>, Vec<Ipv4Addr>> = BTreeMap::new();
+        let mut by_ports: BTreeMap<Vec<Dst>, Vec<Ipv4Addr>> = BTreeMap::new();
         for (ip, dsts) in &r.pods {
-            if open.contains(ip) || dsts.is_empty() {
+            let mut d = dsts.clone();
+            d.sort_unstable();
+            d.dedup();
+            if !d.is_empty() {
+                by_ports.entry(d).or_default().push(*ip);
+            }
+        }
+        ingress.extend(by_ports.into_iter().map(|(ports, pods)| Group { policy: &r.policy, rule: r.rule, peers: r.srcs.clone(), pods, ports }));
+    }
+    let (mut flows, mut errors) =
+        compile(Direction { side: Side::Ingress, namespace: &ns.namespace, vnid: ns.vnid, isolated: &ns.isolated, groups: ingress });
+    if ns.egress_isolated.is_empty() {
+        return (flows, errors);
+    }
+    let mut groups = Vec::new();
+    for r in &ns.egress_rules {
+        let mut by_ports: BTreeMap<Vec<Dst>, Vec<Src>> = BTreeMap::new();
+        for (peer, dsts) in &r.peers {
+            if let Src::Vnid(v) = peer {
+                errors.push(format!("policy {}, egress rule {}: VNID {v} is not a destination; it matches nothing", r.policy, r.rule));
                 continue;
             }
             let mut d = dsts.clone();
             d.sort_unstable();
             d.dedup();
-            groups.entry(d).or_default().push(*ip);
+            if !d.is_empty() {
+                by_ports.entry(d).or_default().push(*peer);
+            }
         }
-        for (dsts, mut pods) in groups {
-            pods.sort_unstable();
-            pods.dedup();
-            let port_members: Option<Vec<Cube>> = (!dsts.contains(&Dst::Any)).then(|| {
-                let m: BTreeSet<Cube> = dsts.iter().flat_map(|d| cubes(&Allow { src: Src::Any, dst: *d })).collect();
-                m.into_iter().collect()
-            });
-            if src_members.as_ref().is_some_and(|m| m.is_empty()) || port_members.as_ref().is_some_and(|m| m.is_empty()) {
-                continue;
-            }
-            let (s, p) = (src_members.as_ref().map_or(0, Vec::len), port_members.as_ref().map_or(0, Vec::len));
-            let clauses = 1 + usize::from(s > 0) + usize::from(p > 0);
-            let product = s.max(1) * pods.len() * p.max(1);
-            if ns.vnid.is_none() || clauses < 2 || product <= s + pods.len() + p + 1 {
-                let srcs = r.srcs.clone().unwrap_or_else(|| vec![Src::Any]);
-                for ip in &pods {
-                    let e = plain.entry(*ip).or_default();
-                    for s in &srcs {
-                        e.extend(dsts.iter().map(|d| Allow { src: *s, dst: *d }));
-                    }
-                }
-            } else {
-                let u = units.entry((r.policy.as_str(), r.rule, dsts)).or_insert_with(|| (src_members.clone(), vec![], port_members));
-                u.1.extend(pods);
-            }
+        for (ports, mut peers) in by_ports {
+            peers.sort_unstable();
+            peers.dedup();
+            let peers = (!peers.contains(&Src::Any)).then_some(peers);
+            groups.push(Group { policy: &r.policy, rule: r.rule, peers, pods: r.pods.clone(), ports });
         }
     }
-    let isolated: Vec<IsolatedPod> = ns
-        .isolated
-        .iter()
-        .map(|ip| IsolatedPod { ip: *ip, allows: plain.remove(ip).unwrap_or_default() })
-        .collect();
-    let mut flows = plain_flows(&isolated);
-    let Some(vnid) = ns.vnid else { return (flows, errors) };
-    // Clause flows by match (a match in several rules' clauses is one flow with all their
-    // conjunction actions), in order of first use.
-    let mut clause_flows: Vec<(Match, Vec<openflow::Conjunction>)> = Vec::new();
-    let mut index: HashMap<Match, usize> = HashMap::new();
-    let mut add = |m: Match, c: openflow::Conjunction| match index.get(&m) {
-        Some(&i) => clause_flows[i].1.push(c),
-        None => {
-            index.insert(m.clone(), clause_flows.len());
-            clause_flows.push((m, vec![c]));
-        }
-    };
-    let mut used: BTreeSet<u32> = BTreeSet::new();
-    let dst_vnid = Some(vnid.get());
-    let mut conj_flows = Vec::new();
-    for ((policy, rule, dsts), (srcs, mut pods, ports)) in units {
-        pods.sort_unstable();
-        pods.dedup();
-        let mut id = conj_id_seed(&ns.namespace, policy, rule, &dsts);
-        while !used.insert(id) {
-            id = id.wrapping_add(1).max(1);
-        }
-        let n = 1 + u8::from(srcs.is_some()) + u8::from(ports.is_some());
-        let mut k = 0u8;
-        let clause = |k: &mut u8| {
-            *k += 1;
-            openflow::Conjunction::new(id, *k, n).expect("2 or 3 clauses")
-        };
-        if let Some(srcs) = srcs {
-            let c = clause(&mut k);
-            for s in srcs {
-                add(s.to_match(None, dst_vnid), c);
-            }
-        }
-        let c = clause(&mut k);
-        for ip in pods {
-            add(Match::any().ipv4(Ipv4Match { dst: Some(host(ip)), ..Default::default() }), c);
-        }
-        if let Some(ports) = ports {
-            let c = clause(&mut k);
-            for p in ports {
-                add(p.to_match(None, dst_vnid), c);
-            }
-        }
-        conj_flows.push(Flow::new(
-            Table::Policy,
-            ALLOW_PRIORITY,
-            Match::any().conj_id(id).ipv4(Ipv4Match::default()).reg(Reg::DstVnid.n(), vnid.get()),
-            vec![output_reg2()],
-            None,
-        ));
-    }
-    for (m, mut cs) in clause_flows {
-        cs.sort_unstable_by_key(|c| (c.id(), c.clause()));
-        if cs.len() > MAX_CONJUNCTIONS_PER_FLOW {
-            errors.push(format!(
-                "{m}: in {} rules' clauses, more than the {MAX_CONJUNCTIONS_PER_FLOW} one flow can carry; the rules beyond them are not installed for it (less is allowed)",
-                cs.len()
-            ));
-            cs.truncate(MAX_CONJUNCTIONS_PER_FLOW);
-        }
-        flows.push(Flow::new(Table::Policy, ALLOW_PRIORITY, m, cs.into_iter().map(openflow::Action::Conjunction).collect(), None));
-    }
-    flows.extend(conj_flows);
+    let (egress, e) =
+        compile(Direction { side: Side::Egress, namespace: &ns.namespace, vnid: ns.vnid, isolated: &ns.egress_isolated, groups });
+    flows.extend(egress);
+    errors.extend(e);
+    flows.extend(egress::pod_hooks(&ns.egress_isolated, ns.pod_vnid));
     (flows, errors)
-}
-
-/// A source as a clause member: `None` for any source.
-fn source_member(s: &Src) -> Option<Cube> {
-    let c = cubes(&Allow { src: *s, dst: Dst::Any }).into_iter().next()?;
-    (c.reg0.is_some() || c.src.is_some()).then_some(c)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn port_ranges_become_prefixes() {
-        assert_eq!(port_masks(80, 80), vec![(80, 0xffff)]);
-        assert_eq!(port_masks(8000, 8003), vec![(8000, 0xfffc)]);
-        assert_eq!(port_masks(0, 65535), vec![(0, 0)]);
-        assert_eq!(port_masks(1, 3), vec![(1, 0xffff), (2, 0xfffe)]);
-        // Every port of a range is covered exactly once, and nothing else.
-        for (s, e) in [(1u16, 65535u16), (5, 1000), (32767, 32769), (65535, 65535)] {
-            let masks = port_masks(s, e);
-            for p in [0u16, 1, 4, 5, 999, 1000, 1001, 32767, 32768, 32769, 65535] {
-                let n = masks.iter().filter(|(v, m)| p & m == *v).count();
-                assert_eq!(n, usize::from(p >= s && p <= e), "{s}..={e} port {p}: {masks:?}");
-            }
-        }
-    }
+    use std::collections::{BTreeSet, HashMap};
 
     #[test]
     fn text() {
@@ -562,6 +390,7 @@ mod tests {
             vec![
                 "table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30,zone=64000)",
                 "table=21, priority=200,ip,nw_dst=172.30.0.0/16 actions=ct(commit,table=30,zone=64000)",
+                "table=21, priority=100,ip actions=ct(commit,table=30,zone=64000)",
             ]
         );
         let f: Vec<String> = plugin_flows().iter().map(|f| f.to_string()).collect();
@@ -615,6 +444,7 @@ mod tests {
                 // Any source, two pods, one port: two clauses, sharing the pods' and port's flows.
                 RuleAllow { policy: "web".into(), rule: 1, srcs: None, pods: pods(&["10.128.0.5", "10.128.0.6"], &[tcp80, Dst::Ports { proto: L4::Udp, start: 53, end: 53 }]) },
             ],
+            ..Default::default()
         };
         let (flows, errors) = namespace_flows(&ns);
         assert!(errors.is_empty(), "{errors:?}");
@@ -683,27 +513,11 @@ mod tests {
             srcs: Some(vec![v(11), v(12), v(13)]),
             pods: pods(&["10.128.0.5", "10.128.0.6", "10.128.0.7"], &d),
         };
-        let ns = NamespacePolicy { namespace: "x".into(), vnid: Some(Vnid::new(20).unwrap()), isolated: vec![], rules: vec![rule(&p2), rule(&p1)] };
+        let ns = NamespacePolicy { namespace: "x".into(), vnid: Some(Vnid::new(20).unwrap()), isolated: vec![], rules: vec![rule(&p2), rule(&p1)], ..Default::default() };
         let (flows, errors) = namespace_flows(&ns);
         assert!(errors.is_empty());
         let ids: BTreeSet<u32> = flows.iter().filter_map(|f| f.match_.conj_id).collect();
         let (first, second) = if p1 < p2 { (p1, p2) } else { (p2, p1) };
         assert_eq!(ids, BTreeSet::from([seed, seed.wrapping_add(1).max(1)]), "{first} keeps {seed}, {second} moves on");
-    }
-
-    #[test]
-    fn pruning_keeps_everything_allowed() {
-        let mut allows = Vec::new();
-        for i in 0..6u32 {
-            allows.push(Allow { src: Src::Vnid(Vnid::new(i % 3).unwrap()), dst: Dst::Ports { proto: L4::Udp, start: 100 + i as u16, end: 200 } });
-            allows.push(Allow { src: Src::Net(format!("10.128.{i}.0/24").parse().unwrap()), dst: Dst::Any });
-        }
-        allows.push(Allow { src: Src::Net("10.128.0.0/16".parse().unwrap()), dst: Dst::Ports { proto: L4::Tcp, start: 1, end: 65535 } });
-        let all: Vec<Cube> = allows.iter().flat_map(cubes).collect();
-        let kept = prune(all.clone());
-        assert!(kept.len() < all.len());
-        for c in &all {
-            assert!(kept.iter().any(|k| c.within(k)), "{c:?} lost");
-        }
     }
 }

@@ -1,0 +1,220 @@
+//! Allowed boxes of (peer, protocol, port) as matches: the containment and pruning rules both
+//! directions share, and the product form (one flow per pod and box).
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+
+use openflow::flow_match::ct_state;
+use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
+
+use super::{Allow, Dst, IsolatedPod, Side, Src, L4, ALLOW_PRIORITY, ISOLATED_PRIORITY};
+use crate::pipeline::{host, Flow, Reg};
+
+/// A match as a box of constraints, for the overlap and containment checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct Cube {
+    /// The peer's VNID (reg0; ingress only: the source's VNID is known, the destination's is
+    /// not where egress is judged).
+    pub(super) reg0: Option<u32>,
+    /// The peer's address (value, mask), value pre-masked: the source (ingress) or the
+    /// destination (egress).
+    pub(super) peer: Option<(u32, u32)>,
+    pub(super) proto: Option<L4>,
+    /// (value, mask), only with `proto`; the value is non-zero (policy ports are 1..=65535),
+    /// so a later fragment (`tp_dst` 0) never matches.
+    pub(super) port: Option<(u16, u16)>,
+    /// Later fragments only (`ct_state=-inv+trk`, `nw_frag=later`), never with `port`.
+    pub(super) later: bool,
+}
+
+/// `outer` holds every value `inner` holds.
+fn masked_within<T: Copy + std::ops::BitXor<Output = T> + std::ops::BitAnd<Output = T> + PartialEq + Default>(
+    inner: Option<(T, T)>,
+    outer: Option<(T, T)>,
+) -> bool {
+    match (inner, outer) {
+        (_, None) => true,
+        (None, Some(_)) => false,
+        (Some((vi, mi)), Some((vo, mo))) => (mi & mo) == mo && ((vi ^ vo) & mo) == T::default(),
+    }
+}
+
+impl Cube {
+    pub(super) fn within(&self, o: &Cube) -> bool {
+        (o.reg0.is_none() || self.reg0 == o.reg0)
+            && masked_within(self.peer, o.peer)
+            && (o.proto.is_none() || self.proto == o.proto)
+            && masked_within(self.port, o.port)
+            && (self.later || !o.later)
+    }
+
+    /// The match of this box on `side`, for the selected pod `pod` if given, in the namespace
+    /// of VNID `ns_vnid` (reg1 for ingress, reg0 for egress) if given.
+    pub(super) fn to_match(self, side: Side, pod: Option<Ipv4Addr>, ns_vnid: Option<u32>) -> Match {
+        let proto = self.proto.map(|p| {
+            let dst = self.port.map(|(v, m)| Masked::new(v, m));
+            match p {
+                L4::Tcp => IpProto::Tcp { dst },
+                L4::Udp => IpProto::Udp { dst },
+                L4::Sctp => IpProto::Sctp { dst },
+            }
+        });
+        let peer = self.peer.map(|(v, m)| Masked::new(Ipv4Addr::from(v), Ipv4Addr::from(m)));
+        let frag = self.later.then_some(IpFrag::Later);
+        let (src, dst) = match side {
+            Side::Ingress => (peer, pod.map(host)),
+            Side::Egress => (pod.map(host), peer),
+        };
+        let mut m = Match::any().ipv4(Ipv4Match { src, dst, proto, frag });
+        if let Some(v) = self.reg0 {
+            m = m.reg(Reg::SrcVnid.n(), v);
+        }
+        if let Some(v) = ns_vnid {
+            m = m.reg(side.namespace_reg().n(), v);
+        }
+        if self.later {
+            m = m.ct_state(ct_state::TRK, ct_state::TRK | ct_state::INV);
+        }
+        m
+    }
+}
+
+/// `start..=end` as the fewest (value, mask) prefixes.
+pub fn port_masks(start: u16, end: u16) -> Vec<(u16, u16)> {
+    let mut out = Vec::new();
+    let (mut lo, hi) = (start as u32, end as u32);
+    while lo <= hi {
+        // The largest aligned block starting at lo that stays within hi.
+        let mut size = if lo == 0 { 1u32 << 16 } else { 1u32 << lo.trailing_zeros() };
+        while lo + size - 1 > hi {
+            size >>= 1;
+        }
+        out.push((lo as u16, (!(size - 1) & 0xffff) as u16));
+        lo += size;
+    }
+    out
+}
+
+pub(super) fn cubes(a: &Allow) -> Vec<Cube> {
+    let (reg0, peer) = match a.src {
+        Src::Any => (None, None),
+        Src::Vnid(v) => (Some(v.get()), None),
+        Src::Net(n) if n.prefix_len() == 0 => (None, None),
+        Src::Net(n) => (None, Some((u32::from(n.network()), u32::from(n.netmask())))),
+    };
+    match a.dst {
+        Dst::Any => vec![Cube { reg0, peer, proto: None, port: None, later: false }],
+        Dst::Ports { proto, start, end } if start == 0 && end == u16::MAX => {
+            vec![Cube { reg0, peer, proto: Some(proto), port: None, later: false }]
+        }
+        // Port 0 is no policy port; a range from 0 starts at 1 (a later fragment's tp_dst is 0).
+        Dst::Ports { proto, start, end } if start.max(1) <= end => {
+            let mut out: Vec<Cube> = port_masks(start.max(1), end)
+                .into_iter()
+                .map(|p| Cube { reg0, peer, proto: Some(proto), port: Some(p), later: false })
+                .collect();
+            // The twin for later fragments (see the module documentation).
+            out.push(Cube { reg0, peer, proto: Some(proto), port: None, later: true });
+            out
+        }
+        Dst::Ports { .. } => vec![],
+    }
+}
+
+/// A peer as a clause member: `None` for any peer.
+pub(super) fn peer_member(s: &Src) -> Option<Cube> {
+    let c = cubes(&Allow { src: *s, dst: Dst::Any }).into_iter().next()?;
+    (c.reg0.is_some() || c.peer.is_some()).then_some(c)
+}
+
+/// Drops the boxes another box contains (they allow nothing more); the rest in a stable
+/// order, narrow-last.
+pub(super) fn prune(mut cubes: Vec<Cube>) -> Vec<Cube> {
+    cubes.sort();
+    cubes.dedup();
+    // Wider cubes first, so that containment drops the narrow ones.
+    cubes.sort_by_key(|c| {
+        (
+            c.reg0.is_some() as u8 + c.proto.is_some() as u8 + c.later as u8,
+            c.peer.map_or(0, |(_, m)| m.count_ones()),
+            c.port.map_or(0, |(_, m)| m.count_ones()),
+            *c,
+        )
+    });
+    let mut kept: Vec<Cube> = Vec::with_capacity(cubes.len());
+    for c in cubes {
+        if !kept.iter().any(|k| c.within(k)) {
+            kept.push(c);
+        }
+    }
+    kept
+}
+
+/// The product form on `side`: one allowed flow per (pod, box) at [`ALLOW_PRIORITY`], boxes
+/// another box of the pod contains left out, then the pod's drop at [`ISOLATED_PRIORITY`].
+/// Pods allowed the same boxes share one pruning (quadratic in a pod's boxes).
+pub fn plain_flows_on(side: Side, pods: &[IsolatedPod]) -> Vec<Flow> {
+    let mut flows = Vec::new();
+    let mut memo: HashMap<Vec<Allow>, std::rc::Rc<Vec<Cube>>> = HashMap::new();
+    for p in pods {
+        let mut key = p.allows.clone();
+        key.sort_unstable();
+        key.dedup();
+        let kept = match memo.get(&key) {
+            Some(l) => l.clone(),
+            None => {
+                let l = std::rc::Rc::new(prune(key.iter().flat_map(cubes).collect()));
+                memo.insert(key, l.clone());
+                l
+            }
+        };
+        for c in kept.iter() {
+            flows.push(side.allow(ALLOW_PRIORITY, c.to_match(side, Some(p.ip), None)));
+        }
+        flows.push(isolated_drop(side, p.ip));
+    }
+    flows
+}
+
+/// The drop of a pod some policy of `side` selects: what no allowed flow took.
+pub(super) fn isolated_drop(side: Side, pod: Ipv4Addr) -> Flow {
+    Flow::drop(side.table(), ISOLATED_PRIORITY, Match::any().ipv4(side.pod_match(pod)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Vnid;
+
+    #[test]
+    fn port_ranges_become_prefixes() {
+        assert_eq!(port_masks(80, 80), vec![(80, 0xffff)]);
+        assert_eq!(port_masks(8000, 8003), vec![(8000, 0xfffc)]);
+        assert_eq!(port_masks(0, 65535), vec![(0, 0)]);
+        assert_eq!(port_masks(1, 3), vec![(1, 0xffff), (2, 0xfffe)]);
+        // Every port of a range is covered exactly once, and nothing else.
+        for (s, e) in [(1u16, 65535u16), (5, 1000), (32767, 32769), (65535, 65535)] {
+            let masks = port_masks(s, e);
+            for p in [0u16, 1, 4, 5, 999, 1000, 1001, 32767, 32768, 32769, 65535] {
+                let n = masks.iter().filter(|(v, m)| p & m == *v).count();
+                assert_eq!(n, usize::from(p >= s && p <= e), "{s}..={e} port {p}: {masks:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn pruning_keeps_everything_allowed() {
+        let mut allows = Vec::new();
+        for i in 0..6u32 {
+            allows.push(Allow { src: Src::Vnid(Vnid::new(i % 3).unwrap()), dst: Dst::Ports { proto: L4::Udp, start: 100 + i as u16, end: 200 } });
+            allows.push(Allow { src: Src::Net(format!("10.128.{i}.0/24").parse().unwrap()), dst: Dst::Any });
+        }
+        allows.push(Allow { src: Src::Net("10.128.0.0/16".parse().unwrap()), dst: Dst::Ports { proto: L4::Tcp, start: 1, end: 65535 } });
+        let all: Vec<Cube> = allows.iter().flat_map(cubes).collect();
+        let kept = prune(all.clone());
+        assert!(kept.len() < all.len());
+        for c in &all {
+            assert!(kept.iter().any(|k| c.within(k)), "{c:?} lost");
+        }
+    }
+}

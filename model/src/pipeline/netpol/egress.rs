@@ -1,0 +1,117 @@
+//! NetworkPolicy egress: where a local pod's connections are judged against the Egress
+//! policies that select it (tables 21, 25, 27 and 28).
+//!
+//! A pod no Egress policy selects is untouched: table 21 commits its connections and routes
+//! them, as before. For a pod some Egress policy selects, its namespace's owner adds:
+//!
+//! | table | priority | match | actions |
+//! |---|---|---|---|
+//! | 21 | 300 | `ip,nw_src=<pod>` | `ct(table=27,zone=Z)` (a lookup: nothing is committed before the verdict) |
+//! | 25 | 150 | `ip,nw_src=<pod>` | `load:<VNID>->reg0`, `ct(table=27,zone=Z)` (its Service connections, after the node's DNAT) |
+//! | 27 | 150 | rules (plain or conjunctive, see the parent module) | `goto_table:28` |
+//! | 27 | 100 | `ip,nw_src=<pod>` | `drop` |
+//!
+//! and every node has (networkpolicy plugin, base flows):
+//!
+//! | table | priority | match | actions |
+//! |---|---|---|---|
+//! | 27 | 300 | `ip,nw_dst=<gateway>` | `goto_table:28`: the node itself, as table 80 always admits it |
+//! | 27 | 250 | `ip,nw_dst=<service network>` | `goto_table:28`: judged after the DNAT, when it comes back through table 25 |
+//! | 27 | 200 | `ct_state=+est+trk,ip` and `ct_state=+rel+trk,ip` | `goto_table:28`: replies, and connections allowed when they began |
+//! | 27 | 0 | | `drop` |
+//! | 28 | 100 | `ip,in_port=2` | `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=30)` (as table 25 commits) |
+//! | 28 | 0 | `ip` | `ct(commit,zone=Z,table=30)` (as table 21 commits) |
+//!
+//! Why a lookup, then a commit after the verdict: a denied connection must leave no conntrack
+//! entry, or its peer's packets would be taken for replies (table 80's priority-200 flow) and
+//! reach the pod. A Service connection is judged by its endpoint: the packet to the Service's
+//! address passes table 27 (and is committed, as every pod's Service traffic is, so that the
+//! un-NATed reply is known), the node's DNAT sends it back through tun0 with the endpoint's
+//! address, and table 25 sends it to table 27 again. An endpoint outside the cluster network
+//! (a host-network pod, the API server on a node address) is routed by the node itself and
+//! never comes back to br0: that traffic is not judged (the README lists it as unsupported).
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use openflow::flow_match::ct_state;
+use openflow::{Action, Ct, CtZone, Ipv4Match, Match, SetField};
+
+use super::{cidr, host, Flow, Table};
+use crate::model::{OfPort, Vnid};
+use crate::pipeline::via_host::{self, CT_ZONE, VIA_HOST_MARK};
+use crate::pipeline::{load, Reg};
+
+/// `ct(table=27,zone=Z)`: the connection's state, committing nothing.
+fn lookup() -> Action {
+    Action::Ct(Ct::new().zone(CtZone::Imm(CT_ZONE)).table(Table::PolicyEgress.id()))
+}
+
+/// The fixed flows of tables 27 and 28 (networkpolicy plugin).
+pub fn base_flows(gateway: Ipv4Addr, service_network: Ipv4Net) -> Vec<Flow> {
+    let ip = |m: Ipv4Match| Match::any().ipv4(m);
+    let pass = |priority: u16, m: Match| Flow::new(Table::PolicyEgress, priority, m, vec![], Some(Table::PolicyEgressCommit));
+    let state = |bit: u32| ip(Ipv4Match::default()).ct_state(bit | ct_state::TRK, bit | ct_state::TRK);
+    let marked = Ct::new().zone(CtZone::Imm(CT_ZONE)).table(Table::Routing.id()).commit();
+    vec![
+        pass(300, ip(Ipv4Match { dst: Some(host(gateway)), ..Default::default() })),
+        pass(250, ip(Ipv4Match { dst: Some(cidr(service_network)), ..Default::default() })),
+        pass(200, state(ct_state::EST)),
+        pass(200, state(ct_state::REL)),
+        Flow::drop(Table::PolicyEgress, 0, Match::any()),
+        Flow::new(
+            Table::PolicyEgressCommit,
+            100,
+            ip(Ipv4Match::default()).in_port(OfPort::TUN),
+            vec![Action::Ct(marked.exec(vec![Action::SetField(SetField::CtMark(VIA_HOST_MARK))]))],
+            None,
+        ),
+        // ct() needs an IP match (OVS refuses it otherwise: OFPBAC_MATCH_INCONSISTENT).
+        Flow::new(Table::PolicyEgressCommit, 0, ip(Ipv4Match::default()), vec![via_host::commit(Table::Routing)], None),
+    ]
+}
+
+/// The hooks of the pods some Egress policy selects: their own packets (table 21) and their
+/// Service connections back from the node (table 25, reloading `vnid`) go to table 27.
+pub fn pod_hooks(pods: &[Ipv4Addr], vnid: Option<Vnid>) -> Vec<Flow> {
+    let mut flows = Vec::with_capacity(pods.len() * 2);
+    for &pod in pods {
+        let m = Match::any().ipv4(Ipv4Match { src: Some(host(pod)), ..Default::default() });
+        flows.push(Flow::new(Table::PolicyConntrack, 300, m.clone(), vec![lookup()], None));
+        if let Some(v) = vnid {
+            flows.push(Flow::new(Table::ViaHost, 150, m, vec![load(Reg::SrcVnid, v.get()), lookup()], None));
+        }
+    }
+    flows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text() {
+        let t: Vec<String> =
+            base_flows("10.128.2.1".parse().unwrap(), "172.30.0.0/16".parse().unwrap()).iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            t,
+            vec![
+                "table=27, priority=300,ip,nw_dst=10.128.2.1 actions=goto_table:28",
+                "table=27, priority=250,ip,nw_dst=172.30.0.0/16 actions=goto_table:28",
+                "table=27, priority=200,ct_state=+est+trk,ip actions=goto_table:28",
+                "table=27, priority=200,ct_state=+rel+trk,ip actions=goto_table:28",
+                "table=27, priority=0 actions=drop",
+                "table=28, priority=100,ip,in_port=2 actions=ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))",
+                "table=28, priority=0,ip actions=ct(commit,table=30,zone=64000)",
+            ]
+        );
+        let h: Vec<String> = pod_hooks(&["10.128.2.5".parse().unwrap()], Some(Vnid::new(11).unwrap())).iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            h,
+            vec![
+                "table=21, priority=300,ip,nw_src=10.128.2.5 actions=ct(table=27,zone=64000)",
+                "table=25, priority=150,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(table=27,zone=64000)",
+            ]
+        );
+    }
+}
