@@ -401,7 +401,13 @@ pub struct Objects {
     changes: Changes,
     /// This node's pods' annotations that matter (bandwidth), by pod.
     pod_info: BTreeMap<PodKey, PodInfo>,
+    /// Each NetworkPolicy's generation and when its watch event brought it (see
+    /// [`Objects::apply_seen`]).
+    policy_seen: BTreeMap<Id, crate::cluster::PolicySeen>,
 }
+
+/// A watch event's object generation (`None`: the server sets none) and arrival.
+pub type Seen = (Option<i64>, std::time::Instant);
 
 impl Objects {
     pub fn new(node: &str) -> Objects {
@@ -414,7 +420,40 @@ impl Objects {
             egress_forbidden: false,
             changes: Changes { full: true, any: true, ..Changes::default() },
             pod_info: BTreeMap::new(),
+            policy_seen: BTreeMap::new(),
         }
+    }
+
+    /// [`Objects::apply`] of a watch event that arrived as `seen` says. A NetworkPolicy whose
+    /// generation is new is stamped with the event's arrival (the start of its realization,
+    /// see [`crate::realize`]), and its namespace's owner counts as touched even if the
+    /// converted policy is the same (its new generation is realized by a commit of it, a
+    /// no-op for the switch). Without `metadata.generation` every event is a new generation.
+    pub fn apply_seen(&mut self, update: Update, seen: Option<Seen>) {
+        match (&update, seen) {
+            (Update::Apply(id, Object::NetworkPolicy(_)) | Update::ListApply(id, Object::NetworkPolicy(_)), Some((generation, at))) => {
+                let old = self.policy_seen.get(id).map(|s| s.generation);
+                let generation = generation.unwrap_or_else(|| old.map_or(1, |g| g.saturating_add(1)));
+                if old != Some(generation) {
+                    self.policy_seen.insert(id.clone(), crate::cluster::PolicySeen { generation, at });
+                    if matches!(update, Update::Apply(..)) {
+                        self.changes.any = true;
+                        self.changes.policy_namespaces.insert(id.0.clone());
+                    }
+                }
+            }
+            (Update::Delete(Kind::NetworkPolicy, id), _) => drop(self.policy_seen.remove(id)),
+            _ => {}
+        }
+        self.apply(update);
+    }
+
+    /// The stamps of the live NetworkPolicies (stamps of policies gone meanwhile are dropped).
+    fn policies_seen(&mut self) -> crate::cluster::PoliciesSeen {
+        let live = &self.live.network_policies.sorts;
+        let listing = &self.listing.network_policies.sorts;
+        self.policy_seen.retain(|k, _| live.contains_key(k) || listing.contains_key(k));
+        self.policy_seen.iter().filter(|(k, _)| live.contains_key(*k)).map(|(k, s)| (k.clone(), *s)).collect()
     }
 
     /// Every watched kind has listed (EgressNetworkPolicies count as listed while forbidden).
@@ -706,8 +745,12 @@ impl Objects {
             Err(e) => return Some(Err(e)),
         };
         let touched = self.touched(&state);
+        let policies_seen = if state.plugin == Plugin::NetworkPolicy { self.policies_seen() } else { Default::default() };
         let unchanged = last.is_some_and(|l| {
-            l.state == state && l.problems == problems && l.live_pods.as_ref().is_some_and(|p| *p == self.live.pods)
+            l.state == state
+                && l.problems == problems
+                && l.live_pods.as_ref().is_some_and(|p| *p == self.live.pods)
+                && l.policies_seen == policies_seen
         });
         self.changes = Changes::default();
         if unchanged {
@@ -716,7 +759,7 @@ impl Objects {
         let live = &self.live.pods;
         self.pod_info.retain(|k, _| live.contains(k));
         let pod_annotations = self.pod_info.iter().filter(|(_, i)| !i.annotations.is_empty()).map(|(k, i)| (k.clone(), i.annotations.clone())).collect();
-        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0, pod_annotations }))
+        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0, pod_annotations, policies_seen }))
     }
 
     /// The state from the converted objects (every watched kind as listed), validated.

@@ -517,7 +517,7 @@ mod tests {
     fn model() -> Model {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let mut m = Model::new("br0");
-        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() }));
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         m
     }
 
@@ -538,7 +538,7 @@ mod tests {
         let (state, _) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
         let ns = state.network_policies[0].namespace.clone();
         let owner = Owner::NetworkPolicy { namespace: ns.clone() };
-        let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default() });
+        let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default(), policies_seen: Default::default() });
         let mut m = Model::new("br0");
         m.set_source(loaded(state.clone(), 1, None));
         let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
