@@ -992,6 +992,34 @@ mod tests {
         listed("node-a", list)
     }
 
+    /// Policies carry the generation and arrival of the watch event that brought their
+    /// generation; a repeated generation keeps its first arrival, and a new generation whose
+    /// converted policy is the same still touches the namespace (a no-op commit realizes it).
+    #[test]
+    fn policies_are_stamped_with_their_generation_and_event() {
+        use std::time::{Duration, Instant};
+        let mut o = netpol_objects("redhat/openshift-ovs-networkpolicy");
+        let l = o.publish(None).unwrap().unwrap();
+        let (t1, t2, t3) = (Instant::now(), Instant::now() + Duration::from_millis(1), Instant::now() + Duration::from_millis(2));
+        let web = |spec| Update::Apply(id("team-a", "web"), Object::NetworkPolicy(network_policy(&knp("team-a", "web", spec))));
+        let deny = json!({"podSelector": {"matchLabels": {"app": "web"}}});
+        o.apply_seen(web(deny.clone()), Some((Some(2), t1)));
+        let l2 = o.publish(Some(&l)).unwrap().unwrap();
+        let seen = |l: &Loaded| l.policies_seen.get(&id("team-a", "web")).copied();
+        assert_eq!(seen(&l2), Some(crate::cluster::PolicySeen { generation: 2, at: t1 }));
+        let team_a = Some(vec![Owner::NetworkPolicy { namespace: "team-a".into() }]);
+        assert_eq!(l2.touched, team_a);
+        o.apply_seen(web(deny.clone()), Some((Some(2), t2)));
+        assert!(o.publish(Some(&l2)).is_none(), "the same generation again: nothing new");
+        o.apply_seen(web(deny), Some((Some(3), t3)));
+        let l3 = o.publish(Some(&l2)).unwrap().unwrap();
+        assert_eq!(seen(&l3), Some(crate::cluster::PolicySeen { generation: 3, at: t3 }));
+        assert_eq!(l3.touched, team_a, "a new generation with the same rules is still recomputed");
+        o.apply_seen(Update::Delete(Kind::NetworkPolicy, id("team-a", "web")), None);
+        let l4 = o.publish(Some(&l3)).unwrap().unwrap();
+        assert_eq!(seen(&l4), None);
+    }
+
     #[test]
     fn networkpolicy_plugin_objects_reach_the_state() {
         assert_eq!(plugin("redhat/openshift-ovs-networkpolicy"), Some(Plugin::NetworkPolicy));
