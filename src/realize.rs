@@ -167,7 +167,7 @@ mod tests {
     /// in flight waits for a later commit, and the histogram counts each generation once.
     #[test]
     fn a_ticket_realizes_the_generations_it_was_taken_for() {
-        let h = Histogram::new([0.001, 1.0].into_iter());
+        let h = Histogram::new([0.001, 1.0]);
         let r = Realization::new(h.clone());
         let t0 = Instant::now();
         r.seen(&loaded("networkpolicy", &[("a", "x", 1, t0), ("b", "y", 4, t0)]));
@@ -195,7 +195,7 @@ mod tests {
     /// Two tickets for one generation (a pod's commit and the reconciler's): timed once.
     #[test]
     fn a_generation_is_timed_once() {
-        let h = Histogram::new([1.0].into_iter());
+        let h = Histogram::new([1.0]);
         let r = Realization::new(h.clone());
         r.seen(&loaded("networkpolicy", &[("a", "x", 7, Instant::now())]));
         let (t1, t2) = (r.ticket(None), r.ticket(None));
@@ -206,7 +206,7 @@ mod tests {
 
     #[test]
     fn deleted_policies_and_other_plugins_are_not_tracked() {
-        let r = Realization::new(Histogram::new([1.0].into_iter()));
+        let r = Realization::new(Histogram::new([1.0]));
         let t0 = Instant::now();
         r.seen(&loaded("networkpolicy", &[("a", "x", 1, t0), ("a", "y", 1, t0)]));
         r.seen(&loaded("networkpolicy", &[("a", "y", 1, t0)]));

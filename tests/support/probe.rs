@@ -89,7 +89,7 @@ impl Endpoint {
             if n < 0 {
                 return;
             }
-            if from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+            if from.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
             }
             if let Some(probe) = parse(&buf[..n as usize]) {
