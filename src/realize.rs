@@ -79,7 +79,12 @@ impl Realization {
         }
         all.retain(|k, _| loaded.policies_seen.contains_key(k));
         for (k, s) in &loaded.policies_seen {
-            let e = all.entry(k.clone()).or_insert(Entry { seen: s.generation, seen_at: s.at, realized: None, last_latency: None });
+            let e = all.entry(k.clone()).or_insert(Entry {
+                seen: s.generation,
+                seen_at: s.at,
+                realized: None,
+                last_latency: None,
+            });
             if e.seen != s.generation {
                 e.seen = s.generation;
                 e.seen_at = s.at;
@@ -146,9 +151,19 @@ mod tests {
             "node: node-a\nplugin: {plugin}\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\nhostSubnets:\n  - {{host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}}\n"
         );
         let (state, problems) = state_file::parse(&text).unwrap();
-        let policies_seen: PoliciesSeen =
-            policies.iter().map(|(ns, n, g, at)| ((ns.to_string(), n.to_string()), PolicySeen { generation: *g, at: *at })).collect();
-        Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen }
+        let policies_seen: PoliciesSeen = policies
+            .iter()
+            .map(|(ns, n, g, at)| ((ns.to_string(), n.to_string()), PolicySeen { generation: *g, at: *at }))
+            .collect();
+        Loaded {
+            state,
+            problems,
+            live_pods: None,
+            touched: None,
+            seq: 0,
+            pod_annotations: Default::default(),
+            policies_seen,
+        }
     }
 
     fn count(h: &Histogram) -> u64 {

@@ -9,6 +9,10 @@
 //! pod's capture exist before the ADD (see `support::probe`), so the probe leaves within
 //! microseconds of the ADD's return. The datapath's flow cache is not purged: what a real pod
 //! meets is what is tested. Asserts no timings; the latencies are printed.
+//!
+//! Egress (table 27, in progress elsewhere) is the same check the other way: give the state a
+//! policy with `policyTypes: [Egress]` in namespace `isolated` and call
+//! `first_packets(args, Direction::Egress)` — the new pod sends, the client captures.
 
 mod support;
 
@@ -91,7 +95,11 @@ async fn first_packets(args: &[&str], dir: Direction) {
             isolated.push((name, from, i, pod));
         } else {
             // The positive control: this probe, sent the same way, gets there.
-            assert!(receiver.wait_for(from, i, WAIT).await, "the probe never reached unselected pod {name} ({ip})\n{}", node.log());
+            assert!(
+                receiver.wait_for(from, i, WAIT).await,
+                "the probe never reached unselected pod {name} ({ip})\n{}",
+                node.log()
+            );
             open.push((from, to, pod));
         }
         keep.push(ns);
@@ -106,7 +114,11 @@ async fn first_packets(args: &[&str], dir: Direction) {
         assert!(receiver.wait_for(*from, marker, WAIT).await, "the closing probe to {to} never arrived");
     }
     for (name, from, marker, pod) in &mut isolated {
-        assert!(!pod.got(*from, *marker), "probe {marker} reached isolated pod {name} right after its ADD\n{}", node.log());
+        assert!(
+            !pod.got(*from, *marker),
+            "probe {marker} reached isolated pod {name} right after its ADD\n{}",
+            node.log()
+        );
     }
     gaps.sort();
     eprintln!(
@@ -125,16 +137,24 @@ async fn first_packets(args: &[&str], dir: Direction) {
 /// per generation into the histogram.
 async fn realization(node: &CniNode) {
     let st = sdn_node::api::status::fetch(&node.agent.socket).await.expect("status");
-    let p = st.policies.iter().find(|p| p.namespace == "isolated" && p.name == "deny-all").unwrap_or_else(|| panic!("deny-all in status: {st}"));
+    let p = st
+        .policies
+        .iter()
+        .find(|p| p.namespace == "isolated" && p.name == "deny-all")
+        .unwrap_or_else(|| panic!("deny-all in status: {st}"));
     assert_eq!((p.seen_generation, p.realized_generation), (1, Some(1)), "{st}");
     assert!(st.to_string().contains("isolated/deny-all  1 / 1,"), "sdn-node status prints it:\n{st}");
     let count = |m: &str| -> u64 {
-        m.lines().find_map(|l| l.strip_prefix("sdn_node_policy_realization_seconds_count ")).and_then(|v| v.trim().parse().ok()).expect("the histogram in /metrics")
+        m.lines()
+            .find_map(|l| l.strip_prefix("sdn_node_policy_realization_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("the histogram in /metrics")
     };
     let before = count(&metrics(node).await);
     assert!(before >= 1, "generation 1 was timed");
     // Alternate between two versions of the policy: each write is a new generation.
-    let allow = STATE.replace("policyTypes: [Ingress]}", "policyTypes: [Ingress], ingress: [{from: [{podSelector: {}}]}]}");
+    let allow =
+        STATE.replace("policyTypes: [Ingress]}", "policyTypes: [Ingress], ingress: [{from: [{podSelector: {}}]}]}");
     let mut latencies = Vec::new();
     for generation in 2..=7 {
         std::fs::write(&node.agent.state, if generation % 2 == 0 { &allow } else { STATE }).expect("write the state");

@@ -44,10 +44,15 @@ impl Endpoint {
         let ns = hostnet::Netns::open(netns).expect("open the sandbox's namespace");
         let (udp, capture) = ns
             .run("open probe sockets", || {
-                let udp = UdpSocket::bind("0.0.0.0:0").map_err(|e| hostnet::Error::Invalid { what: "udp".into(), reason: e.to_string() })?;
+                let udp = UdpSocket::bind("0.0.0.0:0")
+                    .map_err(|e| hostnet::Error::Invalid { what: "udp".into(), reason: e.to_string() })?;
                 // SAFETY: plain system call; the result is checked and owned at once.
                 let fd = unsafe {
-                    libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, (libc::ETH_P_IP as u16).to_be() as i32)
+                    libc::socket(
+                        libc::AF_PACKET,
+                        libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                        (libc::ETH_P_IP as u16).to_be() as i32,
+                    )
                 };
                 if fd < 0 {
                     let e = std::io::Error::last_os_error();
@@ -132,7 +137,11 @@ fn parse(p: &[u8]) -> Option<(Ipv4Addr, u32)> {
 
 /// The probe across `pod`'s policy in direction `dir`, with `peer` on the other side: who
 /// sends, who captures, and the sender's address.
-pub fn sides<'a>(dir: Direction, pod: &'a mut Endpoint, peer: &'a mut Endpoint) -> (&'a mut Endpoint, &'a mut Endpoint) {
+pub fn sides<'a>(
+    dir: Direction,
+    pod: &'a mut Endpoint,
+    peer: &'a mut Endpoint,
+) -> (&'a mut Endpoint, &'a mut Endpoint) {
     match dir {
         Direction::Ingress => (peer, pod),
         Direction::Egress => (pod, peer),
