@@ -110,7 +110,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
         ..Config::default()
     };
     let node = Node::new(cfg, Telemetry::default());
-    node.model().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() }));
+    node.model().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
     let names = node.model().dns_names();
     let answers = Dns::new(opts.dns_timeout).answers(&names).await;
     node.model().set_dns(answers);

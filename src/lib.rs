@@ -15,6 +15,7 @@ pub mod engine;
 pub mod kube;
 pub mod metrics;
 pub mod ovsdb;
+pub mod realize;
 pub mod reconcile;
 pub mod rlimit;
 pub mod run;

@@ -134,6 +134,11 @@ pub struct Metrics {
     pub api_connections: Family<ListenerLabel, Gauge>,
     /// Connections the agent closed to stay under a listener's cap.
     pub api_connections_shed: Family<ShedLabel, Counter>,
+    /// NetworkPolicy changes, source event to the switch's acknowledgement (see
+    /// [`crate::realize`]); the per-policy table behind it is in `realization`.
+    pub policy_realization: Histogram,
+    /// Which generation of each policy the switch holds (for `sdn-node status`).
+    pub realization: crate::realize::Realization,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -147,6 +152,11 @@ fn latency_buckets() -> Histogram {
     Histogram::new(exponential_buckets(20e-6, 2.0, 20))
 }
 
+fn realization_buckets() -> Histogram {
+    // 1 ms .. ~65 s: a policy waits for debouncing, the model and the switch, not for µs.
+    Histogram::new(exponential_buckets(1e-3, 2.0, 17))
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -155,6 +165,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
+        let policy_realization = realization_buckets();
         let m = Metrics {
             registry: Mutex::new(Registry::with_prefix("sdn_node")),
             flow_mods: Family::default(),
@@ -174,6 +185,9 @@ impl Metrics {
             repairs: Family::default(),
             api_connections: Family::default(),
             api_connections_shed: Family::default(),
+            // One histogram: the tracker observes into the registered one.
+            realization: crate::realize::Realization::new(policy_realization.clone()),
+            policy_realization,
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -200,6 +214,11 @@ impl Metrics {
                 "api_connections_shed",
                 "Connections closed by the agent to stay under a listener's cap, by listener and why (evicted_idle: the oldest idle one made room for a new one; refused: all were busy)",
                 m.api_connections_shed.clone(),
+            );
+            r.register(
+                "policy_realization_seconds",
+                "NetworkPolicy changes: from the source event (Kubernetes watch event, state file change) to the switch's acknowledgement of the bundle carrying the policy's flows",
+                m.policy_realization.clone(),
             );
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
@@ -517,6 +536,7 @@ mod tests {
             "sdn_node_bundle_latency_seconds_count 1",
             "sdn_node_objects_rejected_total{kind=\"pod\"} 1",
             "sdn_node_flows{table=\"20\"} 3",
+            "sdn_node_policy_realization_seconds_count 0",
         ] {
             assert!(t.contains(want), "missing {want}\n{t}");
         }

@@ -109,6 +109,22 @@ fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// One NetworkPolicy's realization (see [`crate::realize`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyStatus {
+    pub namespace: String,
+    pub name: String,
+    /// The generation the source has (`metadata.generation`, or the state file's count).
+    pub seen_generation: i64,
+    /// The generation the switch acknowledged (`None`: none yet).
+    pub realized_generation: Option<i64>,
+    /// Source event to acknowledgement of the last generation realized.
+    pub last_latency_seconds: Option<f64>,
+    /// How long the seen generation has waited, while it is not realized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_seconds: Option<f64>,
+}
+
 /// The agent's status.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -134,6 +150,9 @@ pub struct Status {
     /// Repairs of what someone else removed or changed, by what (since start).
     #[serde(default)]
     pub repairs: BTreeMap<String, u64>,
+    /// Every NetworkPolicy (networkpolicy plugin), by namespace and name.
+    #[serde(default)]
+    pub policies: Vec<PolicyStatus>,
 }
 
 /// Builds the status from the node's state.
@@ -226,9 +245,24 @@ pub async fn status(node: &Node) -> Status {
         })
         .filter(|(_, n)| *n > 0)
         .collect();
+    let policies = t
+        .metrics
+        .realization
+        .snapshot()
+        .into_iter()
+        .map(|((namespace, name), e)| PolicyStatus {
+            namespace,
+            name,
+            seen_generation: e.seen,
+            realized_generation: e.realized,
+            last_latency_seconds: e.last_latency.map(|d| d.as_secs_f64()),
+            pending_seconds: (e.realized != Some(e.seen)).then(|| e.seen_at.elapsed().as_secs_f64()),
+        })
+        .collect();
     Status {
         executors,
         repairs,
+        policies,
         bridge: node.cfg.bridge.clone(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
@@ -364,6 +398,13 @@ impl std::fmt::Display for Status {
         }
         let repairs: Vec<String> = self.repairs.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "repairs:    {}", if repairs.is_empty() { "none".into() } else { repairs.join(", ") });
+        let _ = writeln!(s, "policies:   {}", if self.policies.is_empty() { "none" } else { "generation seen / realized, last source-to-switch latency" });
+        for p in &self.policies {
+            let realized = p.realized_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into());
+            let latency = p.last_latency_seconds.map(|l| format!("{:.1} ms", l * 1e3)).unwrap_or_else(|| "-".into());
+            let pending = p.pending_seconds.map(|w| format!(" (PENDING for {w:.1}s)")).unwrap_or_default();
+            let _ = writeln!(s, "  {}/{}  {} / {realized}, {latency}{pending}", p.namespace, p.name, p.seen_generation);
+        }
         let rejected: Vec<String> =
             self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { rejected.join(", ") });

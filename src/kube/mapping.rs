@@ -407,7 +407,13 @@ pub struct Objects {
     changes: Changes,
     /// This node's pods' annotations that matter (bandwidth), by pod.
     pod_info: BTreeMap<PodKey, PodInfo>,
+    /// Each NetworkPolicy's generation and when its watch event brought it (see
+    /// [`Objects::apply_seen`]).
+    policy_seen: BTreeMap<Id, crate::cluster::PolicySeen>,
 }
+
+/// A watch event's object generation (`None`: the server sets none) and arrival.
+pub type Seen = (Option<i64>, std::time::Instant);
 
 impl Objects {
     pub fn new(node: &str) -> Objects {
@@ -420,7 +426,40 @@ impl Objects {
             egress_forbidden: false,
             changes: Changes { full: true, any: true, ..Changes::default() },
             pod_info: BTreeMap::new(),
+            policy_seen: BTreeMap::new(),
         }
+    }
+
+    /// [`Objects::apply`] of a watch event that arrived as `seen` says. A NetworkPolicy whose
+    /// generation is new is stamped with the event's arrival (the start of its realization,
+    /// see [`crate::realize`]), and its namespace's owner counts as touched even if the
+    /// converted policy is the same (its new generation is realized by a commit of it, a
+    /// no-op for the switch). Without `metadata.generation` every event is a new generation.
+    pub fn apply_seen(&mut self, update: Update, seen: Option<Seen>) {
+        match (&update, seen) {
+            (Update::Apply(id, Object::NetworkPolicy(_)) | Update::ListApply(id, Object::NetworkPolicy(_)), Some((generation, at))) => {
+                let old = self.policy_seen.get(id).map(|s| s.generation);
+                let generation = generation.unwrap_or_else(|| old.map_or(1, |g| g.saturating_add(1)));
+                if old != Some(generation) {
+                    self.policy_seen.insert(id.clone(), crate::cluster::PolicySeen { generation, at });
+                    if matches!(update, Update::Apply(..)) {
+                        self.changes.any = true;
+                        self.changes.policy_namespaces.insert(id.0.clone());
+                    }
+                }
+            }
+            (Update::Delete(Kind::NetworkPolicy, id), _) => drop(self.policy_seen.remove(id)),
+            _ => {}
+        }
+        self.apply(update);
+    }
+
+    /// The stamps of the live NetworkPolicies (stamps of policies gone meanwhile are dropped).
+    fn policies_seen(&mut self) -> crate::cluster::PoliciesSeen {
+        let live = &self.live.network_policies.sorts;
+        let listing = &self.listing.network_policies.sorts;
+        self.policy_seen.retain(|k, _| live.contains_key(k) || listing.contains_key(k));
+        self.policy_seen.iter().filter(|(k, _)| live.contains_key(*k)).map(|(k, s)| (k.clone(), *s)).collect()
     }
 
     /// Every watched kind has listed (EgressNetworkPolicies count as listed while forbidden).
@@ -712,8 +751,12 @@ impl Objects {
             Err(e) => return Some(Err(e)),
         };
         let touched = self.touched(&state);
+        let policies_seen = if state.plugin == Plugin::NetworkPolicy { self.policies_seen() } else { Default::default() };
         let unchanged = last.is_some_and(|l| {
-            l.state == state && l.problems == problems && l.live_pods.as_ref().is_some_and(|p| *p == self.live.pods)
+            l.state == state
+                && l.problems == problems
+                && l.live_pods.as_ref().is_some_and(|p| *p == self.live.pods)
+                && l.policies_seen == policies_seen
         });
         self.changes = Changes::default();
         if unchanged {
@@ -722,7 +765,7 @@ impl Objects {
         let live = &self.live.pods;
         self.pod_info.retain(|k, _| live.contains(k));
         let pod_annotations = self.pod_info.iter().filter(|(_, i)| !i.annotations.is_empty()).map(|(k, i)| (k.clone(), i.annotations.clone())).collect();
-        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0, pod_annotations }))
+        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0, pod_annotations, policies_seen }))
     }
 
     /// The state from the converted objects (every watched kind as listed), validated.
@@ -953,6 +996,34 @@ mod tests {
             ),
         ];
         listed("node-a", list)
+    }
+
+    /// Policies carry the generation and arrival of the watch event that brought their
+    /// generation; a repeated generation keeps its first arrival, and a new generation whose
+    /// converted policy is the same still touches the namespace (a no-op commit realizes it).
+    #[test]
+    fn policies_are_stamped_with_their_generation_and_event() {
+        use std::time::{Duration, Instant};
+        let mut o = netpol_objects("redhat/openshift-ovs-networkpolicy");
+        let l = o.publish(None).unwrap().unwrap();
+        let (t1, t2, t3) = (Instant::now(), Instant::now() + Duration::from_millis(1), Instant::now() + Duration::from_millis(2));
+        let web = |spec| Update::Apply(id("team-a", "web"), Object::NetworkPolicy(network_policy(&knp("team-a", "web", spec))));
+        let deny = json!({"podSelector": {"matchLabels": {"app": "web"}}});
+        o.apply_seen(web(deny.clone()), Some((Some(2), t1)));
+        let l2 = o.publish(Some(&l)).unwrap().unwrap();
+        let seen = |l: &Loaded| l.policies_seen.get(&id("team-a", "web")).copied();
+        assert_eq!(seen(&l2), Some(crate::cluster::PolicySeen { generation: 2, at: t1 }));
+        let team_a = Some(vec![Owner::NetworkPolicy { namespace: "team-a".into() }]);
+        assert_eq!(l2.touched, team_a);
+        o.apply_seen(web(deny.clone()), Some((Some(2), t2)));
+        assert!(o.publish(Some(&l2)).is_none(), "the same generation again: nothing new");
+        o.apply_seen(web(deny), Some((Some(3), t3)));
+        let l3 = o.publish(Some(&l2)).unwrap().unwrap();
+        assert_eq!(seen(&l3), Some(crate::cluster::PolicySeen { generation: 3, at: t3 }));
+        assert_eq!(l3.touched, team_a, "a new generation with the same rules is still recomputed");
+        o.apply_seen(Update::Delete(Kind::NetworkPolicy, id("team-a", "web")), None);
+        let l4 = o.publish(Some(&l3)).unwrap().unwrap();
+        assert_eq!(seen(&l4), None);
     }
 
     #[test]

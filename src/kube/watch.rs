@@ -105,6 +105,8 @@ struct Tagged {
     kind: Kind,
     epoch: u32,
     update: Update,
+    /// The object's generation and the event's arrival (a policy's realization starts there).
+    seen: Option<mapping::Seen>,
 }
 
 /// Starts the watchers of `scope` (tagged `epoch`) into `tasks`; tells `objects` which kinds
@@ -222,12 +224,12 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
         };
         let current = |u: &Tagged| !SCOPED.contains(&u.kind) || u.epoch == epoch;
         if current(&first) {
-            objects.apply(first.update);
+            objects.apply_seen(first.update, first.seen);
         }
         tokio::time::sleep(DEBOUNCE).await;
         while let Ok(u) = up_rx.try_recv() {
             if current(&u) {
-                objects.apply(u.update);
+                objects.apply_seen(u.update, u.seen);
             }
         }
         // The plugin decides what else is watched: switch before publishing, so that no state
@@ -344,6 +346,10 @@ async fn follow<K, S>(
     futures::pin_mut!(stream);
     let mut failing = false;
     while let Some(ev) = stream.next().await {
+        let seen = match &ev {
+            Ok(Event::Apply(o) | Event::InitApply(o)) => Some((o.meta().generation, std::time::Instant::now())),
+            _ => None,
+        };
         if let Ok(ev) = &ev {
             observe(ev);
         }
@@ -386,7 +392,7 @@ async fn follow<K, S>(
                 Update::EgressForbidden
             }
         };
-        if tx.send(Tagged { kind, epoch, update }).await.is_err() {
+        if tx.send(Tagged { kind, epoch, update, seen }).await.is_err() {
             return;
         }
     }

@@ -652,9 +652,11 @@ impl Reconciler {
         if self.resync_pending {
             return false;
         }
-        let rx = {
+        let realization = &self.node.telemetry.metrics.realization;
+        let (rx, ticket) = {
             let m = self.node.model();
             let Some((update, problems, warnings)) = m.owners_update(owners) else { return false };
+            let ticket = realization.ticket(Some(&crate::realize::policy_namespaces(owners)));
             for p in &problems {
                 self.node.telemetry.metrics.reject(&p.object);
                 warn!("rejected: {p}");
@@ -663,12 +665,13 @@ impl Reconciler {
                 warn!("{w}");
             }
             match engine.submit_update(update, crate::engine::OnFailure::Keep) {
-                Ok(rx) => rx,
+                Ok(rx) => (rx, ticket),
                 Err(_) => return false,
             }
         };
         match rx.await {
             Ok(Ok(o)) => {
+                realization.realized(ticket);
                 if o.flow_mods() > 0 {
                     info!(owners = owners.len(), adds = o.adds, modifies = o.modifies, deletes = o.deletes, "flows converged (incremental)");
                 }
@@ -687,16 +690,19 @@ impl Reconciler {
             return Err(ConvergeError::NotReady("the switch is not connected"));
         };
         let resync = self.resync_pending;
-        let rx = {
+        let (rx, ticket) = {
             let m = self.node.model();
             let Some((desired, problems, warnings)) = m.desired() else {
                 return Err(ConvergeError::NotReady("no cluster state yet"));
             };
             pass.problems.extend(problems);
             pass.warnings.extend(warnings);
-            engine.submit_replace(desired, resync)?
+            // Every policy's flows are in a full desired state.
+            let ticket = self.node.telemetry.metrics.realization.ticket(None);
+            (engine.submit_replace(desired, resync)?, ticket)
         };
         let outcome = rx.await.map_err(|_| EngineError::Stopped)??;
+        self.node.telemetry.metrics.realization.realized(ticket);
         if resync {
             self.resync_pending = false;
             self.node.flows_ready.store(true, Ordering::Release);

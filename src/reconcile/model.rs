@@ -517,7 +517,7 @@ mod tests {
     fn model() -> Model {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let mut m = Model::new("br0");
-        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() }));
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         m
     }
 
@@ -538,7 +538,7 @@ mod tests {
         let (state, _) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
         let ns = state.network_policies[0].namespace.clone();
         let owner = Owner::NetworkPolicy { namespace: ns.clone() };
-        let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default() });
+        let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default(), policies_seen: Default::default() });
         let mut m = Model::new("br0");
         m.set_source(loaded(state.clone(), 1, None));
         let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
@@ -549,6 +549,33 @@ mod tests {
         assert!(matches!(&change, SourceChange::Owners(o) if *o == vec![owner.clone()]), "{change:?}");
         let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
         assert_eq!(update, vec![(owner, vec![])]);
+    }
+
+    /// A CNI pod is never reachable before its isolation: the update its setup commits (one
+    /// engine update, so one atomic bundle) holds the pod's own flows *and* its namespace's
+    /// NetworkPolicy owner with the pod's table-80 drop, computed from the model that has the
+    /// pod. `tests/netpol_first_ms.rs` probes the same on packets.
+    #[test]
+    fn a_pods_flows_and_its_isolation_are_one_update() {
+        let (state, problems) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
+        let mut m = Model::new("br0");
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
+        // A copy of team-a/db (app: db, which db-from-web selects).
+        let p = pod(&m, "new", "10.128.2.200", "vnew");
+        let netpol = Owner::NetworkPolicy { namespace: p.namespace.clone() };
+        let drop_flow = |flows: &[crate::pipeline::Flow]| {
+            flows.iter().map(|f| f.to_string()).any(|t| t.starts_with("table=80,") && t.contains("nw_dst=10.128.2.200") && t.ends_with("actions=drop"))
+        };
+        let (before, _, _) = m.owners_update(std::slice::from_ref(&netpol)).unwrap();
+        assert!(!drop_flow(&before[0].1), "no drop for the pod before it is set up");
+        m.reserve(&p).unwrap();
+        m.set_up(p.clone(), PodRecord::default(), 40);
+        let u = m.pod_update(&p);
+        let of = |o: &Owner| u.iter().find(|(x, _)| x == o).map(|(_, f)| f.as_slice());
+        let own = of(&Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() }).expect("the pod's owner");
+        assert!(!own.is_empty(), "the pod's flows");
+        let isolation = of(&netpol).expect("its namespace's NetworkPolicy owner is in the same update");
+        assert!(drop_flow(isolation), "the pod's table-80 drop: {isolation:#?}");
     }
 
     #[test]

@@ -111,13 +111,18 @@ pub(super) async fn port_and_flows<'a>(
                 m.set_up(pod.clone(), req, ofport);
                 undo.done(Step::InModel);
                 let u = m.pod_update(&pod);
-                engine.submit_update(u, OnFailure::Revert).map_err(engine_error)
+                // The pod's update recomputes the NetworkPolicy owners that see it: committed,
+                // it realizes their policies too (see `crate::realize`).
+                let ticket = node.telemetry.metrics.realization.ticket(Some(&crate::realize::policy_namespaces(u.iter().map(|(o, _)| o))));
+                engine.submit_update(u, OnFailure::Revert).map_err(engine_error).map(|rx| (rx, ticket))
             }
         }
     };
     // The port's lock is released before any undo (a teardown takes it).
     drop(guard);
-    committed(queued?, deadline).await?;
+    let (queued, ticket) = queued?;
+    committed(queued, deadline).await?;
+    node.telemetry.metrics.realization.realized(ticket);
     tracing::debug!(pod = %format!("{}/{}", key.0, key.1), port_ms, total_ms = t_port.elapsed().as_secs_f64() * 1e3, "pod port and flows committed");
     Ok(ofport)
 }

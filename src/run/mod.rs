@@ -255,6 +255,9 @@ pub async fn run_with(
                 telemetry.health.synced.store(true, Ordering::Relaxed);
                 let (gone, change) = {
                     let mut m = node.model();
+                    // Seen with the state, under the model lock: a commit's ticket names the
+                    // generations its flows were computed from (see `crate::realize`).
+                    telemetry.metrics.realization.seen(&loaded);
                     let (gone, change) = m.set_source_change(loaded);
                     for p in std::mem::take(&mut m.rebuild_problems) {
                         telemetry.metrics.reject(&p.object);
@@ -442,7 +445,7 @@ mod tests {
 
     fn loaded(text: &str) -> Loaded {
         let (state, problems) = parse(text).unwrap();
-        Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default() }
+        Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }
     }
 
     const HEADER: &str = "node: node-a\nplugin: networkpolicy\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\nhostSubnets:\n  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}\nnetNamespaces:\n  - {name: a, netid: 11}\n";

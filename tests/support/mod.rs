@@ -8,6 +8,7 @@ pub mod inproc;
 pub mod netpol_eval;
 pub mod netpol_state;
 pub mod nodes;
+pub mod probe;
 pub mod sctp;
 
 use std::net::Ipv4Addr;

@@ -66,7 +66,27 @@ pub struct Loaded {
     /// This node's pods' bandwidth annotations (Kubernetes), applied when a pod is set up
     /// through CNI; the state file gives none.
     pub pod_annotations: std::collections::BTreeMap<PodKey, std::collections::BTreeMap<String, String>>,
+    /// Each NetworkPolicy of the state (namespace, name) with the generation the source has of
+    /// it and when the source first saw that generation: the agent measures how long each
+    /// policy change takes to reach the switch from here (`sdn_node_policy_realization_seconds`).
+    pub policies_seen: PoliciesSeen,
 }
+
+/// When a source first saw a NetworkPolicy's current generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicySeen {
+    /// `metadata.generation` (Kubernetes), or the state file source's own count of the
+    /// policy's changes.
+    pub generation: i64,
+    /// The source event: the watch event's arrival, or the state file change's detection.
+    pub at: std::time::Instant,
+}
+
+/// A NetworkPolicy's (namespace, name).
+pub type PolicyKey = (String, String);
+
+/// The policies of a state, see [`Loaded::policies_seen`].
+pub type PoliciesSeen = BTreeMap<PolicyKey, PolicySeen>;
 
 /// A rejected field: (field, message).
 pub type FieldError = (String, String);
