@@ -10,9 +10,8 @@
 //! microseconds of the ADD's return. The datapath's flow cache is not purged: what a real pod
 //! meets is what is tested. Asserts no timings; the latencies are printed.
 //!
-//! Egress (table 27, in progress elsewhere) is the same check the other way: give the state a
-//! policy with `policyTypes: [Egress]` in namespace `isolated` and call
-//! `first_packets(args, Direction::Egress)` — the new pod sends, the client captures.
+//! Egress (table 27) is the same check the other way (`Direction::Egress`): the new pod sends
+//! the instant its ADD returns, the client captures, and nothing from an isolated pod arrives.
 
 mod support;
 
@@ -23,7 +22,8 @@ use std::time::{Duration, Instant};
 use support::cninode::*;
 use support::probe::{sides, Direction, Endpoint};
 
-/// Namespace `isolated` has a default-deny ingress policy; `open` and `client` have none.
+/// Namespace `isolated` has a default-deny policy for ingress and egress; `open` and `client`
+/// have none.
 const STATE: &str = r#"
 node: node-a
 plugin: networkpolicy
@@ -37,7 +37,7 @@ netNamespaces:
   - {name: open, netid: 12}
   - {name: client, netid: 13}
 networkPolicies:
-  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: deny-all, namespace: isolated}, spec: {podSelector: {}, policyTypes: [Ingress]}}
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: deny-all, namespace: isolated}, spec: {podSelector: {}, policyTypes: [Ingress, Egress]}}
 "#;
 
 /// The metrics listener, on the node namespace's loopback.
@@ -61,6 +61,16 @@ async fn the_same_on_warm_ports() {
         return;
     }
     first_packets(&["--metrics-addr", METRICS, "--warm-ports", "4", "--warm-ports-always"], Direction::Ingress).await;
+}
+
+/// Egress: a new pod's first packet, sent the instant its ADD returns, never leaves a pod a
+/// default-deny-egress policy isolates.
+#[tokio::test]
+async fn a_pods_first_packet_never_leaves_when_egress_is_denied() {
+    if !can_run() {
+        return;
+    }
+    first_packets(&["--metrics-addr", METRICS], Direction::Egress).await;
 }
 
 /// `PODS` ADDs alternating between namespace `isolated` (selected by deny-all) and `open`
@@ -114,8 +124,12 @@ async fn first_packets(args: &[&str], dir: Direction) {
         assert!(receiver.wait_for(*from, marker, WAIT).await, "the closing probe to {to} never arrived");
     }
     for (name, from, marker, pod) in &mut isolated {
+        let receiver = match dir {
+            Direction::Ingress => pod,
+            Direction::Egress => &mut client,
+        };
         assert!(
-            !pod.got(*from, *marker),
+            !receiver.got(*from, *marker),
             "probe {marker} reached isolated pod {name} right after its ADD\n{}",
             node.log()
         );
@@ -154,7 +168,8 @@ async fn realization(node: &CniNode) {
     assert!(before >= 1, "generation 1 was timed");
     // Alternate between two versions of the policy: each write is a new generation.
     let allow =
-        STATE.replace("policyTypes: [Ingress]}", "policyTypes: [Ingress], ingress: [{from: [{podSelector: {}}]}]}");
+        STATE.replace("policyTypes: [Ingress, Egress]}", "policyTypes: [Ingress, Egress], ingress: [{from: [{podSelector: {}}]}]}");
+    assert_ne!(allow, STATE, "the second version differs");
     let mut latencies = Vec::new();
     for generation in 2..=7 {
         std::fs::write(&node.agent.state, if generation % 2 == 0 { &allow } else { STATE }).expect("write the state");

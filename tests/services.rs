@@ -60,7 +60,9 @@ impl Drop for Setup {
     }
 }
 
-fn state(cluster: &Cluster, node: &str, plugin: &str, policies: &str) -> String {
+/// Node `node`'s state; `remote`: the other node's pods (namespace, name, IP), NetworkPolicy
+/// peers (an egress rule to a namespace names its pods, local and remote).
+fn state(cluster: &Cluster, node: &str, plugin: &str, policies: &str, remote: &[(&str, &str, Ipv4Addr)]) -> String {
     let ids: Vec<(&str, u32)> = NAMESPACES.iter().map(|(n, id, _)| (*n, *id)).collect();
     let mut s = cluster.state_yaml(node, plugin, &ids);
     // The Services, in the endpoints' namespace (multitenant's table 60 admits a VNID to its
@@ -71,6 +73,12 @@ fn state(cluster: &Cluster, node: &str, plugin: &str, policies: &str) -> String 
     }
     for (n, id, team) in NAMESPACES {
         s = s.replace(&format!("  - {{name: {n}, netid: {id}}}"), &format!("  - {{name: {n}, netid: {id}, labels: {{team: {team}}}}}"));
+    }
+    if !remote.is_empty() {
+        s.push_str("remotePods:\n");
+        for (ns, name, ip) in remote {
+            s.push_str(&format!("  - {{namespace: {ns}, name: {name}, ip: {ip}}}\n"));
+        }
     }
     if !policies.is_empty() {
         s.push_str("networkPolicies:\n");
@@ -90,7 +98,7 @@ async fn setup(test: &str, plugin: &'static str) -> Option<Setup> {
     let mut agents = Vec::new();
     for name in ["a", "b"] {
         let node = cluster.node(name);
-        agents.push(NodeAgent::start(&node.netns, node.sb.dir(), &state(&cluster, name, plugin, "")).await);
+        agents.push(NodeAgent::start(&node.netns, node.sb.dir(), &state(&cluster, name, plugin, "", &[])).await);
     }
     let mut pods = Vec::new();
     let mut servers = Vec::new();
@@ -174,12 +182,14 @@ impl Setup {
         bad
     }
 
-    /// Writes the policies into both agents' state files and waits until both tables 80 show
-    /// `marker` (`None`: no flow for a selected pod is left).
+    /// Writes the policies into both agents' state files and waits until both switches show
+    /// `marker` in some flow (`None`: no flow for a selected pod is left in tables 80 and 27).
     async fn set_policies(&self, policies: &str, marker: Option<&str>) {
         for (i, a) in self.agents.iter().enumerate() {
             let name = ["a", "b"][i];
-            std::fs::write(&a.state, state(&self.cluster, name, self.plugin, policies)).unwrap();
+            let remote: Vec<(&str, &str, Ipv4Addr)> =
+                PODS.iter().filter(|(_, n, _)| *n != i).map(|(pod, _, ns)| (*ns, *pod, self.ip(pod))).collect();
+            std::fs::write(&a.state, state(&self.cluster, name, self.plugin, policies, &remote)).unwrap();
         }
         // The agents reload the state file; wait until table 80 of both has the change, then
         // empty the datapath's flow cache (see tests/netpol.rs: probe the pipeline, not it).
@@ -187,10 +197,12 @@ impl Setup {
         for _ in 0..300 {
             done = true;
             for n in self.cluster.nodes() {
-                let flows = n.ofctl("dump-flows", "br0", &["table=80"]).await;
                 done &= match marker {
-                    Some(m) => flows.contains(m),
-                    None => !flows.contains("nw_dst=10.128."),
+                    Some(m) => n.ofctl("dump-flows", "br0", &[]).await.contains(m),
+                    None => {
+                        !n.ofctl("dump-flows", "br0", &["table=80"]).await.contains("nw_dst=10.128.")
+                            && !n.ofctl("dump-flows", "br0", &["table=27"]).await.contains("nw_src=10.128.")
+                    }
                 };
             }
             if done {
@@ -282,8 +294,38 @@ async fn networkpolicy_applies_to_service_traffic() {
     s.set_policies(&only_team_a_by_address(&s), Some(&marker)).await;
     let bad = s.matrix(|c| c.ends_with("ta")).await;
     assert!(bad.is_empty(), "ipBlock: {bad:#?}\n{}", s.diagnostics().await);
+    // Egress is judged by the endpoint, after the DNAT: team-c may send only to team-b's
+    // pods (namespaceSelector) — its Service connections pass, as do team-a's (no policy).
+    let goto = |dst: &str, port: &str| format!("nw_dst={}{port} actions=goto_table:28", s.ip(dst));
+    s.set_policies(&egress_of_team_c("{namespaceSelector: {matchLabels: {team: b}}}"), Some(&goto("b-tb", ""))).await;
+    let bad = s.matrix(|_| true).await;
+    assert!(bad.is_empty(), "team-c egress to team-b: {bad:#?}\n{}", s.diagnostics().await);
+    // To team-a only: neither the Services (their endpoints are team-b's) nor the endpoints.
+    s.set_policies(&egress_of_team_c("{namespaceSelector: {matchLabels: {team: a}}}"), Some(&goto("b-ta", ""))).await;
+    let bad = s.matrix(|c| c.ends_with("ta")).await;
+    assert!(bad.is_empty(), "team-c egress to team-a: {bad:#?}\n{}", s.diagnostics().await);
+    // By the endpoints' addresses and port (ipBlock + port): allowed again.
+    let to = format!("{{ipBlock: {{cidr: {}/32}}}}, {{ipBlock: {{cidr: {}/32}}}}], ports: [{{port: {PORT}}}", s.ip("a-tb"), s.ip("b-tb"));
+    s.set_policies(&egress_of_team_c(&to), Some(&goto("b-tb", &format!(",tp_dst={PORT}")))).await;
+    let bad = s.matrix(|_| true).await;
+    assert!(bad.is_empty(), "team-c egress by endpoint address: {bad:#?}\n{}", s.diagnostics().await);
     // And back to open.
     s.set_policies("", None).await;
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "policy removed: {bad:#?}\n{}", s.diagnostics().await);
+}
+
+/// team-c's pods may send only to `to` (peers; or peers, `]`, and more of the rule, e.g. its
+/// `ports: [...` without the closing bracket).
+fn egress_of_team_c(to: &str) -> String {
+    format!(
+        "  - apiVersion: networking.k8s.io/v1
+    kind: NetworkPolicy
+    metadata: {{name: egress, namespace: team-c}}
+    spec:
+      podSelector: {{}}
+      policyTypes: [Egress]
+      egress: [{{to: [{to}]}}]
+"
+    )
 }

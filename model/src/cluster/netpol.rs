@@ -465,9 +465,7 @@ impl View<'_> {
         let Some(peers) = &r.peers else {
             out.push((Src::Any, numeric));
             if !named.is_empty() {
-                for p in &self.pods {
-                    out.push((Src::Net(Ipv4Net::from(p.ip)), named_on(p)));
-                }
+                out.extend(self.pods.iter().map(|p| (Src::Net(Ipv4Net::from(p.ip)), named_on(p))).filter(|(_, d)| !d.is_empty()));
             }
             return out;
         };
@@ -476,9 +474,8 @@ impl View<'_> {
                 Peer::IpBlock { cidr, except } => {
                     let parts = subtract(*cidr, except);
                     if !named.is_empty() {
-                        for p in self.pods.iter().filter(|p| parts.iter().any(|n| n.contains(&p.ip))) {
-                            out.push((Src::Net(Ipv4Net::from(p.ip)), named_on(p)));
-                        }
+                        let inside = self.pods.iter().filter(|p| parts.iter().any(|n| n.contains(&p.ip)));
+                        out.extend(inside.map(|p| (Src::Net(Ipv4Net::from(p.ip)), named_on(p))).filter(|(_, d)| !d.is_empty()));
                     }
                     out.extend(parts.into_iter().map(|n| (Src::Net(n), numeric.clone())));
                 }
@@ -677,5 +674,47 @@ mod tests {
         assert!(!s(&[], vec![Requirement::In("tier".into(), ["web".into()].into())]).matches(&l));
         assert!(s(&[], vec![Requirement::DoesNotExist("tier".into())]).matches(&l));
         assert!(!s(&[], vec![Requirement::Exists("tier".into())]).matches(&l));
+    }
+
+    #[test]
+    fn egress_named_ports_resolve_on_the_destination_pod() {
+        let text = r#"
+node: node-a
+plugin: networkpolicy
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
+  - {host: node-b, hostIP: 172.17.0.3, subnet: 10.128.2.0/23}
+netNamespaces:
+  - {name: a, netid: 11}
+  - {name: b, netid: 12}
+pods:
+  - {namespace: a, name: client, containerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", hostVeth: v1, internal: true, ip: 10.128.0.5, mac: "0a:58:0a:80:00:05"}
+remotePods:
+  - {namespace: b, name: db1, ip: 10.128.2.5, labels: {app: db}, containerPorts: [{name: sql, containerPort: 5432}]}
+  - {namespace: b, name: db2, ip: 10.128.2.6, labels: {app: db}, containerPorts: [{name: sql, containerPort: 5433}]}
+  - {namespace: b, name: web, ip: 10.128.2.7, labels: {app: web}}
+networkPolicies:
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: out, namespace: a}, spec: {podSelector: {}, policyTypes: [Egress], egress: [{to: [{namespaceSelector: {}}], ports: [{port: sql}, {port: 80}]}, {to: [{ipBlock: {cidr: 10.128.2.0/24}}], ports: [{port: sql}]}]}}
+"#;
+        let (state, problems) = crate::cluster::state_file::parse(text).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let view = View::new(&state);
+        let (ns, warnings) = isolation(&state, &view, "a");
+        assert!(warnings.is_empty() && ns.isolated.is_empty(), "{warnings:?} {ns:?}");
+        assert_eq!(ns.egress_isolated, vec!["10.128.0.5".parse::<Ipv4Addr>().unwrap()]);
+        let tcp = |p: u16| Dst::Ports { proto: L4::Tcp, start: p, end: p };
+        let net = |a: &str| Src::Net(a.parse().unwrap());
+        // Rule 0: every pod of every namespace on 80, and on its own "sql" port where it has one.
+        let r0: BTreeSet<(Src, Vec<Dst>)> = ns.egress_rules[0].peers.iter().cloned().collect();
+        for want in [(net("10.128.2.5/32"), vec![tcp(80), tcp(5432)]), (net("10.128.2.6/32"), vec![tcp(80), tcp(5433)]), (net("10.128.2.7/32"), vec![tcp(80)]), (net("10.128.0.5/32"), vec![tcp(80)])] {
+            assert!(r0.contains(&want), "{want:?} in {r0:?}");
+        }
+        // Rule 1: the block itself has no numeric port (nothing); the pods in it their "sql".
+        let r1: BTreeSet<(Src, Vec<Dst>)> = ns.egress_rules[1].peers.iter().cloned().collect();
+        assert_eq!(r1, BTreeSet::from([(net("10.128.2.0/24"), vec![]), (net("10.128.2.5/32"), vec![tcp(5432)]), (net("10.128.2.6/32"), vec![tcp(5433)])]));
+        // A change to pods of b touches a's policies (rule 0 selects b's pods; rule 1's block).
+        assert!(namespaces_affected(&state, &BTreeSet::from(["b".to_string()]), &BTreeMap::new()).contains("a"));
     }
 }

@@ -520,4 +520,53 @@ mod tests {
         let (first, second) = if p1 < p2 { (p1, p2) } else { (p2, p1) };
         assert_eq!(ids, BTreeSet::from([seed, seed.wrapping_add(1).max(1)]), "{first} keeps {seed}, {second} moves on");
     }
+
+    #[test]
+    fn egress_rules_mirror_ingress_in_table_27() {
+        let tcp = |p: u16| Dst::Ports { proto: L4::Tcp, start: p, end: p };
+        let net = |a: &str| Src::Net(a.parse().unwrap());
+        let pods: Vec<Ipv4Addr> = ["10.128.0.5", "10.128.0.6"].iter().map(|a| a.parse().unwrap()).collect();
+        let ns = NamespacePolicy {
+            namespace: "team-b".into(),
+            vnid: Some(Vnid::new(12).unwrap()),
+            pod_vnid: Some(Vnid::new(12).unwrap()),
+            egress_isolated: pods.clone(),
+            egress_rules: vec![
+                // A named port resolved per destination: 5432 on two pods, 5433 on a third.
+                EgressRule {
+                    policy: "db".into(),
+                    rule: 0,
+                    pods: pods.clone(),
+                    peers: vec![(net("10.129.0.8/32"), vec![tcp(5432)]), (net("10.129.0.9/32"), vec![tcp(5432)]), (net("10.129.0.10/32"), vec![tcp(5433)])],
+                },
+                // Anywhere on 443.
+                EgressRule { policy: "https".into(), rule: 0, pods: pods.clone(), peers: vec![(Src::Any, vec![tcp(443)])] },
+            ],
+            ..Default::default()
+        };
+        let (flows, errors) = namespace_flows(&ns);
+        assert!(errors.is_empty(), "{errors:?}");
+        let t: Vec<String> = flows.iter().map(|f| f.to_string()).collect();
+        let a = conj_id_seed_on(Side::Egress, "team-b", "db", 0, &[tcp(5432)]);
+        assert_ne!(a, conj_id_seed("team-b", "db", 0, &[tcp(5432)]), "egress seeds start apart from ingress");
+        for w in [
+            "table=21, priority=300,ip,nw_src=10.128.0.5 actions=ct(table=27,zone=64000)".to_string(),
+            "table=25, priority=150,ip,nw_src=10.128.0.6 actions=load:0xc->NXM_NX_REG0[],ct(table=27,zone=64000)".into(),
+            "table=27, priority=100,ip,nw_src=10.128.0.5 actions=drop".into(),
+            // The two 5432 destinations are one conjunction: destinations, pods, port.
+            format!("table=27, priority=150,ip,reg0=0xc,nw_dst=10.129.0.8 actions=conjunction({a},1/3)"),
+            format!("table=27, priority=150,ip,nw_src=10.128.0.5 actions=conjunction({a},2/3)"),
+            format!("table=27, priority=150,tcp,reg0=0xc,tp_dst=5432 actions=conjunction({a},3/3)"),
+            format!("table=27, priority=150,conj_id={a},ip,reg0=0xc actions=goto_table:28"),
+            // The one 5433 destination: plain flows (1 x 2 x 2 is no more than 1 + 2 + 2 + 1).
+            "table=27, priority=150,tcp,nw_src=10.128.0.5,nw_dst=10.129.0.10,tp_dst=5433 actions=goto_table:28".into(),
+        ] {
+            assert!(t.contains(&w), "missing {w}\n{}", t.join("\n"));
+        }
+        // Any destination on 443: pods and port clauses (or plain), never an nw_dst.
+        let https: Vec<&String> = t.iter().filter(|f| f.contains("tp_dst=443")).collect();
+        assert!(!https.is_empty() && https.iter().all(|f| !f.contains("nw_dst=")), "{https:?}");
+        // No ingress isolation: nothing in table 80.
+        assert!(flows.iter().all(|f| f.table != Table::Policy), "{}", t.join("\n"));
+    }
 }
