@@ -169,8 +169,10 @@ fn ofp_actions_vectors() {
         "ofp-actions.tsv",
         &[
             // (+14 conjunction lists from tests/classifier.at.)
-            ("in scope, text and bytes", 54),
-            ("out of scope, kept raw, identical bytes", 56),
+            // (+2: NXAST_CONTROLLER `controller(reason=invalid_ttl,max_len=1234,id=5678)`,
+            // typed since the audit log's controller actions.)
+            ("in scope, text and bytes", 56),
+            ("out of scope, kept raw, identical bytes", 54),
             ("rejected by OVS and by us", 20),
             // (+5: invalid conjunction values, and conjunction with ct_clear.)
             ("rejected by OVS, kept raw by us", 45),
