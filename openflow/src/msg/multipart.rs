@@ -16,6 +16,7 @@ pub const OFPMP_DESC: u16 = 0;
 pub const OFPMP_FLOW: u16 = 1;
 pub const OFPMP_AGGREGATE: u16 = 2;
 pub const OFPMP_PORT_DESC: u16 = 13;
+pub const OFPMP_METER_FEATURES: u16 = 11;
 /// OFPMPF_REQ_MORE / OFPMPF_REPLY_MORE.
 pub const OFPMPF_MORE: u16 = 1;
 
@@ -82,6 +83,8 @@ pub enum MultipartRequestBody {
     Flow(FlowStatsRequest),
     Aggregate(FlowStatsRequest),
     PortDesc,
+    /// OFPMP_METER_FEATURES (empty body).
+    MeterFeatures,
     Unknown { mp_type: u16, body: Bytes },
 }
 
@@ -98,10 +101,13 @@ impl MultipartRequest {
     pub fn port_desc() -> MultipartRequest {
         MultipartRequest { flags: 0, body: MultipartRequestBody::PortDesc }
     }
+    pub fn meter_features() -> MultipartRequest {
+        MultipartRequest { flags: 0, body: MultipartRequestBody::MeterFeatures }
+    }
 
     pub fn encoded_len(&self) -> usize {
         8 + match &self.body {
-            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc => 0,
+            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc | MultipartRequestBody::MeterFeatures => 0,
             MultipartRequestBody::Flow(f) | MultipartRequestBody::Aggregate(f) => f.encoded_len(),
             MultipartRequestBody::Unknown { body, .. } => body.len(),
         }
@@ -113,13 +119,14 @@ impl MultipartRequest {
             MultipartRequestBody::Flow(_) => OFPMP_FLOW,
             MultipartRequestBody::Aggregate(_) => OFPMP_AGGREGATE,
             MultipartRequestBody::PortDesc => OFPMP_PORT_DESC,
+            MultipartRequestBody::MeterFeatures => OFPMP_METER_FEATURES,
             MultipartRequestBody::Unknown { mp_type, .. } => *mp_type,
         };
         buf.put_u16(typ);
         buf.put_u16(self.flags);
         buf.put_u32(0);
         match &self.body {
-            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc => {}
+            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc | MultipartRequestBody::MeterFeatures => {}
             MultipartRequestBody::Flow(f) | MultipartRequestBody::Aggregate(f) => f.encode(buf),
             MultipartRequestBody::Unknown { body, .. } => buf.put_slice(body),
         }
@@ -135,6 +142,7 @@ impl MultipartRequest {
         let body = match mp_type {
             OFPMP_DESC if rest.is_empty() => MultipartRequestBody::Desc,
             OFPMP_PORT_DESC if rest.is_empty() => MultipartRequestBody::PortDesc,
+            OFPMP_METER_FEATURES if rest.is_empty() => MultipartRequestBody::MeterFeatures,
             OFPMP_FLOW => MultipartRequestBody::Flow(FlowStatsRequest::decode(rest)?),
             OFPMP_AGGREGATE => MultipartRequestBody::Aggregate(FlowStatsRequest::decode(rest)?),
             _ => MultipartRequestBody::Unknown { mp_type, body: r.take_rest() },
@@ -425,6 +433,7 @@ pub enum MultipartReplyBody {
     Flow(Vec<FlowStatsEntry>),
     Aggregate(AggregateStats),
     PortDesc(Vec<Port>),
+    MeterFeatures(super::MeterFeatures),
     Unknown { mp_type: u16, body: Bytes },
 }
 
@@ -445,6 +454,7 @@ impl MultipartReply {
             MultipartReplyBody::Flow(v) => v.iter().map(FlowStatsEntry::encoded_len).sum(),
             MultipartReplyBody::Aggregate(_) => 24,
             MultipartReplyBody::PortDesc(v) => v.len() * Port::LEN,
+            MultipartReplyBody::MeterFeatures(_) => super::MeterFeatures::LEN,
             MultipartReplyBody::Unknown { body, .. } => body.len(),
         }
     }
@@ -454,6 +464,7 @@ impl MultipartReply {
             MultipartReplyBody::Flow(_) => OFPMP_FLOW,
             MultipartReplyBody::Aggregate(_) => OFPMP_AGGREGATE,
             MultipartReplyBody::PortDesc(_) => OFPMP_PORT_DESC,
+            MultipartReplyBody::MeterFeatures(_) => OFPMP_METER_FEATURES,
             MultipartReplyBody::Unknown { mp_type, .. } => *mp_type,
         };
         buf.put_u16(typ);
@@ -472,6 +483,7 @@ impl MultipartReply {
                 buf.put_u32(0);
             }
             MultipartReplyBody::PortDesc(v) => v.iter().for_each(|p| p.encode(buf)),
+            MultipartReplyBody::MeterFeatures(f) => f.encode(buf),
             MultipartReplyBody::Unknown { body, .. } => buf.put_slice(body),
         }
         Ok(())
@@ -507,6 +519,7 @@ impl MultipartReply {
                 }
                 MultipartReplyBody::PortDesc(v)
             }
+            OFPMP_METER_FEATURES => MultipartReplyBody::MeterFeatures(super::MeterFeatures::decode(r.rest())?),
             _ => MultipartReplyBody::Unknown { mp_type, body: r.take_rest() },
         };
         Ok(MultipartReply { flags, body })
