@@ -51,14 +51,16 @@ pub fn reason_name(reason: u8) -> std::borrow::Cow<'static, str> {
     }
 }
 
-/// Which of the two wire forms an action came in (or is to be sent in). OVS answers a dump in
-/// the form it was given, so the decoded form is kept for a byte-exact round trip.
+/// Which wire form to use. OVS answers a dump in the form it was given, and a NXAST_CONTROLLER2
+/// whose fields NXAST_CONTROLLER could carry must stay CONTROLLER2 to round-trip; everything
+/// else is `Auto`, so a built action and the same action read back from the switch are equal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ControllerForm {
-    /// NXAST_CONTROLLER: max_len, id, reason only.
-    V1,
-    /// NXAST_CONTROLLER2.
-    V2,
+    /// As ovs-ofctl chooses: NXAST_CONTROLLER (max_len, id, reason only) when it can carry the
+    /// action, NXAST_CONTROLLER2 otherwise.
+    Auto,
+    /// NXAST_CONTROLLER2 even though NXAST_CONTROLLER would do.
+    ForceV2,
 }
 
 /// `controller(...)`. Build with [`Controller::new`] and the builders; the wire form is chosen
@@ -80,7 +82,8 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// `controller()`: the whole packet, reason action, no userdata or meter (NXAST_CONTROLLER2).
+    /// `controller()`: the whole packet, reason action, no userdata or meter. Sent as
+    /// ovs-ofctl sends it: NXAST_CONTROLLER while that form can carry it, else NXAST_CONTROLLER2.
     pub fn new() -> Controller {
         Controller {
             max_len: u16::MAX,
@@ -89,7 +92,7 @@ impl Controller {
             userdata: Bytes::new(),
             pause: false,
             meter_id: NX_CTLR_NO_METER,
-            form: ControllerForm::V2,
+            form: ControllerForm::Auto,
             unknown_props: Vec::new(),
         }
     }
@@ -120,7 +123,7 @@ impl Controller {
     }
 
     fn v2(&self) -> bool {
-        self.form == ControllerForm::V2 || !self.fits_v1()
+        self.form == ControllerForm::ForceV2 || !self.fits_v1()
     }
 
     /// The whole action's length.
@@ -213,7 +216,7 @@ impl Controller {
             max_len,
             controller_id,
             reason,
-            form: ControllerForm::V1,
+            form: ControllerForm::Auto,
             ..Controller::new()
         }))
     }
@@ -270,6 +273,7 @@ impl Controller {
                 return Ok(None);
             }
         }
+        c.form = if c.fits_v1() { ControllerForm::ForceV2 } else { ControllerForm::Auto };
         Ok(Some(c))
     }
 }
@@ -410,7 +414,7 @@ mod tests {
 
     #[test]
     fn v2_with_defaults_prints_like_output() {
-        let a = Action::Controller(Controller::new().max_len(200));
+        let a = Action::Controller(Controller { form: ControllerForm::ForceV2, ..Controller::new().max_len(200) });
         assert_eq!(a.to_string(), "CONTROLLER:200");
         assert_eq!(enc(&a), hex("ffff 0018 00002320 0025 000000000000 0000 0008 00c8 0000"));
     }
