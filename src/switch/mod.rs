@@ -8,12 +8,14 @@
 mod bundle;
 mod conn;
 mod error;
+mod packet_in;
 mod pending;
 mod supervisor;
 mod transport;
 
 pub use bundle::Bundle;
 pub use error::{CloseReason, Rejection, SwitchError};
+pub use packet_in::{packet_in_channel, PacketInCounters, PacketInMsg, PacketInSink, PacketIns};
 pub use supervisor::{Backoff, SwitchEvent, Supervisor};
 pub use transport::Target;
 
