@@ -308,3 +308,36 @@ async fn meter_and_packet_ins_are_set_up_again_after_a_reconnect() {
     assert_eq!(lines(&log)[0]["dst"], "10.128.0.4:443");
     assert_eq!(c.setup_errors(), 0);
 }
+
+/// OVS 3.1 resolves a `controller(meter_id=N)` when the flow is installed: a flow added before
+/// meter N exists stays without it (ofproto.c ofproto_fix_controller_action, "unknown meter
+/// id"). Such a flow (a resync racing the setup) is still limited, by OVS's `controller` meter,
+/// which `audit::install` sets to the same rate.
+#[tokio::test]
+async fn a_flow_installed_before_the_meter_is_still_limited() {
+    const N: u64 = 2_000;
+    const RATE: u32 = 50;
+    const BURST: u32 = 10;
+    let sb = switch_with_ports().await;
+    let sw = Switch::connect(&mgmt(&sb), SwitchOptions::default()).await.unwrap();
+    let (sink, ins) = packet_in_channel(4096);
+    sw.set_packet_in_sink(sink);
+    install_audit_flow(&sw, AUDIT_METER_ID).await;
+    audit::install(&sw, RATE, BURST).await.unwrap();
+
+    let start = Instant::now();
+    inject(&sb, &tcp_hex(A1, B1, 40000, 80), N).await;
+    eventually("the flood through the datapath", async || tx_packets(&sb, "2") == N).await;
+    let bound = BURST as u64 + (RATE as f64 * start.elapsed().as_secs_f64()).ceil() as u64;
+    let meter1 = ofctl(&sb, &["meter-stats", "br0", "meter=1"]);
+    let ctl = ofctl(&sb, &["meter-stats", "br0", "meter=controller"]);
+    eprintln!("flow before meter: bound {bound}\n{meter1}\n{ctl}");
+    assert!(meter1.contains("packet_in_count:0 "), "meter 1 is not used by the earlier flow: {meter1}");
+    assert!(ctl.contains(&format!("packet_in_count:{N} ")), "the controller meter saw every copy: {ctl}");
+    let c = ins.counters.clone();
+    // Whatever the controller meter passed arrives; it is within the bound.
+    appctl(&sb, &["revalidator/wait"]);
+    sw.barrier().await.unwrap();
+    let got = c.delivered() + c.dropped();
+    assert!(got >= 1 && got <= bound, "{got} packet-ins, bound {bound}");
+}

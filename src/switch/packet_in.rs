@@ -93,6 +93,7 @@ impl Switch {
     /// no flow-removed), and a non-zero `miss_send_len` (the bridge's fragment mode is kept).
     /// Behind one barrier; a refusal is an error. Per connection: call again after a reconnect.
     pub async fn enable_packet_ins(&self, miss_send_len: u16) -> Result<(), SwitchError> {
+        let _config = self.inner.config.lock().await;
         let mut cfg = self.get_config().await?;
         cfg.miss_send_len = miss_send_len.max(1);
         // OFPR_NO_MATCH too: OVS reports a controller action in a table-miss flow as an
