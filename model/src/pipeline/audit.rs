@@ -32,9 +32,9 @@ use thiserror::Error;
 /// limit protects the agent, whichever policy floods).
 pub const AUDIT_METER_ID: u32 = 1;
 
-/// Bytes of each packet sent to the agent: 14 (Ethernet) + 60 (IPv4 with the longest options)
-/// + 8 (the L4 ports, ICMP type/code, TCP/UDP/SCTP header starts) rounds up to 128 with room
-/// for a VLAN tag.
+/// Bytes of each packet asked for: Ethernet (14) and IPv4 with the longest options (60) and
+/// the first 8 bytes of the L4 header (ports, ICMP type and code) round up to 128 with room for
+/// a VLAN tag. (OVS 3.1 sends the whole packet anyway; see tests/audit.rs.)
 pub const AUDIT_MAX_LEN: u16 = 128;
 
 /// The userdata layout written by [`AuditTag::encode`].
