@@ -471,6 +471,11 @@ fn audit_messages_decode_in_ovs_as_intended() {
             "NXT_PACKET_IN2 (OF1.3) (xid=0x6): table_id=3 cookie=0x1234 total_len=60 in_port=5 (via action) data_len=14 (unbuffered) (***total_len != data_len***)\n userdata=01.02.03\nvlan_tci=0x0000,dl_src=ff:ff:ff:ff:ff:ff,dl_dst=ff:ff:ff:ff:ff:ff,dl_type=0xffff\n",
         ),
         (
+            "SET_ASYNC packet-ins only",
+            om(8, Message::SetAsync(AsyncConfig { packet_in: [3, 3], ..AsyncConfig::default() })),
+            "OFPT_SET_ASYNC (OF1.3) (xid=0x8):\n primary:\n       PACKET_IN: no_match action\n     PORT_STATUS: (off)\n    FLOW_REMOVED: (off)\n     ROLE_STATUS: (off)\n    TABLE_STATUS: (off)\n  REQUESTFORWARD: (off)\n\n secondary:\n       PACKET_IN: no_match action\n     PORT_STATUS: (off)\n    FLOW_REMOVED: (off)\n     ROLE_STATUS: (off)\n    TABLE_STATUS: (off)\n  REQUESTFORWARD: (off)\n",
+        ),
+        (
             "FLOW_MOD with controller2",
             om(7, Message::FlowMod(fm)),
             "OFPT_FLOW_MOD (OF1.3) (xid=0x7): ADD priority=100,ip actions=controller(max_len=128,userdata=01.00.01,meter_id=1),output:2\n",
