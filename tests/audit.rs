@@ -235,6 +235,10 @@ async fn a_flood_is_limited_by_the_meter_and_still_forwarded() {
     let passed = into_meter - band_dropped;
     eprintln!("flood: {N} packets in {elapsed:?}; meter passed {passed}, bound {bound}; {stats}");
     assert_eq!(into_meter, N, "every packet's copy went through the meter");
+    // Our own client reads the same counters.
+    let ours = sw.meter_stats(AUDIT_METER_ID).await.unwrap();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!((ours[0].meter_id, ours[0].packet_in_count, ours[0].bands[0].0), (AUDIT_METER_ID, N, band_dropped));
     assert!(passed >= 1 && passed <= bound, "meter passed {passed}, bound {bound}");
 
     // Every copy the meter passed reaches the writer (nothing dropped at this rate).

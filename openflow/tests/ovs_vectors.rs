@@ -380,10 +380,10 @@ fn ofp_print_vectors() {
             // (-7 since the audit log: PACKET_IN x2, METER_MOD x4 (3 refused by OVS, by us
             // too), SET_ASYNC are typed.)
             ("message type out of scope, kept raw, identical bytes", 10),
-            // (-2: METER_FEATURES request and reply.)
-            ("multipart type out of scope, kept raw, identical bytes", 14),
-            // (+5: PACKET_IN x2, SET_ASYNC, METER_FEATURES request and reply.)
-            ("other typed message, identical bytes", 10),
+            // (-4: METER_FEATURES and METER (stats) requests and replies.)
+            ("multipart type out of scope, kept raw, identical bytes", 12),
+            // (+7: PACKET_IN x2, SET_ASYNC, METER_FEATURES and METER requests and replies.)
+            ("other typed message, identical bytes", 12),
             ("rejected by OVS and by us", 3),
         ],
     );

@@ -516,7 +516,8 @@ fn multipart_request() -> BoxedStrategy<MultipartRequest> {
         flow_stats_request().prop_map(MultipartRequestBody::Aggregate),
         Just(MultipartRequestBody::PortDesc),
         Just(MultipartRequestBody::MeterFeatures),
-        (prop_oneof![3u16..11, 12u16..13], bytes_up_to(32)).prop_map(|(mp_type, body)| MultipartRequestBody::Unknown { mp_type, body }),
+        any::<u32>().prop_map(MultipartRequestBody::MeterStats),
+        (prop_oneof![3u16..9, 10u16..11, 12u16..13], bytes_up_to(32)).prop_map(|(mp_type, body)| MultipartRequestBody::Unknown { mp_type, body }),
         (14u16..=0xffff, bytes_up_to(32)).prop_map(|(mp_type, body)| MultipartRequestBody::Unknown { mp_type, body }),
         (select(vec![0u16, 11, 13]), vec(any::<u8>(), 1..32))
             .prop_map(|(mp_type, body)| MultipartRequestBody::Unknown { mp_type, body: Bytes::from(body) }),
@@ -555,7 +556,22 @@ fn multipart_reply() -> BoxedStrategy<MultipartReply> {
             max_bands: v[3] as u8,
             max_color: (v[3] >> 8) as u8,
         })),
-        1 => (prop_oneof![Just(0u16), 3u16..11, 12u16..13, 14u16..=0xffff], bytes_up_to(48))
+        1 => vec((any::<[u32; 4]>(), any::<[u64; 2]>(), vec(any::<(u64, u64)>(), 0..3)), 0..3).prop_map(|v| {
+            MultipartReplyBody::MeterStats(
+                v.into_iter()
+                    .map(|(a, b, bands)| openflow::MeterStats {
+                        meter_id: a[0],
+                        flow_count: a[1],
+                        packet_in_count: b[0],
+                        byte_in_count: b[1],
+                        duration_sec: a[2],
+                        duration_nsec: a[3],
+                        bands,
+                    })
+                    .collect(),
+            )
+        }),
+        1 => (prop_oneof![Just(0u16), 3u16..9, 10u16..11, 12u16..13, 14u16..=0xffff], bytes_up_to(48))
             .prop_map(|(mp_type, body)| MultipartReplyBody::Unknown { mp_type, body }),
     ];
     (any::<u16>(), body).prop_map(|(flags, body)| MultipartReply { flags, body }).boxed()

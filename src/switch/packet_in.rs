@@ -122,6 +122,16 @@ impl Switch {
         }
     }
 
+    /// A meter's counters (OFPMP_METER): for the audit meter, `packet_in_count` minus the drop
+    /// band's packets is what reached the agent, the band's packets what the switch dropped.
+    pub async fn meter_stats(&self, meter_id: u32) -> Result<Vec<openflow::MeterStats>, SwitchError> {
+        let req = MultipartRequest { flags: 0, body: openflow::MultipartRequestBody::MeterStats(meter_id) };
+        match self.multipart(req, "meter stats").await? {
+            MultipartReplyBody::MeterStats(v) => Ok(v),
+            _ => Err(SwitchError::UnexpectedReply { request: "OFPMP_METER", got: "another multipart type" }),
+        }
+    }
+
     /// Sends messages that have no reply, then a barrier; the first refusal is returned.
     async fn send_covered(&self, msgs: Vec<Message>) -> Result<(), SwitchError> {
         let n = msgs.len() as u32;
