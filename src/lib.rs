@@ -9,6 +9,7 @@
 pub use sdn_model::{cluster, model, pipeline, store};
 
 pub mod api;
+pub mod audit;
 pub mod apply;
 pub mod bench;
 pub mod engine;

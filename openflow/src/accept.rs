@@ -161,6 +161,8 @@ fn action_ok(a: &Action) -> bool {
         Action::RegMove(m) => plain_subfield(&m.src()) && plain_subfield(&m.dst()),
         Action::OutputReg { src, .. } => plain_subfield(src),
         Action::Note(_) | Action::ResubmitTable { .. } | Action::Resubmit { .. } => true,
+        // OVS's check_CONTROLLER accepts any; its decoder refuses unknown properties.
+        Action::Controller(c) => c.unknown_props.is_empty(),
         // Acceptable only in a conjunction-only list, which `conjunction_flow_ok` decides.
         Action::Ct(_) | Action::Conjunction(_) | Action::Unknown(_) => false,
     }

@@ -10,6 +10,7 @@ use std::net::Ipv4Addr;
 
 use bytes::{BufMut, Bytes};
 
+use crate::controller::{Controller, NXAST_CONTROLLER, NXAST_CONTROLLER2};
 use crate::error::{DecodeError, EncodeError};
 use crate::field::{self, NxmField, CLASS_NXM1, CLASS_OPENFLOW_BASIC};
 use crate::flow_match::{MacAddr, RawOxm};
@@ -346,6 +347,8 @@ pub enum Action {
     /// NXAST_CONJUNCTION: `conjunction(id,k/n)`. OVS accepts it only in a flow whose actions
     /// are all `conjunction` or `note` (see [`accept`](crate::accept)).
     Conjunction(Conjunction),
+    /// NXAST_CONTROLLER / NXAST_CONTROLLER2: `controller(...)` (see [`crate::controller`]).
+    Controller(Controller),
     /// Any other action, whole (type, length and body), re-encoded verbatim.
     Unknown(Bytes),
 }
@@ -387,6 +390,7 @@ impl Action {
             Action::RegLoad { .. } | Action::OutputReg { .. } => 24,
             Action::RegMove(m) => pad8(16 + hdr_len(m.src.field) + hdr_len(m.dst.field)),
             Action::Note(n) => 10 + n.0.len(),
+            Action::Controller(c) => c.encoded_len(),
             Action::Unknown(b) => b.len(),
         }
     }
@@ -472,6 +476,7 @@ impl Action {
                 buf.put_u8(c.n_clauses);
                 buf.put_u32(c.id);
             }
+            Action::Controller(c) => c.encode(buf, len16),
             Action::Unknown(b) => buf.put_slice(b),
         }
         Ok(())
@@ -620,8 +625,19 @@ fn decode_nx(raw: &[u8], b: &mut Reader<'_>, nested: bool) -> Result<Option<Acti
             }
             zone.filter(|_| ok).map(|zone| Action::Ct(Ct { flags, zone, recirc_table, alg, actions }))
         }
+        NXAST_CONTROLLER if len == 16 => Controller::decode_v1(b)?.map(Action::Controller),
+        NXAST_CONTROLLER2 => Controller::decode_v2(b)?.map(Action::Controller),
         _ => None,
     };
+    // The typed form must give back exactly the bytes received (property order, explicit
+    // defaults): otherwise the action is kept raw.
+    if let Some(Action::Controller(c)) = &a {
+        let mut again = Vec::with_capacity(len);
+        c.encode(&mut again, len as u16);
+        if c.encoded_len() != len || again != raw {
+            return Ok(None);
+        }
+    }
     Ok(a)
 }
 

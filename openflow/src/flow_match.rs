@@ -542,6 +542,11 @@ impl Match {
         buf.put_bytes(0, pad8(len) - len);
     }
 
+    /// Decodes bare OXM/NXM TLVs (no `ofp_match` header), as NXT_PACKET_IN2 metadata holds them.
+    pub fn decode_tlvs(body: &[u8]) -> Result<Match, DecodeError> {
+        decode_tlvs(body)
+    }
+
     /// Reads an `ofp_match` including its padding.
     pub fn decode(r: &mut Reader<'_>) -> Result<Match, DecodeError> {
         let typ = r.u16()?;

@@ -18,6 +18,7 @@
 pub mod accept;
 pub mod action;
 pub mod codec;
+pub mod controller;
 pub mod error;
 pub mod field;
 pub mod flow_match;
@@ -28,6 +29,7 @@ pub mod text;
 pub mod wire;
 
 pub use action::{Action, Conjunction, Ct, CtZone, Note, RegMove, SetField, Subfield};
+pub use controller::Controller;
 pub use codec::{BadMessage, OfCodec};
 pub use error::{DecodeError, EncodeError, FrameError};
 pub use field::NxmField;

@@ -344,6 +344,7 @@ impl Display for Action {
             Action::Ct(ct) => write_ct(f, ct),
             // OVS's format_CONJUNCTION: the clause 1-based.
             Action::Conjunction(c) => write!(f, "conjunction({},{}/{})", c.id(), c.clause(), c.n_clauses()),
+            Action::Controller(c) => write!(f, "{c}"),
             Action::Unknown(raw) => {
                 f.write_str("unknown_action(0x")?;
                 for b in raw.iter() {

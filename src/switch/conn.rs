@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, trace, warn};
 
 use super::error::{CloseReason, SwitchError};
+use super::packet_in::{PacketInMsg, PacketInSink};
 use super::pending::Table;
 use super::transport::{BoxRead, BoxWrite, Target};
 
@@ -38,6 +39,8 @@ pub(crate) struct Shared {
     pub ctrl_tx: mpsc::Sender<OfMessage>,
     pub cancel: CancellationToken,
     state: watch::Sender<Option<CloseReason>>,
+    /// Where packet-ins go (none: logged and dropped).
+    packet_ins: Mutex<Option<PacketInSink>>,
     /// Milliseconds since `epoch` when the last message arrived.
     last_rx: AtomicU64,
     epoch: Instant,
@@ -62,6 +65,18 @@ impl Shared {
             }
         });
         self.cancel.cancel();
+    }
+
+    pub fn packet_ins(&self) -> MutexGuard<'_, Option<PacketInSink>> {
+        self.packet_ins.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands a packet-in to the subscriber without waiting (see `packet_in.rs`).
+    fn packet_in(&self, m: PacketInMsg) {
+        match &*self.packet_ins() {
+            Some(sink) => sink.offer(m),
+            None => debug!("packet-in with no subscriber; dropped"),
+        }
     }
 
     pub fn state(&self) -> watch::Receiver<Option<CloseReason>> {
@@ -144,6 +159,7 @@ pub(crate) async fn establish(
         ctrl_tx,
         cancel: CancellationToken::new(),
         state,
+        packet_ins: Mutex::new(None),
         last_rx: AtomicU64::new(0),
         epoch: Instant::now(),
     });
@@ -271,6 +287,8 @@ fn dispatch(m: OfMessage, shared: &Shared) {
             shared.table().error(m.xid, e);
         }
         Message::Hello(_) => {}
+        Message::PacketIn(p) => shared.packet_in(PacketInMsg::Standard(p)),
+        Message::PacketIn2(p) => shared.packet_in(PacketInMsg::Nx(p)),
         _ => {
             let name = m.msg.name();
             let xid = m.xid;

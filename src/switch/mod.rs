@@ -8,12 +8,14 @@
 mod bundle;
 mod conn;
 mod error;
+mod packet_in;
 mod pending;
 mod supervisor;
 mod transport;
 
 pub use bundle::Bundle;
 pub use error::{CloseReason, Rejection, SwitchError};
+pub use packet_in::{packet_in_channel, PacketInCounters, PacketInMsg, PacketInSink, PacketIns};
 pub use supervisor::{Backoff, SwitchEvent, Supervisor};
 pub use transport::Target;
 
@@ -70,6 +72,10 @@ struct Inner {
     opts: SwitchOptions,
     next_xid: AtomicU32,
     next_bundle: AtomicU32,
+    /// Held across a GET_CONFIG and the SET_CONFIG based on it ([`Switch::set_frag_mode`],
+    /// [`Switch::enable_packet_ins`]): SET_CONFIG sets both the fragment mode and
+    /// `miss_send_len`, so two unserialized read-modify-writes could undo each other.
+    config: tokio::sync::Mutex<()>,
 }
 
 impl Drop for Inner {
@@ -110,6 +116,7 @@ impl Switch {
                 opts,
                 next_xid: AtomicU32::new(0x100),
                 next_bundle: AtomicU32::new(1),
+                config: tokio::sync::Mutex::new(()),
             }),
         };
         if let Some(interval) = sw.inner.opts.echo_interval {
@@ -435,6 +442,7 @@ impl Switch {
     /// Sets the bridge-wide fragment handling (the seed's `SetFrags("nx-match")`) and reads it
     /// back: OVS silently ignores modes it does not support.
     pub async fn set_frag_mode(&self, frag: FragMode) -> Result<(), SwitchError> {
+        let _config = self.inner.config.lock().await;
         let mut cfg = self.get_config().await?;
         if cfg.frag == frag {
             return Ok(());

@@ -6,6 +6,7 @@
 //! Nothing here formats a flow string: flows are [`Flow`] values whose text form comes from the
 //! codec's `Display`, which prints what `ovs-ofctl dump-flows` prints.
 
+pub mod audit;
 pub mod base;
 pub mod egress;
 pub mod multicast;

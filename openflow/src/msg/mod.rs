@@ -4,21 +4,25 @@ mod bundle;
 mod error_msg;
 mod flow_mod;
 mod hello;
+mod meter;
 mod multipart;
+mod packet_in;
 mod switch;
 
 pub use bundle::*;
 pub use error_msg::*;
 pub use flow_mod::*;
 pub use hello::*;
+pub use meter::*;
 pub use multipart::*;
+pub use packet_in::*;
 pub use switch::*;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::{DecodeError, EncodeError};
 use crate::wire::{len_u16, Reader};
-use crate::{OFP_VERSION, ONF_VENDOR_ID};
+use crate::{NX_VENDOR_ID, OFP_VERSION, ONF_VENDOR_ID};
 
 pub const OFPT_HELLO: u8 = 0;
 pub const OFPT_ERROR: u8 = 1;
@@ -78,6 +82,16 @@ pub enum Message {
     BarrierReply,
     BundleControl(BundleControl),
     BundleAdd(BundleAdd),
+    /// OFPT_PACKET_IN (OpenFlow 1.3).
+    PacketIn(PacketIn),
+    /// OFPT_SET_ASYNC.
+    SetAsync(AsyncConfig),
+    /// OFPT_METER_MOD.
+    MeterMod(MeterMod),
+    /// NXT_PACKET_IN2.
+    PacketIn2(PacketIn2),
+    /// NXT_SET_PACKET_IN_FORMAT with its NXPIF_* value.
+    SetPacketInFormat(u32),
     /// An experimenter message other than the ONF bundle messages.
     Experimenter { experimenter: u32, exp_type: u32, data: Bytes },
     /// Any other message type (or any message in a version other than 1.3, except HELLO and
@@ -103,7 +117,14 @@ impl Message {
             Message::MultipartReply(_) => OFPT_MULTIPART_REPLY,
             Message::BarrierRequest => OFPT_BARRIER_REQUEST,
             Message::BarrierReply => OFPT_BARRIER_REPLY,
-            Message::BundleControl(_) | Message::BundleAdd(_) | Message::Experimenter { .. } => OFPT_EXPERIMENTER,
+            Message::PacketIn(_) => OFPT_PACKET_IN,
+            Message::SetAsync(_) => OFPT_SET_ASYNC,
+            Message::MeterMod(_) => OFPT_METER_MOD,
+            Message::BundleControl(_)
+            | Message::BundleAdd(_)
+            | Message::PacketIn2(_)
+            | Message::SetPacketInFormat(_)
+            | Message::Experimenter { .. } => OFPT_EXPERIMENTER,
             Message::Unknown { msg_type, .. } => *msg_type,
         }
     }
@@ -127,6 +148,11 @@ impl Message {
             Message::BarrierReply => "BARRIER_REPLY",
             Message::BundleControl(_) => "BUNDLE_CONTROL",
             Message::BundleAdd(_) => "BUNDLE_ADD_MESSAGE",
+            Message::PacketIn(_) => "PACKET_IN",
+            Message::SetAsync(_) => "SET_ASYNC",
+            Message::MeterMod(_) => "METER_MOD",
+            Message::PacketIn2(_) => "NXT_PACKET_IN2",
+            Message::SetPacketInFormat(_) => "NXT_SET_PACKET_IN_FORMAT",
             Message::Experimenter { .. } => "EXPERIMENTER",
             Message::Unknown { .. } => "UNKNOWN",
         }
@@ -145,6 +171,11 @@ impl Message {
             Message::MultipartReply(m) => m.encoded_len(),
             Message::BundleControl(b) => b.encoded_len(),
             Message::BundleAdd(b) => b.encoded_len(),
+            Message::PacketIn(p) => p.encoded_len(),
+            Message::SetAsync(_) => AsyncConfig::LEN,
+            Message::MeterMod(m) => m.encoded_len(),
+            Message::PacketIn2(p) => 8 + p.encoded_len(),
+            Message::SetPacketInFormat(_) => 12,
             Message::Experimenter { data, .. } => 8 + data.len(),
             Message::Unknown { body, .. } => body.len(),
         }
@@ -163,6 +194,19 @@ impl Message {
             Message::MultipartReply(m) => m.encode(buf)?,
             Message::BundleControl(b) => b.encode(buf),
             Message::BundleAdd(b) => b.encode(buf)?,
+            Message::PacketIn(p) => p.encode(buf),
+            Message::SetAsync(a) => a.encode(buf),
+            Message::MeterMod(m) => m.encode(buf),
+            Message::PacketIn2(p) => {
+                buf.put_u32(NX_VENDOR_ID);
+                buf.put_u32(NXT_PACKET_IN2);
+                p.encode(buf);
+            }
+            Message::SetPacketInFormat(f) => {
+                buf.put_u32(NX_VENDOR_ID);
+                buf.put_u32(NXT_SET_PACKET_IN_FORMAT);
+                buf.put_u32(*f);
+            }
             Message::Experimenter { experimenter, exp_type, data } => {
                 buf.put_u32(*experimenter);
                 buf.put_u32(*exp_type);
@@ -214,12 +258,17 @@ impl Message {
                 exact_empty("BARRIER_REPLY")?;
                 Message::BarrierReply
             }
+            OFPT_PACKET_IN => Message::PacketIn(PacketIn::decode(body)?),
+            OFPT_SET_ASYNC => Message::SetAsync(AsyncConfig::decode(body)?),
+            OFPT_METER_MOD => Message::MeterMod(MeterMod::decode(body)?),
             OFPT_EXPERIMENTER => {
                 let experimenter = r.u32()?;
                 let exp_type = r.u32()?;
                 match (experimenter, exp_type) {
                     (ONF_VENDOR_ID, ONFT_BUNDLE_CONTROL) => Message::BundleControl(BundleControl::decode(r.rest())?),
                     (ONF_VENDOR_ID, ONFT_BUNDLE_ADD_MESSAGE) => Message::BundleAdd(BundleAdd::decode(r.rest())?),
+                    (NX_VENDOR_ID, NXT_PACKET_IN2) => Message::PacketIn2(PacketIn2::decode(r.rest())?),
+                    (NX_VENDOR_ID, NXT_SET_PACKET_IN_FORMAT) if r.remaining() == 4 => Message::SetPacketInFormat(r.u32()?),
                     _ => Message::Experimenter { experimenter, exp_type, data: r.take_rest() },
                 }
             }

@@ -16,6 +16,8 @@ pub const OFPMP_DESC: u16 = 0;
 pub const OFPMP_FLOW: u16 = 1;
 pub const OFPMP_AGGREGATE: u16 = 2;
 pub const OFPMP_PORT_DESC: u16 = 13;
+pub const OFPMP_METER: u16 = 9;
+pub const OFPMP_METER_FEATURES: u16 = 11;
 /// OFPMPF_REQ_MORE / OFPMPF_REPLY_MORE.
 pub const OFPMPF_MORE: u16 = 1;
 
@@ -82,6 +84,10 @@ pub enum MultipartRequestBody {
     Flow(FlowStatsRequest),
     Aggregate(FlowStatsRequest),
     PortDesc,
+    /// OFPMP_METER_FEATURES (empty body).
+    MeterFeatures,
+    /// OFPMP_METER for one meter id (or OFPM_ALL).
+    MeterStats(u32),
     Unknown { mp_type: u16, body: Bytes },
 }
 
@@ -98,10 +104,14 @@ impl MultipartRequest {
     pub fn port_desc() -> MultipartRequest {
         MultipartRequest { flags: 0, body: MultipartRequestBody::PortDesc }
     }
+    pub fn meter_features() -> MultipartRequest {
+        MultipartRequest { flags: 0, body: MultipartRequestBody::MeterFeatures }
+    }
 
     pub fn encoded_len(&self) -> usize {
         8 + match &self.body {
-            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc => 0,
+            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc | MultipartRequestBody::MeterFeatures => 0,
+            MultipartRequestBody::MeterStats(_) => 8,
             MultipartRequestBody::Flow(f) | MultipartRequestBody::Aggregate(f) => f.encoded_len(),
             MultipartRequestBody::Unknown { body, .. } => body.len(),
         }
@@ -113,13 +123,19 @@ impl MultipartRequest {
             MultipartRequestBody::Flow(_) => OFPMP_FLOW,
             MultipartRequestBody::Aggregate(_) => OFPMP_AGGREGATE,
             MultipartRequestBody::PortDesc => OFPMP_PORT_DESC,
+            MultipartRequestBody::MeterFeatures => OFPMP_METER_FEATURES,
+            MultipartRequestBody::MeterStats(_) => OFPMP_METER,
             MultipartRequestBody::Unknown { mp_type, .. } => *mp_type,
         };
         buf.put_u16(typ);
         buf.put_u16(self.flags);
         buf.put_u32(0);
         match &self.body {
-            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc => {}
+            MultipartRequestBody::Desc | MultipartRequestBody::PortDesc | MultipartRequestBody::MeterFeatures => {}
+            MultipartRequestBody::MeterStats(id) => {
+                buf.put_u32(*id);
+                buf.put_u32(0);
+            }
             MultipartRequestBody::Flow(f) | MultipartRequestBody::Aggregate(f) => f.encode(buf),
             MultipartRequestBody::Unknown { body, .. } => buf.put_slice(body),
         }
@@ -135,6 +151,17 @@ impl MultipartRequest {
         let body = match mp_type {
             OFPMP_DESC if rest.is_empty() => MultipartRequestBody::Desc,
             OFPMP_PORT_DESC if rest.is_empty() => MultipartRequestBody::PortDesc,
+            OFPMP_METER_FEATURES if rest.is_empty() => MultipartRequestBody::MeterFeatures,
+            OFPMP_METER if rest.len() == 8 => {
+                let mut m = Reader::new(rest, "meter stats request");
+                let (id, pad) = (m.u32()?, m.u32()?);
+                // Non-zero padding would be lost by the typed form: keep it raw.
+                if pad == 0 {
+                    MultipartRequestBody::MeterStats(id)
+                } else {
+                    MultipartRequestBody::Unknown { mp_type, body: r.take_rest() }
+                }
+            }
             OFPMP_FLOW => MultipartRequestBody::Flow(FlowStatsRequest::decode(rest)?),
             OFPMP_AGGREGATE => MultipartRequestBody::Aggregate(FlowStatsRequest::decode(rest)?),
             _ => MultipartRequestBody::Unknown { mp_type, body: r.take_rest() },
@@ -425,6 +452,8 @@ pub enum MultipartReplyBody {
     Flow(Vec<FlowStatsEntry>),
     Aggregate(AggregateStats),
     PortDesc(Vec<Port>),
+    MeterFeatures(super::MeterFeatures),
+    MeterStats(Vec<super::MeterStats>),
     Unknown { mp_type: u16, body: Bytes },
 }
 
@@ -445,6 +474,8 @@ impl MultipartReply {
             MultipartReplyBody::Flow(v) => v.iter().map(FlowStatsEntry::encoded_len).sum(),
             MultipartReplyBody::Aggregate(_) => 24,
             MultipartReplyBody::PortDesc(v) => v.len() * Port::LEN,
+            MultipartReplyBody::MeterFeatures(_) => super::MeterFeatures::LEN,
+            MultipartReplyBody::MeterStats(v) => v.iter().map(super::MeterStats::encoded_len).sum(),
             MultipartReplyBody::Unknown { body, .. } => body.len(),
         }
     }
@@ -454,6 +485,8 @@ impl MultipartReply {
             MultipartReplyBody::Flow(_) => OFPMP_FLOW,
             MultipartReplyBody::Aggregate(_) => OFPMP_AGGREGATE,
             MultipartReplyBody::PortDesc(_) => OFPMP_PORT_DESC,
+            MultipartReplyBody::MeterFeatures(_) => OFPMP_METER_FEATURES,
+            MultipartReplyBody::MeterStats(_) => OFPMP_METER,
             MultipartReplyBody::Unknown { mp_type, .. } => *mp_type,
         };
         buf.put_u16(typ);
@@ -472,6 +505,8 @@ impl MultipartReply {
                 buf.put_u32(0);
             }
             MultipartReplyBody::PortDesc(v) => v.iter().for_each(|p| p.encode(buf)),
+            MultipartReplyBody::MeterFeatures(f) => f.encode(buf),
+            MultipartReplyBody::MeterStats(v) => v.iter().for_each(|m| m.encode(buf)),
             MultipartReplyBody::Unknown { body, .. } => buf.put_slice(body),
         }
         Ok(())
@@ -507,6 +542,8 @@ impl MultipartReply {
                 }
                 MultipartReplyBody::PortDesc(v)
             }
+            OFPMP_METER_FEATURES => MultipartReplyBody::MeterFeatures(super::MeterFeatures::decode(r.rest())?),
+            OFPMP_METER => MultipartReplyBody::MeterStats(super::MeterStats::decode_list(r.rest())?),
             _ => MultipartReplyBody::Unknown { mp_type, body: r.take_rest() },
         };
         Ok(MultipartReply { flags, body })
@@ -532,6 +569,7 @@ impl MultipartAssembler {
             (None, b) => self.acc = Some(b),
             (Some(MultipartReplyBody::Flow(a)), MultipartReplyBody::Flow(v)) => a.extend(v),
             (Some(MultipartReplyBody::PortDesc(a)), MultipartReplyBody::PortDesc(v)) => a.extend(v),
+            (Some(MultipartReplyBody::MeterStats(a)), MultipartReplyBody::MeterStats(v)) => a.extend(v),
             _ => return Err(MixedMultipart),
         }
         Ok(if more { None } else { self.acc.take() })
