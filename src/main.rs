@@ -123,6 +123,21 @@ struct RunArgs {
     /// (exit 1, the file named): see README "Pod records".
     #[arg(long, default_value = "/var/lib/sdn-node")]
     state_dir: String,
+    /// The NetworkPolicy audit log: one JSON line per allowed or denied new connection of the
+    /// policies annotated `sdn-node.openshift.io/audit-log` (allow, deny, all), to this file
+    /// (appended) or `-` (stdout); `none`: off.
+    #[arg(long, default_value = "none")]
+    audit_log: String,
+    /// Log every NetworkPolicy (as if annotated `all`), not only those that ask.
+    #[arg(long)]
+    audit_all_policies: bool,
+    /// Audit events a second the switch passes to the agent (an OVS meter: a flood costs the
+    /// agent no more than this).
+    #[arg(long, default_value_t = 100)]
+    audit_rate: u32,
+    /// Audit events allowed above the rate in a burst.
+    #[arg(long, default_value_t = 100)]
+    audit_burst: u32,
 }
 
 /// `none` disables an optional path.
@@ -154,6 +169,10 @@ impl RunArgs {
             warm_ports,
             warm_ports_always,
             state_dir,
+            audit_log,
+            audit_all_policies,
+            audit_rate,
+            audit_burst,
         } = self;
         let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
         let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), bridge.ovs.ovs_rundir);
@@ -177,6 +196,14 @@ impl RunArgs {
         opts.warm_ports = warm_ports;
         opts.warm_ports_always = warm_ports_always;
         opts.state_dir = unless_none(state_dir);
+        let sink = match audit_log.as_str() {
+            "none" => None,
+            "-" => Some(sdn_node::audit::Sink::Stdout),
+            path => Some(sdn_node::audit::Sink::File(PathBuf::from(path))),
+        };
+        let name = opts.bridge.clone();
+        opts.audit = sink.map(|s| sdn_node::audit::AuditConfig::new(audit_rate.max(1), audit_burst, s, kube.as_ref().map_or(name, |k| k.node.clone())));
+        opts.audit_all_policies = audit_all_policies;
         Ok((opts, kube))
     }
 }

@@ -64,6 +64,13 @@ pub struct ExecutorLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuditLabel {
+    /// written (a JSON line), dropped (the writer was behind), invalid (not an audit
+    /// packet-in), write_error.
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RepairLabel {
     /// What was put back: bridge, base_port, pod_port, pod_record, qos, flows, generation.
     pub what: String,
@@ -128,6 +135,9 @@ pub struct Metrics {
     pub policies_partly_enforced: Gauge,
     /// Failed converge attempts, by executor (host, ovsdb, flows).
     pub converge_errors: Family<ExecutorLabel, Counter>,
+    /// Audit log packet-ins by outcome (the switch's meter already dropped what was over its
+    /// rate: `ovs-ofctl meter-stats`).
+    pub audit_events: Family<AuditLabel, Counter>,
     /// Things someone else removed or changed that the agent put back, by what.
     pub repairs: Family<RepairLabel, Counter>,
     /// Open connections per listener (each is capped: see `api::serve`).
@@ -182,6 +192,7 @@ impl Metrics {
             reconcile_stalled: Gauge::default(),
             policies_partly_enforced: Gauge::default(),
             converge_errors: Family::default(),
+            audit_events: Family::default(),
             repairs: Family::default(),
             api_connections: Family::default(),
             api_connections_shed: Family::default(),
@@ -207,6 +218,7 @@ impl Metrics {
                 "NetworkPolicies with a part this node could not use and dropped (never allowing more); the problem names the field",
                 m.policies_partly_enforced.clone(),
             );
+            r.register("audit_events", "NetworkPolicy audit log packet-ins, by outcome (written, dropped, invalid, write_error)", m.audit_events.clone());
             r.register("converge_errors", "Failed converge attempts, by executor (host, ovsdb, flows); each retries on its own", m.converge_errors.clone());
             r.register("repairs", "What someone else removed or changed and the agent put back from its model, by what", m.repairs.clone());
             r.register("api_connections", "Open connections, by listener (pod_api, metrics)", m.api_connections.clone());
@@ -540,5 +552,23 @@ mod tests {
         ] {
             assert!(t.contains(want), "missing {want}\n{t}");
         }
+    }
+}
+
+/// Mirrors the audit log's counters into [`Metrics::audit_events`] twice a second until
+/// `cancel`.
+pub async fn follow_audit(m: Arc<Metrics>, c: Arc<crate::audit::AuditCounters>, cancel: tokio_util::sync::CancellationToken) {
+    let mut last = [0u64; 4];
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = [c.events(), c.dropped(), c.invalid(), c.write_errors()];
+        for (i, outcome) in ["written", "dropped", "invalid", "write_error"].iter().enumerate() {
+            m.audit_events.get_or_create(&AuditLabel { outcome: outcome.to_string() }).inc_by(now[i].saturating_sub(last[i]));
+        }
+        last = now;
     }
 }

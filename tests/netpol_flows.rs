@@ -163,11 +163,15 @@ fn ties(flows: &[Compiled]) -> Vec<String> {
             }
             continue;
         }
+        // What decides the packet's fate: the instructions without the audit log's copy to the
+        // controller (which rule's name the log gets when several allow a packet is OVS's
+        // choice; the verdict is not).
+        let verdict: Vec<u8> = format!("{:?}", without_audit(&ins)).into_bytes();
         if let Some(id) = m.conj_id {
-            conj.entry((c.key.table, id)).or_default().push((c.key.priority, m, c.instructions.to_vec(), text));
+            conj.entry((c.key.table, id)).or_default().push((c.key.priority, m, verdict, text));
             continue;
         }
-        groups.entry((c.key.table, c.key.priority)).or_default().push((vec![m], c.instructions.to_vec(), text));
+        groups.entry((c.key.table, c.key.priority)).or_default().push((vec![m], verdict, text));
     }
     for ((table, id), cf) in &conj {
         if cf.len() != 1 {
@@ -229,6 +233,21 @@ fn ties(flows: &[Compiled]) -> Vec<String> {
         }
     }
     out
+}
+
+/// `ins` without `controller(...)` actions (the audit log's).
+fn without_audit(ins: &[openflow::Instruction]) -> Vec<openflow::Instruction> {
+    use openflow::{Action, Instruction};
+    ins.iter()
+        .filter_map(|i| match i {
+            Instruction::ApplyActions(a) => {
+                let kept: Vec<Action> = a.iter().filter(|a| !matches!(a, Action::Controller(_))).cloned().collect();
+                // An action list that held only the copy is no instruction at all.
+                (!kept.is_empty()).then_some(Instruction::ApplyActions(kept))
+            }
+            other => Some(other.clone()),
+        })
+        .collect()
 }
 
 fn ofports(state: &ClusterState) -> HashMap<PodKey, OfPort> {
@@ -327,7 +346,8 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize, egress:
             1 => format!("policyTypes: [Egress], egress: [{}]", rules_of("to")),
             _ => format!("policyTypes: [Ingress, Egress], ingress: [{}], egress: [{}]", rules_of("from"), rules_of("to")),
         };
-        s += &format!("  - {{apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {{name: np{p}, namespace: ns-{ns}}}, spec: {{podSelector: {pod_sel}, {body}}}}}\n");
+        let annotations = if egress && p % 3 == 0 { format!(", annotations: {{sdn-node.openshift.io/audit-log: {}}}", ["all", "allow", "deny"][p % 9 / 3]) } else { String::new() };
+        s += &format!("  - {{apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {{name: np{p}, namespace: ns-{ns}{annotations}}}, spec: {{podSelector: {pod_sel}, {body}}}}}\n");
     }
     s
 }
@@ -343,14 +363,18 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
         states.push((format!("generated seed {seed}"), generated(seed, 6, 60, 20, seed % 4 != 0)));
     }
     let (mut total, mut conjunctions, mut egress_conjunctions) = (0, 0, 0);
-    for (name, text) in &states {
-        let (state, problems) = parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut audited = 0;
+    for (i, (name, text)) in states.iter().enumerate() {
+        let (mut state, problems) = parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(problems.is_empty(), "{name}: {problems:?}");
+        // The audit log on for most states (every policy logged in some).
+        state.audit = sdn_node::cluster::netpol::NodeAudit { enabled: i % 4 != 3, all: i % 5 == 0 };
         let flows = all_flows(&state);
         total += flows.len();
         let conj_ids = |t: Option<u8>| flows.iter().filter(|c| t.is_none_or(|t| c.key.table == t) && c.key.decode_match().unwrap().conj_id.is_some()).count();
         conjunctions += conj_ids(None);
         egress_conjunctions += conj_ids(Some(27));
+        audited += flows.iter().filter(|c| c.to_string().contains("controller(")).count();
         let t = ties(&flows);
         assert!(t.is_empty(), "{name}: {} overlapping equal-priority pairs:\n{}", t.len(), t.join("\n"));
     }
@@ -398,7 +422,8 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
     assert_eq!(ties(&conjunction(60)[..2]).len(), 1, "no conj_id flow");
     assert!(conjunctions > 0, "the states have conjunctions");
     assert!(egress_conjunctions > 0, "the states have egress conjunctions (table 27)");
-    eprintln!("no ties: {} states, {total} flows, {conjunctions} conjunctions ({egress_conjunctions} egress)", states.len());
+    assert!(audited > 0, "the states have audit log flows");
+    eprintln!("no ties: {} states, {total} flows, {conjunctions} conjunctions ({egress_conjunctions} egress), {audited} logged", states.len());
 }
 
 /// `ovs-ofctl ofp-parse` of the message bytes.
@@ -419,8 +444,11 @@ fn ofp_parse(dir: &std::path::Path, name: &str, bytes: &[u8]) -> Option<String> 
 
 #[test]
 fn every_networkpolicy_flow_shape_decodes_in_ovs_as_displayed() {
-    let (state, _) = parse(include_str!("../deploy/examples/networkpolicy.yaml")).unwrap();
+    let (mut state, _) = parse(include_str!("../deploy/examples/networkpolicy.yaml")).unwrap();
+    // With the audit log on (the example's egress policy asks for it).
+    state.audit = sdn_node::cluster::netpol::NodeAudit { enabled: true, all: false };
     let flows = all_flows(&state);
+    assert!(flows.iter().any(|c| c.to_string().contains("controller(")), "the example has audit log flows");
     let dir = tempfile::tempdir().unwrap();
     // One flow per shape: the table, priority class and the set of fields and actions.
     let mut shapes: BTreeMap<String, Compiled> = BTreeMap::new();

@@ -74,6 +74,8 @@ pub struct Config {
     pub warm_ports: usize,
     /// Use a warm port whenever one is ready, even where adding a port is cheaper (tests).
     pub warm_ports_always: bool,
+    /// The NetworkPolicy audit log (off: no policy flow copies packets to the agent).
+    pub audit: crate::cluster::netpol::NodeAudit,
 }
 
 impl Default for Config {
@@ -88,6 +90,7 @@ impl Default for Config {
             api_socket: None,
             warm_ports: 0,
             warm_ports_always: false,
+            audit: Default::default(),
         }
     }
 }
@@ -119,6 +122,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Node {
+    /// The pod at `ip` (`namespace/name`), for the audit log.
+    pub fn pod_at(&self, ip: std::net::Ipv4Addr) -> Option<String> {
+        lock(&self.model).pod_at(ip)
+    }
+}
+
+impl Node {
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
         Node::with_checkpoint(cfg, telemetry, checkpoint::Checkpoint::none())
     }
@@ -127,7 +137,7 @@ impl Node {
     pub fn with_checkpoint(cfg: Config, telemetry: Telemetry, checkpoint: checkpoint::Checkpoint) -> Arc<Node> {
         Arc::new(Node {
             checkpoint,
-            model: Mutex::new(Model::new(&cfg.bridge)),
+            model: Mutex::new(Model::with_audit(&cfg.bridge, cfg.audit)),
             spares: spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always),
             cfg,
             telemetry,

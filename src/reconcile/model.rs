@@ -63,6 +63,9 @@ pub struct Model {
     dns: DnsAnswers,
     /// Bumped on every change: the reconciler knows whether it converged the latest model.
     pub version: u64,
+    /// The node's audit log settings, put into every effective state (they are the agent's,
+    /// not the source's).
+    pub audit: crate::cluster::netpol::NodeAudit,
 }
 
 /// How the reconciler may bring the switch up to a new source state.
@@ -83,6 +86,21 @@ pub fn reserved_port_names(bridge: &str) -> [&str; 3] {
 impl Model {
     pub fn new(bridge: &str) -> Model {
         Model { bridge: bridge.to_string(), ..Default::default() }
+    }
+
+    pub fn with_audit(bridge: &str, audit: crate::cluster::netpol::NodeAudit) -> Model {
+        Model { audit, ..Model::new(bridge) }
+    }
+
+    /// The pod (`namespace/name`) at `ip`, local or on another node, as the model knows it:
+    /// what the audit log names.
+    pub fn pod_at(&self, ip: std::net::Ipv4Addr) -> Option<String> {
+        let st = self.effective.as_ref()?;
+        st.pods
+            .iter()
+            .find(|p| p.ip == ip)
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .or_else(|| st.remote_pods.iter().find(|p| p.ip == ip).map(|p| format!("{}/{}", p.namespace, p.name)))
     }
 
     pub fn effective(&self) -> Option<&ClusterState> {
@@ -159,6 +177,7 @@ impl Model {
         self.rebuild_problems.clear();
         let Some(loaded) = &self.source else { return };
         let mut st = loaded.state.clone();
+        st.audit = self.audit;
         let from_source: HashSet<PodKey> = st.pods.iter().map(Pod::key).collect();
         for (pod, _) in self.api_pods.values() {
             if from_source.contains(&pod.key()) {

@@ -61,6 +61,10 @@ pub struct RunOptions {
     pub warm_ports_always: bool,
     /// Where the agent keeps its checkpoint of the pods (`None`: OVSDB's records alone).
     pub state_dir: Option<PathBuf>,
+    /// The NetworkPolicy audit log (`None`: off) and whether every policy is logged (as if
+    /// annotated `all`) rather than those that ask for it.
+    pub audit: Option<crate::audit::AuditConfig>,
+    pub audit_all_policies: bool,
 }
 
 impl RunOptions {
@@ -86,6 +90,8 @@ impl RunOptions {
             warm_ports: 0,
             warm_ports_always: false,
             state_dir: None,
+            audit: None,
+            audit_all_policies: false,
         }
     }
     fn config(&self) -> Config {
@@ -99,6 +105,7 @@ impl RunOptions {
             api_socket: self.api_socket.clone(),
             warm_ports: self.warm_ports,
             warm_ports_always: self.warm_ports_always,
+            audit: crate::cluster::netpol::NodeAudit { enabled: self.audit.is_some(), all: self.audit_all_policies },
         }
     }
     fn db_socket(&self) -> String {
@@ -158,6 +165,9 @@ pub enum RunError {
     /// [`crate::reconcile::checkpoint::CheckpointError::Corrupt`]).
     #[error(transparent)]
     Checkpoint(#[from] crate::reconcile::checkpoint::CheckpointError),
+    /// The audit log's sink cannot be opened.
+    #[error("audit log: {0}")]
+    Audit(String),
 }
 
 pub use crate::reconcile::POD_KEY;
@@ -212,6 +222,17 @@ pub async fn run_with(
     let mut ovs_rx = ovsdb_link(opts.db_socket(), opts.ovsdb.clone(), opts.backoff.clone(), cancel.clone());
     let sup = Supervisor::spawn(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone())?;
     let mut events = sup.subscribe();
+    // The audit log: its meter and packet-in settings on every connection, lines to the sink.
+    let _audit = match opts.audit.clone() {
+        Some(cfg) => {
+            let n = node.clone();
+            let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(move |ip| n.pod_at(ip));
+            let h = crate::audit::spawn(cfg, &sup, lookup).await.map_err(|e| RunError::Audit(e.to_string()))?;
+            tokio::spawn(crate::metrics::follow_audit(telemetry.metrics.clone(), h.counters.clone(), cancel.clone()));
+            Some(h)
+        }
+        None => None,
+    };
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
     tokio::spawn(crate::reconcile::checkpoint::keep_written(node.clone(), cancel.clone()));
     if node.manages_host() {

@@ -195,6 +195,9 @@ pub struct ClusterState {
     /// the Pod objects), by pod: pods set up through the pod API carry none, so these take
     /// precedence over a pod's own for NetworkPolicy selection. Empty for the state file.
     pub pod_meta: BTreeMap<PodKey, netpol::PodMeta>,
+    /// The node's audit log settings (the agent's flags, not the source's): off unless the
+    /// agent writes an audit log.
+    pub audit: netpol::NodeAudit,
 }
 
 /// `true` (keep the object) when `err` is `None`; otherwise records the problem of `object`'s

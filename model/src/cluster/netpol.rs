@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Checked, ClusterState, FieldError, Problem};
 use crate::model::Vnid;
-use crate::pipeline::netpol::{Dst, EgressRule, NamespacePolicy, RuleAllow, Src, L4};
+use crate::pipeline::netpol::{Audit, Dst, EgressRule, NamespacePolicy, RuleAllow, Side, Src, L4};
 
 /// Labels of a namespace or pod.
 pub type Labels = BTreeMap<String, String>;
@@ -170,6 +170,39 @@ pub struct Rule {
     pub ports: Option<Vec<PolicyPort>>,
 }
 
+/// The annotation that opts a NetworkPolicy into the audit log: `allow`, `deny`, or `all`
+/// (also `true`); `none` (also `false`) opts out.
+pub const AUDIT_ANNOTATION: &str = "sdn-node.openshift.io/audit-log";
+
+/// Which connections of a policy are logged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditMode {
+    pub allow: bool,
+    pub deny: bool,
+}
+
+impl AuditMode {
+    pub const ALL: AuditMode = AuditMode { allow: true, deny: true };
+
+    pub fn parse(v: &str) -> Result<AuditMode, String> {
+        match v {
+            "all" | "true" => Ok(AuditMode::ALL),
+            "allow" => Ok(AuditMode { allow: true, deny: false }),
+            "deny" => Ok(AuditMode { allow: false, deny: true }),
+            "none" | "false" => Ok(AuditMode::default()),
+            o => Err(format!("{o:?} is not an audit mode (allow, deny, all, none)")),
+        }
+    }
+}
+
+/// The node's audit log: on when the agent writes one (`--audit-log`); `all`: every policy is
+/// logged as if annotated `all` (`--audit-all-policies`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeAudit {
+    pub enabled: bool,
+    pub all: bool,
+}
+
 /// A checked NetworkPolicy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkPolicy {
@@ -182,6 +215,8 @@ pub struct NetworkPolicy {
     /// The egress rules if the policy is of type Egress (it then isolates the pods it selects
     /// for egress); `None` if it is not.
     pub egress: Option<Vec<Rule>>,
+    /// What the policy asks the audit log for ([`AUDIT_ANNOTATION`]).
+    pub audit: AuditMode,
 }
 
 /// Checks one NetworkPolicy. Unusable parts are dropped with a problem (never allowing more).
@@ -227,7 +262,16 @@ pub fn network_policy(np: &knet::NetworkPolicy) -> Checked<NetworkPolicy> {
             .map(|(i, r)| rule(r.to.as_deref(), r.ports.as_deref(), &format!("spec.egress[{i}]"), "to", &mut problems))
             .collect()
     });
-    Ok((NetworkPolicy { namespace, name, pod_selector, ingress, egress }, problems))
+    let annotation = np.metadata.annotations.as_ref().and_then(|a| a.get(AUDIT_ANNOTATION));
+    let audit = match annotation.map(|v| AuditMode::parse(v)) {
+        None => AuditMode::default(),
+        Some(Ok(m)) => m,
+        Some(Err(m)) => {
+            problems.push(Problem::new("", format!("metadata.annotations[{AUDIT_ANNOTATION}]"), format!("{m}; not logged")));
+            AuditMode::default()
+        }
+    };
+    Ok((NetworkPolicy { namespace, name, pod_selector, ingress, egress, audit }, problems))
 }
 
 /// The policy is of type Egress: `Egress` in policyTypes, or (without policyTypes, the API
@@ -546,12 +590,51 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
     }
     // Conjunctions keep namespaces apart by the selected pod's VNID (reg1 for ingress, reg0
     // for egress): only a VNID no other namespace carries will do.
+    let audit = audit_of(state, &policies, &pods, &ns_rules_seen(&rules, &egress_rules));
     let pod_vnid = state.vnid_of(namespace);
     let vnid = pod_vnid.filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
     let chosen = |flags: Vec<bool>| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect();
     let isolated = chosen(isolated);
     let egress_isolated = chosen(egress_isolated);
-    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules }, warnings)
+    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit }, warnings)
+}
+
+/// The (side, policy, rule) of every resolved rule.
+fn ns_rules_seen(rules: &[RuleAllow], egress: &[EgressRule]) -> BTreeSet<(Side, String, usize)> {
+    rules
+        .iter()
+        .map(|r| (Side::Ingress, r.policy.clone(), r.rule))
+        .chain(egress.iter().map(|r| (Side::Egress, r.policy.clone(), r.rule)))
+        .collect()
+}
+
+/// What the namespace's policies log: nothing unless the node writes an audit log; then each
+/// policy's annotation (or every policy, all of it, with the node's `all`): its rules'
+/// allowed connections, the denied connections of the pods it isolates.
+fn audit_of(state: &ClusterState, policies: &[&NetworkPolicy], pods: &[&super::Pod], rules: &BTreeSet<(Side, String, usize)>) -> Audit {
+    let mut audit = Audit { meter_id: crate::pipeline::audit::AUDIT_METER_ID, ..Default::default() };
+    if !state.audit.enabled {
+        return audit;
+    }
+    let mut deny: BTreeMap<(Side, Ipv4Addr), Vec<&str>> = BTreeMap::new();
+    for p in policies {
+        let mode = if state.audit.all { AuditMode::ALL } else { p.audit };
+        for (side, on) in [(Side::Ingress, p.ingress.is_some()), (Side::Egress, p.egress.is_some())] {
+            if !on {
+                continue;
+            }
+            if mode.allow {
+                audit.allow.extend(rules.iter().filter(|(s, n, _)| *s == side && *n == p.name).cloned());
+            }
+            if mode.deny {
+                for pod in pods.iter().filter(|pod| p.pod_selector.matches(state.pod_labels(pod))) {
+                    deny.entry((side, pod.ip)).or_default().push(&p.name);
+                }
+            }
+        }
+    }
+    audit.deny = deny.into_iter().map(|(k, v)| (k, v.join(","))).collect();
+    audit
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).

@@ -112,6 +112,7 @@ pub fn assemble_with_policies(
         remote_pods,
         network_policies,
         pod_meta: Default::default(),
+        audit: Default::default(),
     };
     let (state, more) = state.validate()?;
     problems.extend(more);

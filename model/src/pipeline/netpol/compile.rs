@@ -7,7 +7,8 @@ use std::net::Ipv4Addr;
 use openflow::{Ipv4Match, Match};
 
 use super::cube::{cubes, peer_member, plain_flows_on, Cube};
-use super::{conj_id_seed_on, Allow, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, MAX_CONJUNCTIONS_PER_FLOW};
+use super::super::audit::Verdict;
+use super::{conj_id_seed_on, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, MAX_CONJUNCTIONS_PER_FLOW};
 use crate::model::Vnid;
 use crate::pipeline::Flow;
 
@@ -34,12 +35,17 @@ pub(super) struct Direction<'a> {
     /// The pods some policy of this direction selects, in pod order.
     pub(super) isolated: &'a [Ipv4Addr],
     pub(super) groups: Vec<Group<'a>>,
+    pub(super) audit: &'a Audit,
 }
 
 /// The direction's flows and the errors (rules cut short).
 pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     let side = d.side;
     let mut errors = Vec::new();
+    // With some rule logged, every rule that can be is a conjunction (its conj_id flow names
+    // the rule); a pod's plain flows are logged as the first logged rule among theirs.
+    let audited = d.audit.any_allow(side);
+    let mut plain_rule: BTreeMap<Ipv4Addr, (&str, usize)> = BTreeMap::new();
     // Pods allowed everything from (or to) everywhere: one plain flow, in no conjunction (its
     // match, `ip,nw_dst=<pod>` or `ip,nw_src=<pod>`, is the pod's clause flow's).
     let open: BTreeSet<Ipv4Addr> = d
@@ -52,6 +58,14 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     let mut plain: BTreeMap<Ipv4Addr, Vec<Allow>> = BTreeMap::new();
     for ip in &open {
         plain.entry(*ip).or_default().push(Allow { src: Src::Any, dst: Dst::Any });
+    }
+    if audited {
+        for g in d.groups.iter().filter(|g| d.audit.allows(side, g.policy, g.rule)) {
+            let opens = g.peers.as_ref().is_none_or(|s| s.iter().any(|s| peer_member(s).is_none())) && g.ports.contains(&Dst::Any);
+            for ip in g.pods.iter().filter(|ip| opens && open.contains(ip)) {
+                plain_rule.entry(*ip).or_insert((g.policy, g.rule));
+            }
+        }
     }
     // Conjunction units: (policy, rule, ports) -> peer members, pods, port members.
     type Unit = (Option<Vec<Cube>>, Vec<Ipv4Addr>, Option<Vec<Cube>>);
@@ -77,9 +91,12 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
         let (s, p) = (peer_members.as_ref().map_or(0, Vec::len), port_members.as_ref().map_or(0, Vec::len));
         let clauses = 1 + usize::from(s > 0) + usize::from(p > 0);
         let product = s.max(1) * pods.len() * p.max(1);
-        if d.vnid.is_none() || clauses < 2 || product <= s + pods.len() + p + 1 {
+        if d.vnid.is_none() || clauses < 2 || (!audited && product <= s + pods.len() + p + 1) {
             let peers = g.peers.clone().unwrap_or_else(|| vec![Src::Any]);
             for ip in &pods {
+                if d.audit.allows(side, g.policy, g.rule) {
+                    plain_rule.entry(*ip).or_insert((g.policy, g.rule));
+                }
                 let e = plain.entry(*ip).or_default();
                 for s in &peers {
                     e.extend(g.ports.iter().map(|p| Allow { src: *s, dst: *p }));
@@ -92,7 +109,10 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     }
     let isolated: Vec<IsolatedPod> =
         d.isolated.iter().map(|ip| IsolatedPod { ip: *ip, allows: plain.remove(ip).unwrap_or_default() }).collect();
-    let mut flows = plain_flows_on(side, &isolated);
+    let mut flows = plain_flows_on(side, &isolated, |ip, verdict| match verdict {
+        Verdict::Allow => plain_rule.get(&ip).and_then(|(policy, rule)| d.audit.allow_action(side, d.namespace, policy, *rule)),
+        Verdict::Deny => d.audit.deny_action(side, d.namespace, ip),
+    });
     let Some(vnid) = d.vnid else { return (flows, errors) };
     // Clause flows by match (a match in several rules' clauses is one flow with all their
     // conjunction actions), in order of first use.
@@ -137,9 +157,10 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
                 add(p.to_match(side, None, ns_vnid), c);
             }
         }
-        conj_flows.push(side.allow(
+        conj_flows.push(side.allow_logged(
             ALLOW_PRIORITY,
             Match::any().conj_id(id).ipv4(Ipv4Match::default()).reg(side.namespace_reg().n(), vnid.get()),
+            d.audit.allow_action(side, d.namespace, policy, rule),
         ));
     }
     for (m, mut cs) in clause_flows {

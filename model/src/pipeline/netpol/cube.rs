@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 use openflow::flow_match::ct_state;
 use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
 
+use super::super::audit::Verdict;
 use super::{Allow, Dst, IsolatedPod, Side, Src, L4, ALLOW_PRIORITY, ISOLATED_PRIORITY};
 use crate::pipeline::{host, Flow, Reg};
 
@@ -152,8 +153,9 @@ pub(super) fn prune(mut cubes: Vec<Cube>) -> Vec<Cube> {
 
 /// The product form on `side`: one allowed flow per (pod, box) at [`ALLOW_PRIORITY`], boxes
 /// another box of the pod contains left out, then the pod's drop at [`ISOLATED_PRIORITY`].
-/// Pods allowed the same boxes share one pruning (quadratic in a pod's boxes).
-pub fn plain_flows_on(side: Side, pods: &[IsolatedPod]) -> Vec<Flow> {
+/// Pods allowed the same boxes share one pruning (quadratic in a pod's boxes). `log` gives a
+/// pod's audit action for its allowed flows and for its drop, if they are logged.
+pub fn plain_flows_on(side: Side, pods: &[IsolatedPod], log: impl Fn(Ipv4Addr, Verdict) -> Option<openflow::Action>) -> Vec<Flow> {
     let mut flows = Vec::new();
     let mut memo: HashMap<Vec<Allow>, std::rc::Rc<Vec<Cube>>> = HashMap::new();
     for p in pods {
@@ -168,17 +170,18 @@ pub fn plain_flows_on(side: Side, pods: &[IsolatedPod]) -> Vec<Flow> {
                 l
             }
         };
+        let allow_log = log(p.ip, Verdict::Allow);
         for c in kept.iter() {
-            flows.push(side.allow(ALLOW_PRIORITY, c.to_match(side, Some(p.ip), None)));
+            flows.push(side.allow_logged(ALLOW_PRIORITY, c.to_match(side, Some(p.ip), None), allow_log.clone()));
         }
-        flows.push(isolated_drop(side, p.ip));
+        flows.push(isolated_drop(side, p.ip, log(p.ip, Verdict::Deny)));
     }
     flows
 }
 
 /// The drop of a pod some policy of `side` selects: what no allowed flow took.
-pub(super) fn isolated_drop(side: Side, pod: Ipv4Addr) -> Flow {
-    Flow::drop(side.table(), ISOLATED_PRIORITY, Match::any().ipv4(side.pod_match(pod)))
+pub(super) fn isolated_drop(side: Side, pod: Ipv4Addr, log: Option<openflow::Action>) -> Flow {
+    Flow::new(side.table(), ISOLATED_PRIORITY, Match::any().ipv4(side.pod_match(pod)), log.into_iter().collect(), None)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //! |---|---|---|---|
 //! | 27 | 300 | `ip,nw_dst=<gateway>` | `goto_table:28`: the node itself, as table 80 always admits it |
 //! | 27 | 250 | `ip,nw_dst=<service network>` | `goto_table:28`: judged after the DNAT, when it comes back through table 25 |
-//! | 27 | 200 | `ct_state=+est+trk,ip` and `ct_state=+rel+trk,ip` | `goto_table:28`: replies, and connections allowed when they began |
+//! | 27 | 200 | `ct_state=+rpl+trk,ip`, `ct_state=+est+trk,tcp` and `…,udp`, `ct_state=+rel+trk,ip` | `goto_table:28`: replies, and TCP/UDP connections allowed when they began |
 //! | 27 | 0 | | `drop` |
 //! | 28 | 100 | `ip,in_port=2` | `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=30)` (as table 25 commits) |
 //! | 28 | 0 | `ip` | `ct(commit,zone=Z,table=30)` (as table 21 commits) |
@@ -56,7 +56,11 @@ pub fn base_flows(gateway: Ipv4Addr, service_network: Ipv4Net) -> Vec<Flow> {
     vec![
         pass(300, ip(Ipv4Match { dst: Some(host(gateway)), ..Default::default() })),
         pass(250, ip(Ipv4Match { dst: Some(cidr(service_network)), ..Default::default() })),
-        pass(200, state(ct_state::EST)),
+        // Replies, established TCP and UDP (not SCTP: see the plugin's table-80 flows), and
+        // related packets (ICMP errors).
+        pass(200, state(ct_state::RPL)),
+        super::established(Table::PolicyEgress, openflow::IpProto::Tcp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
+        super::established(Table::PolicyEgress, openflow::IpProto::Udp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
         pass(200, state(ct_state::REL)),
         Flow::drop(Table::PolicyEgress, 0, Match::any()),
         Flow::new(
@@ -98,7 +102,9 @@ mod tests {
             vec![
                 "table=27, priority=300,ip,nw_dst=10.128.2.1 actions=goto_table:28",
                 "table=27, priority=250,ip,nw_dst=172.30.0.0/16 actions=goto_table:28",
-                "table=27, priority=200,ct_state=+est+trk,ip actions=goto_table:28",
+                "table=27, priority=200,ct_state=+rpl+trk,ip actions=goto_table:28",
+                "table=27, priority=200,ct_state=+est+trk,tcp actions=goto_table:28",
+                "table=27, priority=200,ct_state=+est+trk,udp actions=goto_table:28",
                 "table=27, priority=200,ct_state=+rel+trk,ip actions=goto_table:28",
                 "table=27, priority=0 actions=drop",
                 "table=28, priority=100,ip,in_port=2 actions=ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))",

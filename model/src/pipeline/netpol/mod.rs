@@ -73,7 +73,7 @@ mod compile;
 mod cube;
 pub mod egress;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -121,10 +121,64 @@ impl Side {
 
     /// An allowed entry: delivered (`output:NXM_NX_REG2[]`) or committed and routed.
     pub fn allow(self, priority: u16, m: Match) -> Flow {
+        self.allow_logged(priority, m, None)
+    }
+
+    /// [`Side::allow`], first copying the packet to the audit log (`log`, a
+    /// [`super::audit::log_action`]).
+    pub fn allow_logged(self, priority: u16, m: Match, log: Option<openflow::Action>) -> Flow {
         match self {
-            Side::Ingress => Flow::new(Table::Policy, priority, m, vec![output_reg2()], None),
-            Side::Egress => Flow::new(Table::PolicyEgress, priority, m, vec![], Some(Table::PolicyEgressCommit)),
+            Side::Ingress => Flow::new(Table::Policy, priority, m, log.into_iter().chain([output_reg2()]).collect(), None),
+            Side::Egress => Flow::new(Table::PolicyEgress, priority, m, log.into_iter().collect(), Some(Table::PolicyEgressCommit)),
         }
+    }
+
+    pub fn audit_direction(self) -> super::audit::Direction {
+        match self {
+            Side::Ingress => super::audit::Direction::Ingress,
+            Side::Egress => super::audit::Direction::Egress,
+        }
+    }
+}
+
+/// What of a namespace's policy flows is copied to the audit log ([`super::audit`]): allowed
+/// connections of some rules, denied ones of some pods. Empty: nothing (no controller action
+/// in any flow). Only connections reach these flows, not their later packets: tables 80 and 27
+/// pass replies and established TCP and UDP first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// The meter the copies go through ([`super::audit::AUDIT_METER_ID`]).
+    pub meter_id: u32,
+    /// The rules whose allowed connections are logged: (side, policy, rule index).
+    pub allow: BTreeSet<(Side, String, usize)>,
+    /// The isolated pods whose denied connections are logged, with the logged policies that
+    /// isolate them (names, comma-separated: the log's `policy`).
+    pub deny: BTreeMap<(Side, Ipv4Addr), String>,
+}
+
+/// The rule index a deny is logged with: no rule matched (the pod's isolation).
+pub const NO_RULE: u16 = u16::MAX;
+
+impl Audit {
+    fn allows(&self, side: Side, policy: &str, rule: usize) -> bool {
+        !self.allow.is_empty() && self.allow.contains(&(side, policy.to_string(), rule))
+    }
+
+    /// Some rule of `side` is logged.
+    fn any_allow(&self, side: Side) -> bool {
+        self.allow.iter().any(|(s, _, _)| *s == side)
+    }
+
+    fn allow_action(&self, side: Side, namespace: &str, policy: &str, rule: usize) -> Option<openflow::Action> {
+        self.allows(side, policy, rule).then(|| {
+            let rule = u16::try_from(rule).unwrap_or(NO_RULE - 1);
+            super::audit::log_action(self.meter_id, super::audit::Verdict::Allow, side.audit_direction(), namespace, policy, rule)
+        })
+    }
+
+    fn deny_action(&self, side: Side, namespace: &str, pod: Ipv4Addr) -> Option<openflow::Action> {
+        let policies = self.deny.get(&(side, pod))?;
+        Some(super::audit::log_action(self.meter_id, super::audit::Verdict::Deny, side.audit_direction(), namespace, policies, NO_RULE))
     }
 }
 
@@ -232,6 +286,8 @@ pub struct NamespacePolicy {
     pub egress_isolated: Vec<Ipv4Addr>,
     /// Every rule of every Egress policy selecting some of them.
     pub egress_rules: Vec<EgressRule>,
+    /// What is copied to the audit log.
+    pub audit: Audit,
 }
 
 /// Table 21 (base flows in networkpolicy mode): connections from local pods to the cluster
@@ -269,8 +325,20 @@ pub fn plugin_flows() -> Vec<Flow> {
             vec![output_reg2()],
             None,
         ),
+        // Established TCP and UDP connections (allowed when they began): so that only a
+        // connection's first packet meets the policy flows (and the audit log). Not SCTP: OVS
+        // 3.1's userspace conntrack keys SCTP by address pair, without ports, and an
+        // established entry would let every SCTP port of the pair through.
+        established(Table::Policy, openflow::IpProto::Tcp { dst: None }, vec![output_reg2()], None),
+        established(Table::Policy, openflow::IpProto::Udp { dst: None }, vec![output_reg2()], None),
         Flow::new(Table::Policy, OPEN_PRIORITY, ip(Ipv4Match::default()), vec![output_reg2()], None),
     ]
+}
+
+/// `ct_state=+est+trk,<proto>` at [`REPLY_PRIORITY`] with `actions`/`goto`.
+pub(crate) fn established(table: Table, proto: openflow::IpProto, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
+    let m = Match::any().ipv4(Ipv4Match { proto: Some(proto), ..Default::default() }).ct_state(ct_state::EST | ct_state::TRK, ct_state::EST | ct_state::TRK);
+    Flow::new(table, REPLY_PRIORITY, m, actions, goto)
 }
 
 /// The most `conjunction` actions one clause flow carries (16 bytes each: a FLOW_MOD must stay
@@ -319,7 +387,7 @@ pub fn conj_id_seed_on(side: Side, namespace: &str, policy: &str, rule: usize, p
 
 /// The product form for ingress (table 80): see [`cube::plain_flows_on`].
 pub fn plain_flows(pods: &[IsolatedPod]) -> Vec<Flow> {
-    cube::plain_flows_on(Side::Ingress, pods)
+    cube::plain_flows_on(Side::Ingress, pods, |_, _| None)
 }
 
 /// A namespace's policy flows: per rule, conjunctive clauses (peers; selected pods; ports)
@@ -340,8 +408,14 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
         }
         ingress.extend(by_ports.into_iter().map(|(ports, pods)| Group { policy: &r.policy, rule: r.rule, peers: r.srcs.clone(), pods, ports }));
     }
-    let (mut flows, mut errors) =
-        compile(Direction { side: Side::Ingress, namespace: &ns.namespace, vnid: ns.vnid, isolated: &ns.isolated, groups: ingress });
+    let (mut flows, mut errors) = compile(Direction {
+        side: Side::Ingress,
+        namespace: &ns.namespace,
+        vnid: ns.vnid,
+        isolated: &ns.isolated,
+        groups: ingress,
+        audit: &ns.audit,
+    });
     if ns.egress_isolated.is_empty() {
         return (flows, errors);
     }
@@ -367,8 +441,14 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
             groups.push(Group { policy: &r.policy, rule: r.rule, peers, pods: r.pods.clone(), ports });
         }
     }
-    let (egress, e) =
-        compile(Direction { side: Side::Egress, namespace: &ns.namespace, vnid: ns.vnid, isolated: &ns.egress_isolated, groups });
+    let (egress, e) = compile(Direction {
+        side: Side::Egress,
+        namespace: &ns.namespace,
+        vnid: ns.vnid,
+        isolated: &ns.egress_isolated,
+        groups,
+        audit: &ns.audit,
+    });
     flows.extend(egress);
     errors.extend(e);
     flows.extend(egress::pod_hooks(&ns.egress_isolated, ns.pod_vnid));
@@ -398,6 +478,8 @@ mod tests {
             f,
             vec![
                 "table=80, priority=200,ct_state=+rpl+trk,ip actions=output:NXM_NX_REG2[]",
+                "table=80, priority=200,ct_state=+est+trk,tcp actions=output:NXM_NX_REG2[]",
+                "table=80, priority=200,ct_state=+est+trk,udp actions=output:NXM_NX_REG2[]",
                 "table=80, priority=50,ip actions=output:NXM_NX_REG2[]",
             ]
         );
