@@ -504,6 +504,24 @@ pub struct Telemetry {
     pub health: Arc<Health>,
 }
 
+/// Mirrors the audit log's counters into [`Metrics::audit_events`] twice a second until
+/// `cancel`.
+pub async fn follow_audit(m: Arc<Metrics>, c: Arc<crate::audit::AuditCounters>, cancel: tokio_util::sync::CancellationToken) {
+    let mut last = [0u64; 4];
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = [c.events(), c.dropped(), c.invalid(), c.write_errors()];
+        for (i, outcome) in ["written", "dropped", "invalid", "write_error"].iter().enumerate() {
+            m.audit_events.get_or_create(&AuditLabel { outcome: outcome.to_string() }).inc_by(now[i].saturating_sub(last[i]));
+        }
+        last = now;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -555,20 +573,3 @@ mod tests {
     }
 }
 
-/// Mirrors the audit log's counters into [`Metrics::audit_events`] twice a second until
-/// `cancel`.
-pub async fn follow_audit(m: Arc<Metrics>, c: Arc<crate::audit::AuditCounters>, cancel: tokio_util::sync::CancellationToken) {
-    let mut last = [0u64; 4];
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let now = [c.events(), c.dropped(), c.invalid(), c.write_errors()];
-        for (i, outcome) in ["written", "dropped", "invalid", "write_error"].iter().enumerate() {
-            m.audit_events.get_or_create(&AuditLabel { outcome: outcome.to_string() }).inc_by(now[i].saturating_sub(last[i]));
-        }
-        last = now;
-    }
-}
