@@ -1,5 +1,6 @@
 //! The NetworkPolicy plugin's flows (plugin id 2): conntrack in table 21, isolation per
-//! destination pod in table 80.
+//! destination pod in table 80, per source pod in table 27 ([`egress`]); both directions share
+//! one compiler (`compile.rs`, `cube.rs`), mirrored by [`Side`].
 //!
 //! The design is openshift-sdn's VERSION 4 one, not VERSION 3's (see the README section
 //! "NetworkPolicy plugin"): traffic from local pods to the cluster network is committed to
@@ -12,6 +13,7 @@
 //! |---|---|---|---|
 //! | 300 | `ip,nw_src=<gateway>` | `output:NXM_NX_REG2[]` | base |
 //! | 200 | `ip,ct_state=+rpl+trk` | `output:NXM_NX_REG2[]` | plugin: replies |
+//! | 200 | `ct_state=+est+trk,tcp` / `…,udp` | `output:NXM_NX_REG2[]` | plugin: established TCP/UDP (not SCTP: OVS 3.1 keys SCTP conntrack entries without ports) |
 //! | 150 | `ip,nw_dst=<pod>` + source + port | `output:NXM_NX_REG2[]` | namespace: a small rule, plain |
 //! | 150 | `ip,reg0=<VNID>,reg1=<ns VNID>` / `ip,nw_src=<CIDR>,reg1=<ns VNID>` | `conjunction(id,1/n),...` | namespace: source clause |
 //! | 150 | `ip,nw_dst=<pod>` | `conjunction(id,k/n),...` | namespace: destination clause |
