@@ -661,12 +661,12 @@ pub fn actions_len(actions: &[Action]) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::wire::hex;
 
-
-    fn enc(a: &Action) -> Vec<u8> {
+    /// An action's encoding, checked against its `encoded_len` (shared by the action tests).
+    pub(crate) fn enc(a: &Action) -> Vec<u8> {
         let mut b = Vec::new();
         a.encode(&mut b).unwrap();
         assert_eq!(b.len(), a.encoded_len());

@@ -333,15 +333,9 @@ impl Display for Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::action::tests::enc;
     use crate::action::Action;
     use crate::wire::hex;
-
-    fn enc(a: &Action) -> Vec<u8> {
-        let mut b = Vec::new();
-        a.encode(&mut b).unwrap();
-        assert_eq!(b.len(), a.encoded_len());
-        b
-    }
 
     fn dec(v: &[u8]) -> Action {
         Action::decode(&mut Reader::new(v, "t")).unwrap()

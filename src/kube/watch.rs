@@ -22,7 +22,6 @@ use super::events;
 use super::mapping::{self, Object, Objects, Update};
 use super::types::{ClusterNetwork, EgressNetworkPolicy, HostSubnet, NetNamespace};
 use super::KubeOptions;
-use crate::cluster::netpol;
 use crate::metrics::{TargetLabel, Telemetry};
 use crate::model::Plugin;
 use crate::cluster::Loaded;
@@ -121,7 +120,7 @@ fn start_scoped(ctx: &Ctx, scope: Scope, epoch: u32, tasks: &mut tokio::task::Jo
         Scope::NodePods => watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node)),
     };
     let stream = watcher::watcher(Api::<Pod>::all(ctx.client.clone()), pods);
-    tasks.spawn(follow(stream, Kind::Pod, epoch, |p| Object::Pod(mapping::pod(p)), ctx.tx.clone(), t.clone(), None, |_| {}));
+    tasks.spawn(follow(stream, Kind::Pod, epoch, |p| Object::Pod(mapping::pod(p)), ctx.tx.clone(), t.clone(), None, |_, _| {}));
     objects.watch(Kind::Pod);
     if scope == Scope::NodePods {
         objects.unwatch(Kind::NetworkPolicy);
@@ -130,13 +129,13 @@ fn start_scoped(ctx: &Ctx, scope: Scope, epoch: u32, tasks: &mut tokio::task::Jo
     }
     let stream = watcher::watcher(Api::<NetworkPolicy>::all(ctx.client.clone()), watcher::Config::default());
     let notices = ctx.notices.clone();
-    let report = move |ev: &Event<NetworkPolicy>| policy_notice(&notices, ev);
+    let report = move |ev: &Event<NetworkPolicy>, object: Option<&Object>| policy_notice(&notices, ev, object);
     let convert = |p: &NetworkPolicy| Object::NetworkPolicy(mapping::network_policy(p));
     tasks.spawn(follow(stream, Kind::NetworkPolicy, epoch, convert, ctx.tx.clone(), t.clone(), None, report));
     objects.watch(Kind::NetworkPolicy);
     let stream = watcher::watcher(Api::<Namespace>::all(ctx.client.clone()), watcher::Config::default());
     let convert = |n: &Namespace| Object::Namespace(mapping::namespace_labels(n));
-    tasks.spawn(follow(stream, Kind::Namespace, epoch, convert, ctx.tx.clone(), t.clone(), None, |_| {}));
+    tasks.spawn(follow(stream, Kind::Namespace, epoch, convert, ctx.tx.clone(), t.clone(), None, |_, _| {}));
     objects.watch(Kind::Namespace);
 }
 
@@ -149,16 +148,19 @@ struct Ctx {
     notices: mpsc::UnboundedSender<events::Notice>,
 }
 
-/// Tells the events task about a NetworkPolicy: with parts dropped (reported), or whole.
-fn policy_notice(notices: &mpsc::UnboundedSender<events::Notice>, ev: &Event<NetworkPolicy>) {
+/// Tells the events task about a NetworkPolicy, from its conversion: with parts dropped
+/// (reported), or whole.
+fn policy_notice(notices: &mpsc::UnboundedSender<events::Notice>, ev: &Event<NetworkPolicy>, object: Option<&Object>) {
     use kube::Resource;
-    let dropped = |p: &NetworkPolicy| match netpol::network_policy(p) {
-        Ok((_, problems)) if problems.is_empty() => None,
-        Ok((_, problems)) => Some(problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; ")),
-        Err((field, message)) => Some(format!("{field}: {message}; the policy is not used")),
+    let dropped = match object {
+        Some(Object::NetworkPolicy(c)) if !c.problems.is_empty() => {
+            let fields = c.problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; ");
+            Some(if c.value.is_some() { fields } else { format!("{fields}; the policy is not used") })
+        }
+        _ => None,
     };
     let notice = match ev {
-        Event::Apply(p) | Event::InitApply(p) => match dropped(p) {
+        Event::Apply(p) | Event::InitApply(p) => match dropped {
             Some(note) => events::Notice::PartlyEnforced {
                 id: mapping::id_of(&p.metadata),
                 reference: p.object_ref(&()),
@@ -184,22 +186,22 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     let cfg = watcher::Config::default().fields("metadata.name=default");
     let stream = watcher::watcher(Api::<ClusterNetwork>::all(client.clone()), cfg);
     let convert = |c: &ClusterNetwork| Object::ClusterNetwork(mapping::cluster_network(c));
-    tasks.spawn(follow(stream, Kind::ClusterNetwork, 0, convert, up_tx.clone(), t.clone(), None, |_| {}));
+    tasks.spawn(follow(stream, Kind::ClusterNetwork, 0, convert, up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let stream = watcher::watcher(Api::<HostSubnet>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::HostSubnet, 0, |h| Object::HostSubnet(mapping::host_subnet(h)), up_tx.clone(), t.clone(), None, |_| {}));
+    tasks.spawn(follow(stream, Kind::HostSubnet, 0, |h| Object::HostSubnet(mapping::host_subnet(h)), up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let stream = watcher::watcher(Api::<NetNamespace>::all(client.clone()), watcher::Config::default());
     let convert = |n: &NetNamespace| Object::NetNamespace(mapping::net_namespace(n));
-    tasks.spawn(follow(stream, Kind::NetNamespace, 0, convert, up_tx.clone(), t.clone(), None, |_| {}));
+    tasks.spawn(follow(stream, Kind::NetNamespace, 0, convert, up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let label = EgressLabel { nodes: Api::<Node>::all(client.clone()), node: opts.node.clone(), set: None };
     let stream = watcher::watcher(Api::<EgressNetworkPolicy>::all(client.clone()), watcher::Config::default());
     let convert = |p: &EgressNetworkPolicy| Object::EgressPolicy(mapping::egress_policy(p));
-    tasks.spawn(follow(stream, Kind::EgressNetworkPolicy, 0, convert, up_tx.clone(), t.clone(), Some(label), |_| {}));
+    tasks.spawn(follow(stream, Kind::EgressNetworkPolicy, 0, convert, up_tx.clone(), t.clone(), Some(label), |_, _| {}));
 
     let stream = watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(stream, Kind::Service, 0, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None, |_| {}));
+    tasks.spawn(follow(stream, Kind::Service, 0, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let (notices, notices_rx) = mpsc::unbounded_channel();
     tasks.spawn(events::report(events::recorder(client.clone(), &opts.node), notices_rx));
@@ -337,7 +339,7 @@ async fn follow<K, S>(
     tx: mpsc::Sender<Tagged>,
     telemetry: Telemetry,
     mut egress_label: Option<EgressLabel>,
-    mut observe: impl FnMut(&Event<K>) + Send,
+    mut observe: impl FnMut(&Event<K>, Option<&Object>) + Send,
 ) where
     K: kube::Resource,
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send,
@@ -350,12 +352,17 @@ async fn follow<K, S>(
             Ok(Event::Apply(o) | Event::InitApply(o)) => Some((o.meta().generation, std::time::Instant::now())),
             _ => None,
         };
+        // Converted once: the observer (the events task's notices) reads the same conversion.
+        let mut object = match &ev {
+            Ok(Event::Apply(o) | Event::InitApply(o)) => Some(convert(o)),
+            _ => None,
+        };
         if let Ok(ev) = &ev {
-            observe(ev);
+            observe(ev, object.as_ref());
         }
         let update = match ev {
             Ok(Event::Init) => Update::ListStart(kind),
-            Ok(Event::InitApply(o)) => Update::ListApply(mapping::id_of(o.meta()), convert(&o)),
+            Ok(Event::InitApply(o)) => Update::ListApply(mapping::id_of(o.meta()), object.take().unwrap_or_else(|| convert(&o))),
             Ok(Event::InitDone) => {
                 if failing {
                     info!(kind = ?kind, "listed again");
@@ -366,7 +373,7 @@ async fn follow<K, S>(
                 }
                 Update::ListDone(kind)
             }
-            Ok(Event::Apply(o)) => Update::Apply(mapping::id_of(o.meta()), convert(&o)),
+            Ok(Event::Apply(o)) => Update::Apply(mapping::id_of(o.meta()), object.take().unwrap_or_else(|| convert(&o))),
             Ok(Event::Delete(o)) => Update::Delete(kind, mapping::id_of(o.meta())),
             Err(e) => {
                 telemetry

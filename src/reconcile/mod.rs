@@ -126,9 +126,7 @@ impl Node {
     pub fn pod_at(&self, ip: std::net::Ipv4Addr) -> Option<String> {
         lock(&self.model).pod_at(ip)
     }
-}
 
-impl Node {
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
         Node::with_checkpoint(cfg, telemetry, checkpoint::Checkpoint::none())
     }

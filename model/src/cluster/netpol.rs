@@ -547,94 +547,65 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
     let warnings = Vec::new();
     let policies: Vec<&NetworkPolicy> = state.network_policies.iter().filter(|p| p.namespace == namespace).collect();
     let pods: Vec<&super::Pod> = state.pods.iter().filter(|p| p.namespace == namespace).collect();
-    let mut isolated = vec![false; pods.len()];
-    let mut rules = Vec::new();
-    for p in &policies {
-        let Some(ingress) = &p.ingress else { continue };
-        let selected: Vec<usize> = (0..pods.len()).filter(|i| p.pod_selector.matches(state.pod_labels(pods[*i]))).collect();
-        if selected.is_empty() {
-            continue;
-        }
-        for i in &selected {
-            isolated[*i] = true;
-        }
-        for (ri, r) in ingress.iter().enumerate() {
-            let srcs = r.peers.as_ref().map(|peers| {
-                let mut out = Vec::new();
-                for peer in peers {
-                    view.sources(&p.namespace, peer, &mut out);
-                }
-                out.sort();
-                out.dedup();
-                out
-            });
-            let pods = selected.iter().map(|i| (pods[*i].ip, destinations(r, state.pod_container_ports(pods[*i])))).collect();
-            rules.push(RuleAllow { policy: p.name.clone(), rule: ri, srcs, pods });
-        }
-    }
-    let mut egress_isolated = vec![false; pods.len()];
-    let mut egress_rules = Vec::new();
-    for p in &policies {
-        let Some(egress) = &p.egress else { continue };
-        let selected: Vec<usize> = (0..pods.len()).filter(|i| p.pod_selector.matches(state.pod_labels(pods[*i]))).collect();
-        if selected.is_empty() {
-            continue;
-        }
-        for i in &selected {
-            egress_isolated[*i] = true;
-        }
-        for (ri, r) in egress.iter().enumerate() {
-            let peers = view.destinations(&p.namespace, r);
-            egress_rules.push(EgressRule { policy: p.name.clone(), rule: ri, pods: selected.iter().map(|i| pods[*i].ip).collect(), peers });
-        }
-    }
-    // Conjunctions keep namespaces apart by the selected pod's VNID (reg1 for ingress, reg0
-    // for egress): only a VNID no other namespace carries will do.
-    let audit = audit_of(state, &policies, &pods, &ns_rules_seen(&rules, &egress_rules));
-    let pod_vnid = state.vnid_of(namespace);
-    let vnid = pod_vnid.filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
-    let chosen = |flags: Vec<bool>| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect();
-    let isolated = chosen(isolated);
-    let egress_isolated = chosen(egress_isolated);
-    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit }, warnings)
-}
-
-/// The (side, policy, rule) of every resolved rule.
-fn ns_rules_seen(rules: &[RuleAllow], egress: &[EgressRule]) -> BTreeSet<(Side, String, usize)> {
-    rules
-        .iter()
-        .map(|r| (Side::Ingress, r.policy.clone(), r.rule))
-        .chain(egress.iter().map(|r| (Side::Egress, r.policy.clone(), r.rule)))
-        .collect()
-}
-
-/// What the namespace's policies log: nothing unless the node writes an audit log; then each
-/// policy's annotation (or every policy, all of it, with the node's `all`): its rules'
-/// allowed connections, the denied connections of the pods it isolates.
-fn audit_of(state: &ClusterState, policies: &[&NetworkPolicy], pods: &[&super::Pod], rules: &BTreeSet<(Side, String, usize)>) -> Audit {
+    // Per side (ingress, egress): which pods some policy of that type selects.
+    let mut isolated = [vec![false; pods.len()], vec![false; pods.len()]];
+    let (mut rules, mut egress_rules) = (Vec::new(), Vec::new());
     let mut audit = Audit { meter_id: crate::pipeline::audit::AUDIT_METER_ID, ..Default::default() };
-    if !state.audit.enabled {
-        return audit;
-    }
     let mut deny: BTreeMap<(Side, Ipv4Addr), Vec<&str>> = BTreeMap::new();
-    for p in policies {
-        let mode = if state.audit.all { AuditMode::ALL } else { p.audit };
-        for (side, on) in [(Side::Ingress, p.ingress.is_some()), (Side::Egress, p.egress.is_some())] {
-            if !on {
-                continue;
+    for p in &policies {
+        let selected: Vec<usize> = (0..pods.len()).filter(|i| p.pod_selector.matches(state.pod_labels(pods[*i]))).collect();
+        if selected.is_empty() {
+            continue;
+        }
+        // What the audit log takes of it: nothing unless the node writes one; then the
+        // policy's annotation, or all of it with the node's `all`.
+        let mode = match state.audit {
+            NodeAudit { enabled: false, .. } => AuditMode::default(),
+            NodeAudit { all: true, .. } => AuditMode::ALL,
+            _ => p.audit,
+        };
+        for (side, side_rules) in [(Side::Ingress, &p.ingress), (Side::Egress, &p.egress)] {
+            let Some(side_rules) = side_rules else { continue };
+            for i in &selected {
+                isolated[usize::from(side == Side::Egress)][*i] = true;
+                if mode.deny {
+                    deny.entry((side, pods[*i].ip)).or_default().push(&p.name);
+                }
             }
             if mode.allow {
-                audit.allow.extend(rules.iter().filter(|(s, n, _)| *s == side && *n == p.name).cloned());
+                audit.allow.extend((0..side_rules.len()).map(|ri| (side, p.name.clone(), ri)));
             }
-            if mode.deny {
-                for pod in pods.iter().filter(|pod| p.pod_selector.matches(state.pod_labels(pod))) {
-                    deny.entry((side, pod.ip)).or_default().push(&p.name);
+            for (ri, r) in side_rules.iter().enumerate() {
+                match side {
+                    Side::Ingress => {
+                        let srcs = r.peers.as_ref().map(|peers| {
+                            let mut out = Vec::new();
+                            for peer in peers {
+                                view.sources(&p.namespace, peer, &mut out);
+                            }
+                            out.sort();
+                            out.dedup();
+                            out
+                        });
+                        let pods = selected.iter().map(|i| (pods[*i].ip, destinations(r, state.pod_container_ports(pods[*i])))).collect();
+                        rules.push(RuleAllow { policy: p.name.clone(), rule: ri, srcs, pods });
+                    }
+                    Side::Egress => {
+                        let peers = view.destinations(&p.namespace, r);
+                        let pods = selected.iter().map(|i| pods[*i].ip).collect();
+                        egress_rules.push(EgressRule { policy: p.name.clone(), rule: ri, pods, peers });
+                    }
                 }
             }
         }
     }
     audit.deny = deny.into_iter().map(|(k, v)| (k, v.join(","))).collect();
-    audit
+    // Conjunctions keep namespaces apart by the selected pod's VNID (reg1 for ingress, reg0
+    // for egress): only a VNID no other namespace carries will do.
+    let pod_vnid = state.vnid_of(namespace);
+    let vnid = pod_vnid.filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
+    let [isolated, egress_isolated] = isolated.map(|flags| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect());
+    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit }, warnings)
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).

@@ -26,6 +26,13 @@ pub(super) struct Group<'a> {
     pub(super) ports: Vec<Dst>,
 }
 
+impl Group<'_> {
+    /// The rule allows its pods everything from (or to) everywhere: any peer, any port.
+    fn opens(&self) -> bool {
+        self.peers.as_ref().is_none_or(|s| s.iter().any(|s| peer_member(s).is_none())) && self.ports.contains(&Dst::Any)
+    }
+}
+
 /// What one direction of a namespace compiles from.
 pub(super) struct Direction<'a> {
     pub(super) side: Side,
@@ -48,23 +55,14 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     let mut plain_rule: BTreeMap<Ipv4Addr, (&str, usize)> = BTreeMap::new();
     // Pods allowed everything from (or to) everywhere: one plain flow, in no conjunction (its
     // match, `ip,nw_dst=<pod>` or `ip,nw_src=<pod>`, is the pod's clause flow's).
-    let open: BTreeSet<Ipv4Addr> = d
-        .groups
-        .iter()
-        .filter(|g| g.peers.as_ref().is_none_or(|s| s.iter().any(|s| peer_member(s).is_none())))
-        .filter(|g| g.ports.contains(&Dst::Any))
-        .flat_map(|g| g.pods.iter().copied())
-        .collect();
+    let open: BTreeSet<Ipv4Addr> = d.groups.iter().filter(|g| g.opens()).flat_map(|g| g.pods.iter().copied()).collect();
     let mut plain: BTreeMap<Ipv4Addr, Vec<Allow>> = BTreeMap::new();
     for ip in &open {
         plain.entry(*ip).or_default().push(Allow { src: Src::Any, dst: Dst::Any });
     }
-    if audited {
-        for g in d.groups.iter().filter(|g| d.audit.allows(side, g.policy, g.rule)) {
-            let opens = g.peers.as_ref().is_none_or(|s| s.iter().any(|s| peer_member(s).is_none())) && g.ports.contains(&Dst::Any);
-            for ip in g.pods.iter().filter(|ip| opens && open.contains(ip)) {
-                plain_rule.entry(*ip).or_insert((g.policy, g.rule));
-            }
+    for g in d.groups.iter().filter(|g| audited && g.opens() && d.audit.allows(side, g.policy, g.rule)) {
+        for ip in &g.pods {
+            plain_rule.entry(*ip).or_insert((g.policy, g.rule));
         }
     }
     // Conjunction units: (policy, rule, ports) -> peer members, pods, port members.

@@ -392,6 +392,15 @@ pub fn plain_flows(pods: &[IsolatedPod]) -> Vec<Flow> {
     cube::plain_flows_on(Side::Ingress, pods, |_, _| None)
 }
 
+/// A rule's resolved ports as a group's key: sorted, deduplicated; `None` when there are none
+/// (the rule allows nothing there).
+fn port_key(dsts: &[Dst]) -> Option<Vec<Dst>> {
+    let mut d = dsts.to_vec();
+    d.sort_unstable();
+    d.dedup();
+    (!d.is_empty()).then_some(d)
+}
+
 /// A namespace's policy flows: per rule, conjunctive clauses (peers; selected pods; ports)
 /// when that is fewer flows than their product, else the product as plain flows; the
 /// isolated pods' drops — table 80 for ingress, table 27 for egress, with the egress-isolated
@@ -401,10 +410,7 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
     for r in &ns.rules {
         let mut by_ports: BTreeMap<Vec<Dst>, Vec<Ipv4Addr>> = BTreeMap::new();
         for (ip, dsts) in &r.pods {
-            let mut d = dsts.clone();
-            d.sort_unstable();
-            d.dedup();
-            if !d.is_empty() {
+            if let Some(d) = port_key(dsts) {
                 by_ports.entry(d).or_default().push(*ip);
             }
         }
@@ -429,10 +435,7 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
                 errors.push(format!("policy {}, egress rule {}: VNID {v} is not a destination; it matches nothing", r.policy, r.rule));
                 continue;
             }
-            let mut d = dsts.clone();
-            d.sort_unstable();
-            d.dedup();
-            if !d.is_empty() {
+            if let Some(d) = port_key(dsts) {
                 by_ports.entry(d).or_default().push(*peer);
             }
         }
