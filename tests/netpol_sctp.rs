@@ -5,7 +5,9 @@
 //!   records it and answers with an INIT ACK (ports swapped). For every (source, destination,
 //!   protocol, port) the test compares with the specification evaluator
 //!   (tests/support/netpol_eval.rs) both that the INIT arrived at the destination and that
-//!   the answer came back to the source: iff allowed.
+//!   the answer came back to the source: iff allowed. Ingress (table 80) and egress (table
+//!   27) policies, alone and together: the source's egress and the destination's ingress must
+//!   both allow the INIT.
 //! - IP fragments: a UDP datagram larger than the pod MTU (fragmented by the sender's kernel)
 //!   through a policy that allows only its port, on one node and across VXLAN.
 //!
@@ -241,6 +243,26 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
             vec![
                 np("ns2", "sctp", json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}, {"protocol": "SCTP", "port": 7001}]}]})),
                 np("ns1", "tcp-only", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "TCP", "port": 7001}]}]})),
+            ],
+        ),
+        // Egress: the clients' namespace may send only what its rules allow (table 27), on
+        // one node and across VXLAN; replies pass.
+        ("egress default deny ns1", vec![np("ns1", "deny-out", json!({"podSelector": {}, "policyTypes": ["Egress"]}))]),
+        (
+            "egress sctp 7000 to servers",
+            vec![np("ns1", "sctp-out", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"protocol": "SCTP", "port": 7000}]}]}))],
+        ),
+        // Named ports resolve on the destination pod: "assoc" is SCTP 7000 on s1 and 7001 on s2.
+        ("egress sctp named port", vec![np("ns1", "named-out", json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "SCTP", "port": "assoc"}]}]}))]),
+        (
+            "egress sctp endPort and ipBlock",
+            vec![np("ns1", "range-out", json!({"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.128.0.0/14", "except": ["10.128.2.0/24"]}}], "ports": [{"protocol": "SCTP", "port": 6990, "endPort": 7000}, {"protocol": "TCP", "port": 7001}]}]}))],
+        ),
+        (
+            "egress and ingress both judge sctp",
+            vec![
+                np("ns1", "sctp-out", json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "SCTP"}]}]})),
+                np("ns2", "sctp-7001-in", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 7001}, {"protocol": "TCP"}]}]})),
             ],
         ),
     ]
