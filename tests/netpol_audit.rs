@@ -179,4 +179,9 @@ async fn connections_are_logged_once_and_a_flood_is_metered() {
     assert_eq!(flood, 10_000);
     assert!(flood_lines >= 1, "the flood was logged at all\n{}", node.log());
     assert!((flood_lines as f64) <= bound, "{flood_lines} lines for a meter bound of {bound:.0}");
+    // Every audit flow was added after its meter existed: OVS says "unknown meter id" (and
+    // leaves the flow unmetered for its lifetime) for one added before.
+    let vswitchd = node.sb.vswitchd_log();
+    assert!(!vswitchd.is_empty(), "the switch's log is readable");
+    assert!(!vswitchd.contains("unknown meter id"), "an audit flow was added before its meter:\n{vswitchd}");
 }

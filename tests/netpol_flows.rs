@@ -416,7 +416,9 @@ fn realistic(namespaces: usize, local: usize, remote: usize, egress: bool) -> St
         let base = u32::from(Ipv4Addr::new(10, 128 + ((node + 2) / 128) as u8, (((node + 2) % 128) * 2) as u8, 2));
         let ip = Ipv4Addr::from(base + (i % pods_per_node) as u32);
         let app = app_of(i / namespaces, ns);
-        s += &format!("  - {{namespace: {}, name: r{i}, ip: {ip}, labels: {{app: {app}}}, containerPorts: {}}}\n", ns_name(ns), ports_of(app));
+        // Remote pods' ports matter only to egress (named ports resolve on the destination).
+        let ports = if egress { format!(", containerPorts: {}", ports_of(app)) } else { String::new() };
+        s += &format!("  - {{namespace: {}, name: r{i}, ip: {ip}, labels: {{app: {app}}}{ports}}}\n", ns_name(ns));
     }
     s += "networkPolicies:\n";
     for n in 0..namespaces {

@@ -4,7 +4,8 @@
 //! the agent through one switch meter, so a flood costs the agent at most `rate_per_sec`
 //! packet-ins a second (plus `burst`), whatever arrives; the packets themselves are forwarded at
 //! full rate. This module keeps that meter and the connection's packet-in settings on every
-//! connection the supervisor makes (they die with the switch or the connection), turns each
+//! connection the supervisor makes (they die with the switch or the connection), installed by
+//! the supervisor's connect hook before the connection is used, turns each
 //! packet-in into an [`AuditEvent`] and writes it as one line to the sink.
 //!
 //! Backpressure: the switch reader hands packet-ins over without waiting (full channel: dropped
@@ -13,10 +14,11 @@
 //!
 //! Meters and flows (OVS 3.1, `ofproto/ofproto.c` ofproto_check_ofpacts): a flow whose
 //! `controller(meter_id=N)` names a meter that does not exist *yet* is accepted, logged as
-//! "unknown meter id", and stays unmetered for its lifetime. So the meter must be installed
-//! before the audit flows; to cover flows a resync installs first anyway, the same limit is
-//! also put on OVS's `controller` meter (OFPM_CONTROLLER), which meters every packet-in that
-//! has no meter of its own.
+//! "unknown meter id", and stays unmetered for its lifetime. So the meter is installed before
+//! the connection is published to the engine (the supervisor's [`OnConnect`] hook), and so
+//! before any resync's audit flows; should the set-up fail or time out, the same limit is also
+//! put on OVS's `controller` meter (OFPM_CONTROLLER), which meters every packet-in that has no
+//! meter of its own.
 
 mod event;
 mod meter;
@@ -31,12 +33,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::switch::{packet_in_channel, PacketInCounters, Supervisor, SwitchEvent};
+#[cfg(doc)]
+use crate::switch::Supervisor;
+use crate::switch::{packet_in_channel, OnConnect, PacketInCounters, Switch};
 
 /// Where the lines go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,54 +134,32 @@ impl Drop for AuditHandle {
     }
 }
 
-/// Starts the audit log on the supervisor's connections (the current one and every later one).
-/// Fails only if the sink cannot be opened.
-pub async fn spawn(cfg: AuditConfig, sup: &Supervisor, pods: Arc<dyn PodLookup>) -> std::io::Result<AuditHandle> {
+/// Starts the audit log: opens the sink and starts the writer. The returned hook is for
+/// [`Supervisor::spawn_with`]: on every connection, before the agent uses it, it hands the
+/// connection's packet-ins to the writer and installs the meter, so the meter exists before
+/// any audit flow names it. Fails only if the sink cannot be opened.
+pub async fn start(cfg: AuditConfig, pods: Arc<dyn PodLookup>) -> std::io::Result<(AuditHandle, OnConnect)> {
     let out = writer::open(&cfg.sink).await?;
     let (sink, ins) = packet_in_channel(cfg.queue);
     let counters = Arc::new(AuditCounters { switch: ins.counters.clone(), ..AuditCounters::default() });
     let cancel = CancellationToken::new();
-    // Subscribe before reading the current connection, so none is missed.
-    let mut events = sup.subscribe();
-    let first = sup.current();
-    let c = counters.clone();
-    let stop = cancel.clone();
-    let setup_cfg = cfg.clone();
-    tokio::spawn(async move {
-        let set_up = |sw: crate::switch::Switch| {
-            let (c, cfg, sink) = (c.clone(), setup_cfg.clone(), sink.clone());
-            async move {
-                sw.set_packet_in_sink(sink);
-                match install(&sw, cfg.rate_per_sec, cfg.burst).await {
-                    Ok(()) => {
-                        c.setups.fetch_add(1, Ordering::Relaxed);
-                        info!(rate = cfg.rate_per_sec, burst = cfg.burst, "audit log: meter and packet-ins set up");
-                    }
-                    Err(e) => {
-                        c.setup_errors.fetch_add(1, Ordering::Relaxed);
-                        warn!(error = %e, "audit log: cannot set up the switch; no events from this connection");
-                    }
+    let (c, setup_cfg) = (counters.clone(), cfg.clone());
+    let on_connect: OnConnect = Arc::new(move |sw: Switch| {
+        let (c, cfg, sink) = (c.clone(), setup_cfg.clone(), sink.clone());
+        Box::pin(async move {
+            sw.set_packet_in_sink(sink);
+            match install(&sw, cfg.rate_per_sec, cfg.burst).await {
+                Ok(()) => {
+                    c.setups.fetch_add(1, Ordering::Relaxed);
+                    info!(rate = cfg.rate_per_sec, burst = cfg.burst, "audit log: meter and packet-ins set up");
+                }
+                Err(e) => {
+                    c.setup_errors.fetch_add(1, Ordering::Relaxed);
+                    warn!(error = %e, "audit log: cannot set up the switch; no events from this connection");
                 }
             }
-        };
-        if let Some(sw) = first {
-            set_up(sw).await;
-        }
-        loop {
-            let ev = tokio::select! {
-                _ = stop.cancelled() => return,
-                ev = events.recv() => ev,
-            };
-            match ev {
-                Ok(SwitchEvent::Connected(sw)) => set_up(sw).await,
-                Ok(SwitchEvent::Disconnected(_)) => {}
-                // The supervisor sends two events per reconnect into a 64-deep channel: missing
-                // some means many reconnects meanwhile, and the next Connected sets up again.
-                Err(broadcast::error::RecvError::Lagged(n)) => warn!(missed = n, "audit log: missed switch events"),
-                Err(broadcast::error::RecvError::Closed) => return,
-            }
-        }
+        })
     });
     let writer = tokio::spawn(writer::run(ins.rx, out, cfg.node.clone(), pods, counters.clone(), cancel.clone()));
-    Ok(AuditHandle { counters, cancel, writer: Some(writer) })
+    Ok((AuditHandle { counters, cancel, writer: Some(writer) }, on_connect))
 }

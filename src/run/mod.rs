@@ -220,19 +220,21 @@ pub async fn run_with(
     };
     let mut dns_rx = dns.spawn(names_rx, cancel.clone());
     let mut ovs_rx = ovsdb_link(opts.db_socket(), opts.ovsdb.clone(), opts.backoff.clone(), cancel.clone());
-    let sup = Supervisor::spawn(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone())?;
-    let mut events = sup.subscribe();
-    // The audit log: its meter and packet-in settings on every connection, lines to the sink.
-    let _audit = match opts.audit.clone() {
+    // The audit log: its meter and packet-in settings on every connection (set up before the
+    // connection is published, so before any resync installs flows naming the meter), lines
+    // to the sink.
+    let (_audit, on_connect) = match opts.audit.clone() {
         Some(cfg) => {
             let n = node.clone();
             let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(move |ip| n.pod_at(ip));
-            let h = crate::audit::spawn(cfg, &sup, lookup).await.map_err(|e| RunError::Audit(e.to_string()))?;
+            let (h, hook) = crate::audit::start(cfg, lookup).await.map_err(|e| RunError::Audit(e.to_string()))?;
             tokio::spawn(crate::metrics::follow_audit(telemetry.metrics.clone(), h.counters.clone(), cancel.clone()));
-            Some(h)
+            (Some(h), Some(hook))
         }
-        None => None,
+        None => (None, None),
     };
+    let sup = Supervisor::spawn_with(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone(), on_connect)?;
+    let mut events = sup.subscribe();
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
     tokio::spawn(crate::reconcile::checkpoint::keep_written(node.clone(), cancel.clone()));
     if node.manages_host() {

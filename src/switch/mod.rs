@@ -16,7 +16,7 @@ mod transport;
 pub use bundle::Bundle;
 pub use error::{CloseReason, Rejection, SwitchError};
 pub use packet_in::{packet_in_channel, PacketInCounters, PacketInMsg, PacketInSink, PacketIns};
-pub use supervisor::{Backoff, SwitchEvent, Supervisor};
+pub use supervisor::{Backoff, OnConnect, SwitchEvent, Supervisor, ON_CONNECT_DEADLINE};
 pub use transport::Target;
 
 use std::ops::Range;

@@ -1,6 +1,16 @@
 //! Keeps an OpenFlow connection up: reconnects with capped exponential backoff and reports
 //! every transition, so the agent can resync after the switch restarts.
+//!
+//! A connection can need set-up that must come before anyone uses it: the audit log's meter
+//! has to exist before the flows that name it (OVS 3.1 resolves `controller(meter_id=N)` when
+//! a flow is added; a flow added first stays unmetered for its lifetime). An [`OnConnect`]
+//! hook runs on every new connection before it is published (`current`, `connected`,
+//! [`SwitchEvent::Connected`]), so the engine's resync, which waits for the event, always
+//! comes after it. The hook has a deadline ([`ON_CONNECT_DEADLINE`]): a hook that hangs
+//! delays the connection's use by that much, never forever.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +41,13 @@ impl Backoff {
     }
 }
 
+/// Set-up run on each new connection before it is published; its own failures are its own to
+/// report (it returns nothing: the connection is published either way).
+pub type OnConnect = Arc<dyn Fn(Switch) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// How long an [`OnConnect`] hook may hold a new connection back.
+pub const ON_CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+
 #[derive(Clone, Debug)]
 pub enum SwitchEvent {
     /// A new connection is up (after start or after a disconnect): the switch may have lost or
@@ -55,11 +72,18 @@ impl Drop for Supervisor {
 impl Supervisor {
     /// Starts connecting in the background.
     pub fn spawn(target: &str, opts: SwitchOptions, backoff: Backoff) -> Result<Supervisor, SwitchError> {
+        Supervisor::spawn_with(target, opts, backoff, None)
+    }
+
+    /// Starts connecting in the background; `on_connect` runs on every new connection before
+    /// it is published.
+    pub fn spawn_with(target: &str, opts: SwitchOptions, backoff: Backoff, on_connect: Option<OnConnect>) -> Result<Supervisor, SwitchError> {
         let target = Target::parse(target)?;
         let (cur_tx, current) = watch::channel(None);
         let (events, _) = broadcast::channel(64);
         let cancel = CancellationToken::new();
-        tokio::spawn(run(target, opts, backoff, Arc::new(cur_tx), events.clone(), cancel.clone()));
+        let link = Link { target, opts, backoff, on_connect, current: Arc::new(cur_tx), events: events.clone() };
+        tokio::spawn(run(link, cancel.clone()));
         Ok(Supervisor { current, events, cancel })
     }
 
@@ -88,14 +112,18 @@ impl Supervisor {
     }
 }
 
-async fn run(
+/// What the reconnect loop works with.
+struct Link {
     target: Target,
     opts: SwitchOptions,
     backoff: Backoff,
+    on_connect: Option<OnConnect>,
     current: Arc<watch::Sender<Option<Switch>>>,
     events: broadcast::Sender<SwitchEvent>,
-    cancel: CancellationToken,
-) {
+}
+
+async fn run(link: Link, cancel: CancellationToken) {
+    let Link { target, opts, backoff, on_connect, current, events } = link;
     let mut failures = 0u32;
     loop {
         let attempt = tokio::select! {
@@ -106,6 +134,14 @@ async fn run(
             Ok(sw) => {
                 failures = 0;
                 info!(%target, dpid = format!("{:016x}", sw.features().datapath_id), "connected to the switch");
+                if let Some(hook) = &on_connect {
+                    tokio::select! {
+                        _ = cancel.cancelled() => { sw.close(); break }
+                        r = tokio::time::timeout(ON_CONNECT_DEADLINE, hook(sw.clone())) => if r.is_err() {
+                            warn!(%target, deadline = ?ON_CONNECT_DEADLINE, "connection set-up did not finish in time; using the connection anyway");
+                        }
+                    }
+                }
                 current.send_replace(Some(sw.clone()));
                 let _ = events.send(SwitchEvent::Connected(sw.clone()));
                 let reason = tokio::select! {

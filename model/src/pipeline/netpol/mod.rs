@@ -608,6 +608,51 @@ mod tests {
         assert_eq!(ids, BTreeSet::from([seed, seed.wrapping_add(1).max(1)]), "{first} keeps {seed}, {second} moves on");
     }
 
+    /// More rules sharing one clause flow than a flow can carry (each `conjunction` action is 16
+    /// bytes; a FLOW_MOD is at most 64 KiB): the flow keeps the first
+    /// [`MAX_CONJUNCTIONS_PER_FLOW`], the error names the flow and the count, every flow still
+    /// encodes, and what is left out only allows less (each conjunction left without that member
+    /// matches fewer packets; no drop and no other action appears).
+    #[test]
+    fn a_clause_flow_carries_at_most_the_cap_and_says_so() {
+        let v = |n| Src::Vnid(Vnid::new(n).unwrap());
+        let over = MAX_CONJUNCTIONS_PER_FLOW + 5;
+        // Three sources, three pods, one port each (3 + 3 + 1 + 1 flows beat 3 * 3 * 1): every
+        // rule's source and pod clause flows have the same match, one port flow each.
+        let rules: Vec<RuleAllow> = (0..over)
+            .map(|i| RuleAllow {
+                policy: format!("p{i}"),
+                rule: 0,
+                srcs: Some(vec![v(11), v(12), v(13)]),
+                pods: pods(&["10.128.0.5", "10.128.0.6", "10.128.0.7"], &[Dst::Ports { proto: L4::Tcp, start: 1000 + i as u16, end: 1000 + i as u16 }]),
+            })
+            .collect();
+        let ns = NamespacePolicy { namespace: "big".into(), vnid: Some(Vnid::new(20).unwrap()), rules, ..Default::default() };
+        let (flows, errors) = namespace_flows(&ns);
+        // The three source flows, the three pod flows and the port clauses' shared twin for
+        // later fragments (`nw_frag=later`, no port to match) are each over the cap.
+        assert_eq!(errors.len(), 7, "{errors:?}");
+        for e in &errors {
+            assert!(e.contains(&format!("in {over} rules' clauses, more than the {MAX_CONJUNCTIONS_PER_FLOW}")), "{e}");
+        }
+        for flow in ["ip,reg0=0xb,reg1=0x14:", "ip,nw_dst=10.128.0.5:", "tcp,reg1=0x14,nw_frag=later:"] {
+            assert!(errors.iter().any(|e| e.contains(flow)), "{flow} in {errors:?}");
+        }
+        let conjunctions = |f: &Flow| f.to_string().matches("conjunction(").count();
+        let widest = flows.iter().map(conjunctions).max().unwrap();
+        assert_eq!(widest, MAX_CONJUNCTIONS_PER_FLOW);
+        for f in &flows {
+            let fm = crate::store::Compiled::compile(f).to_flow_mod(0).expect("encodes");
+            let msg = openflow::OfMessage::new(1, openflow::Message::FlowMod(fm)).to_bytes().expect("fits one message");
+            assert!(msg.len() <= u16::MAX as usize, "{} bytes", msg.len());
+            let t = f.to_string();
+            assert!(!t.contains("actions=drop"), "only allows: {t}");
+        }
+        // Every rule still has its port flow and conj_id flow; the first MAX rules' (by id)
+        // conjunctions are complete.
+        assert_eq!(flows.iter().filter(|f| f.match_.conj_id.is_some()).count(), over);
+    }
+
     #[test]
     fn egress_rules_mirror_ingress_in_table_27() {
         let tcp = |p: u16| Dst::Ports { proto: L4::Tcp, start: p, end: p };
