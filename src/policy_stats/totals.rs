@@ -123,21 +123,21 @@ impl Totals {
                 // Many flows name one series: moved over on the first, kept after.
                 Counted::Allowed { side, policy, .. } => {
                     let k = (ns.to_string(), policy.clone(), *side);
-                    if !allowed.contains_key(&k) {
-                        let v = self.allowed.remove(&k).unwrap_or_default();
-                        allowed.insert(k, v);
+                    if let std::collections::btree_map::Entry::Vacant(e) = allowed.entry(k) {
+                        let v = self.allowed.remove(e.key()).unwrap_or_default();
+                        e.insert(v);
                     }
                 }
                 Counted::Dropped { side, pod } => {
                     let k = (ns.to_string(), *side);
-                    if !dropped.contains_key(&k) {
-                        let v = self.dropped.remove(&k).unwrap_or_default();
-                        dropped.insert(k, v);
+                    if let std::collections::btree_map::Entry::Vacant(e) = dropped.entry(k) {
+                        let v = self.dropped.remove(e.key()).unwrap_or_default();
+                        e.insert(v);
                     }
                     let k = (ns.to_string(), *side, *pod);
-                    if !pods.contains_key(&k) {
-                        let v = self.dropped_pods.remove(&k).unwrap_or_default();
-                        pods.insert(k, v);
+                    if let std::collections::btree_map::Entry::Vacant(e) = pods.entry(k) {
+                        let v = self.dropped_pods.remove(e.key()).unwrap_or_default();
+                        e.insert(v);
                     }
                 }
             }
