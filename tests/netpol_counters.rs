@@ -246,3 +246,55 @@ async fn allowed_connections_and_drops_count_for_their_policy_and_never_go_back(
     )
     .await;
 }
+
+/// SIGCONTs the frozen process on drop (also on panic).
+struct Thaw(i32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The agent's counters once `ok` holds (bounded by [`WAIT`]).
+async fn wait(
+    t: &sdn_node::metrics::Telemetry,
+    what: &str,
+    ok: impl Fn(&sdn_node::policy_stats::PolicyCounters) -> bool,
+) -> sdn_node::policy_stats::PolicyCounters {
+    let end = Instant::now() + WAIT;
+    loop {
+        let c = t.metrics.policy_counters.report();
+        if ok(&c) {
+            return c;
+        }
+        assert!(Instant::now() < end, "{what}: {c:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A frozen ovs-vswitchd (SIGSTOP) makes the reads fail at their deadline, which status shows
+/// (answering at once meanwhile); thawed, the reads succeed again and the error is cleared.
+#[tokio::test]
+async fn a_frozen_switch_fails_reads_at_their_deadline_and_stalls_nothing() {
+    let state = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/networkpolicy.yaml")).unwrap();
+    let agent = support::inproc::start_with(&state, |o| o.policy_stats_interval = Some(Duration::from_millis(200))).await;
+    let t = agent.telemetry.clone();
+    let read = wait(&t, "a first read", |c| c.last_read_unix_ms.is_some() && c.flows_read > 0).await;
+    assert!(read.last_error.is_none() && read.allowed.iter().any(|a| a.policy == "db-from-web"), "{read:?}");
+    let pid = agent.sb.vswitchd_pid().expect("ovs-vswitchd pid");
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let thaw = Thaw(pid);
+    let failed = wait(&t, "a failed read", |c| c.last_error.is_some()).await;
+    assert!(failed.last_error.as_deref().is_some_and(|e| e.contains("no answer within 200ms")), "{failed:?}");
+    let asked = Instant::now();
+    let st = sdn_node::api::status::fetch(&agent.socket).await.expect("status while the switch is frozen");
+    assert!(asked.elapsed() < Duration::from_secs(2), "status took {:?}", asked.elapsed());
+    assert!(st.to_string().contains("LAST READ FAILED"), "{st}");
+    assert_eq!(st.policy_counters.allowed, read.allowed, "the counters keep their values");
+    drop(thaw);
+    let after = failed.last_read_unix_ms;
+    wait(&t, "reads again", |c| c.last_error.is_none() && c.last_read_unix_ms > after).await;
+    let (_, m) = support::inproc::http_get(&agent.metrics, "/metrics").await;
+    assert!(value(&m, "sdn_node_policy_stats_reads_total{result=\"error\"}").is_some_and(|n| n >= 1), "{m}");
+}
