@@ -16,6 +16,7 @@ pub mod engine;
 pub mod kube;
 pub mod metrics;
 pub mod ovsdb;
+pub mod policy_stats;
 pub mod realize;
 pub mod reconcile;
 pub mod rlimit;

@@ -138,6 +138,10 @@ struct RunArgs {
     /// Audit events allowed above the rate in a burst.
     #[arg(long, default_value_t = 100)]
     audit_burst: u32,
+    /// Seconds between reads of the NetworkPolicy flows' statistics for the per-policy
+    /// counters (/metrics, `sdn-node status`); 0: off.
+    #[arg(long, default_value_t = 10.0)]
+    policy_stats_interval: f64,
 }
 
 /// `none` disables an optional path.
@@ -173,6 +177,7 @@ impl RunArgs {
             audit_all_policies,
             audit_rate,
             audit_burst,
+            policy_stats_interval,
         } = self;
         let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
         let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), bridge.ovs.ovs_rundir);
@@ -204,6 +209,7 @@ impl RunArgs {
         let name = opts.bridge.clone();
         opts.audit = sink.map(|s| sdn_node::audit::AuditConfig::new(audit_rate.max(1), audit_burst, s, kube.as_ref().map_or(name, |k| k.node.clone())));
         opts.audit_all_policies = audit_all_policies;
+        opts.policy_stats_interval = (policy_stats_interval > 0.0).then(|| secs(policy_stats_interval));
         Ok((opts, kube))
     }
 }

@@ -76,6 +76,22 @@ pub struct RepairLabel {
     pub what: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    pub namespace: String,
+    /// The NetworkPolicy's name.
+    pub policy: String,
+    /// ingress, egress.
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceDirectionLabel {
+    pub namespace: String,
+    /// ingress, egress.
+    pub direction: String,
+}
+
 /// The parts of the node that converge on their own: one failing never holds back the others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Executor {
@@ -149,6 +165,18 @@ pub struct Metrics {
     pub policy_realization: Histogram,
     /// Which generation of each policy the switch holds (for `sdn-node status`).
     pub realization: crate::realize::Realization,
+    /// New connections each NetworkPolicy allowed, by namespace, policy and direction (from
+    /// flow statistics: see [`crate::policy_stats`]).
+    pub policy_connections: Family<PolicyLabel, Counter>,
+    /// Packets and bytes dropped for a namespace's isolated pods, by direction.
+    pub policy_dropped_packets: Family<NamespaceDirectionLabel, Counter>,
+    pub policy_dropped_bytes: Family<NamespaceDirectionLabel, Counter>,
+    /// Packets of NetworkPolicy flows the model did not name when read.
+    pub policy_unattributed_packets: Counter,
+    /// Reads of the policy flows' statistics, by result (ok, error).
+    pub policy_stats_reads: Family<ResultLabel, Counter>,
+    /// The same counters per policy and pod, and when they were read (for `sdn-node status`).
+    pub policy_counters: crate::policy_stats::Shared,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -199,6 +227,12 @@ impl Metrics {
             // One histogram: the tracker observes into the registered one.
             realization: crate::realize::Realization::new(policy_realization.clone()),
             policy_realization,
+            policy_connections: Family::default(),
+            policy_dropped_packets: Family::default(),
+            policy_dropped_bytes: Family::default(),
+            policy_unattributed_packets: Counter::default(),
+            policy_stats_reads: Family::default(),
+            policy_counters: crate::policy_stats::Shared::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -232,6 +266,23 @@ impl Metrics {
                 "NetworkPolicy changes: from the source event (Kubernetes watch event, state file change) to the switch's acknowledgement of the bundle carrying the policy's flows",
                 m.policy_realization.clone(),
             );
+            r.register(
+                "policy_connections",
+                "New connections a NetworkPolicy allowed, by namespace, policy and direction: the first packet of each TCP/UDP connection (established ones pass before the policy flows), every packet of other protocols",
+                m.policy_connections.clone(),
+            );
+            r.register(
+                "policy_dropped_packets",
+                "Packets dropped because no NetworkPolicy rule allowed them, by namespace and direction (every packet, retransmissions included)",
+                m.policy_dropped_packets.clone(),
+            );
+            r.register("policy_dropped_bytes", "Bytes of the packets counted by sdn_node_policy_dropped_packets", m.policy_dropped_bytes.clone());
+            r.register(
+                "policy_unattributed_packets",
+                "Packets of NetworkPolicy flows the model did not name when their statistics were read (a change under way)",
+                m.policy_unattributed_packets.clone(),
+            );
+            r.register("policy_stats_reads", "Reads of the NetworkPolicy flows' statistics, by result (ok, error)", m.policy_stats_reads.clone());
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
@@ -258,6 +309,7 @@ impl Metrics {
         }
         for result in ["ok", "error"] {
             m.bundles.get_or_create(&ResultLabel { result: result.into() }).inc_by(0);
+            m.policy_stats_reads.get_or_create(&ResultLabel { result: result.into() }).inc_by(0);
         }
         for e in Executor::ALL {
             m.converge_errors.get_or_create(&ExecutorLabel { executor: e.name().into() }).inc_by(0);

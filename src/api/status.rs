@@ -153,6 +153,10 @@ pub struct Status {
     /// Every NetworkPolicy (networkpolicy plugin), by namespace and name.
     #[serde(default)]
     pub policies: Vec<PolicyStatus>,
+    /// Allowed connections per policy, drops per namespace and pod, from the switch's flow
+    /// statistics (read every `--policy-stats-interval`, not when status is asked).
+    #[serde(default)]
+    pub policy_counters: crate::policy_stats::PolicyCounters,
 }
 
 /// Builds the status from the node's state.
@@ -263,6 +267,7 @@ pub async fn status(node: &Node) -> Status {
         executors,
         repairs,
         policies,
+        policy_counters: t.metrics.policy_counters.report(),
         bridge: node.cfg.bridge.clone(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
@@ -405,6 +410,7 @@ impl std::fmt::Display for Status {
             let pending = p.pending_seconds.map(|w| format!(" (PENDING for {w:.1}s)")).unwrap_or_default();
             let _ = writeln!(s, "  {}/{}  {} / {realized}, {latency}{pending}", p.namespace, p.name, p.seen_generation);
         }
+        self.policy_counters.write_text(&mut s);
         let rejected: Vec<String> =
             self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { rejected.join(", ") });

@@ -65,6 +65,9 @@ pub struct RunOptions {
     /// annotated `all`) rather than those that ask for it.
     pub audit: Option<crate::audit::AuditConfig>,
     pub audit_all_policies: bool,
+    /// How often the NetworkPolicy flows' statistics are read for the per-policy counters
+    /// (`None`: never).
+    pub policy_stats_interval: Option<Duration>,
 }
 
 impl RunOptions {
@@ -92,6 +95,7 @@ impl RunOptions {
             state_dir: None,
             audit: None,
             audit_all_policies: false,
+            policy_stats_interval: Some(Duration::from_secs(10)),
         }
     }
     fn config(&self) -> Config {
@@ -235,6 +239,12 @@ pub async fn run_with(
     };
     let sup = Supervisor::spawn_with(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone(), on_connect)?;
     let mut events = sup.subscribe();
+    // The per-policy counters: a task of its own, so a slow switch delays only its reads; one
+    // dump never takes longer than the interval or a switch request's deadline.
+    if let Some(interval) = opts.policy_stats_interval.filter(|d| !d.is_zero()) {
+        let o = crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.switch.request_timeout) };
+        tokio::spawn(crate::policy_stats::run(node.clone(), sup.watch_current(), o, cancel.clone()));
+    }
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
     tokio::spawn(crate::reconcile::checkpoint::keep_written(node.clone(), cancel.clone()));
     if node.manages_host() {

@@ -97,6 +97,12 @@ impl Supervisor {
         self.current.borrow().clone().filter(|s| !s.is_closed())
     }
 
+    /// The live connection as a receiver, for a task that cannot borrow the supervisor (read
+    /// it as [`Supervisor::current`] does: a closed connection is none).
+    pub fn watch_current(&self) -> watch::Receiver<Option<Switch>> {
+        self.current.clone()
+    }
+
     /// Waits until a connection is up.
     pub async fn connected(&self) -> Switch {
         let mut rx = self.current.clone();

@@ -60,10 +60,7 @@ pub fn desired_state_with_warnings(
     if state.plugin.uses_netids() {
         owners.extend(facts.namespaces.keys().map(|v| Owner::Multicast { vnid: *v }));
     }
-    if state.plugin == Plugin::NetworkPolicy {
-        let with_policies: BTreeSet<&str> = state.network_policies.iter().map(|p| p.namespace.as_str()).collect();
-        owners.extend(with_policies.into_iter().map(|ns| Owner::NetworkPolicy { namespace: ns.to_string() }));
-    }
+    owners.extend(netpol_namespaces(state).into_iter().map(|namespace| Owner::NetworkPolicy { namespace }));
     owners.extend(facts.policies.keys().map(|v| Owner::EgressPolicy { vnid: *v }));
     for owner in owners {
         let out = flows_of_owner(state, &cfg, ofports, dns, &facts, &owner);
@@ -281,16 +278,43 @@ fn flows_of_owner(
         }
         Owner::NetworkPolicy { namespace } => {
             let object = format!("networkpolicies of namespace {namespace}");
-            if state.plugin != Plugin::NetworkPolicy {
+            let Some((ns, warnings)) = netpol_isolation(state, namespace) else {
                 return simple(vec![], object);
-            }
-            let view = netpol::View::new(state);
-            let (ns, warnings) = netpol::isolation(state, &view, namespace);
+            };
             let (flows, errors) = crate::pipeline::netpol::namespace_flows(&ns);
             let problems = errors.into_iter().map(|e| Problem::new(object.clone(), "", e)).collect();
             OwnerOut { flows, problems, warnings, object }
         }
     }
+}
+
+/// The namespaces with a NetworkPolicy owner (networkpolicy plugin): those with policies.
+pub fn netpol_namespaces(state: &ClusterState) -> BTreeSet<String> {
+    if state.plugin != Plugin::NetworkPolicy {
+        return BTreeSet::new();
+    }
+    state.network_policies.iter().map(|p| p.namespace.clone()).collect()
+}
+
+/// What the policies of `namespace` make of its pods, with the warnings (`None`: the plugin
+/// enforces no NetworkPolicy): the input of the namespace owner's flows, and of what those
+/// flows count ([`crate::pipeline::netpol::counted::counting`]).
+pub fn netpol_isolation(state: &ClusterState, namespace: &str) -> Option<(crate::pipeline::netpol::NamespacePolicy, Vec<Problem>)> {
+    if state.plugin != Plugin::NetworkPolicy {
+        return None;
+    }
+    let view = netpol::View::new(state);
+    Some(netpol::isolation(state, &view, namespace))
+}
+
+/// [`netpol_isolation`] of every namespace with policies (one view of the cluster for all).
+pub fn netpol_isolations(state: &ClusterState) -> Vec<crate::pipeline::netpol::NamespacePolicy> {
+    let namespaces = netpol_namespaces(state);
+    if namespaces.is_empty() {
+        return vec![];
+    }
+    let view = netpol::View::new(state);
+    namespaces.iter().map(|ns| netpol::isolation(state, &view, ns).0).collect()
 }
 
 /// The NetworkPolicy owners a local pod's arrival, departure or relabelling in `namespace`
@@ -484,6 +508,42 @@ mod tests {
         has("table=80, priority=150,ip,nw_src=10.129.1.0/24,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
         assert!(!text.iter().any(|t| t.starts_with("table=80") && t.contains("nw_dst=10.128.2.7")), "team-b's pod is selected by no policy");
         assert!(!text.iter().any(|t| t.starts_with("table=80, priority=100,reg0") || (t.contains("reg1=0xb") && !t.contains("conj"))), "no per-VNID rule");
+    }
+
+    /// The counters' attribution, from `netpol_isolations`, names exactly the desired
+    /// state's NetworkPolicy flows of tables 80 and 27 that act (all but clause flows), each
+    /// in its own owner; db-from-web's rule 1 (a conjunction) and the drops among them.
+    #[test]
+    fn counting_covers_the_desired_policy_flows() {
+        use crate::pipeline::netpol::counted::{counting, Counted};
+        use crate::pipeline::netpol::Side;
+        let (state, _) = parse(include_str!("../../../deploy/examples/networkpolicy.yaml")).unwrap();
+        let (d, _, _) = desired_state_with_warnings(&state, &example_ofports(&state), &DnsAnswers::new());
+        let all = netpol_isolations(&state);
+        assert_eq!(all.iter().map(|n| n.namespace.as_str()).collect::<Vec<_>>(), ["team-a", "team-b"]);
+        let mut seen = BTreeSet::new();
+        for ns in &all {
+            let c = counting(ns);
+            let owner = Owner::NetworkPolicy { namespace: ns.namespace.clone() };
+            for f in d.flows_of(&owner) {
+                let text = f.to_string();
+                let acting = [80, 27].contains(&f.key.table) && !text.contains("actions=conjunction(");
+                assert_eq!(c.get(&f.key).is_some(), acting, "{text}");
+                if let Some(x) = c.get(&f.key) {
+                    seen.insert(x.clone());
+                }
+            }
+            assert!(c.iter().all(|(k, _)| d.owner_of(k) == Some(&owner)), "every counting flow is the owner's");
+        }
+        for want in [
+            Counted::Allowed { side: Side::Ingress, policy: "db-from-web".into(), rule: 1 },
+            Counted::Allowed { side: Side::Ingress, policy: "web-from-anywhere-but".into(), rule: 0 },
+            Counted::Allowed { side: Side::Egress, policy: "api-egress".into(), rule: 1 },
+            Counted::Dropped { side: Side::Ingress, pod: "10.128.2.5".parse().unwrap() },
+            Counted::Dropped { side: Side::Egress, pod: "10.128.2.7".parse().unwrap() },
+        ] {
+            assert!(seen.contains(&want), "{want:?} in {seen:#?}");
+        }
     }
 
     /// `owner_flows` gives every owner exactly what the full computation gives it.

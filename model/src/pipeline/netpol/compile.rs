@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 
 use openflow::{Ipv4Match, Match};
 
-use super::cube::{cubes, peer_member, plain_flows_on, Cube};
+use super::cube::{cubes, peer_member, plain_flows_seen, Cube};
 use super::super::audit::Verdict;
 use super::{conj_id_seed_on, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, MAX_CONJUNCTIONS_PER_FLOW};
 use crate::model::Vnid;
@@ -43,12 +43,37 @@ pub(super) struct Direction<'a> {
     pub(super) isolated: &'a [Ipv4Addr],
     pub(super) groups: Vec<Group<'a>>,
     pub(super) audit: &'a Audit,
+    /// Say what each flow counts ([`Role`]); off where only the flows are wanted.
+    pub(super) roles: bool,
 }
 
-/// The direction's flows and the errors (rules cut short).
-pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
+/// What one compiled flow's packet counter counts (see `super::counted`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role<'a> {
+    /// Nothing useful: a conjunction's clause flow (its actions are only `conjunction`).
+    Uncounted,
+    /// Connections one rule of one policy allowed: a plain flow made for the rule (the first
+    /// rule, in group order, that asked for its box), or a conjunction's `conj_id` flow.
+    Allowed { policy: &'a str, rule: usize },
+    /// Packets dropped for this isolated pod: none of its rules allowed them.
+    Dropped(Ipv4Addr),
+}
+
+/// The direction's flows, what each counts (empty unless [`Direction::roles`]; else one per
+/// flow, in order), and the errors (rules cut short).
+pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<String>) {
     let side = d.side;
     let mut errors = Vec::new();
+    // The rule each pod's plain box came from (the first to ask for it), for the counters.
+    let mut origin: HashMap<Ipv4Addr, HashMap<Cube, (&'a str, usize)>> = HashMap::new();
+    let mut note = |ip: Ipv4Addr, a: &Allow, policy: &'a str, rule: usize| {
+        if d.roles {
+            let o = origin.entry(ip).or_default();
+            for c in cubes(a) {
+                o.entry(c).or_insert((policy, rule));
+            }
+        }
+    };
     // With some rule logged, every rule that can be is a conjunction (its conj_id flow names
     // the rule); a pod's plain flows are logged as the first logged rule among theirs.
     let audited = d.audit.any_allow(side);
@@ -59,6 +84,11 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     let mut plain: BTreeMap<Ipv4Addr, Vec<Allow>> = BTreeMap::new();
     for ip in &open {
         plain.entry(*ip).or_default().push(Allow { src: Src::Any, dst: Dst::Any });
+    }
+    for g in d.groups.iter().filter(|g| g.opens()) {
+        for ip in &g.pods {
+            note(*ip, &Allow { src: Src::Any, dst: Dst::Any }, g.policy, g.rule);
+        }
     }
     for g in d.groups.iter().filter(|g| audited && g.opens() && d.audit.allows(side, g.policy, g.rule)) {
         for ip in &g.pods {
@@ -97,7 +127,11 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
                 }
                 let e = plain.entry(*ip).or_default();
                 for s in &peers {
-                    e.extend(g.ports.iter().map(|p| Allow { src: *s, dst: *p }));
+                    for p in &g.ports {
+                        let a = Allow { src: *s, dst: *p };
+                        note(*ip, &a, g.policy, g.rule);
+                        e.push(a);
+                    }
                 }
             }
         } else {
@@ -107,11 +141,21 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     }
     let isolated: Vec<IsolatedPod> =
         d.isolated.iter().map(|ip| IsolatedPod { ip: *ip, allows: plain.remove(ip).unwrap_or_default() }).collect();
-    let mut flows = plain_flows_on(side, &isolated, |ip, verdict| match verdict {
+    let mut roles = Vec::new();
+    let log = |ip, verdict| match verdict {
         Verdict::Allow => plain_rule.get(&ip).and_then(|(policy, rule)| d.audit.allow_action(side, d.namespace, policy, *rule)),
         Verdict::Deny => d.audit.deny_action(side, d.namespace, ip),
+    };
+    let mut flows = plain_flows_seen(side, &isolated, log, |ip, cube| {
+        if d.roles {
+            roles.push(match cube {
+                // Pruning keeps some of the boxes asked for, so each has an origin.
+                Some(c) => origin.get(&ip).and_then(|o| o.get(c)).map_or(Role::Uncounted, |&(policy, rule)| Role::Allowed { policy, rule }),
+                None => Role::Dropped(ip),
+            })
+        }
     });
-    let Some(vnid) = d.vnid else { return (flows, errors) };
+    let Some(vnid) = d.vnid else { return (flows, roles, errors) };
     // Clause flows by match (a match in several rules' clauses is one flow with all their
     // conjunction actions), in order of first use.
     let mut clause_flows: Vec<(Match, Vec<openflow::Conjunction>)> = Vec::new();
@@ -126,6 +170,7 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
     let mut used: BTreeSet<u32> = BTreeSet::new();
     let ns_vnid = Some(vnid.get());
     let mut conj_flows = Vec::new();
+    let mut conj_roles = Vec::new();
     for ((policy, rule, ports), (peers, mut pods, port_members)) in units {
         pods.sort_unstable();
         pods.dedup();
@@ -155,6 +200,7 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
                 add(p.to_match(side, None, ns_vnid), c);
             }
         }
+        conj_roles.push(Role::Allowed { policy, rule });
         conj_flows.push(side.allow_logged(
             ALLOW_PRIORITY,
             Match::any().conj_id(id).ipv4(Ipv4Match::default()).reg(side.namespace_reg().n(), vnid.get()),
@@ -171,7 +217,13 @@ pub(super) fn compile(d: Direction<'_>) -> (Vec<Flow>, Vec<String>) {
             cs.truncate(MAX_CONJUNCTIONS_PER_FLOW);
         }
         flows.push(Flow::new(side.table(), ALLOW_PRIORITY, m, cs.into_iter().map(openflow::Action::Conjunction).collect(), None));
+        if d.roles {
+            roles.push(Role::Uncounted);
+        }
     }
     flows.extend(conj_flows);
-    (flows, errors)
+    if d.roles {
+        roles.extend(conj_roles);
+    }
+    (flows, roles, errors)
 }

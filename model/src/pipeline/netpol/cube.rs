@@ -156,6 +156,18 @@ pub(super) fn prune(mut cubes: Vec<Cube>) -> Vec<Cube> {
 /// Pods allowed the same boxes share one pruning (quadratic in a pod's boxes). `log` gives a
 /// pod's audit action for its allowed flows and for its drop, if they are logged.
 pub fn plain_flows_on(side: Side, pods: &[IsolatedPod], log: impl Fn(Ipv4Addr, Verdict) -> Option<openflow::Action>) -> Vec<Flow> {
+    plain_flows_seen(side, pods, log, |_, _| {})
+}
+
+/// [`plain_flows_on`], telling `seen` what each flow is, in the order of the flows: the pod's
+/// allowed flow of a box (`Some`), or its drop (`None`). The flow counters attribute each
+/// flow from it (`super::counted`), so they follow exactly the flows made here.
+pub(super) fn plain_flows_seen(
+    side: Side,
+    pods: &[IsolatedPod],
+    log: impl Fn(Ipv4Addr, Verdict) -> Option<openflow::Action>,
+    mut seen: impl FnMut(Ipv4Addr, Option<&Cube>),
+) -> Vec<Flow> {
     let mut flows = Vec::new();
     let mut memo: HashMap<Vec<Allow>, std::rc::Rc<Vec<Cube>>> = HashMap::new();
     for p in pods {
@@ -172,8 +184,10 @@ pub fn plain_flows_on(side: Side, pods: &[IsolatedPod], log: impl Fn(Ipv4Addr, V
         };
         let allow_log = log(p.ip, Verdict::Allow);
         for c in kept.iter() {
+            seen(p.ip, Some(c));
             flows.push(side.allow_logged(ALLOW_PRIORITY, c.to_match(side, Some(p.ip), None), allow_log.clone()));
         }
+        seen(p.ip, None);
         flows.push(isolated_drop(side, p.ip, log(p.ip, Verdict::Deny)));
     }
     flows

@@ -72,6 +72,7 @@
 //! through such rules, on one node and across VXLAN.
 
 mod compile;
+pub mod counted;
 mod cube;
 pub mod egress;
 
@@ -84,7 +85,7 @@ use openflow::{Ipv4Match, Match};
 
 use super::{cidr, host, output_reg2, Flow, Reg, Table};
 use crate::model::Vnid;
-use compile::{compile, Direction, Group};
+use compile::{compile, Direction, Group, Role};
 pub use cube::port_masks;
 
 /// Which end of a connection a policy's rules judge: ingress rules the connections to the
@@ -406,6 +407,14 @@ fn port_key(dsts: &[Dst]) -> Option<Vec<Dst>> {
 /// isolated pods' drops — table 80 for ingress, table 27 for egress, with the egress-isolated
 /// pods' hooks into table 27 ([`egress::pod_hooks`]). See the module documentation.
 pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
+    let (flows, _, errors) = build(ns, false);
+    (flows, errors)
+}
+
+/// [`namespace_flows`], and with `roles` what each flow counts (one per flow, with its
+/// direction; empty without `roles`): the one computation behind both the flows and the
+/// counters ([`counted`]), so they cannot drift apart.
+fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>, Vec<String>) {
     let mut ingress = Vec::new();
     for r in &ns.rules {
         let mut by_ports: BTreeMap<Vec<Dst>, Vec<Ipv4Addr>> = BTreeMap::new();
@@ -416,16 +425,18 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
         }
         ingress.extend(by_ports.into_iter().map(|(ports, pods)| Group { policy: &r.policy, rule: r.rule, peers: r.srcs.clone(), pods, ports }));
     }
-    let (mut flows, mut errors) = compile(Direction {
+    let (mut flows, ingress_roles, mut errors) = compile(Direction {
         side: Side::Ingress,
         namespace: &ns.namespace,
         vnid: ns.vnid,
         isolated: &ns.isolated,
         groups: ingress,
         audit: &ns.audit,
+        roles,
     });
+    let mut all_roles: Vec<(Side, Role<'_>)> = ingress_roles.into_iter().map(|r| (Side::Ingress, r)).collect();
     if ns.egress_isolated.is_empty() {
-        return (flows, errors);
+        return (flows, all_roles, errors);
     }
     let mut groups = Vec::new();
     for r in &ns.egress_rules {
@@ -446,18 +457,25 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
             groups.push(Group { policy: &r.policy, rule: r.rule, peers, pods: r.pods.clone(), ports });
         }
     }
-    let (egress, e) = compile(Direction {
+    let (egress, egress_roles, e) = compile(Direction {
         side: Side::Egress,
         namespace: &ns.namespace,
         vnid: ns.vnid,
         isolated: &ns.egress_isolated,
         groups,
         audit: &ns.audit,
+        roles,
     });
     flows.extend(egress);
     errors.extend(e);
-    flows.extend(egress::pod_hooks(&ns.egress_isolated, ns.pod_vnid));
-    (flows, errors)
+    all_roles.extend(egress_roles.into_iter().map(|r| (Side::Egress, r)));
+    let hooks = egress::pod_hooks(&ns.egress_isolated, ns.pod_vnid);
+    if roles {
+        // Tables 21 and 25 only send packets on to table 27: nothing to count there.
+        all_roles.extend(hooks.iter().map(|_| (Side::Egress, Role::Uncounted)));
+    }
+    flows.extend(hooks);
+    (flows, all_roles, errors)
 }
 
 #[cfg(test)]

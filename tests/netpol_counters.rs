@@ -1,0 +1,300 @@
+//! Per-policy counters from flow statistics (issue 23 item 4), end to end: `sdn-node run`
+//! on a netdev ovs-vswitchd in the node's namespace, pods through libcni, real TCP and UDP.
+//!
+//! - An allowed connection (ten exchanges) counts exactly one connection for the policy and
+//!   direction that allowed it — ingress `isolated/web`, egress `client/out` rule 0 — and
+//!   nothing for the others (`isolated/api`).
+//! - A connection denied on ingress counts its one SYN as a drop of namespace `isolated`
+//!   (ingress, pod `isolated/s1`); one denied on egress a drop of `client` (egress).
+//! - Read through `/metrics` and `sdn-node status`, which agree.
+//! - A policy change that re-creates the rule's flows (another match), and a drop flow
+//!   re-created under the same key and cookie that counts past its old value before the next
+//!   read, never make a counter go back or lose a packet.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use support::cninode::*;
+use support::nodes::in_netns;
+
+const STATE: &str = r#"
+node: node-a
+plugin: networkpolicy
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+mtu: 1450
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
+netNamespaces:
+  - {name: isolated, netid: 11}
+  - {name: client, netid: 13}
+networkPolicies:
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: web, namespace: isolated}, spec: {podSelector: {}, ingress: [{from: [{namespaceSelector: {}}], ports: [{port: 8080}]}]}}
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: api, namespace: isolated}, spec: {podSelector: {}, ingress: [{from: [{podSelector: {}}], ports: [{port: 9000}]}]}}
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: out, namespace: client}, spec: {podSelector: {}, policyTypes: [Egress], egress: [{ports: [{port: 8080, endPort: 8081}]}, {ports: [{port: 9000}]}]}}
+"#;
+
+const METRICS: &str = "127.0.0.1:9101";
+/// Reads every second.
+const INTERVAL: &str = "1";
+
+/// GET /metrics from the agent's listener inside the node's namespace.
+async fn metrics(node: &CniNode) -> String {
+    let netns = hostnet::Netns::open(format!("/var/run/netns/{}", node.ns)).expect("node namespace");
+    let addr: SocketAddr = METRICS.parse().expect("address");
+    let stream = netns
+        .run("connect to the metrics listener", move || {
+            TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(|e| hostnet::Error::Invalid { what: addr.to_string(), reason: e.to_string() })
+        })
+        .await
+        .expect("connect inside the node's namespace");
+    tokio::task::spawn_blocking(move || {
+        let mut s = stream;
+        s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    })
+    .await
+    .expect("metrics")
+}
+
+/// A series' value (`None`: not exported).
+fn value(text: &str, series: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse::<f64>().ok()).map(|v| v as u64)
+}
+
+fn conns(ns: &str, policy: &str, dir: &str) -> String {
+    format!("sdn_node_policy_connections_total{{namespace=\"{ns}\",policy=\"{policy}\",direction=\"{dir}\"}}")
+}
+
+fn drops(ns: &str, dir: &str) -> String {
+    format!("sdn_node_policy_dropped_packets_total{{namespace=\"{ns}\",direction=\"{dir}\"}}")
+}
+
+/// Every series at its value, read through /metrics (waiting for the agent's reads and the
+/// switch's statistics, bounded by [`WAIT`]), then still there two reads later: exact, not
+/// at least.
+async fn settle(node: &CniNode, want: &[(String, u64)]) -> String {
+    let end = Instant::now() + WAIT;
+    loop {
+        let text = metrics(node).await;
+        let got: Vec<Option<u64>> = want.iter().map(|(s, _)| value(&text, s)).collect();
+        if want.iter().zip(&got).all(|((_, v), g)| *g == Some(*v)) {
+            break;
+        }
+        assert!(Instant::now() < end, "counters {want:?}, got {got:?}\n{text}\n{}", node.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let text = metrics(node).await;
+    for (s, v) in want {
+        assert_eq!(value(&text, s), Some(*v), "{s} moved on\n{text}");
+    }
+    text
+}
+
+/// A TCP connection with ten echoed exchanges; panics if it fails.
+async fn exchange(ns: &PodNs, to: Ipv4Addr, port: u16) {
+    in_netns(&ns.name, move || -> std::io::Result<()> {
+        let mut s = TcpStream::connect_timeout(&SocketAddr::from((to, port)), WAIT)?;
+        for i in 0..10u8 {
+            s.write_all(&[i; 16])?;
+            let mut buf = [0u8; 16];
+            s.read_exact(&mut buf)?;
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("allowed connection to {to}:{port}: {e}"));
+}
+
+/// One SYN (the connect gives up before the kernel's first retransmission at 1 s).
+async fn denied(ns: &PodNs, to: Ipv4Addr, port: u16) {
+    let r = in_netns(&ns.name, move || TcpStream::connect_timeout(&SocketAddr::from((to, port)), Duration::from_millis(300))).await;
+    assert!(r.is_err(), "{to}:{port} is denied");
+}
+
+fn echo_server(listener: TcpListener) {
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 || s.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+#[tokio::test]
+async fn allowed_connections_and_drops_count_for_their_policy_and_never_go_back() {
+    if !can_run() {
+        return;
+    }
+    let node = CniNode::start_with(STATE, &["--metrics-addr", METRICS, "--policy-stats-interval", INTERVAL]).await;
+    let (client_ns, server_ns) = (PodNs::new("client"), PodNs::new("server"));
+    let r = node.cni("add", "client", "c1", &container(1), &client_ns.path());
+    assert!(r.ok(), "client ADD: {:?}\n{}", r.out, node.log());
+    let r = node.cni("add", "isolated", "s1", &container(2), &server_ns.path());
+    assert!(r.ok(), "server ADD: {:?}\n{}", r.out, node.log());
+    let server: Ipv4Addr = r.addr().parse().unwrap();
+    for port in [8080, 8081] {
+        echo_server(in_netns(&server_ns.name, move || TcpListener::bind(("0.0.0.0", port))).await.expect("listen"));
+    }
+
+    // Every known series exists at zero before anything moves.
+    let zero = [
+        (conns("isolated", "web", "ingress"), 0),
+        (conns("isolated", "api", "ingress"), 0),
+        (conns("client", "out", "egress"), 0),
+        (drops("isolated", "ingress"), 0),
+        (drops("client", "egress"), 0),
+    ];
+    settle(&node, &zero).await;
+
+    exchange(&client_ns, server, 8080).await;
+    // Egress allows 9000 (out, rule 1); isolated's ingress does not (api: own namespace only).
+    denied(&client_ns, server, 9000).await;
+    // Egress allows neither 9090 nor UDP: dropped in table 27, never reaching table 80.
+    denied(&client_ns, server, 9090).await;
+    let u = in_netns(&client_ns.name, || UdpSocket::bind("0.0.0.0:0")).await.unwrap();
+    u.send_to(b"x", (server, 7000)).unwrap();
+    let text = settle(
+        &node,
+        &[
+            (conns("isolated", "web", "ingress"), 1),
+            (conns("isolated", "api", "ingress"), 0),
+            (conns("client", "out", "egress"), 2),
+            (drops("isolated", "ingress"), 1),
+            (drops("client", "egress"), 2),
+        ],
+    )
+    .await;
+    assert_eq!(value(&text, "sdn_node_policy_stats_reads_total{result=\"error\"}"), Some(0), "{text}");
+    assert!(value(&text, "sdn_node_policy_dropped_bytes_total{namespace=\"isolated\",direction=\"ingress\"}").is_some_and(|b| b >= 40), "{text}");
+
+    // The same through status, per rule and per pod.
+    let st = sdn_node::api::status::fetch(&node.agent.socket).await.expect("status");
+    let c = &st.policy_counters;
+    assert!(c.last_read_unix_ms.is_some() && c.last_error.is_none(), "{st}");
+    let allowed = |ns: &str, p: &str| c.allowed.iter().find(|a| a.namespace == ns && a.policy == p).unwrap_or_else(|| panic!("{ns}/{p} in {st}"));
+    let out = allowed("client", "out");
+    assert_eq!((out.direction.as_str(), out.connections), ("egress", 2), "{st}");
+    assert_eq!(out.rules, [(0, 1), (1, 1)].into(), "{st}");
+    assert_eq!(allowed("isolated", "web").rules, [(0, 1)].into(), "{st}");
+    let dropped = c.dropped.iter().find(|d| d.namespace == "isolated").unwrap_or_else(|| panic!("{st}"));
+    assert_eq!((dropped.direction.as_str(), dropped.packets), ("ingress", 1), "{st}");
+    assert_eq!(dropped.pods.iter().map(|p| (p.pod.as_str(), p.packets)).collect::<Vec<_>>(), [("isolated/s1", 1)], "{st}");
+    let text = st.to_string();
+    assert!(text.contains("    isolated/web  ingress 1 (rule 0: 1)\n") && text.contains("      isolated/s1 ("), "sdn-node status prints them:\n{text}");
+
+    // web's flows re-created with another match (8080 becomes 8080-8081): the count stays.
+    let flows_before = node.flows();
+    let changed = STATE.replace("ports: [{port: 8080}]}]}}", "ports: [{port: 8080, endPort: 8081}]}]}}");
+    assert_ne!(changed, STATE);
+    std::fs::write(&node.agent.state, &changed).expect("write the state");
+    let end = Instant::now() + WAIT;
+    while !node.flows().iter().any(|f| f.contains("tp_dst=0x1f90/0xfffe")) {
+        assert!(Instant::now() < end, "the new port range never reached the switch\n{}", node.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(flows_before.iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080")), "web was a plain flow on 8080");
+    // s1's drop flow re-created (deleted and added again, same key and cookie, as a restarted
+    // switch or a replay would): its count starts from zero and, before the next read, passes
+    // what the old one had. Only its age says it is another flow.
+    let drop_line = || -> Option<String> {
+        let out = support::ofctl(&node.sb, &["dump-flows", "br0", &format!("table=80,ip,nw_dst={server}")]);
+        out.lines().find(|l| l.contains("priority=100,") && l.contains("actions=drop")).map(str::to_string)
+    };
+    let field = |l: &str, k: &str| -> String { l.split(&format!("{k}=")).nth(1).and_then(|v| v.split([',', ' ']).next()).unwrap_or("").to_string() };
+    let old = drop_line().expect("s1's drop flow");
+    assert_eq!(field(&old, "n_packets"), "1", "the switch counted one drop: {old}");
+    let drop_flow = format!("table=80,priority=100,ip,nw_dst={server}");
+    support::ofctl(&node.sb, &["--strict", "del-flows", "br0", &drop_flow]);
+    support::ofctl(&node.sb, &["add-flow", "br0", &format!("cookie={},{drop_flow},actions=drop", field(&old, "cookie"))]);
+    denied(&client_ns, server, 9000).await;
+    denied(&client_ns, server, 9000).await;
+    let end = Instant::now() + WAIT;
+    loop {
+        // The switch's own statistics lag its datapath by up to a second.
+        let new = drop_line().expect("the drop flow is back");
+        assert_eq!(field(&new, "cookie"), field(&old, "cookie"), "{old}\n{new}");
+        if field(&new, "n_packets") == "2" {
+            break;
+        }
+        assert!(Instant::now() < end, "two drops on the new flow: {new}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    exchange(&client_ns, server, 8081).await;
+    settle(
+        &node,
+        &[
+            (conns("isolated", "web", "ingress"), 2),
+            (conns("isolated", "api", "ingress"), 0),
+            (conns("client", "out", "egress"), 5),
+            (drops("isolated", "ingress"), 3),
+            (drops("client", "egress"), 2),
+        ],
+    )
+    .await;
+}
+
+/// SIGCONTs the frozen process on drop (also on panic).
+struct Thaw(i32);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The agent's counters once `ok` holds (bounded by [`WAIT`]).
+async fn wait(
+    t: &sdn_node::metrics::Telemetry,
+    what: &str,
+    ok: impl Fn(&sdn_node::policy_stats::PolicyCounters) -> bool,
+) -> sdn_node::policy_stats::PolicyCounters {
+    let end = Instant::now() + WAIT;
+    loop {
+        let c = t.metrics.policy_counters.report();
+        if ok(&c) {
+            return c;
+        }
+        assert!(Instant::now() < end, "{what}: {c:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A frozen ovs-vswitchd (SIGSTOP) makes the reads fail at their deadline, which status shows
+/// (answering at once meanwhile); thawed, the reads succeed again and the error is cleared.
+#[tokio::test]
+async fn a_frozen_switch_fails_reads_at_their_deadline_and_stalls_nothing() {
+    let state = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/networkpolicy.yaml")).unwrap();
+    let agent = support::inproc::start_with(&state, |o| o.policy_stats_interval = Some(Duration::from_millis(200))).await;
+    let t = agent.telemetry.clone();
+    let read = wait(&t, "a first read", |c| c.last_read_unix_ms.is_some() && c.flows_read > 0).await;
+    assert!(read.last_error.is_none() && read.allowed.iter().any(|a| a.policy == "db-from-web"), "{read:?}");
+    let pid = agent.sb.vswitchd_pid().expect("ovs-vswitchd pid");
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let thaw = Thaw(pid);
+    let failed = wait(&t, "a failed read", |c| c.last_error.is_some()).await;
+    assert!(failed.last_error.as_deref().is_some_and(|e| e.contains("no answer within 200ms")), "{failed:?}");
+    let asked = Instant::now();
+    let st = sdn_node::api::status::fetch(&agent.socket).await.expect("status while the switch is frozen");
+    assert!(asked.elapsed() < Duration::from_secs(2), "status took {:?}", asked.elapsed());
+    assert!(st.to_string().contains("LAST READ FAILED"), "{st}");
+    assert_eq!(st.policy_counters.allowed, read.allowed, "the counters keep their values");
+    drop(thaw);
+    let after = failed.last_read_unix_ms;
+    wait(&t, "reads again", |c| c.last_error.is_none() && c.last_read_unix_ms > after).await;
+    let (_, m) = support::inproc::http_get(&agent.metrics, "/metrics").await;
+    assert!(value(&m, "sdn_node_policy_stats_reads_total{result=\"error\"}").is_some_and(|n| n >= 1), "{m}");
+}
