@@ -41,28 +41,6 @@ const METRICS: &str = "127.0.0.1:9101";
 /// Reads every second.
 const INTERVAL: &str = "1";
 
-/// GET /metrics from the agent's listener inside the node's namespace.
-async fn metrics(node: &CniNode) -> String {
-    let netns = hostnet::Netns::open(format!("/var/run/netns/{}", node.ns)).expect("node namespace");
-    let addr: SocketAddr = METRICS.parse().expect("address");
-    let stream = netns
-        .run("connect to the metrics listener", move || {
-            TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(|e| hostnet::Error::Invalid { what: addr.to_string(), reason: e.to_string() })
-        })
-        .await
-        .expect("connect inside the node's namespace");
-    tokio::task::spawn_blocking(move || {
-        let mut s = stream;
-        s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    })
-    .await
-    .expect("metrics")
-}
-
 /// A series' value (`None`: not exported).
 fn value(text: &str, series: &str) -> Option<u64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse::<f64>().ok()).map(|v| v as u64)
@@ -82,7 +60,7 @@ fn drops(ns: &str, dir: &str) -> String {
 async fn settle(node: &CniNode, want: &[(String, u64)]) -> String {
     let end = Instant::now() + WAIT;
     loop {
-        let text = metrics(node).await;
+        let text = node.metrics(METRICS).await;
         let got: Vec<Option<u64>> = want.iter().map(|(s, _)| value(&text, s)).collect();
         if want.iter().zip(&got).all(|((_, v), g)| *g == Some(*v)) {
             break;
@@ -91,7 +69,7 @@ async fn settle(node: &CniNode, want: &[(String, u64)]) -> String {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let text = metrics(node).await;
+    let text = node.metrics(METRICS).await;
     for (s, v) in want {
         assert_eq!(value(&text, s), Some(*v), "{s} moved on\n{text}");
     }

@@ -15,7 +15,6 @@
 
 mod support;
 
-use std::io::{Read, Write};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -164,7 +163,7 @@ async fn realization(node: &CniNode) {
             .and_then(|v| v.trim().parse().ok())
             .expect("the histogram in /metrics")
     };
-    let before = count(&metrics(node).await);
+    let before = count(&node.metrics(METRICS).await);
     assert!(before >= 1, "generation 1 was timed");
     // Alternate between two versions of the policy: each write is a new generation.
     let allow =
@@ -185,7 +184,7 @@ async fn realization(node: &CniNode) {
         assert_eq!((p.seen_generation, p.realized_generation), (generation, Some(generation)), "{}", node.log());
         latencies.push(Duration::from_secs_f64(p.last_latency_seconds.expect("a latency")));
     }
-    assert_eq!(count(&metrics(node).await), before + 6, "one observation per generation");
+    assert_eq!(count(&node.metrics(METRICS).await), before + 6, "one observation per generation");
     latencies.sort();
     eprintln!(
         "policy realization, state file change to switch ack, {} generations: min {:?}, median {:?}, max {:?} (includes the source's 50 ms debounce)",
@@ -196,25 +195,3 @@ async fn realization(node: &CniNode) {
     );
 }
 
-/// GET /metrics from the agent's listener inside the node's namespace.
-async fn metrics(node: &CniNode) -> String {
-    let netns = hostnet::Netns::open(format!("/var/run/netns/{}", node.ns)).expect("node namespace");
-    let addr: std::net::SocketAddr = METRICS.parse().expect("address");
-    let stream = netns
-        .run("connect to the metrics listener", move || {
-            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
-                .map_err(|e| hostnet::Error::Invalid { what: addr.to_string(), reason: e.to_string() })
-        })
-        .await
-        .expect("connect inside the node's namespace");
-    tokio::task::spawn_blocking(move || {
-        let mut s = stream;
-        s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-        write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
-    })
-    .await
-    .expect("metrics")
-}

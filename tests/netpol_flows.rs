@@ -690,6 +690,11 @@ fn on_a_real_switch(label: &str, text: &str) {
     use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
     use sdn_node::switch::{Switch, SwitchOptions};
     use std::time::Instant;
+    fn cpu_ticks(pid: &str) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let f: Vec<&str> = s.rsplit_once(')').map(|x| x.1).unwrap_or("").split_whitespace().collect();
+        f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    }
     fn rss_kib(pid: &str) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
@@ -713,8 +718,10 @@ fn on_a_real_switch(label: &str, text: &str) {
         let in_table = |t: u8| d.iter().filter(|(_, c)| c.key.table == t).count();
         let (in80, in27) = (in_table(80), in_table(27));
         let conj = d.iter().filter(|(_, c)| c.key.decode_match().is_ok_and(|m| m.conj_id.is_some())).count();
+        let d_hooks = d.iter().filter(|(o, c)| matches!(o, Owner::NetworkPolicy { .. }) && ![80, 27].contains(&c.key.table)).count();
         let (changed, owner) = change_one_policy(&state, &d);
         let owner_before = d.flows_of(&owner).len();
+        let owner_before_policy = d.flows_of(&owner).iter().filter(|c| [80, 27].contains(&c.key.table)).count();
         let sb = OvsSandbox::start(SandboxOptions::default()).await.expect("a private switch (Open vSwitch installed?)");
         sb.add_bridge("br0", "dummy").await.unwrap();
         let sw = Switch::connect(&format!("unix:{}", sb.mgmt_socket("br0").display()), SwitchOptions::default()).await.unwrap();
@@ -731,16 +738,30 @@ fn on_a_real_switch(label: &str, text: &str) {
         let (new, _, _) = owner_flows(&changed, &ports, &dns, &owner);
         let change_cpu = thread_cpu() - c0;
         let expected = flows - owner_before + new.len();
+        let policy_after = netpol - d_hooks - owner_before_policy + new.iter().filter(|f| [80, 27].contains(&f.table.id())).count();
         let out = engine.update(vec![(owner.clone(), new)]).await.unwrap();
         let change = t.elapsed();
         // The engine's mirror holds the new state (the engine only records what was acked).
         let (_, installed, _) = engine.snapshot().await.unwrap();
         assert_eq!(installed.len(), expected, "installed flows after the change");
+        // One read of the per-policy counters (src/policy_stats): tables 80 and 27 dumped by
+        // the NetworkPolicy cookie kind, as the task asks every --policy-stats-interval.
+        let sw = Switch::connect(&format!("unix:{}", sb.mgmt_socket("br0").display()), SwitchOptions::default()).await.unwrap();
+        let kind = u64::from(Owner::NetworkPolicy { namespace: String::new() }.kind()) << 56;
+        let (vcpu0, t) = (cpu_ticks(&vswitchd), Instant::now());
+        let mut dumped = 0;
+        for table in [80u8, 27] {
+            let req = openflow::FlowStatsRequest { table_id: table, cookie: kind, cookie_mask: 0xff << 56, ..Default::default() };
+            dumped += sw.dump_flows(req).await.unwrap().len();
+        }
+        let (read, read_vcpu) = (t.elapsed(), (cpu_ticks(&vswitchd) - vcpu0) * 10);
+        assert_eq!(dumped, policy_after, "the counters' dump holds the NetworkPolicy flows of tables 80 and 27");
         eprintln!(
             "netpol {label}: {flows} desired flows ({netpol} NetworkPolicy: table 80 {}, table 27 {}, {conj} conj_id); parse {parse_cpu:?}, \
              desired state {compute_cpu:?} CPU; installed in {install:?}; ovs-vswitchd RSS {} -> {} MiB ({:.2} KiB/flow), \
              the agent (this process) {} -> {} MiB ({:.2} KiB/flow: desired state and installed mirror); one policy change in {owner}: \
-             owner recomputed in {change_cpu:?} CPU, committed and acked in {change:?} ({out:?})",
+             owner recomputed in {change_cpu:?} CPU, committed and acked in {change:?} ({out:?}); one counters read: {dumped} flows in {read:?}, \
+             ovs-vswitchd CPU {read_vcpu} ms",
             in80, in27,
             vs0 >> 10, vs1 >> 10, (vs1.saturating_sub(vs0)) as f64 / flows as f64,
             me0 >> 10, me1 >> 10, (me1.saturating_sub(me0)) as f64 / flows as f64,

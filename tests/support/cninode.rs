@@ -392,6 +392,32 @@ impl CniNode {
     pub fn nft(&self) -> String {
         in_ns(&self.ns, &["nft", "list", "ruleset"]).1
     }
+
+    /// GET /metrics from the agent's `--metrics-addr` listener `addr`, inside the node's
+    /// namespace (connect and read with deadlines): the whole HTTP answer.
+    #[allow(dead_code)]
+    pub async fn metrics(&self, addr: &str) -> String {
+        use std::io::Read;
+        let netns = hostnet::Netns::open(format!("/var/run/netns/{}", self.ns)).expect("node namespace");
+        let addr: std::net::SocketAddr = addr.parse().expect("address");
+        let stream = netns
+            .run("connect to the metrics listener", move || {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+                    .map_err(|e| hostnet::Error::Invalid { what: addr.to_string(), reason: e.to_string() })
+            })
+            .await
+            .expect("connect inside the node's namespace");
+        tokio::task::spawn_blocking(move || {
+            let mut s = stream;
+            s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+            write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("request");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        })
+        .await
+        .expect("metrics")
+    }
 }
 
 /// A 64-hex container ID from a number.
