@@ -565,7 +565,7 @@ fn scale_one_policy_change_recomputes_one_namespace() {
 #[ignore = "scale figures: run with --release --ignored"]
 fn scale_on_a_real_switch() {
     use sdn_node::engine::Engine;
-    use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+    use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
     use sdn_node::switch::{Switch, SwitchOptions};
     use std::time::Instant;
     fn rss_kib(pid: &str) -> u64 {
