@@ -238,7 +238,7 @@ fn pod_config(veth: &str, p: &PodPort) -> hostnet::PodConfig {
     let local = workload::node().local_subnet;
     hostnet::PodConfig {
         ifname: "eth0".into(),
-        mac: Some(hostnet::MacAddr(p.mac.0)),
+        mac: Some(p.mac),
         mtu: MTU,
         address: ipnet::Ipv4Net::new(p.ip, local.prefix_len()).unwrap_or_default(),
         gateway: Ipv4Addr::from(u32::from(local.network()) + 1),
