@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use openflow::{Action, FlowMod, FlowModCommand, Ipv4Match, Masked, Match, OFPTT_ALL};
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::switch::{Switch, SwitchOptions};
 
 fn pod_flow(i: u32) -> FlowMod {

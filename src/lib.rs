@@ -5,13 +5,15 @@
 //! [`cluster::desired`] turns it into flows built by [`pipeline`]; [`store`] diffs them against
 //! what the switch holds; [`switch`] commits the difference as one bundle; [`ovsdb`] manages the
 //! bridge and ports. [`apply`] runs that chain once.
+//!
+//! The test sandbox (a private Open vSwitch) and the benchmarks are not here: they are the
+//! `sdn-harness` crate (`harness/`, binary `sdn-bench`), which depends on this library.
 
 pub use sdn_model::{cluster, model, pipeline, store};
 
 pub mod api;
 pub mod audit;
 pub mod apply;
-pub mod bench;
 pub mod engine;
 pub mod kube;
 pub mod metrics;
@@ -21,6 +23,5 @@ pub mod realize;
 pub mod reconcile;
 pub mod rlimit;
 pub mod run;
-pub mod sandbox;
 pub mod switch;
 pub mod trace;

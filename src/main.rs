@@ -266,11 +266,6 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Benchmarks on a real ovs-vswitchd.
-    Bench {
-        #[command(subcommand)]
-        which: BenchCmd,
-    },
 }
 
 #[derive(Subcommand)]
@@ -310,92 +305,6 @@ enum PodCmd {
     List,
 }
 
-#[derive(Subcommand)]
-enum BenchCmd {
-    /// Pod churn, bulk resync and egress swaps, each against a baseline measured in the same
-    /// run (ovs-ofctl per transaction; unbundled pre-encoded FLOW_MODs; the switch's limit: pre-encoded bundles).
-    Churn {
-        /// Pods installed before measuring (M).
-        #[arg(long, default_value_t = 10_000)]
-        base_pods: u32,
-        /// Pod setups (and as many teardowns) per round (K).
-        #[arg(long, default_value_t = 300)]
-        ops: u32,
-        /// Alternating A/B rounds per measurement.
-        #[arg(long, default_value_t = 2)]
-        rounds: u32,
-        /// Attach to a running switch (DIR/db.sock, DIR/br0.mgmt) instead of starting a
-        /// private one.
-        #[arg(long)]
-        ovs_rundir: Option<PathBuf>,
-        /// Pods of the recovery measured through a real `sdn-node run` (its own switch; each
-        /// pod is an OVSDB port).
-        #[arg(long, default_value_t = 1000)]
-        recovery_pods: u32,
-        /// Print one JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Whole pod setups and teardowns on the production path (a real `sdn-node run` agent,
-    /// every ADD/DEL through the `sdn-node-cni` binary, real netns + veth per pod), side by
-    /// side with the seed's way (ovs-vsctl + ovs-ofctl per pod) and the switch's limit (one raw
-    /// OVSDB transaction, ofport wait, one pre-encoded bundle), alternating. Needs root.
-    Pods {
-        /// Pods installed on each variant's bridge before measuring (M).
-        #[arg(long, default_value_t = 250)]
-        base_pods: u32,
-        /// Serial ADDs (and as many DELs) per variant (K).
-        #[arg(long, default_value_t = 50)]
-        ops: u32,
-        /// Pods started at once in the burst measurement (C).
-        #[arg(long, default_value_t = 30)]
-        concurrency: u32,
-        /// Use this running switch (agent on br0, baselines on bridges bpseed/bplimit, all in
-        /// the current network namespace) instead of three private ones.
-        #[arg(long)]
-        ovs_rundir: Option<PathBuf>,
-        /// The CNI plugin binary (default: sdn-node-cni next to this executable).
-        #[arg(long)]
-        cni_bin: Option<PathBuf>,
-        /// The agent's `--warm-ports` (pod interfaces kept ready; 0: none).
-        #[arg(long, default_value_t = 8)]
-        warm_ports: usize,
-        /// Print one JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Serial flow commits alone (churn's serial phase), side by side with raw baselines: the
-    /// switch's limit (one pre-encoded bundle + barrier per transaction), the two-phase
-    /// sequence the agent follows (ADDs + barrier, then COMMIT) pre-encoded, and a lone
-    /// barrier. `--only-agent` skips the baselines (for instruction counts under callgrind).
-    Commit {
-        #[arg(long, default_value_t = 10_000)]
-        base_pods: u32,
-        #[arg(long, default_value_t = 500)]
-        ops: u32,
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-        #[arg(long)]
-        ovs_rundir: Option<PathBuf>,
-        #[arg(long)]
-        only_agent: bool,
-        /// Print one JSON object as the last line.
-        #[arg(long)]
-        json: bool,
-    },
-    /// (Used by `churn`.) Measure the agent's peak RSS alone: replay M pods into the emptied
-    /// bridge of a running switch, churn K pods, print the peak RSS in MiB.
-    #[command(hide = true)]
-    Rss {
-        #[arg(long)]
-        base_pods: u32,
-        #[arg(long)]
-        ops: u32,
-        #[arg(long)]
-        ovs_rundir: PathBuf,
-    },
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -409,7 +318,7 @@ fn main() -> ExitCode {
     }
     // One thread: the agent's work is I/O-bound and sequential per switch, and on a small node
     // a second worker mostly adds cross-thread wake-ups on every reply (measured with
-    // `sdn-node bench churn`); ovs-vswitchd keeps the other core.
+    // `sdn-bench churn`); ovs-vswitchd keeps the other core.
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -440,15 +349,6 @@ fn secs(v: f64) -> Duration {
 
 fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
-}
-
-/// A benchmark's report: its table, then with `--json` one JSON object as the last line.
-fn print_report<R: serde::Serialize, E: std::fmt::Display>(r: Result<R, E>, table: impl FnOnce(&R) -> String, as_json: bool) -> ExitCode {
-    let r = r.map_err(|e| e.to_string()).and_then(|r| {
-        let line = if as_json { serde_json::to_string(&r).map_err(|e| e.to_string())? + "\n" } else { String::new() };
-        Ok((r, line))
-    });
-    print_result(r, |(r, line)| table(r) + line)
 }
 
 fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> ExitCode {
@@ -531,47 +431,6 @@ async fn run(cli: Cli) -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
-        }
-        Cmd::Bench { which: BenchCmd::Rss { base_pods, ops, ovs_rundir } } => {
-            match sdn_node::bench::rss(&ovs_rundir, base_pods, ops).await {
-                Ok(mib) => {
-                    println!("{mib:.1}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Cmd::Bench { which: BenchCmd::Pods { base_pods, ops, concurrency, ovs_rundir, cni_bin, warm_ports, json } } => {
-            let node_bin = match std::env::current_exe() {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("error: own executable: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let cni_bin = cni_bin.unwrap_or_else(|| node_bin.with_file_name("sdn-node-cni"));
-            let opts = sdn_node::bench::pods::PodsOptions {
-                base_pods,
-                ops,
-                concurrency,
-                ovs_rundir,
-                node_bin,
-                cni_bin,
-                install_concurrency: 8,
-                warm_ports,
-            };
-            print_report(sdn_node::bench::pods::pods(&opts, |p| eprintln!("== {p}")).await, |r| r.table(), json)
-        }
-        Cmd::Bench { which: BenchCmd::Commit { base_pods, ops, rounds, ovs_rundir, only_agent, json } } => {
-            let opts = sdn_node::bench::commit::CommitOptions { base_pods, ops, rounds, ovs_rundir, only_agent };
-            print_report(sdn_node::bench::commit::commit(&opts, |p| eprintln!("== {p}")).await, |r| r.table(), json)
-        }
-        Cmd::Bench { which: BenchCmd::Churn { base_pods, ops, rounds, ovs_rundir, recovery_pods, json } } => {
-            let opts = sdn_node::bench::ChurnOptions { base_pods, ops, rounds, ovs_rundir, recovery_pods, ..Default::default() };
-            print_report(sdn_node::bench::churn(&opts, |p| eprintln!("== {p}")).await, |r| r.table(), json)
         }
         Cmd::Apply { state, bridge } => {
             let mut opts = ApplyOptions::new(state, bridge.ovs.ovs_rundir);

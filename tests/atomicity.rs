@@ -18,7 +18,7 @@ use sdn_node::cluster::desired::desired_state;
 use sdn_node::cluster::{state_file, ClusterState};
 use sdn_node::pipeline::egress::DnsAnswers;
 use sdn_node::pipeline::{FlowKey, Table};
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::switch::{Switch, SwitchOptions};
 
 /// Rules per policy: `ALLOWS` Allow cidrSelectors, then Deny 0.0.0.0/0.

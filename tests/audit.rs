@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use openflow::{Action, Controller, FlowMod, FlowStatsRequest, Ipv4Match, Match, PortNo};
 use sdn_model::pipeline::audit::{log_action, Direction, Verdict, AUDIT_METER_ID};
 use sdn_node::audit::{self, AuditConfig, Sink};
-use sdn_node::sandbox::OvsSandbox;
+use sdn_harness::sandbox::OvsSandbox;
 use sdn_node::switch::{packet_in_channel, Backoff, PacketInMsg, Supervisor, Switch, SwitchEvent, SwitchOptions};
 use support::*;
 

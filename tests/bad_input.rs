@@ -17,7 +17,7 @@
 
 mod support;
 
-use sdn_node::sandbox::OvsSandbox;
+use sdn_harness::sandbox::OvsSandbox;
 use support::agent::*;
 
 /// Two pods (team-a/p0 10.128.2.10, team-b/p1 10.128.2.11), a service, an egress policy.

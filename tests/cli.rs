@@ -34,7 +34,7 @@ pods:
 
 #[tokio::test]
 async fn apply_twice_then_dump() {
-    let sb = sdn_node::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
+    let sb = sdn_harness::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
     let state = sb.dir().join("state.yaml");
     std::fs::write(&state, STATE).unwrap();
     let dir = sb.dir().display().to_string();

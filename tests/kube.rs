@@ -11,7 +11,7 @@ use std::time::Duration;
 use sdn_node::kube::KubeOptions;
 use sdn_node::metrics::{KindLabel, ResultLabel, Telemetry};
 use sdn_node::run::RunOptions;
-use sdn_node::sandbox::OvsSandbox;
+use sdn_harness::sandbox::OvsSandbox;
 use serde_json::{json, Value};
 use support::fake_kube::FakeKube;
 

@@ -687,7 +687,7 @@ fn realistic_egress_on_a_real_switch() {
 /// to install them all (one engine resync), both processes' memory, one policy change acked.
 fn on_a_real_switch(label: &str, text: &str) {
     use sdn_node::engine::Engine;
-    use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+    use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
     use sdn_node::switch::{Switch, SwitchOptions};
     use std::time::Instant;
     fn cpu_ticks(pid: &str) -> u64 {

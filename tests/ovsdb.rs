@@ -17,7 +17,7 @@ use sdn_node::ovsdb::{
     txn, BridgeOptions, MonitorEnd, MonitorRequest, OvsdbClient, OvsdbError, PortSpec, RowUpdate2,
     VSWITCH_DB,
 };
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 const T: Duration = Duration::from_secs(10);
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 use sdn_node::apply::{converge, ApplyOptions};
 use sdn_node::cluster::state_file;
 use sdn_node::ovsdb::PortSpec;
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 const GATEWAY: &str = "10.128.2.1";
 /// Echo requests per ping run.

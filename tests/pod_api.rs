@@ -63,7 +63,7 @@ async fn setup_list_teardown() {
     assert!(!ports.contains("veth-web-1"), "{ports}");
 }
 
-fn ofctl_ports(sb: &sdn_node::sandbox::OvsSandbox) -> String {
+fn ofctl_ports(sb: &sdn_harness::sandbox::OvsSandbox) -> String {
     let out = std::process::Command::new("ovs-vsctl")
         .arg(format!("--db={}", sb.db_socket()))
         .args(["list-ports", "br0"])

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use support::agent::{vsctl, without_cookies};
 use support::cninode::*;
 

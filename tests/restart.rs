@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::store::Owner;
 use support::agent::*;
 

@@ -23,7 +23,7 @@ use std::process::Command;
 
 use ipnet::Ipv4Net;
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use serde::Deserialize;
 use support::{dump_sorted, ofctl};
 
@@ -1058,7 +1058,7 @@ impl Pair {
         let start_b = async {
             let b = OvsSandbox::start(SandboxOptions::default()).await?;
             b.add_bridge("br0", "dummy").await?;
-            Ok::<_, sdn_node::sandbox::SandboxError>(b)
+            Ok::<_, sdn_harness::sandbox::SandboxError>(b)
         };
         let (a, b) = tokio::join!(start_a, start_b);
         Pair {

@@ -12,7 +12,7 @@ use support::*;
 
 const T: Duration = Duration::from_secs(30);
 
-async fn connect(sb: &sdn_node::sandbox::OvsSandbox) -> Switch {
+async fn connect(sb: &sdn_harness::sandbox::OvsSandbox) -> Switch {
     Switch::connect(&mgmt(sb), SwitchOptions::default()).await.expect("connect")
 }
 
@@ -37,7 +37,7 @@ async fn handshake_features_ports_and_frag_mode() {
 
 #[tokio::test]
 async fn handshake_refuses_a_bridge_without_openflow13() {
-    let sb = sdn_node::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
+    let sb = sdn_harness::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
     sb.add_bridge("br0", "dummy").await.unwrap();
     // Restrict the bridge to OpenFlow 1.0 with the OVSDB oracle.
     let out = std::process::Command::new("ovs-vsctl")
@@ -215,7 +215,7 @@ async fn the_add_time_check_agrees_with_the_switch() {
     let sb = sandbox_with_bridge().await;
     let sw = connect(&sb).await;
     let n = sw.features().n_tables;
-    let desired = sdn_node::bench::workload::desired(60);
+    let desired = sdn_harness::bench::workload::desired(60);
     let mut vouched = 0;
     for (owner, c) in desired.iter() {
         let fm = c.to_flow_mod(owner.cookie(1)).unwrap();

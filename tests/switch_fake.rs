@@ -201,7 +201,7 @@ async fn multipart_replies_are_assembled_and_replies_are_matched_by_xid() {
 /// dump *before* the error is answered, and later commits wait for a barrier before COMMIT.
 #[tokio::test]
 async fn a_refused_one_trip_add_is_repaired_before_the_error_and_ends_one_trip_commits() {
-    use sdn_node::bench::workload;
+    use sdn_harness::bench::workload;
     use sdn_node::engine::{Engine, EngineError};
 
     let (_d, l, target) = listener();

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use sdn_node::apply::{converge, ApplyOptions};
 use sdn_node::cluster::state_file;
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 /// node-a's view of a three-node multitenant cluster. node-c carries the fixed-VNID annotation.
 /// team-a (VNID 11) has multicast on and an egress policy; team-b (12) neither; `default` is

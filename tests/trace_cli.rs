@@ -306,7 +306,7 @@ async fn the_command_prints_a_blocked_pair() {
 }
 
 /// Installed flows per table and per owner kind, as ovs-ofctl sees them.
-fn ofctl_counts(sb: &sdn_node::sandbox::OvsSandbox) -> (BTreeMap<u8, usize>, BTreeMap<String, usize>) {
+fn ofctl_counts(sb: &sdn_harness::sandbox::OvsSandbox) -> (BTreeMap<u8, usize>, BTreeMap<String, usize>) {
     let mut tables = BTreeMap::new();
     let mut kinds = BTreeMap::new();
     for line in support::ofctl(sb, &["dump-flows", "br0"]).lines().filter(|l| l.contains("actions=")) {
@@ -391,7 +391,7 @@ async fn tables_per_pod(n: &Node) -> usize {
 /// A node converged by `sdn-node apply` (no agent left running), for traces without the model:
 /// two tenants on one node, as in the issue (VNIDs 11 and 4097), and a second node.
 struct Applied {
-    sb: sdn_node::sandbox::OvsSandbox,
+    sb: sdn_harness::sandbox::OvsSandbox,
 }
 
 const APPLIED_STATE: &str = r#"
@@ -416,7 +416,7 @@ pods:
 
 impl Applied {
     async fn start() -> Applied {
-        let sb = sdn_node::sandbox::OvsSandbox::start(Default::default()).await.expect("start ovs sandbox");
+        let sb = sdn_harness::sandbox::OvsSandbox::start(Default::default()).await.expect("start ovs sandbox");
         let state = sb.dir().join("state.yaml");
         std::fs::write(&state, APPLIED_STATE).unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))

@@ -216,22 +216,20 @@ pub fn parse_cni_args(s: &str) -> Result<PodArgs, CniError> {
     Ok(out)
 }
 
-/// Checks an interface name as the kernel and the reference library do: 1 to 15 bytes, not
-/// `.` or `..`, no `/`, `:` or whitespace.
+/// Checks an interface name as the kernel and the reference library do — 1 to 15 bytes, not
+/// `.` or `..`, no `/`, `:` or whitespace — and as the agent does: printable ASCII only (the
+/// workspace's one rule, [`netif::check_ifname`]; a name the agent would refuse is refused
+/// here, before anything is sent).
 pub fn check_ifname(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("is empty".into());
+    use netif::IfNameError as E;
+    match netif::check_ifname(name) {
+        Ok(()) => Ok(()),
+        Err(E::Empty) => Err("is empty".into()),
+        Err(E::TooLong) => Err(format!("{name:?} is longer than 15 bytes")),
+        Err(E::Reserved) => Err(format!("{name:?} is not a name")),
+        Err(E::Separator) => Err(format!("{name:?} contains '/', ':' or whitespace")),
+        Err(E::NotPrintable) => Err(format!("{name:?} contains a character that is not printable ASCII")),
     }
-    if name.len() > 15 {
-        return Err(format!("{name:?} is longer than 15 bytes"));
-    }
-    if name == "." || name == ".." {
-        return Err(format!("{name:?} is not a name"));
-    }
-    if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
-        return Err(format!("{name:?} contains '/', ':' or whitespace"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

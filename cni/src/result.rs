@@ -57,10 +57,9 @@ pub struct AddReply {
     pub mtu: Option<u32>,
 }
 
+/// The canonical form (six octets of two hex digits: [`netif::MacAddr`]'s), lower-cased.
 fn check_mac(s: &str) -> Result<String, String> {
-    let octets: Vec<&str> = s.split(':').collect();
-    let ok = octets.len() == 6 && octets.iter().all(|o| o.len() == 2 && o.chars().all(|c| c.is_ascii_hexdigit()));
-    if ok {
+    if s.parse::<netif::MacAddr>().is_ok() {
         Ok(s.to_ascii_lowercase())
     } else {
         Err(format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"))

@@ -1,47 +1,8 @@
-//! Ethernet address type: CNI passes and returns MACs as text, the kernel as 6 bytes.
+//! Ethernet address type: CNI passes and returns MACs as text, the kernel as 6 bytes. One type
+//! for the whole workspace (the `netif` crate's, which the OpenFlow codec uses too), so that a
+//! pod's MAC goes from the model to the kernel without a conversion.
 
-use std::{fmt, str::FromStr};
-
-use crate::error::Error;
-
-/// A 48-bit Ethernet address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
-    }
-}
-
-impl FromStr for MacAddr {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let bad = || Error::invalid(format!("MAC address {s:?}"), "expected xx:xx:xx:xx:xx:xx");
-        let mut out = [0u8; 6];
-        let mut parts = s.split(':');
-        for b in out.iter_mut() {
-            let p = parts.next().ok_or_else(bad)?;
-            if p.len() != 2 {
-                return Err(bad());
-            }
-            *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
-        }
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(MacAddr(out))
-    }
-}
-
-impl MacAddr {
-    /// Unicast and not all-zero: what the kernel accepts as an interface address.
-    pub fn is_valid_unicast(&self) -> bool {
-        self.0[0] & 1 == 0 && self.0 != [0; 6]
-    }
-}
+pub use netif::MacAddr;
 
 #[cfg(test)]
 mod tests {

@@ -5,25 +5,22 @@
 use crate::error::{Error, Result};
 
 /// Linux interface names are at most IFNAMSIZ-1 = 15 bytes.
-pub const IFNAME_MAX: usize = 15;
+pub use netif::IFNAME_MAX;
 
 /// Rejects names the kernel would refuse (`dev_valid_name`): empty, too long, `.`/`..`, or
-/// containing `/`, `:`, whitespace or NUL.
+/// containing `/`, `:`, whitespace or NUL; and, as the agent does, any byte that is not
+/// printable ASCII (the workspace's one rule, [`netif::check_ifname`]).
 pub fn check_ifname(name: &str) -> Result<()> {
-    let bad = |reason: &str| Err(Error::invalid(format!("interface name {name:?}"), reason));
-    if name.is_empty() {
-        return bad("empty");
-    }
-    if name.len() > IFNAME_MAX {
-        return bad("longer than 15 bytes");
-    }
-    if name == "." || name == ".." {
-        return bad("reserved");
-    }
-    if name.bytes().any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace()) {
-        return bad("contains '/', ':', NUL or whitespace");
-    }
-    Ok(())
+    use netif::IfNameError as E;
+    let reason = match netif::check_ifname(name) {
+        Ok(()) => return Ok(()),
+        Err(E::Empty) => "empty",
+        Err(E::TooLong) => "longer than 15 bytes",
+        Err(E::Reserved) => "reserved",
+        Err(E::Separator) => "contains '/', ':', NUL or whitespace",
+        Err(E::NotPrintable) => "contains a byte that is not printable ASCII",
+    };
+    Err(Error::invalid(format!("interface name {name:?}"), reason))
 }
 
 #[cfg(test)]

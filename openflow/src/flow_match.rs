@@ -9,7 +9,6 @@
 
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::str::FromStr;
 
 use bytes::{BufMut, Bytes};
 
@@ -21,40 +20,9 @@ use crate::wire::{pad8, Reader};
 /// OFPMT_OXM.
 pub const OFPMT_OXM: u16 = 1;
 
-/// An Ethernet address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct MacAddr(pub [u8; 6]);
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
-    }
-}
-
-/// Error parsing a MAC address from text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid MAC address {0:?}: expected six hex octets separated by ':'")]
-pub struct MacParseError(pub String);
-
-impl FromStr for MacAddr {
-    type Err = MacParseError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut out = [0u8; 6];
-        let mut parts = s.split(':');
-        for o in out.iter_mut() {
-            let p = parts.next().ok_or_else(|| MacParseError(s.to_string()))?;
-            if p.is_empty() || p.len() > 2 {
-                return Err(MacParseError(s.to_string()));
-            }
-            *o = u8::from_str_radix(p, 16).map_err(|_| MacParseError(s.to_string()))?;
-        }
-        if parts.next().is_some() {
-            return Err(MacParseError(s.to_string()));
-        }
-        Ok(MacAddr(out))
-    }
-}
+/// An Ethernet address: the workspace's one type (the `netif` crate), shared with hostnet and
+/// the CNI plugin.
+pub use netif::{MacAddr, MacParseError};
 
 /// A value type that can carry a bitwise mask in an OXM TLV.
 pub trait MaskBits: Copy + Eq + fmt::Debug {

@@ -72,7 +72,9 @@ pub fn validate(r: &CniRequest) -> Result<(), PodError> {
     if let Err(e) = crate::model::ContainerId::parse(&r.container_id) {
         return bad("containerID", e);
     }
-    if r.if_name.is_empty() || r.if_name.len() > 15 || !r.if_name.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':') {
+    // The workspace's one interface-name rule, which the plugin and hostnet apply too (so "."
+    // and "..", which hostnet refuses, are refused here, before anything is reserved).
+    if netif::check_ifname(&r.if_name).is_err() {
         return bad("ifName", format!("{:?} is not an interface name", r.if_name));
     }
     Ok(())
@@ -458,7 +460,7 @@ async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), PodError> {
         extra_routes: vec![],
         host_ifname: None,
     };
-    hostnet::check_pod(&ns, &req.if_name, address, Some(hostnet::MacAddr(pod.mac.0)), &cfg.routes())
+    hostnet::check_pod(&ns, &req.if_name, address, Some(pod.mac), &cfg.routes())
         .await
         .map_err(|e| PodError::Failed(format!("{}: {e}", obj(&req))))
 }

@@ -83,7 +83,7 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadlin
 /// doomed and a retry finishes the job. In this order on purpose, one after the other: the
 /// switch commits the flow deletions in a few milliseconds while ovs-vswitchd is idle, but
 /// tens of times slower while it reconfigures the bridge after a port removal or reacts to a
-/// veth vanishing under one of its ports (measured with `sdn-node bench pods`: overlapping the
+/// veth vanishing under one of its ports (measured with `sdn-bench pods`: overlapping the
 /// three made DEL slower, not faster). The port removal answers as soon as ovsdb-server has
 /// committed it, and the kernel's veth deletion then overlaps ovs-vswitchd's reconfiguration.
 pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
 use sdn_node::cluster::state_file;
-use sdn_node::sandbox::OvsSandbox;
+use sdn_harness::sandbox::OvsSandbox;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 

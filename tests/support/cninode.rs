@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::agent::Lines;
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 /// Bound of every wait here.
 pub const WAIT: Duration = Duration::from_secs(60);

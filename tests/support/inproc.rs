@@ -10,7 +10,7 @@ use sdn_node::metrics::Telemetry;
 use sdn_node::run::{run_with, source, RunOptions};
 
 pub struct Running {
-    pub sb: sdn_node::sandbox::OvsSandbox,
+    pub sb: sdn_harness::sandbox::OvsSandbox,
     pub socket: PathBuf,
     pub metrics: String,
     pub telemetry: Telemetry,
@@ -25,7 +25,7 @@ fn free_port() -> u16 {
 /// Starts the agent on a new dummy-datapath switch with `state`; `tune` adjusts the options.
 /// Returns once the agent is ready (converged once; bounded wait).
 pub async fn start_with(state: &str, tune: impl FnOnce(&mut RunOptions)) -> Running {
-    let sb = sdn_node::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
+    let sb = sdn_harness::sandbox::OvsSandbox::start(Default::default()).await.unwrap();
     let file = sb.dir().join("state.yaml");
     std::fs::write(&file, state).unwrap();
     let socket = sb.dir().join("api/cni.sock");

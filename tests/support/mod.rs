@@ -15,7 +15,7 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 
 use openflow::{Action, FlowMod, Ipv4Match, Masked, Match};
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 /// A sandbox with bridge `br0` (datapath_type=dummy, secure, OpenFlow13).
 pub async fn sandbox_with_bridge() -> OvsSandbox {

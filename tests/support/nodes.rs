@@ -63,7 +63,7 @@ use std::time::{Duration, Instant};
 use ipnet::Ipv4Net;
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
 use sdn_node::cluster::state_file;
-use sdn_node::sandbox::{OvsSandbox, SandboxOptions};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 /// The cluster network of every state this harness writes (ClusterNetwork.network).
 pub const CLUSTER_NETWORK: &str = "10.128.0.0/14";

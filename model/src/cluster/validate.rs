@@ -224,12 +224,9 @@ fn pod_fields(r: RawPod) -> Result<Pod, FieldError> {
         return Err(("name".into(), format!("{:?} is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253)", r.name)));
     }
     name("hostVeth", &r.host_veth)?;
-    // IFNAMSIZ - 1: longer names cannot be network devices; "." and ".." are not names.
-    if r.host_veth.len() > 15
-        || r.host_veth == "."
-        || r.host_veth == ".."
-        || !r.host_veth.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':')
-    {
+    // The workspace's one interface-name rule (IFNAMSIZ - 1 bytes, not "." or "..", printable
+    // ASCII but '/' and ':'), which the plugin and hostnet apply too; empty is refused above.
+    if netif::check_ifname(&r.host_veth).is_err() {
         return Err(("hostVeth".into(), format!("{:?} is not a valid interface name (at most 15 characters, no '/' or space)", r.host_veth)));
     }
     for (f, v) in [("ingressBPS", r.ingress_bps), ("egressBPS", r.egress_bps)] {
@@ -240,7 +237,8 @@ fn pod_fields(r: RawPod) -> Result<Pod, FieldError> {
     if !r.mac.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
         return Err(("mac".into(), format!("{:?} is not six hexadecimal octets separated by ':'", r.mac)));
     }
-    let mac: openflow::flow_match::MacAddr = r.mac.parse().map_err(|e: openflow::flow_match::MacParseError| ("mac".to_string(), e.to_string()))?;
+    // Lenient: the grammar state files have always been read with (1 or 2 hex digits per octet).
+    let mac = openflow::MacAddr::parse_lenient(&r.mac).map_err(|e| ("mac".to_string(), e.to_string()))?;
     // The pod's own address: the flows match it as a source and deliver to it, so it must be
     // one station's (a group address would take in every multicast; all-zero is no address).
     if mac.0[0] & 1 == 1 {

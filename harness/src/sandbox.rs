@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 use tracing::{debug, warn};
 
-use crate::ovsdb::{BridgeOptions, Ovs, OvsdbClient, OvsdbError};
+use sdn_node::ovsdb::{BridgeOptions, Ovs, OvsdbClient, OvsdbError};
 
 /// Where the distribution installs the `Open_vSwitch` schema.
 pub const DEFAULT_SCHEMA: &str = "/usr/share/openvswitch/vswitch.ovsschema";

@@ -53,7 +53,7 @@ pub fn ofctl_bundle_file(env: &[(String, String)], bridge: &str, file: &Path) ->
     Ok(d)
 }
 
-/// The seed's way of attaching a pod, for `sdn-node bench pods` (openshift-sdn's pod manager):
+/// The seed's way of attaching a pod, for `sdn-bench pods` (openshift-sdn's pod manager):
 /// `ovs-vsctl add-port BRIDGE VETH -- get Interface VETH ofport`, then
 /// `ovs-ofctl -O OpenFlow13 --bundle add-flows BRIDGE -` fed setupPodFlows' text; on teardown
 /// the cleanup text (four loose deletes) and `ovs-vsctl del-port`.

@@ -5,11 +5,11 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use crate::model::{ContainerId, OfPort, Plugin, Vnid};
-use crate::pipeline::egress::{self, Policy, Rule, RuleType, Target};
-use crate::pipeline::pod::PodPort;
-use crate::pipeline::{base, pod, policy, Flow, NodeConfig};
-use crate::store::{DesiredState, Owner};
+use sdn_node::model::{ContainerId, OfPort, Plugin, Vnid};
+use sdn_node::pipeline::egress::{self, Policy, Rule, RuleType, Target};
+use sdn_node::pipeline::pod::PodPort;
+use sdn_node::pipeline::{base, pod, policy, Flow, NodeConfig};
+use sdn_node::store::{DesiredState, Owner};
 
 /// VNIDs the synthetic pods spread over.
 pub const VNIDS: u32 = 50;
@@ -32,7 +32,7 @@ pub fn pod(i: u32) -> (Owner, PodPort) {
     let p = PodPort {
         ofport: OfPort(10 + i),
         ip,
-        mac: crate::model::pod_mac(ip),
+        mac: sdn_node::model::pod_mac(ip),
         container_id: ContainerId::parse(&hex).unwrap_or_else(|_| unreachable_id()),
         vnid: Vnid::new(100 + i % VNIDS).unwrap_or(Vnid::GLOBAL),
     };

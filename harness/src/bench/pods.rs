@@ -1,4 +1,4 @@
-//! `sdn-node bench pods`: whole pod setups and teardowns on the production path, measured side
+//! `sdn-bench pods`: whole pod setups and teardowns on the production path, measured side
 //! by side with the seed's way and with the switch's limit, in one run, alternating.
 //!
 //! - **agent**: a real `sdn-node run` (child process; by default inside the network namespace
@@ -32,12 +32,12 @@ use serde::Serialize;
 
 use super::limit::{self, OfportWatch, RawMux};
 use super::{quantile, seed, workload, BenchError, Memory};
-use crate::model::{OfPort, Vnid};
-use crate::ovsdb::{BridgeOptions, Ovs, OvsdbClient};
-use crate::pipeline::pod::PodPort;
-use crate::pipeline::{base, policy};
+use sdn_node::model::{OfPort, Vnid};
+use sdn_node::ovsdb::{BridgeOptions, Ovs, OvsdbClient};
+use sdn_node::pipeline::pod::PodPort;
+use sdn_node::pipeline::{base, policy};
 use crate::sandbox::{OvsSandbox, SandboxOptions};
-use crate::store::{diff, DesiredState, InstalledState, Owner};
+use sdn_node::store::{diff, DesiredState, InstalledState, Owner};
 
 /// Namespaces the pods spread over (netids 100..).
 const NAMESPACES: u32 = 5;
@@ -227,7 +227,7 @@ fn bpod(tag: char, i: u32) -> (String, PodPort) {
     let p = PodPort {
         ofport: OfPort(10 + i),
         ip,
-        mac: crate::model::pod_mac(ip),
+        mac: sdn_node::model::pod_mac(ip),
         container_id: cid,
         vnid: Vnid::new(100 + i % NAMESPACES).unwrap_or(Vnid::GLOBAL),
     };
@@ -238,7 +238,7 @@ fn pod_config(veth: &str, p: &PodPort) -> hostnet::PodConfig {
     let local = workload::node().local_subnet;
     hostnet::PodConfig {
         ifname: "eth0".into(),
-        mac: Some(hostnet::MacAddr(p.mac.0)),
+        mac: Some(p.mac),
         mtu: MTU,
         address: ipnet::Ipv4Net::new(p.ip, local.prefix_len()).unwrap_or_default(),
         gateway: Ipv4Addr::from(u32::from(local.network()) + 1),
@@ -264,16 +264,16 @@ fn pod_owner(i: u32) -> Owner {
 
 fn add_bodies(i: u32, p: &PodPort) -> Result<Vec<Bytes>, BenchError> {
     let c = pod_owner(i).cookie(1);
-    crate::pipeline::pod::flows(p).into_iter().map(|f| crate::switch::flow_mod_body(&f.add(c)).map_err(BenchError::from)).collect()
+    sdn_node::pipeline::pod::flows(p).into_iter().map(|f| sdn_node::switch::flow_mod_body(&f.add(c)).map_err(BenchError::from)).collect()
 }
 
 fn del_bodies(i: u32, p: &PodPort) -> Result<Vec<Bytes>, BenchError> {
     let c = pod_owner(i).cookie(1);
-    crate::pipeline::pod::flows(p)
+    sdn_node::pipeline::pod::flows(p)
         .into_iter()
         .map(|f| {
             let fm = openflow::FlowMod::delete_strict(f.table.id(), f.priority, f.match_).with_cookie(c, u64::MAX);
-            crate::switch::flow_mod_body(&fm).map_err(BenchError::from)
+            sdn_node::switch::flow_mod_body(&fm).map_err(BenchError::from)
         })
         .collect()
 }
@@ -292,7 +292,7 @@ struct Baseline {
 impl Baseline {
     async fn open(tag: char, site: Site) -> Result<Baseline, BenchError> {
         // No inactivity probe: a benchmark's connection to a private server.
-        let copts = crate::ovsdb::ClientOptions { probe_interval: None, ..Default::default() };
+        let copts = sdn_node::ovsdb::ClientOptions { probe_interval: None, ..Default::default() };
         let client = OvsdbClient::connect_with(&site.db(), copts).await?;
         let opts = BridgeOptions { datapath_type: "netdev".into(), ..Default::default() };
         Ovs::new(client.clone()).ensure_bridge(&site.bridge, &opts).await?;
@@ -334,7 +334,7 @@ impl Baseline {
             let _ = d.set(Owner::VnidRule { vnid }, vec![policy::vnid_flow(vnid)]);
         }
         for i in 0..m {
-            let _ = d.set(pod_owner(i), crate::pipeline::pod::flows(&self.pod(i).1));
+            let _ = d.set(pod_owner(i), sdn_node::pipeline::pod::flows(&self.pod(i).1));
         }
         let bodies = diff(&d, &InstalledState::default(), 1).bodies();
         let e = limit::encode_bundle(&self.mux, &bodies)?;
@@ -581,7 +581,7 @@ impl Agent {
         let deadline = tokio::time::Instant::now() + WAIT;
         let never = || fail(format!("the agent's {} warm ports never came back: {}", self.warm_ports, self.log_tail()));
         let spares = loop {
-            let spares = self.ovs.ports_with_external_id(crate::reconcile::ports::SPARE_KEY).await.map_err(fail)?;
+            let spares = self.ovs.ports_with_external_id(sdn_node::reconcile::ports::SPARE_KEY).await.map_err(fail)?;
             if spares.len() >= self.warm_ports {
                 break spares;
             }

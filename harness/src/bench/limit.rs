@@ -1,4 +1,4 @@
-//! The switch's limit for a pod setup, for `sdn-node bench pods`: after the same
+//! The switch's limit for a pod setup, for `sdn-bench pods`: after the same
 //! netns/veth/address work as the agent, exactly one raw OVSDB transaction (insert Interface
 //! and Port, mutate Bridge.ports), a wait for the ofport on a monitor that is already open, and
 //! one pre-encoded atomic OpenFlow bundle of the pod's flows (encoded before the clock starts:
@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 
 use super::rawof::Encoder;
 use super::BenchError;
-use crate::ovsdb::{MonitorRequest, OvsdbClient};
+use sdn_node::ovsdb::{MonitorRequest, OvsdbClient};
 
 const WAIT: Duration = Duration::from_secs(60);
 

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::{workload, BenchError};
 use crate::sandbox::{OvsSandbox, SandboxOptions};
-use crate::switch::{Switch, SwitchOptions};
+use sdn_node::switch::{Switch, SwitchOptions};
 
 /// How long the agent may take to set up its pods, and the switch to recover.
 const BOUND: Duration = Duration::from_secs(600);
@@ -47,7 +47,7 @@ fn state(pods: u32) -> String {
     s.push_str(if pods == 0 { "pods: []\n" } else { "pods:\n" });
     for i in 0..pods {
         let (owner, p) = workload::pod(i);
-        let crate::store::Owner::Pod { namespace, name } = owner else { continue };
+        let sdn_node::store::Owner::Pod { namespace, name } = owner else { continue };
         s.push_str(&format!(
             "  - {{namespace: {namespace}, name: {name}, containerID: \"{}\", hostVeth: rp{i}, internal: true, ip: {}, mac: \"{}\"}}\n",
             p.container_id, p.ip, p.mac

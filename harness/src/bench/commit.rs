@@ -1,4 +1,4 @@
-//! `sdn-node bench commit`: serial flow commits alone, for profiling the agent's cost per
+//! `sdn-bench commit`: serial flow commits alone, for profiling the agent's cost per
 //! commit. The same pod setups and teardowns as `bench churn`'s serial phase (M pods installed,
 //! each of K setups and K teardowns awaited before the next), measured side by side with
 //! three raw baselines on the same switch, alternating rounds:
@@ -169,7 +169,7 @@ pub async fn commit(opts: &CommitOptions, progress: impl Fn(&str)) -> Result<Com
         let t0 = Instant::now();
         for (o, p) in &pods {
             let t = Instant::now();
-            engine.update(vec![(o.clone(), crate::pipeline::pod::flows(p))]).await?;
+            engine.update(vec![(o.clone(), sdn_node::pipeline::pod::flows(p))]).await?;
             la.push(t.elapsed());
         }
         for (o, _) in &pods {

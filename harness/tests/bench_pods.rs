@@ -1,7 +1,8 @@
-//! Smoke test of `sdn-node bench pods` (issue 14): the harness runs end to end with tiny
-//! numbers — a real agent, pods through the real `sdn-node-cni`, the seed's way and the
-//! switch's limit — and reports every figure as a positive finite number. No thresholds on the
-//! values: wall-clock figures belong to benchmark runs, not tests.
+//! Smoke test of `sdn-bench pods` (issue 14; `sdn-node bench pods` until the harness left the
+//! agent, moved here from tests/): the harness runs end to end with tiny numbers — a real agent,
+//! pods through the real `sdn-node-cni`, the seed's way and the switch's limit — and reports
+//! every figure as a positive finite number. No thresholds on the values: wall-clock figures
+//! belong to benchmark runs, not tests.
 //!
 //! Needs root (network namespaces, veths) and Open vSwitch; under CI (`CI` set) a missing
 //! prerequisite fails the test, otherwise it is skipped with the reason printed.
@@ -39,14 +40,15 @@ fn bench_pods_reports_every_figure() {
     if !can_run() {
         return;
     }
-    let cni = support::cninode::plugin_binary();
+    let cni = support::workspace_bin("sdn-node-cni", "sdn-node-cni");
     let before = bench_netns();
-    let out = Command::new(env!("CARGO_BIN_EXE_sdn-node"))
-        .args(["bench", "pods", "--base-pods", "3", "--ops", "3", "--concurrency", "3", "--warm-ports", "2", "--json", "--cni-bin"])
+    let out = Command::new(env!("CARGO_BIN_EXE_sdn-bench"))
+        .env("SDN_NODE_BIN", support::workspace_bin("sdn-node", "sdn-node"))
+        .args(["pods", "--base-pods", "3", "--ops", "3", "--concurrency", "3", "--warm-ports", "2", "--json", "--cni-bin"])
         .arg(&cni)
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run sdn-node bench pods");
+        .expect("run sdn-bench pods");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "bench pods failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("ADD p50"), "the table is printed:\n{stdout}");

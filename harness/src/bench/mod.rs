@@ -1,7 +1,7 @@
-//! `sdn-node bench churn`: the agent's flow programming measured side by side with the seed's
+//! `sdn-bench churn`: the agent's flow programming measured side by side with the seed's
 //! way (ovs-ofctl per transaction), with unbundled pre-encoded FLOW_MODs, and with the switch's
 //! limit for what the agent does (pre-encoded atomic bundles, serial and pipelined), on a real
-//! ovs-vswitchd, in one run, alternating A/B rounds. `sdn-node bench pods` (see [`pods`]) does
+//! ovs-vswitchd, in one run, alternating A/B rounds. `sdn-bench pods` (see [`pods`]) does
 //! the same for whole pod setups through CNI.
 
 pub mod baseline;
@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use openflow::{FlowMod, FlowModCommand, Match, OFPTT_ALL};
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineError};
-use crate::pipeline::Flow;
+use sdn_node::engine::{Engine, EngineError};
+use sdn_node::pipeline::Flow;
 use crate::sandbox::{OvsSandbox, SandboxOptions};
-use crate::store::{diff, DesiredState, InstalledState, Owner};
-use crate::switch::{Switch, SwitchError, SwitchOptions};
+use sdn_node::store::{diff, DesiredState, InstalledState, Owner};
+use sdn_node::switch::{Switch, SwitchError, SwitchOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -34,7 +34,7 @@ pub enum BenchError {
     #[error("sandbox: {0}")]
     Sandbox(#[from] crate::sandbox::SandboxError),
     #[error("OVSDB: {0}")]
-    Ovsdb(#[from] crate::ovsdb::OvsdbError),
+    Ovsdb(#[from] sdn_node::ovsdb::OvsdbError),
     #[error("baseline: {0}")]
     Baseline(String),
     #[error("host network: {0}")]
@@ -63,10 +63,30 @@ impl Default for ChurnOptions {
     }
 }
 
-/// The `sdn-node` executable (`SDN_NODE_BIN` lets a test harness, whose own executable is not
-/// sdn-node, name it).
-fn sdn_node_exe() -> Result<PathBuf, BenchError> {
-    Ok(match std::env::var_os("SDN_NODE_BIN") {
+/// The agent executable the benchmarks start as `sdn-node run`: `SDN_NODE_BIN` if set (a test
+/// harness names the one cargo built), else `sdn-node` next to this executable (cargo puts every
+/// binary of the workspace in one directory). Checked up front, so that a missing agent fails a
+/// benchmark before it has measured anything: the agent is a binary of another package, built
+/// with `cargo build -p sdn-node` (or `--workspace`), not by building this one.
+pub fn sdn_node_exe() -> Result<PathBuf, BenchError> {
+    let exe = match std::env::var_os("SDN_NODE_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()?.with_file_name("sdn-node"),
+    };
+    if !exe.exists() {
+        return Err(BenchError::Baseline(format!(
+            "{} not found: the agent (sdn-node) is built with its own package (cargo build --release -p sdn-node -p sdn-harness) or named by SDN_NODE_BIN",
+            exe.display()
+        )));
+    }
+    Ok(exe)
+}
+
+/// The benchmark executable (`sdn-bench`), run again as `sdn-bench rss` to measure the agent's
+/// memory in a process of its own: `SDN_BENCH_BIN` if set (a test harness, whose own executable
+/// is not sdn-bench, names it), else this executable.
+fn sdn_bench_exe() -> Result<PathBuf, BenchError> {
+    Ok(match std::env::var_os("SDN_BENCH_BIN") {
         Some(p) => PathBuf::from(p),
         None => std::env::current_exe()?,
     })
@@ -295,6 +315,8 @@ async fn setup(ovs_rundir: &Option<PathBuf>) -> Result<Bench, BenchError> {
 
 /// Runs every measurement; `progress` receives a line per phase.
 pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<ChurnReport, BenchError> {
+    // The recovery through a real agent runs on a private switch only.
+    let agent_exe = if opts.ovs_rundir.is_none() { Some(sdn_node_exe()?) } else { None };
     let mut b = setup(&opts.ovs_rundir).await?;
     let m = opts.base_pods;
     let k = opts.ops;
@@ -374,7 +396,7 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
         let t0 = Instant::now();
         for (o, p) in &pods {
             let t = Instant::now();
-            b.engine.update(vec![(o.clone(), crate::pipeline::pod::flows(p))]).await?;
+            b.engine.update(vec![(o.clone(), sdn_node::pipeline::pod::flows(p))]).await?;
             lat_a.push(t.elapsed());
         }
         for (o, _) in &pods {
@@ -437,7 +459,7 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     let pods: Vec<_> = (0..k).map(|j| workload::pod(m + j)).collect();
     for _ in 0..rounds {
         let t = Instant::now();
-        concurrently(&b.engine, pods.iter().map(|(o, p)| (o.clone(), crate::pipeline::pod::flows(p))).collect()).await?;
+        concurrently(&b.engine, pods.iter().map(|(o, p)| (o.clone(), sdn_node::pipeline::pod::flows(p))).collect()).await?;
         concurrently(&b.engine, pods.iter().map(|(o, _)| (o.clone(), vec![])).collect()).await?;
         pa.push(t.elapsed());
         b.fresh_raw().await?;
@@ -477,7 +499,9 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     // Recovery after a switch restart, with M pods installed (own switch only).
     if let Some(rec) = recovery(&mut b, &progress).await? {
         r.recovery = rec;
-        r.recovery.agent = recovery::agent_recovery(&sdn_node_exe()?, opts.recovery_pods, &progress).await?;
+        if let Some(exe) = &agent_exe {
+            r.recovery.agent = recovery::agent_recovery(exe, opts.recovery_pods, &progress).await?;
+        }
     }
 
     // 5. Memory: measured in a separate agent process (this one also holds the baselines'
@@ -509,11 +533,11 @@ pub async fn churn(opts: &ChurnOptions, progress: impl Fn(&str)) -> Result<Churn
     Ok(r)
 }
 
-/// Runs `sdn-node bench rss` against the same switch and reads its peak RSS.
+/// Runs `sdn-bench rss` against the same switch and reads its peak RSS.
 fn rss_in_child(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchError> {
-    let exe = sdn_node_exe()?;
+    let exe = sdn_bench_exe()?;
     let out = std::process::Command::new(exe)
-        .args(["bench", "rss", "--base-pods", &m.to_string(), "--ops", &k.to_string(), "--ovs-rundir"])
+        .args(["rss", "--base-pods", &m.to_string(), "--ops", &k.to_string(), "--ovs-rundir"])
         .arg(dir)
         .output()?;
     if !out.status.success() {
@@ -535,7 +559,7 @@ pub async fn rss(dir: &std::path::Path, m: u32, k: u32) -> Result<f64, BenchErro
     engine.resync(Some(workload::desired(m))).await?;
     for j in 0..k {
         let (o, p) = workload::pod(m + j);
-        engine.update(vec![(o, crate::pipeline::pod::flows(&p))]).await?;
+        engine.update(vec![(o, sdn_node::pipeline::pod::flows(&p))]).await?;
     }
     for j in 0..k {
         engine.update(vec![(workload::pod(m + j).0, vec![])]).await?;
@@ -550,7 +574,7 @@ fn setup_bodies(m: u32, k: u32) -> Result<Vec<Vec<bytes::Bytes>>, BenchError> {
         .map(|j| {
             let (o, f) = workload::pod_flows(m + j);
             let c = o.cookie(1);
-            f.into_iter().map(|fl| crate::switch::flow_mod_body(&fl.add(c)).map_err(BenchError::from)).collect()
+            f.into_iter().map(|fl| sdn_node::switch::flow_mod_body(&fl.add(c)).map_err(BenchError::from)).collect()
         })
         .collect()
 }
@@ -564,7 +588,7 @@ fn teardown_bodies(m: u32, k: u32) -> Result<Vec<Vec<bytes::Bytes>>, BenchError>
             f.into_iter()
                 .map(|fl| {
                     let fm = FlowMod::delete_strict(fl.table.id(), fl.priority, fl.match_).with_cookie(c, u64::MAX);
-                    crate::switch::flow_mod_body(&fm).map_err(BenchError::from)
+                    sdn_node::switch::flow_mod_body(&fm).map_err(BenchError::from)
                 })
                 .collect()
         })
