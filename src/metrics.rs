@@ -176,7 +176,7 @@ pub struct Metrics {
     /// Reads of the policy flows' statistics, by result (ok, error).
     pub policy_stats_reads: Family<ResultLabel, Counter>,
     /// The same counters per policy and pod, and when they were read (for `sdn-node status`).
-    pub policy_counters: crate::policy_stats::Shared,
+    pub policy_counters: crate::policy_stats::report::Shared,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -232,7 +232,7 @@ impl Metrics {
             policy_dropped_bytes: Family::default(),
             policy_unattributed_packets: Counter::default(),
             policy_stats_reads: Family::default(),
-            policy_counters: crate::policy_stats::Shared::default(),
+            policy_counters: crate::policy_stats::report::Shared::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());

@@ -20,7 +20,7 @@ use crate::NX_VENDOR_ID;
 
 pub const OFPAT_OUTPUT: u16 = 0;
 pub const OFPAT_SET_FIELD: u16 = 25;
-pub const OFPAT_EXPERIMENTER: u16 = 0xffff;
+pub use crate::wire::OFPAT_EXPERIMENTER;
 
 pub const NXAST_RESUBMIT: u16 = 1;
 pub const NXAST_REG_MOVE: u16 = 6;

@@ -155,7 +155,7 @@ impl Controller {
 
     /// Writes the whole action; `len` is [`Controller::encoded_len`] already checked to fit.
     pub(crate) fn encode(&self, buf: &mut impl BufMut, len: u16) {
-        buf.put_u16(crate::action::OFPAT_EXPERIMENTER);
+        buf.put_u16(crate::wire::OFPAT_EXPERIMENTER);
         buf.put_u16(len);
         buf.put_u32(crate::NX_VENDOR_ID);
         if !self.v2() {

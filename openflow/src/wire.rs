@@ -4,6 +4,10 @@ use bytes::{BufMut, Bytes};
 
 use crate::error::{DecodeError, EncodeError};
 
+/// The experimenter action type (OpenFlow 1.3 `OFPAT_EXPERIMENTER`): every Nicira action, the
+/// controller actions included, is one.
+pub const OFPAT_EXPERIMENTER: u16 = 0xffff;
+
 /// Reads big-endian integers from a byte slice; every read is checked.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {

@@ -15,15 +15,15 @@
 //! packet they drop.
 
 mod accumulate;
-mod report;
+pub mod report;
 mod totals;
 
 pub use accumulate::{Accumulator, Delta, Sample, UNAVAILABLE};
-pub use report::{AllowedCount, DroppedCount, PodDrops, PolicyCounters};
+pub use report::{AllowedCount, DroppedCount, PodDrops, PolicyCounters, Shared};
 pub use totals::{Allowed, Attribution, Count, Totals};
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use openflow::FlowStatsRequest;
@@ -38,20 +38,6 @@ use crate::pipeline::{FlowKey, Table};
 use crate::reconcile::Node;
 use crate::store::Owner;
 use crate::switch::Switch;
-
-/// The counters as status shows them, shared between the task and the API.
-#[derive(Debug, Default)]
-pub struct Shared(Mutex<PolicyCounters>);
-
-impl Shared {
-    pub fn report(&self) -> PolicyCounters {
-        self.lock().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, PolicyCounters> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
 
 /// How often, and how long one request may take.
 #[derive(Clone, Copy, Debug)]

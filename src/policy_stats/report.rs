@@ -108,6 +108,22 @@ impl PolicyCounters {
     }
 }
 
+
+/// The counters as status shows them, shared between the task and the API. (Here, with the
+/// data it holds, so that `metrics`, which keeps it, does not import the task.)
+#[derive(Debug, Default)]
+pub struct Shared(std::sync::Mutex<PolicyCounters>);
+
+impl Shared {
+    pub fn report(&self) -> PolicyCounters {
+        self.lock().clone()
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, PolicyCounters> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
