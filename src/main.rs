@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use openflow::FlowStatsRequest;
 use sdn_node::apply::{apply, ApplyOptions};
+use sdn_node::run::process::{self, LogFormat};
 use sdn_node::store::Owner;
 use sdn_node::switch::{Switch, SwitchOptions};
 
@@ -18,12 +19,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum LogFormat {
-    Human,
-    Json,
 }
 
 #[derive(clap::Args)]
@@ -307,24 +302,10 @@ enum PodCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    match cli.log_format {
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init(),
-        LogFormat::Human => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-    }
-    // One thread: the agent's work is I/O-bound and sequential per switch, and on a small node
-    // a second worker mostly adds cross-thread wake-ups on every reply (measured with
-    // `sdn-bench churn`); ovs-vswitchd keeps the other core.
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    process::init_logging(cli.log_format);
+    let rt = match process::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     rt.block_on(run(cli))
 }

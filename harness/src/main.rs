@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use sdn_harness::bench;
+use sdn_node::run::process::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(name = "sdn-bench", version, about = "Benchmarks of the sdn-node agent on a real ovs-vswitchd, each against baselines measured in the same run")]
@@ -18,12 +19,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum LogFormat {
-    Human,
-    Json,
 }
 
 #[derive(Subcommand)]
@@ -115,23 +110,10 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    match cli.log_format {
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init(),
-        LogFormat::Human => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-    }
-    // The runtime the agent itself runs on (see sdn-node's main): one thread, so that what is
-    // measured here is the agent as it runs in production.
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    process::init_logging(cli.log_format);
+    let rt = match process::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     rt.block_on(run(cli.cmd))
 }

@@ -6,6 +6,7 @@
 //! their own tasks against the shared model ([`crate::reconcile::pods`]): nothing they do waits
 //! for this loop, and nothing this loop does waits for them.
 
+pub mod process;
 pub mod source;
 
 use std::net::SocketAddr;
