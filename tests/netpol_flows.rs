@@ -20,7 +20,7 @@ use sdn_node::cluster::state_file::parse;
 use sdn_node::cluster::{ClusterState, PodKey};
 use sdn_node::model::OfPort;
 use sdn_node::pipeline::egress::DnsAnswers;
-use sdn_node::store::{Compiled, Owner};
+use sdn_node::store::{diff, diff_owners, Compiled, InstalledState, Owner};
 
 fn m_disjoint_u32(a: Option<(u32, u32)>, b: Option<(u32, u32)>) -> bool {
     matches!((a, b), (Some((va, ma)), Some((vb, mb))) if (va ^ vb) & ma & mb != 0)
@@ -248,6 +248,14 @@ fn without_audit(ins: &[openflow::Instruction]) -> Vec<openflow::Instruction> {
             other => Some(other.clone()),
         })
         .collect()
+}
+
+/// The NetworkPolicy flows of a desired state (the namespaces' own and the clause flows they
+/// share), and how many of them are shared.
+fn netpol_counts(d: &sdn_node::store::DesiredState) -> (usize, usize) {
+    let own = d.iter().filter(|(o, _)| matches!(o, Owner::NetworkPolicy { .. })).count();
+    let shared = d.iter().filter(|(o, _)| matches!(o, Owner::Shared)).count();
+    (own + shared, shared)
 }
 
 fn ofports(state: &ClusterState) -> HashMap<PodKey, OfPort> {
@@ -623,7 +631,7 @@ fn scale_one_policy_change_recomputes_one_namespace() {
     let t0 = thread_cpu();
     let (d, _, _) = desired_state_with_warnings(&state, &ports, &dns);
     let full_cpu = thread_cpu() - t0;
-    let netpol_flows: usize = d.owners().filter(|o| matches!(o, Owner::NetworkPolicy { .. })).map(|o| d.flows_of(o).len()).sum();
+    let (netpol_flows, shared) = netpol_counts(&d);
 
     // Change one policy: another pod selector and port.
     let (changed, owner) = change_one_policy(&state, &d);
@@ -634,24 +642,31 @@ fn scale_one_policy_change_recomputes_one_namespace() {
     let compiled: Vec<Compiled> = flows.iter().map(Compiled::compile).collect();
     let change_cpu = thread_cpu() - t0;
     let after: BTreeSet<String> = compiled.iter().map(|c| c.to_string()).collect();
-    // Strict deletes of what went, adds of what came (a changed action on one key would be a
-    // MODIFY_STRICT: counted once).
-    let keys = |s: &BTreeSet<String>| -> BTreeSet<String> { s.iter().map(|t| t.split(" actions=").next().unwrap_or(t).to_string()).collect() };
-    let (kb, ka) = (keys(&before), keys(&after));
-    let flow_mods = kb.symmetric_difference(&ka).count() + before.difference(&after).filter(|t| ka.contains(t.split(" actions=").next().unwrap_or(t))).count();
+    // The FLOW_MODs of the change, as the engine plans them (shared clause flows included).
+    let mut installed = InstalledState::default();
+    installed.apply(&diff(&d, &installed, 1));
+    let mut staged = d.clone();
+    let old = staged.flows_of(&owner).to_vec();
+    let t0 = thread_cpu();
+    staged.set_compiled(owner.clone(), compiled.clone()).unwrap();
+    let plan = diff_owners(&staged, &installed, [(&owner, &old[..])], 1);
+    let plan_cpu = thread_cpu() - t0;
     // Every other owner is untouched: the full computation of the changed state agrees.
     let (d2, _, _) = desired_state_with_warnings(&changed, &ports, &dns);
     for o in d2.owners().filter(|o| **o != owner) {
         assert_eq!(d2.flows_of(o), d.flows_of(o), "{o} changed");
     }
     assert_eq!(d2.flows_of(&owner).len(), compiled.len());
+    installed.apply(&plan);
+    assert!(diff(&d2, &installed, 1).is_empty(), "the owner's plan brings the switch to the full computation");
     eprintln!(
-        "netpol scale: 5000 pods (1250 local), 1000 policies, 100 namespaces: {} desired flows ({netpol_flows} NetworkPolicy); \
-         parse {parse_cpu:?}, full desired state {full_cpu:?} CPU; one policy change in {ns}: owner recomputed in {change_cpu:?} CPU, \
-         {} -> {} flows, {flow_mods} FLOW_MODs",
-        d.iter().count(),
+        "netpol scale: 5000 pods (1250 local), 1000 policies, 100 namespaces: {} desired flows ({netpol_flows} NetworkPolicy, \
+         {shared} of them shared clause flows); parse {parse_cpu:?}, full desired state {full_cpu:?} CPU; one policy change in {ns}: \
+         owner recomputed in {change_cpu:?} CPU, set and diffed in {plan_cpu:?}, {} -> {} flows of its own, {} FLOW_MODs ({plan})",
+        d.len(),
         before.len(),
-        after.len()
+        after.len(),
+        plan.len()
     );
 }
 
@@ -713,15 +728,12 @@ fn on_a_real_switch(label: &str, text: &str) {
         let t0 = thread_cpu();
         let (d, _, _) = desired_state_with_warnings(&state, &ports, &dns);
         let compute_cpu = thread_cpu() - t0;
-        let flows = d.iter().count();
-        let netpol: usize = d.owners().filter(|o| matches!(o, Owner::NetworkPolicy { .. })).map(|o| d.flows_of(o).len()).sum();
+        let flows = d.len();
+        let (netpol, shared) = netpol_counts(&d);
         let in_table = |t: u8| d.iter().filter(|(_, c)| c.key.table == t).count();
         let (in80, in27) = (in_table(80), in_table(27));
         let conj = d.iter().filter(|(_, c)| c.key.decode_match().is_ok_and(|m| m.conj_id.is_some())).count();
-        let d_hooks = d.iter().filter(|(o, c)| matches!(o, Owner::NetworkPolicy { .. }) && ![80, 27].contains(&c.key.table)).count();
         let (changed, owner) = change_one_policy(&state, &d);
-        let owner_before = d.flows_of(&owner).len();
-        let owner_before_policy = d.flows_of(&owner).iter().filter(|c| [80, 27].contains(&c.key.table)).count();
         let sb = OvsSandbox::start(SandboxOptions::default()).await.expect("a private switch (Open vSwitch installed?)");
         sb.add_bridge("br0", "dummy").await.unwrap();
         let sw = Switch::connect(&format!("unix:{}", sb.mgmt_socket("br0").display()), SwitchOptions::default()).await.unwrap();
@@ -737,13 +749,14 @@ fn on_a_real_switch(label: &str, text: &str) {
         let c0 = thread_cpu();
         let (new, _, _) = owner_flows(&changed, &ports, &dns, &owner);
         let change_cpu = thread_cpu() - c0;
-        let expected = flows - owner_before + new.len();
-        let policy_after = netpol - d_hooks - owner_before_policy + new.iter().filter(|f| [80, 27].contains(&f.table.id())).count();
         let out = engine.update(vec![(owner.clone(), new)]).await.unwrap();
         let change = t.elapsed();
         // The engine's mirror holds the new state (the engine only records what was acked).
-        let (_, installed, _) = engine.snapshot().await.unwrap();
-        assert_eq!(installed.len(), expected, "installed flows after the change");
+        let (desired, installed, _) = engine.snapshot().await.unwrap();
+        assert!(diff(&desired, &installed, 1).is_empty(), "installed flows after the change");
+        // What the counters read: the NetworkPolicy owners' own flows in tables 80 and 27
+        // (shared clause flows count nothing and carry another cookie kind).
+        let policy_after = desired.iter().filter(|(o, c)| matches!(o, Owner::NetworkPolicy { .. }) && [80, 27].contains(&c.key.table)).count();
         // One read of the per-policy counters (src/policy_stats): tables 80 and 27 dumped by
         // the NetworkPolicy cookie kind, as the task asks every --policy-stats-interval.
         let sw = Switch::connect(&format!("unix:{}", sb.mgmt_socket("br0").display()), SwitchOptions::default()).await.unwrap();
@@ -757,7 +770,8 @@ fn on_a_real_switch(label: &str, text: &str) {
         let (read, read_vcpu) = (t.elapsed(), (cpu_ticks(&vswitchd) - vcpu0) * 10);
         assert_eq!(dumped, policy_after, "the counters' dump holds the NetworkPolicy flows of tables 80 and 27");
         eprintln!(
-            "netpol {label}: {flows} desired flows ({netpol} NetworkPolicy: table 80 {}, table 27 {}, {conj} conj_id); parse {parse_cpu:?}, \
+            "netpol {label}: {flows} desired flows ({netpol} NetworkPolicy, {shared} of them shared clause flows: table 80 {}, table 27 {}, \
+             {conj} conj_id); parse {parse_cpu:?}, \
              desired state {compute_cpu:?} CPU; installed in {install:?}; ovs-vswitchd RSS {} -> {} MiB ({:.2} KiB/flow), \
              the agent (this process) {} -> {} MiB ({:.2} KiB/flow: desired state and installed mirror); one policy change in {owner}: \
              owner recomputed in {change_cpu:?} CPU, committed and acked in {change:?} ({out:?}); one counters read: {dumped} flows in {read:?}, \

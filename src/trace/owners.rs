@@ -62,6 +62,7 @@ impl OwnerIndex {
         ix.add(Owner::Version, "the pipeline's version note");
         ix.add(Owner::PolicyPlugin, "the policy plugin's fixed rules");
         ix.add(Owner::MulticastVxlan, "multicast to remote nodes");
+        ix.add(Owner::Shared, "a NetworkPolicy source clause the rules of several namespaces name");
         ix
     }
 

@@ -276,6 +276,8 @@ fn flows_of_owner(
             let problems = out.error.map(|e| Problem::new(object.clone(), "", e)).into_iter().collect();
             OwnerOut { flows: out.flows, problems, warnings, object }
         }
+        // Made of other owners' flows (the store merges them), never computed on its own.
+        Owner::Shared => simple(vec![], "shared clause flows".into()),
         Owner::NetworkPolicy { namespace } => {
             let object = format!("networkpolicies of namespace {namespace}");
             let Some((ns, warnings)) = netpol_isolation(state, namespace) else {
@@ -489,8 +491,8 @@ mod tests {
         has("table=80, priority=150,tcp,nw_src=10.129.0.8,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
         // 5000-5500 from api (two pods, eleven port prefixes): a conjunction of three clauses
         // (sources; the pod; the ports and the later-fragment twin), 2 + 1 + 12 + 1 flows.
-        let id = crate::pipeline::netpol::conj_id_seed("team-a", "db-from-web", 1, &[crate::pipeline::netpol::Dst::Ports { proto: crate::pipeline::netpol::L4::Tcp, start: 5000, end: 5500 }]);
-        has(&format!("table=80, priority=150,ip,reg1=0xb,nw_src=10.129.0.9 actions=conjunction({id},1/3)"));
+        let id = crate::pipeline::netpol::conj_id(Vnid::new(11).unwrap(), "team-a", "db-from-web", 1, &[crate::pipeline::netpol::Dst::Ports { proto: crate::pipeline::netpol::L4::Tcp, start: 5000, end: 5500 }]);
+        has(&format!("table=80, priority=150,ip,nw_src=10.129.0.9 actions=conjunction({id},1/3)"));
         has(&format!("table=80, priority=150,ip,nw_dst=10.128.2.5 actions=conjunction({id},2/3)"));
         has(&format!("table=80, priority=150,tcp,reg1=0xb,tp_dst=0x1388/0xfff8 actions=conjunction({id},3/3)"));
         has(&format!("table=80, priority=150,ct_state=-inv+trk,tcp,reg1=0xb,nw_frag=later actions=conjunction({id},3/3)"));

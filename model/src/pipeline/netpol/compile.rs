@@ -8,7 +8,7 @@ use openflow::{Ipv4Match, Match};
 
 use super::cube::{cubes, peer_member, plain_flows_seen, Cube};
 use super::super::audit::Verdict;
-use super::{conj_id_seed_on, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, MAX_CONJUNCTIONS_PER_FLOW};
+use super::{conj_id_on, next_conj_id, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, CONJUNCTIONS_PER_NAMESPACE};
 use crate::model::Vnid;
 use crate::pipeline::Flow;
 
@@ -95,9 +95,12 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
             plain_rule.entry(*ip).or_insert((g.policy, g.rule));
         }
     }
-    // Conjunction units: (policy, rule, ports) -> peer members, pods, port members.
-    type Unit = (Option<Vec<Cube>>, Vec<Ipv4Addr>, Option<Vec<Cube>>);
+    // Conjunction units: (policy, rule, ports) -> peers, peer members, pods, port members.
+    type Unit = (Option<Vec<Src>>, Option<Vec<Cube>>, Vec<Ipv4Addr>, Option<Vec<Cube>>);
     let mut units: BTreeMap<(&str, usize, Vec<Dst>), Unit> = BTreeMap::new();
+    // Rules (or parts) made plain flows: (policy, rule, peers, ports, pods).
+    type PlainRule<'p> = (&'p str, usize, Vec<Src>, Vec<Dst>, Vec<Ipv4Addr>);
+    let mut plain_rules: Vec<PlainRule<'a>> = Vec::new();
     for g in &d.groups {
         let peer_members: Option<Vec<Cube>> = g.peers.as_ref().and_then(|peers| {
             let m: Option<BTreeSet<Cube>> = peers.iter().map(peer_member).collect();
@@ -120,23 +123,59 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
         let clauses = 1 + usize::from(s > 0) + usize::from(p > 0);
         let product = s.max(1) * pods.len() * p.max(1);
         if d.vnid.is_none() || clauses < 2 || (!audited && product <= s + pods.len() + p + 1) {
-            let peers = g.peers.clone().unwrap_or_else(|| vec![Src::Any]);
-            for ip in &pods {
-                if d.audit.allows(side, g.policy, g.rule) {
-                    plain_rule.entry(*ip).or_insert((g.policy, g.rule));
-                }
-                let e = plain.entry(*ip).or_default();
-                for s in &peers {
-                    for p in &g.ports {
-                        let a = Allow { src: *s, dst: *p };
-                        note(*ip, &a, g.policy, g.rule);
-                        e.push(a);
-                    }
+            plain_rules.push((g.policy, g.rule, g.peers.clone().unwrap_or_else(|| vec![Src::Any]), g.ports.clone(), pods));
+        } else {
+            let u = units.entry((g.policy, g.rule, g.ports.clone())).or_insert_with(|| (g.peers.clone(), peer_members.clone(), vec![], port_members));
+            u.2.extend(pods);
+        }
+    }
+    // Conjunction ids, unique on the node: the namespace's VNID, then one of 255 per direction
+    // (see `conj_id_on`). Units beyond them are plain flows.
+    let mut ids: BTreeMap<(&str, usize, Vec<Dst>), u32> = BTreeMap::new();
+    if let Some(vnid) = d.vnid {
+        let mut used: BTreeSet<u32> = BTreeSet::new();
+        let mut beyond = Vec::new();
+        for (policy, rule, ports) in units.keys() {
+            let first = conj_id_on(side, vnid, d.namespace, policy, *rule, ports);
+            let mut id = first;
+            while used.contains(&id) {
+                id = next_conj_id(id);
+                if id == first {
+                    break;
                 }
             }
-        } else {
-            let u = units.entry((g.policy, g.rule, g.ports.clone())).or_insert_with(|| (peer_members.clone(), vec![], port_members));
-            u.1.extend(pods);
+            if used.insert(id) {
+                ids.insert((*policy, *rule, ports.clone()), id);
+            } else {
+                beyond.push((*policy, *rule, ports.clone()));
+            }
+        }
+        if !beyond.is_empty() {
+            errors.push(format!(
+                "{} {side:?} rules (policy, rule and ports) in one namespace, more than the {CONJUNCTIONS_PER_NAMESPACE} conjunctions a namespace has per direction: {} of them are plain flows (one per pod, peer and port)",
+                units.len(),
+                beyond.len()
+            ));
+        }
+        for k in beyond {
+            if let Some((peers, _, pods, _)) = units.remove(&k) {
+                plain_rules.push((k.0, k.1, peers.unwrap_or_else(|| vec![Src::Any]), k.2, pods));
+            }
+        }
+    }
+    for (policy, rule, peers, ports, pods) in &plain_rules {
+        for ip in pods {
+            if d.audit.allows(side, policy, *rule) {
+                plain_rule.entry(*ip).or_insert((policy, *rule));
+            }
+            let e = plain.entry(*ip).or_default();
+            for s in peers {
+                for p in ports {
+                    let a = Allow { src: *s, dst: *p };
+                    note(*ip, &a, policy, *rule);
+                    e.push(a);
+                }
+            }
         }
     }
     let isolated: Vec<IsolatedPod> =
@@ -167,27 +206,25 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
             clause_flows.push((m, vec![c]));
         }
     };
-    let mut used: BTreeSet<u32> = BTreeSet::new();
     let ns_vnid = Some(vnid.get());
     let mut conj_flows = Vec::new();
     let mut conj_roles = Vec::new();
-    for ((policy, rule, ports), (peers, mut pods, port_members)) in units {
+    for ((policy, rule, ports), (_, peers, mut pods, port_members)) in units {
         pods.sort_unstable();
         pods.dedup();
-        let mut id = conj_id_seed_on(side, d.namespace, policy, rule, &ports);
-        while !used.insert(id) {
-            id = id.wrapping_add(1).max(1);
-        }
+        let Some(&id) = ids.get(&(policy, rule, ports)) else { continue };
         let n = 1 + u8::from(peers.is_some()) + u8::from(port_members.is_some());
         let mut k = 0u8;
         let clause = |k: &mut u8| {
             *k += 1;
             openflow::Conjunction::new(id, *k, n).expect("2 or 3 clauses")
         };
+        // Peers do not name the namespace: one flow per peer on the node, whichever
+        // namespaces' rules name it (the store merges their conjunction actions).
         if let Some(peers) = peers {
             let c = clause(&mut k);
             for s in peers {
-                add(s.to_match(side, None, ns_vnid), c);
+                add(s.to_match(side, None, None), c);
             }
         }
         let c = clause(&mut k);
@@ -208,14 +245,9 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
         ));
     }
     for (m, mut cs) in clause_flows {
+        // At most one action per conjunction, so at most CONJUNCTIONS_PER_NAMESPACE: a FLOW_MOD
+        // carries them (the store bounds what several namespaces' flows merge into).
         cs.sort_unstable_by_key(|c| (c.id(), c.clause()));
-        if cs.len() > MAX_CONJUNCTIONS_PER_FLOW {
-            errors.push(format!(
-                "{m}: in {} rules' clauses, more than the {MAX_CONJUNCTIONS_PER_FLOW} one flow can carry; the rules beyond them are not installed for it (less is allowed)",
-                cs.len()
-            ));
-            cs.truncate(MAX_CONJUNCTIONS_PER_FLOW);
-        }
         flows.push(Flow::new(side.table(), ALLOW_PRIORITY, m, cs.into_iter().map(openflow::Action::Conjunction).collect(), None));
         if d.roles {
             roles.push(Role::Uncounted);

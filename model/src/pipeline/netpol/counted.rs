@@ -161,7 +161,7 @@ mod tests {
             assert_eq!(hits.len(), 1, "{prefix}: {counted:#?}");
             hits[0].clone()
         };
-        let web = super::super::conj_id_seed("team-a", "web", 0, &[tcp(80)]);
+        let web = super::super::conj_id(Vnid::new(20).unwrap(), "team-a", "web", 0, &[tcp(80)]);
         assert_eq!(find(&format!("table=80, priority=150,conj_id={web},")), allowed(Side::Ingress, "web", 0));
         assert_eq!(find("table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 "), allowed(Side::Ingress, "one", 0));
         assert_eq!(find("table=80, priority=150,ip,nw_dst=10.128.0.7 actions=output"), allowed(Side::Ingress, "open", 0));
@@ -206,7 +206,7 @@ mod tests {
             ..Default::default()
         };
         let (counted, not) = by_text(&ns);
-        let db0 = super::super::conj_id_seed_on(Side::Egress, "team-b", "db", 0, &[tcp(5432)]);
+        let db0 = super::super::conj_id_on(Side::Egress, Vnid::new(12).unwrap(), "team-b", "db", 0, &[tcp(5432)]);
         let conj: Vec<&Counted> = counted.iter().filter(|(t, _)| t.contains(&format!("conj_id={db0},"))).map(|(_, c)| c).collect();
         assert_eq!(conj, vec![&allowed(Side::Egress, "db", 0)]);
         let plain: Vec<&Counted> = counted.iter().filter(|(t, _)| t.contains("tp_dst=5433")).map(|(_, c)| c).collect();

@@ -15,7 +15,7 @@
 //! | 200 | `ip,ct_state=+rpl+trk` | `output:NXM_NX_REG2[]` | plugin: replies |
 //! | 200 | `ct_state=+est+trk,tcp` / `…,udp` | `output:NXM_NX_REG2[]` | plugin: established TCP/UDP (not SCTP: OVS 3.1 keys SCTP conntrack entries without ports) |
 //! | 150 | `ip,nw_dst=<pod>` + source + port | `output:NXM_NX_REG2[]` | namespace: a small rule, plain |
-//! | 150 | `ip,reg0=<VNID>,reg1=<ns VNID>` / `ip,nw_src=<CIDR>,reg1=<ns VNID>` | `conjunction(id,1/n),...` | namespace: source clause |
+//! | 150 | `ip,reg0=<VNID>` / `ip,nw_src=<CIDR>` | `conjunction(id,1/n),...` | namespaces: source clause (one flow per source on the node, shared) |
 //! | 150 | `ip,nw_dst=<pod>` | `conjunction(id,k/n),...` | namespace: destination clause |
 //! | 150 | `tcp,reg1=<ns VNID>,tp_dst=<port/mask>` (and its later-fragment twin) | `conjunction(id,n/n),...` | namespace: port clause |
 //! | 150 | `conj_id=<id>,ip,reg1=<ns VNID>` | `output:NXM_NX_REG2[]` | namespace: the rule |
@@ -43,19 +43,25 @@
 //! overlapping entries of one priority with different actions, on clause flows whose
 //! conjunction has no `conj_id` flow at their priority, and on an id used twice.
 //!
-//! Namespaces apart: clause flows of sources and ports do not name the destination pod, so
-//! they match the namespace's VNID in reg1 (table 70 loads the destination pod's VNID there),
-//! as does the `conj_id` flow; the destination clause names the pod. Two namespaces' flows
-//! never share a match, and a conjunction can only complete for a packet to its own
-//! namespace. This needs a VNID of the namespace's own: a namespace sharing its VNID with
-//! another (or without one) gets plain flows only.
+//! Namespaces apart: the destination clause names the pod, and the port clause and the
+//! `conj_id` flow match the namespace's VNID in reg1 (table 70 loads the destination pod's VNID
+//! there), so a namespace's conjunctions complete only for packets to its own pods. Source
+//! clause flows do not name the namespace: a source (a pod's address, a VNID, a CIDR) that the
+//! rules of several namespaces name is one flow on the node with all their `conjunction`
+//! actions — the desired state merges the namespaces' identical clause flows (`store`'s
+//! `shared` module), as Antrea shares its clause flows, while each namespace still computes
+//! its own flows alone (one owner, recomputed by itself). Sources repeated in every namespace
+//! (a monitoring namespace's VNID, the pods of `env=prod` namespaces) are what this saves.
+//! Sharing needs conjunction ids unique on the node, so a namespace without a VNID of its own
+//! (shared with another, or none) gets plain flows only; the store refuses an id two owners
+//! use in one table.
 //!
-//! Conjunction ids ([`conj_id_seed`]): FNV-1a of namespace, policy name, rule index and the
-//! rule's ports for the pods concerned — stable across recomputations (a pod or source
-//! joining a rule changes only its clause flows), collisions within the namespace moved to
-//! the next free id in a deterministic order. Ids of different namespaces may coincide (32-bit
-//! hashes, computed per namespace owner): harmless, since every flow of a conjunction matches
-//! its namespace (reg1, or a pod's address), and rare.
+//! Conjunction ids ([`conj_id_on`]): the namespace's VNID in the high 24 bits, then 1 + FNV-1a
+//! of namespace, policy name, rule index and the rule's ports for the pods concerned modulo
+//! 255 — stable across recomputations (a pod or source joining a rule changes only its clause
+//! flows), collisions within the namespace moved to the next free id in a deterministic
+//! order; a namespace with more than 255 conjunctions in one direction makes the rest plain
+//! flows and says so.
 //!
 //! IP fragments after the first carry no L4 header (OVS matches their `tp_dst` as 0), so a
 //! port-restricted flow alone would drop them. The userspace datapath's `ct()` (table 21, or
@@ -344,22 +350,26 @@ pub(crate) fn established(table: Table, proto: openflow::IpProto, actions: Vec<o
     Flow::new(table, REPLY_PRIORITY, m, actions, goto)
 }
 
-/// The most `conjunction` actions one clause flow carries (16 bytes each: a FLOW_MOD must stay
-/// under 64 KiB). A pod in more rules' destination clauses than this loses the rest (less is
-/// allowed) and the namespace reports it.
-pub const MAX_CONJUNCTIONS_PER_FLOW: usize = 2000;
 
-/// The first conjunction id candidate of a rule (FNV-1a of namespace, policy, rule index and
-/// the rule's ports for the pods of this conjunction, never 0: `conj_id=0` is what every
-/// packet carries outside a conjunction). Collisions within the namespace move to the next
-/// free id, in the order of [`namespace_flows`]' units (sorted by policy, rule, ports).
-pub fn conj_id_seed(namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
-    conj_id_seed_on(Side::Ingress, namespace, policy, rule, ports)
+/// Conjunction ids a namespace has per direction: the low 8 bits of an id (0 is never used).
+pub const CONJUNCTIONS_PER_NAMESPACE: usize = 255;
+
+/// The first conjunction id candidate of an ingress rule: see [`conj_id_on`].
+pub fn conj_id(vnid: Vnid, namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
+    conj_id_on(Side::Ingress, vnid, namespace, policy, rule, ports)
 }
 
-/// [`conj_id_seed`] on either side: an egress rule's seed also eats `egress` first, so that a
-/// policy's ingress and egress rules start apart (ids are per table anyway).
-pub fn conj_id_seed_on(side: Side, namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
+/// The first conjunction id candidate of a rule on `side`: the namespace's VNID in the high 24
+/// bits (a namespace with conjunctions has a VNID no other namespace has, so ids are unique on
+/// the node, as shared peer clause flows need), and in the low 8 bits 1 + FNV-1a of namespace,
+/// policy, rule index and the rule's ports for the pods of this conjunction, modulo 255 (never
+/// 0: `conj_id=0` is what every packet carries outside a conjunction). Stable across
+/// recomputations: a pod or peer joining a rule changes only its clause flows. Collisions
+/// within the namespace move to [`next_conj_id`] in the order of the namespace's units (sorted
+/// by policy, rule, ports); a namespace with more than [`CONJUNCTIONS_PER_NAMESPACE`] units in
+/// one direction makes the rest plain flows. An egress rule's hash also eats `egress` first
+/// (ids are per table anyway).
+pub fn conj_id_on(side: Side, vnid: Vnid, namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     let mut eat = |b: &[u8]| {
         for x in b {
@@ -385,7 +395,12 @@ pub fn conj_id_seed_on(side: Side, namespace: &str, policy: &str, rule: usize, p
             }
         }
     }
-    h.max(1)
+    (vnid.get() << 8) | (h % CONJUNCTIONS_PER_NAMESPACE as u32 + 1)
+}
+
+/// The id after `id` in its namespace's 255 (1 follows 255).
+pub fn next_conj_id(id: u32) -> u32 {
+    (id & !0xff) | ((id & 0xff) % CONJUNCTIONS_PER_NAMESPACE as u32 + 1)
 }
 
 /// The product form for ingress (table 80): see [`cube::plain_flows_on`].
@@ -553,9 +568,11 @@ mod tests {
         };
         let (flows, errors) = namespace_flows(&ns);
         assert!(errors.is_empty(), "{errors:?}");
-        let a = conj_id_seed("team-a", "web", 0, &[tcp80]);
-        let b = conj_id_seed("team-a", "web", 1, &[tcp80, Dst::Ports { proto: L4::Udp, start: 53, end: 53 }]);
+        let vnid = Vnid::new(20).unwrap();
+        let a = conj_id(vnid, "team-a", "web", 0, &[tcp80]);
+        let b = conj_id(vnid, "team-a", "web", 1, &[tcp80, Dst::Ports { proto: L4::Udp, start: 53, end: 53 }]);
         assert_ne!(a, b);
+        assert_eq!((a >> 8, b >> 8), (20, 20), "the namespace's VNID in the high bits");
         let t: Vec<String> = flows.iter().map(|f| f.to_string()).collect();
         let (lo, hi) = (a.min(b), a.max(b));
         let (ka, kb) = if a < b { ("2/3", "1/2") } else { ("1/2", "2/3") };
@@ -566,8 +583,9 @@ mod tests {
             "table=80, priority=100,ip,nw_dst=10.128.0.6 actions=drop".into(),
             "table=80, priority=150,ip,nw_dst=10.128.0.7 actions=output:NXM_NX_REG2[]".into(),
             "table=80, priority=100,ip,nw_dst=10.128.0.7 actions=drop".into(),
-            format!("table=80, priority=150,ip,reg0=0xb,reg1=0x14 actions=conjunction({a},1/3)"),
-            format!("table=80, priority=150,ip,reg0=0xc,reg1=0x14 actions=conjunction({a},1/3)"),
+            // Sources do not name the namespace (shared with other namespaces' rules on the node).
+            format!("table=80, priority=150,ip,reg0=0xb actions=conjunction({a},1/3)"),
+            format!("table=80, priority=150,ip,reg0=0xc actions=conjunction({a},1/3)"),
             format!("table=80, priority=150,ip,nw_dst=10.128.0.5 actions=conjunction({lo},{ka}),conjunction({hi},{kb})"),
             format!("table=80, priority=150,ip,nw_dst=10.128.0.6 actions=conjunction({lo},{ka}),conjunction({hi},{kb})"),
             format!("table=80, priority=150,tcp,reg1=0x14,tp_dst=80 actions=conjunction({lo},{pa}),conjunction({hi},{pb})"),
@@ -594,23 +612,28 @@ mod tests {
     }
 
     #[test]
-    fn conj_ids_are_stable_nonzero_and_unique_in_a_namespace() {
+    fn conj_ids_are_stable_nonzero_and_unique_on_the_node() {
         let d = [Dst::Any];
-        assert_eq!(conj_id_seed("a", "p", 0, &d), conj_id_seed("a", "p", 0, &d));
-        assert_ne!(conj_id_seed("a", "p", 0, &d), conj_id_seed("b", "p", 0, &d));
-        assert_ne!(conj_id_seed("a", "p", 0, &d), conj_id_seed("a", "p", 1, &d));
-        // Two policies whose seeds collide (found by a birthday search; FNV-1a is fixed):
-        // the second in order moves to the next id.
+        let (v20, v21) = (Vnid::new(20).unwrap(), Vnid::new(21).unwrap());
+        assert_eq!(conj_id(v20, "a", "p", 0, &d), conj_id(v20, "a", "p", 0, &d));
+        assert_ne!(conj_id(v20, "a", "p", 0, &d), conj_id(v20, "a", "p", 1, &d));
+        // Another namespace (another VNID) never has the same id, whatever the hash.
+        for i in 0..1000 {
+            assert_ne!(conj_id(v20, "a", &format!("p{i}"), 0, &d) >> 8, conj_id(v21, "b", &format!("p{i}"), 0, &d) >> 8);
+        }
+        // Never 0 in the low bits, even for VNID 0.
+        assert!((0..1000).all(|i| conj_id(Vnid::GLOBAL, "x", &format!("p{i}"), 0, &d) & 0xff != 0));
+        assert_eq!(next_conj_id(20 << 8 | 255), 20 << 8 | 1);
+        assert_eq!(next_conj_id(20 << 8 | 7), 20 << 8 | 8);
+        // Two policies whose ids collide: the second in order moves to the next id.
         let mut seen: HashMap<u32, String> = HashMap::new();
-        let (p1, p2) = (0..1_000_000)
+        let (p1, p2) = (0..1000)
             .find_map(|i| {
                 let name = format!("p{i}");
-                let id = conj_id_seed("x", &name, 0, &d);
-                seen.insert(id, name.clone()).map(|other| (other, name))
+                seen.insert(conj_id(v20, "x", &name, 0, &d), name.clone()).map(|other| (other, name))
             })
-            .expect("a collision among a million 32-bit seeds");
-        let seed = conj_id_seed("x", &p1, 0, &d);
-        assert_eq!(seed, conj_id_seed("x", &p2, 0, &d));
+            .expect("a collision among 1000 ids in 255");
+        let id = conj_id(v20, "x", &p1, 0, &d);
         let v = |n| Src::Vnid(Vnid::new(n).unwrap());
         let rule = |policy: &str| RuleAllow {
             policy: policy.into(),
@@ -618,57 +641,49 @@ mod tests {
             srcs: Some(vec![v(11), v(12), v(13)]),
             pods: pods(&["10.128.0.5", "10.128.0.6", "10.128.0.7"], &d),
         };
-        let ns = NamespacePolicy { namespace: "x".into(), vnid: Some(Vnid::new(20).unwrap()), isolated: vec![], rules: vec![rule(&p2), rule(&p1)], ..Default::default() };
+        let ns = NamespacePolicy { namespace: "x".into(), vnid: Some(v20), isolated: vec![], rules: vec![rule(&p2), rule(&p1)], ..Default::default() };
         let (flows, errors) = namespace_flows(&ns);
         assert!(errors.is_empty());
         let ids: BTreeSet<u32> = flows.iter().filter_map(|f| f.match_.conj_id).collect();
         let (first, second) = if p1 < p2 { (p1, p2) } else { (p2, p1) };
-        assert_eq!(ids, BTreeSet::from([seed, seed.wrapping_add(1).max(1)]), "{first} keeps {seed}, {second} moves on");
+        assert_eq!(ids, BTreeSet::from([id, next_conj_id(id)]), "{first} keeps {id}, {second} moves on");
     }
 
-    /// More rules sharing one clause flow than a flow can carry (each `conjunction` action is 16
-    /// bytes; a FLOW_MOD is at most 64 KiB): the flow keeps the first
-    /// [`MAX_CONJUNCTIONS_PER_FLOW`], the error names the flow and the count, every flow still
-    /// encodes, and what is left out only allows less (each conjunction left without that member
-    /// matches fewer packets; no drop and no other action appears).
+    /// More rules in one namespace and direction than it has conjunction ids: the first 255
+    /// (in unit order) are conjunctions, the rest plain flows, the error says how many; every
+    /// flow encodes, and no rule is lost (each later rule's port has its plain flows).
     #[test]
-    fn a_clause_flow_carries_at_most_the_cap_and_says_so() {
+    fn a_namespace_beyond_its_conjunction_ids_makes_plain_flows_and_says_so() {
         let v = |n| Src::Vnid(Vnid::new(n).unwrap());
-        let over = MAX_CONJUNCTIONS_PER_FLOW + 5;
-        // Three sources, three pods, one port each (3 + 3 + 1 + 1 flows beat 3 * 3 * 1): every
-        // rule's source and pod clause flows have the same match, one port flow each.
+        let over = CONJUNCTIONS_PER_NAMESPACE + 5;
+        // Three sources, three pods, one port each (3 + 3 + 1 + 1 flows beat 3 * 3 * 1).
         let rules: Vec<RuleAllow> = (0..over)
             .map(|i| RuleAllow {
-                policy: format!("p{i}"),
+                policy: format!("p{i:03}"),
                 rule: 0,
                 srcs: Some(vec![v(11), v(12), v(13)]),
                 pods: pods(&["10.128.0.5", "10.128.0.6", "10.128.0.7"], &[Dst::Ports { proto: L4::Tcp, start: 1000 + i as u16, end: 1000 + i as u16 }]),
             })
             .collect();
-        let ns = NamespacePolicy { namespace: "big".into(), vnid: Some(Vnid::new(20).unwrap()), rules, ..Default::default() };
+        let isolated = ["10.128.0.5", "10.128.0.6", "10.128.0.7"].iter().map(|a| a.parse().unwrap()).collect();
+        let ns = NamespacePolicy { namespace: "big".into(), vnid: Some(Vnid::new(20).unwrap()), isolated, rules, ..Default::default() };
         let (flows, errors) = namespace_flows(&ns);
-        // The three source flows, the three pod flows and the port clauses' shared twin for
-        // later fragments (`nw_frag=later`, no port to match) are each over the cap.
-        assert_eq!(errors.len(), 7, "{errors:?}");
-        for e in &errors {
-            assert!(e.contains(&format!("in {over} rules' clauses, more than the {MAX_CONJUNCTIONS_PER_FLOW}")), "{e}");
-        }
-        for flow in ["ip,reg0=0xb,reg1=0x14:", "ip,nw_dst=10.128.0.5:", "tcp,reg1=0x14,nw_frag=later:"] {
-            assert!(errors.iter().any(|e| e.contains(flow)), "{flow} in {errors:?}");
-        }
-        let conjunctions = |f: &Flow| f.to_string().matches("conjunction(").count();
-        let widest = flows.iter().map(conjunctions).max().unwrap();
-        assert_eq!(widest, MAX_CONJUNCTIONS_PER_FLOW);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains(&format!("{over} Ingress rules")) && errors[0].contains("5 of them are plain flows"), "{errors:?}");
+        assert_eq!(flows.iter().filter(|f| f.match_.conj_id.is_some()).count(), CONJUNCTIONS_PER_NAMESPACE);
         for f in &flows {
             let fm = crate::store::Compiled::compile(f).to_flow_mod(0).expect("encodes");
-            let msg = openflow::OfMessage::new(1, openflow::Message::FlowMod(fm)).to_bytes().expect("fits one message");
-            assert!(msg.len() <= u16::MAX as usize, "{} bytes", msg.len());
-            let t = f.to_string();
-            assert!(!t.contains("actions=drop"), "only allows: {t}");
+            openflow::OfMessage::new(1, openflow::Message::FlowMod(fm)).to_bytes().expect("fits one message");
         }
-        // Every rule still has its port flow and conj_id flow; the first MAX rules' (by id)
-        // conjunctions are complete.
-        assert_eq!(flows.iter().filter(|f| f.match_.conj_id.is_some()).count(), over);
+        // The last five rules (p255..p259): 3 pods x 3 sources x (port + later-fragment twin).
+        let t: Vec<String> = flows.iter().map(|f| f.to_string()).collect();
+        for i in CONJUNCTIONS_PER_NAMESPACE..over {
+            let port = format!("tp_dst={}", 1000 + i);
+            let plain: Vec<&String> = t.iter().filter(|f| f.contains(&port) && f.contains("nw_dst=")).collect();
+            assert_eq!(plain.len(), 9, "p{i}: {plain:?}");
+        }
+        let first = format!("tp_dst={} ", 1000);
+        assert!(t.iter().any(|f| f.contains(&first) && f.contains("conjunction(")), "p000 is a conjunction");
     }
 
     #[test]
@@ -697,14 +712,14 @@ mod tests {
         let (flows, errors) = namespace_flows(&ns);
         assert!(errors.is_empty(), "{errors:?}");
         let t: Vec<String> = flows.iter().map(|f| f.to_string()).collect();
-        let a = conj_id_seed_on(Side::Egress, "team-b", "db", 0, &[tcp(5432)]);
-        assert_ne!(a, conj_id_seed("team-b", "db", 0, &[tcp(5432)]), "egress seeds start apart from ingress");
+        let a = conj_id_on(Side::Egress, Vnid::new(12).unwrap(), "team-b", "db", 0, &[tcp(5432)]);
+        assert_ne!(a, conj_id(Vnid::new(12).unwrap(), "team-b", "db", 0, &[tcp(5432)]), "egress ids start apart from ingress");
         for w in [
             "table=21, priority=300,ip,nw_src=10.128.0.5 actions=ct(table=27,zone=64000)".to_string(),
             "table=25, priority=150,ip,nw_src=10.128.0.6 actions=load:0xc->NXM_NX_REG0[],ct(table=27,zone=64000)".into(),
             "table=27, priority=100,ip,nw_src=10.128.0.5 actions=drop".into(),
             // The two 5432 destinations are one conjunction: destinations, pods, port.
-            format!("table=27, priority=150,ip,reg0=0xc,nw_dst=10.129.0.8 actions=conjunction({a},1/3)"),
+            format!("table=27, priority=150,ip,nw_dst=10.129.0.8 actions=conjunction({a},1/3)"),
             format!("table=27, priority=150,ip,nw_src=10.128.0.5 actions=conjunction({a},2/3)"),
             format!("table=27, priority=150,tcp,reg0=0xc,tp_dst=5432 actions=conjunction({a},3/3)"),
             format!("table=27, priority=150,conj_id={a},ip,reg0=0xc actions=goto_table:28"),

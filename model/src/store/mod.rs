@@ -22,6 +22,9 @@ use openflow::{FlowMod, FlowModCommand, FlowModHead, FlowStats, Instruction};
 use crate::model::Vnid;
 use crate::pipeline::{Flow, FlowKey};
 
+mod shared;
+pub use shared::MAX_SHARED_CONJUNCTIONS;
+
 /// Who a flow belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Owner {
@@ -42,6 +45,9 @@ pub enum Owner {
     /// Table 80's NetworkPolicy flows for the local pods of one namespace (networkpolicy
     /// plugin): recomputed from the namespace's policies and what they select.
     NetworkPolicy { namespace: String },
+    /// A conjunctive clause flow several owners want (see [`shared`]): its cookie while it has
+    /// more than one owner.
+    Shared,
 }
 
 impl Owner {
@@ -59,6 +65,7 @@ impl Owner {
             9 => "multicast-vxlan",
             10 => "vnid",
             11 => "netpol",
+            12 => "shared",
             _ => return None,
         })
     }
@@ -76,6 +83,7 @@ impl Owner {
             Owner::MulticastVxlan => 9,
             Owner::VnidRule { .. } => 10,
             Owner::NetworkPolicy { .. } => 11,
+            Owner::Shared => 12,
         }
     }
 
@@ -126,8 +134,8 @@ impl Owner {
     }
 
     /// Parses the text form (`pod/NS/NAME`, `hostsubnet/HOST`, `service/NS/NAME`,
-    /// `egress/VNID`, `multicast/VNID`, `multicast-vxlan`, `vnid/VNID`, `base`, `version`,
-    /// `policy`).
+    /// `egress/VNID`, `multicast/VNID`, `multicast-vxlan`, `vnid/VNID`, `netpol/NS`, `shared`,
+    /// `base`, `version`, `policy`).
     pub fn parse(s: &str) -> Result<Owner, String> {
         let parts: Vec<&str> = s.split('/').collect();
         let vnid = |v: &str| v.parse::<u32>().map_err(|e| format!("{s:?}: {e}")).and_then(Vnid::new);
@@ -135,6 +143,7 @@ impl Owner {
             ["base"] => Owner::Base,
             ["version"] => Owner::Version,
             ["policy"] => Owner::PolicyPlugin,
+            ["shared"] => Owner::Shared,
             ["multicast-vxlan"] => Owner::MulticastVxlan,
             ["pod", ns, name] => Owner::Pod { namespace: ns.to_string(), name: name.to_string() },
             ["service", ns, name] => Owner::Service { namespace: ns.to_string(), name: name.to_string() },
@@ -143,7 +152,7 @@ impl Owner {
             ["multicast", v] => Owner::Multicast { vnid: vnid(v)? },
             ["vnid", v] => Owner::VnidRule { vnid: vnid(v)? },
             ["netpol", ns] => Owner::NetworkPolicy { namespace: ns.to_string() },
-            _ => return Err(format!("unknown owner {s:?}: expected pod/NS/NAME, service/NS/NAME, hostsubnet/HOST, egress/VNID, multicast/VNID, vnid/VNID, netpol/NS, multicast-vxlan, policy, base or version")),
+            _ => return Err(format!("unknown owner {s:?}: expected pod/NS/NAME, service/NS/NAME, hostsubnet/HOST, egress/VNID, multicast/VNID, vnid/VNID, netpol/NS, multicast-vxlan, shared, policy, base or version")),
         })
     }
 }
@@ -162,6 +171,7 @@ impl fmt::Display for Owner {
             Owner::MulticastVxlan => f.write_str("multicast-vxlan"),
             Owner::VnidRule { vnid } => write!(f, "vnid/{vnid}"),
             Owner::NetworkPolicy { namespace } => write!(f, "netpol/{namespace}"),
+            Owner::Shared => f.write_str("shared"),
         }
     }
 }
@@ -211,7 +221,9 @@ impl fmt::Display for Compiled {
     }
 }
 
-/// Two owners want the same flow (same table, priority and match).
+/// Two owners want the same flow (same table, priority and match) and it is not a clause flow
+/// both may share, or the same conjunction id in one table, or more conjunctions in one shared
+/// flow than a FLOW_MOD carries.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{owner}: flow `{flow}` is already owned by {existing}")]
 pub struct Conflict {
@@ -220,11 +232,29 @@ pub struct Conflict {
     pub flow: String,
 }
 
+/// Who holds a flow identity in the desired state.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// One owner, with the flow's instructions.
+    Owned(Arc<Owner>, Arc<[u8]>),
+    /// A clause flow of several owners (see [`shared`]).
+    Shared(Box<shared::Shared>),
+}
+
+/// The owner shared flows are installed under.
+static SHARED: Owner = Owner::Shared;
+
 /// The flows the switch should hold, by owner.
+///
+/// Each owner's flows are kept as it set them; a flow identity two owners want is allowed only
+/// for conjunctive clause flows, which are merged into one (see [`shared`]). [`DesiredState::iter`]
+/// and the diffs see the merged flows.
 #[derive(Clone, Debug, Default)]
 pub struct DesiredState {
     owners: HashMap<Arc<Owner>, Vec<Compiled>>,
-    keys: HashMap<FlowKey, Arc<Owner>>,
+    keys: HashMap<FlowKey, Slot>,
+    /// (table, conjunction id) to the one owner whose clause flows use it.
+    conj_ids: HashMap<(u8, u32), Arc<Owner>>,
 }
 
 impl DesiredState {
@@ -235,9 +265,30 @@ impl DesiredState {
 
     /// [`DesiredState::set`] for flows compiled already.
     pub fn set_compiled(&mut self, owner: Owner, flows: Vec<Compiled>) -> Result<(), Box<Conflict>> {
-        for f in &flows {
-            if let Some(existing) = self.keys.get(&f.key).filter(|o| ***o != owner) {
-                return Err(Box::new(Conflict { owner, existing: (**existing).clone(), flow: f.to_string() }));
+        let conj: Vec<Option<Vec<openflow::Conjunction>>> = flows.iter().map(|f| shared::conjunctions(&f.instructions)).collect();
+        let conflict = |existing: &Owner, flow: String| Box::new(Conflict { owner: owner.clone(), existing: existing.clone(), flow });
+        for (f, c) in flows.iter().zip(&conj) {
+            let adding = c.as_ref().map_or(0, Vec::len);
+            match (self.keys.get(&f.key), c) {
+                (None, _) => {}
+                (Some(Slot::Owned(o, _)), _) if **o == owner => {}
+                (Some(Slot::Owned(o, ins)), Some(_)) => match shared::conjunctions(ins) {
+                    Some(theirs) if theirs.len() + adding <= shared::MAX_SHARED_CONJUNCTIONS => {}
+                    Some(theirs) => return Err(conflict(o, too_many(f, theirs.len() + adding))),
+                    None => return Err(conflict(o, f.to_string())),
+                },
+                (Some(Slot::Shared(s)), Some(_)) => {
+                    if s.others_count(&owner) + adding > shared::MAX_SHARED_CONJUNCTIONS {
+                        return Err(conflict(&SHARED, too_many(f, s.others_count(&owner) + adding)));
+                    }
+                }
+                (Some(Slot::Owned(o, _)), None) => return Err(conflict(o, f.to_string())),
+                (Some(Slot::Shared(s)), None) => return Err(conflict(&s.parts[0].owner, f.to_string())),
+            }
+            for x in c.iter().flatten() {
+                if let Some(o) = self.conj_ids.get(&(f.key.table, x.id())).filter(|o| ***o != owner) {
+                    return Err(conflict(o, format!("conjunction id {} in table {} ({f})", x.id(), f.key.table)));
+                }
             }
         }
         self.remove(&owner);
@@ -245,8 +296,25 @@ impl DesiredState {
             return Ok(());
         }
         let owner = Arc::new(owner);
-        for f in &flows {
-            self.keys.insert(f.key.clone(), owner.clone());
+        for (f, c) in flows.iter().zip(conj) {
+            for x in c.iter().flatten() {
+                self.conj_ids.insert((f.key.table, x.id()), owner.clone());
+            }
+            let mine = |conjunctions| shared::Part { owner: owner.clone(), instructions: f.instructions.clone(), conjunctions };
+            let next = match (self.keys.get_mut(&f.key), c) {
+                (Some(Slot::Shared(s)), Some(c)) => {
+                    s.parts.push(mine(c));
+                    s.remerge();
+                    continue;
+                }
+                // The checks above let another owner's flow here only when both are clause flows.
+                (Some(Slot::Owned(o, ins)), Some(c)) if !Arc::ptr_eq(o, &owner) => {
+                    let theirs = shared::Part { owner: o.clone(), instructions: ins.clone(), conjunctions: shared::conjunctions(ins).unwrap_or_default() };
+                    Slot::Shared(Box::new(shared::Shared::new(f.key.clone(), vec![theirs, mine(c)])))
+                }
+                _ => Slot::Owned(owner.clone(), f.instructions.clone()),
+            };
+            self.keys.insert(f.key.clone(), next);
         }
         self.owners.insert(owner, flows);
         Ok(())
@@ -255,11 +323,31 @@ impl DesiredState {
     pub fn remove(&mut self, owner: &Owner) -> Option<Vec<Compiled>> {
         let old = self.owners.remove(owner)?;
         for f in &old {
-            self.keys.remove(&f.key);
+            let Some(slot) = self.keys.get_mut(&f.key) else { continue };
+            match slot {
+                Slot::Owned(o, _) if **o == *owner => {
+                    self.keys.remove(&f.key);
+                }
+                Slot::Owned(..) => {}
+                Slot::Shared(s) => {
+                    s.parts.retain(|p| *p.owner != *owner);
+                    if let [last] = s.parts.as_slice() {
+                        *slot = Slot::Owned(last.owner.clone(), last.instructions.clone());
+                    } else {
+                        s.remerge();
+                    }
+                }
+            }
+            for c in shared::conjunctions(&f.instructions).into_iter().flatten() {
+                if self.conj_ids.get(&(f.key.table, c.id())).is_some_and(|o| **o == *owner) {
+                    self.conj_ids.remove(&(f.key.table, c.id()));
+                }
+            }
         }
         Some(old)
     }
 
+    /// The flows `owner` set (a shared flow as its own part).
     pub fn flows_of(&self, owner: &Owner) -> &[Compiled] {
         self.owners.get(owner).map(Vec::as_slice).unwrap_or(&[])
     }
@@ -268,8 +356,16 @@ impl DesiredState {
         self.owners.keys().map(|o| &**o)
     }
 
+    /// Every flow the switch should hold, once, with the owner whose cookie it carries.
     pub fn iter(&self) -> impl Iterator<Item = (&Owner, &Compiled)> {
-        self.owners.iter().flat_map(|(o, fs)| fs.iter().map(move |f| (&**o, f)))
+        let own = self.owners.iter().flat_map(move |(o, fs)| {
+            fs.iter().filter(move |f| matches!(self.keys.get(&f.key), Some(Slot::Owned(x, _)) if Arc::ptr_eq(x, o))).map(move |f| (&**o, f))
+        });
+        let shared = self.keys.values().filter_map(|s| match s {
+            Slot::Shared(s) => Some((&SHARED, &s.merged)),
+            Slot::Owned(..) => None,
+        });
+        own.chain(shared)
     }
 
     /// Number of flows.
@@ -281,9 +377,31 @@ impl DesiredState {
         self.keys.is_empty()
     }
 
+    /// The owner whose cookie the flow `key` carries ([`Owner::Shared`] for a shared flow).
     pub fn owner_of(&self, key: &FlowKey) -> Option<&Owner> {
-        self.keys.get(key).map(|o| &**o)
+        self.effective(key).map(|(o, _)| o)
     }
+
+    /// The flow the switch should hold under `key`: its cookie's owner and its instructions.
+    pub fn effective(&self, key: &FlowKey) -> Option<(&Owner, &Arc<[u8]>)> {
+        self.keys.get(key).map(|s| match s {
+            Slot::Owned(o, ins) => (&**o, ins),
+            Slot::Shared(s) => (&SHARED, &s.merged.instructions),
+        })
+    }
+
+    /// The owners of the flow `key`: one, or each owner of a shared flow.
+    pub fn owners_of(&self, key: &FlowKey) -> Vec<&Owner> {
+        match self.keys.get(key) {
+            None => vec![],
+            Some(Slot::Owned(o, _)) => vec![&**o],
+            Some(Slot::Shared(s)) => s.parts.iter().map(|p| &*p.owner).collect(),
+        }
+    }
+}
+
+fn too_many(f: &Compiled, n: usize) -> String {
+    format!("{f}: {n} conjunctions in one shared flow, more than the {} a FLOW_MOD carries", shared::MAX_SHARED_CONJUNCTIONS)
 }
 
 /// A flow as the switch holds it: its cookie and encoded instructions.
@@ -543,7 +661,8 @@ pub fn diff(desired: &DesiredState, installed: &InstalledState, generation: u32)
 
 /// Diffs only the flows of the owners that changed: `changed` holds each touched owner with the
 /// flows it had before; its new flows are in `desired`. Cost is proportional to the owners'
-/// flows, not to the table.
+/// flows, not to the table. A flow the owner shares with others, or had and another owner has
+/// now, is compared as the switch should hold it (merged, under its cookie), once.
 pub fn diff_owners<'a>(
     desired: &DesiredState,
     installed: &InstalledState,
@@ -553,10 +672,18 @@ pub fn diff_owners<'a>(
     let mut deletes = Vec::new();
     let mut modifies = Vec::new();
     let mut adds = Vec::new();
+    let mut push = |c: Option<Change>| match c {
+        Some(c @ Change::Add { .. }) => adds.push(c),
+        Some(c @ Change::Delete { .. }) => deletes.push(c),
+        Some(c) => modifies.push(c),
+        None => {}
+    };
     // An owner touched twice (two updates of one group): its first previous state is what the
     // switch has. Most groups are a single owner: compare directly rather than hash owners.
     let changed: Vec<(&Owner, &[Compiled])> = changed.into_iter().collect();
     let mut seen: HashSet<&Owner> = HashSet::default();
+    // Every flow is compared once, however many of the changed owners had or have it.
+    let mut done: HashSet<&FlowKey> = HashSet::default();
     for (i, &(owner, old)) in changed.iter().enumerate() {
         let again = if changed.len() <= 16 { changed[..i].iter().any(|(o, _)| *o == owner) } else { !seen.insert(owner) };
         if again {
@@ -564,21 +691,37 @@ pub fn diff_owners<'a>(
         }
         let cookie = owner.cookie(generation);
         for flow in desired.flows_of(owner) {
-            match change_for(flow, cookie, installed.get(&flow.key)) {
-                Some(c @ Change::Add { .. }) => adds.push(c),
-                Some(c) => modifies.push(c),
+            if !done.insert(&flow.key) {
+                continue;
+            }
+            match desired.effective(&flow.key) {
+                Some((o, _)) if o == owner => push(change_for(flow, cookie, installed.get(&flow.key))),
+                Some((o, ins)) => push(change_for_key(&flow.key, ins, o.cookie(generation), installed.get(&flow.key))),
                 None => {}
             }
         }
         for flow in old {
-            if desired.owner_of(&flow.key).is_none() {
-                if let Some(i) = installed.get(&flow.key) {
-                    deletes.push(Change::Delete { key: flow.key.clone(), cookie: i.cookie });
-                }
+            if !done.insert(&flow.key) {
+                continue;
+            }
+            match desired.effective(&flow.key) {
+                None => push(installed.get(&flow.key).map(|i| Change::Delete { key: flow.key.clone(), cookie: i.cookie })),
+                Some((o, ins)) => push(change_for_key(&flow.key, ins, o.cookie(generation), installed.get(&flow.key))),
             }
         }
     }
     Plan::from_parts(deletes, modifies, adds)
+}
+
+/// [`change_for`] of the flow `key` with `instructions`.
+fn change_for_key(key: &FlowKey, instructions: &Arc<[u8]>, cookie: u64, installed: Option<&InstalledFlow>) -> Option<Change> {
+    let flow = || Compiled { key: key.clone(), instructions: instructions.clone() };
+    match installed {
+        None => Some(Change::Add { flow: flow(), cookie }),
+        Some(i) if i.cookie != cookie => Some(Change::Add { flow: flow(), cookie }),
+        Some(i) if i.instructions != *instructions => Some(Change::Modify { flow: flow() }),
+        Some(_) => None,
+    }
 }
 
 #[cfg(test)]
@@ -712,5 +855,97 @@ mod tests {
         assert!(diff(&d, &inst, 1).is_empty());
         // A new generation re-adds everything (cookies change).
         assert_eq!(diff(&d, &inst, 2).adds, 2);
+    }
+
+    /// A clause flow: `table=80, priority=150, reg0=<src>` with `conjunction(id,1/2)` per id.
+    fn clause(src: u32, ids: &[u32]) -> Flow {
+        let acts = ids.iter().map(|id| Action::conjunction(*id, 1, 2).unwrap()).collect();
+        Flow::new(Table::Policy, 150, Match::any().reg(0, src), acts, None)
+    }
+
+    fn ns(n: &str) -> Owner {
+        Owner::NetworkPolicy { namespace: n.into() }
+    }
+
+    #[test]
+    fn clause_flows_of_two_owners_are_one_merged_flow() {
+        let mut d = DesiredState::default();
+        d.set(ns("a"), vec![clause(7, &[0x1401]), f(1, 1)]).unwrap();
+        d.set(ns("b"), vec![clause(7, &[0x1502, 0x1501]), clause(8, &[0x1501])]).unwrap();
+        assert_eq!(d.len(), 3);
+        let key = Compiled::compile(&clause(7, &[])).key;
+        assert_eq!(d.owner_of(&key), Some(&Owner::Shared));
+        assert_eq!(d.owners_of(&key), vec![&ns("a"), &ns("b")]);
+        let text: Vec<String> = d.iter().map(|(o, c)| format!("{o}: {c}")).collect();
+        assert!(text.contains(&"shared: table=80, priority=150,reg0=0x7 actions=conjunction(5121,1/2),conjunction(5377,1/2),conjunction(5378,1/2)".to_string()), "{text:?}");
+        assert_eq!(text.len(), 3, "{text:?}");
+        // Each owner keeps its own part.
+        assert_eq!(d.flows_of(&ns("a")).len(), 2);
+        // One owner left: its own flow again, under its cookie.
+        d.remove(&ns("b"));
+        assert_eq!(d.owner_of(&key), Some(&ns("a")));
+        assert_eq!(d.effective(&key).unwrap().1, &Compiled::compile(&clause(7, &[0x1401])).instructions);
+        assert_eq!(d.len(), 2);
+    }
+
+    #[test]
+    fn what_may_not_be_shared_is_refused_without_change() {
+        let mut d = DesiredState::default();
+        d.set(ns("a"), vec![clause(7, &[0x1401]), f(1, 1)]).unwrap();
+        // The same match with another action than `conjunction`.
+        let plain = Flow::new(Table::Policy, 150, Match::any().reg(0, 7), vec![Action::output(3)], None);
+        let e = d.set(ns("b"), vec![plain]).unwrap_err();
+        assert_eq!(e.existing, ns("a"));
+        // A conjunction id another owner uses in the table (on another match).
+        let e = d.set(ns("b"), vec![clause(9, &[0x1401])]).unwrap_err();
+        assert!(e.flow.contains("conjunction id 5121 in table 80"), "{e}");
+        // A non-clause flow of another owner.
+        assert!(d.set(ns("b"), vec![f(1, 2)]).is_err());
+        assert!(d.flows_of(&ns("b")).is_empty());
+        // More conjunctions in one merged flow than a FLOW_MOD carries.
+        let many: Vec<u32> = (0..MAX_SHARED_CONJUNCTIONS as u32).map(|i| 0x10_0000 + i).collect();
+        let e = d.set(ns("c"), vec![clause(7, &many)]).unwrap_err();
+        assert!(e.flow.contains("more than the 4000"), "{e}");
+        assert_eq!(d.len(), 2);
+        // The same id in another table is another conjunction.
+        let other_table = Flow::new(Table::PolicyEgress, 150, Match::any().reg(0, 7), vec![Action::conjunction(0x1401, 1, 2).unwrap()], None);
+        d.set(ns("b"), vec![other_table]).unwrap();
+    }
+
+    proptest::proptest! {
+        /// Random owners setting random flows from a small pool (clause flows over a few matches,
+        /// each owner its own conjunction ids; plain flows refused when another owner has the
+        /// match): applying every incremental diff keeps the mirror equal to the desired state,
+        /// and the full diff finds nothing left.
+        #[test]
+        fn incremental_diffs_with_shared_flows_match_the_full_diff(steps in proptest::collection::vec((0u8..4, proptest::collection::vec((0u32..5, proptest::bool::ANY, 0u32..3), 0..6)), 1..40)) {
+            let mut d = DesiredState::default();
+            let mut installed = InstalledState::default();
+            for (o, picks) in steps {
+                let owner = ns(&format!("n{o}"));
+                // One flow per match in an owner's list (as every owner's flows are).
+                let mut seen_match = HashSet::default();
+                let flows: Vec<Flow> = picks.iter().filter(|&&(src, plain, _)| seen_match.insert((src, plain))).map(|&(src, plain, k)| {
+                    if plain { f(src as u16 + 1, k) } else { clause(src, &[(o as u32 + 1) << 8 | k + 1]) }
+                }).collect();
+                let old = d.flows_of(&owner).to_vec();
+                if d.set(owner.clone(), flows).is_err() {
+                    continue;
+                }
+                let plan = diff_owners(&d, &installed, [(&owner, &old[..])], 1);
+                let keys: Vec<&FlowKey> = plan.changes.iter().filter_map(Change::key).collect();
+                let distinct: HashSet<&FlowKey> = keys.iter().copied().collect();
+                proptest::prop_assert_eq!(keys.len(), distinct.len(), "one change per flow");
+                installed.apply(&plan);
+                let full = diff(&d, &installed, 1);
+                proptest::prop_assert!(full.is_empty(), "left after the owner diff: {}", full);
+                proptest::prop_assert_eq!(installed.len(), d.len());
+                for (o, c) in d.iter() {
+                    let i = installed.get(&c.key).unwrap();
+                    proptest::prop_assert_eq!(i.cookie, o.cookie(1));
+                    proptest::prop_assert_eq!(&i.instructions, &c.instructions);
+                }
+            }
+        }
     }
 }
