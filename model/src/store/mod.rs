@@ -926,7 +926,7 @@ mod tests {
                 // One flow per match in an owner's list (as every owner's flows are).
                 let mut seen_match = HashSet::default();
                 let flows: Vec<Flow> = picks.iter().filter(|&&(src, plain, _)| seen_match.insert((src, plain))).map(|&(src, plain, k)| {
-                    if plain { f(src as u16 + 1, k) } else { clause(src, &[(o as u32 + 1) << 8 | k + 1]) }
+                    if plain { f(src as u16 + 1, k) } else { clause(src, &[((o as u32 + 1) << 8) | (k + 1)]) }
                 }).collect();
                 let old = d.flows_of(&owner).to_vec();
                 if d.set(owner.clone(), flows).is_err() {
