@@ -10,6 +10,7 @@ use tracing::warn;
 
 use crate::cluster::{state_file, ClusterState, Problem};
 use crate::metrics::Telemetry;
+use crate::options::Bridge;
 use crate::ovsdb::{Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
 use crate::reconcile::{Config, ConvergeError, Node, Reconciler};
@@ -20,38 +21,23 @@ use crate::switch::{Switch, SwitchOptions};
 
 pub use crate::reconcile::GENERATION_KEY;
 
-#[derive(Clone, Debug)]
+/// `sdn-node apply`'s options.
+#[derive(clap::Args, Clone, Debug)]
 pub struct ApplyOptions {
+    /// The cluster state (YAML), e.g. deploy/examples/cluster.yaml.
+    #[arg(long)]
     pub state: PathBuf,
-    /// Where ovsdb-server's `db.sock` and the bridge's `<bridge>.mgmt` live.
-    pub ovs_rundir: PathBuf,
-    pub bridge: String,
-    /// `system` (kernel, the default), `netdev` (userspace) or `dummy` (tests).
-    pub datapath_type: String,
-    /// How long to wait for a pod's port to get an ofport.
-    pub port_timeout: Duration,
+    #[command(flatten)]
+    pub bridge: Bridge,
     /// How long to wait for a DNS answer for an egress policy's dnsName.
+    #[arg(skip = Duration::from_secs(5))]
     pub dns_timeout: Duration,
 }
 
 impl ApplyOptions {
+    /// The command line's defaults, for `state` on the Open vSwitch found in `ovs_rundir`.
     pub fn new(state: PathBuf, ovs_rundir: PathBuf) -> ApplyOptions {
-        ApplyOptions {
-            state,
-            ovs_rundir,
-            bridge: "br0".into(),
-            datapath_type: "system".into(),
-            port_timeout: Duration::from_secs(10),
-            dns_timeout: Duration::from_secs(5),
-        }
-    }
-
-    pub fn db_socket(&self) -> String {
-        format!("unix:{}", self.ovs_rundir.join("db.sock").display())
-    }
-
-    pub fn mgmt_socket(&self) -> String {
-        format!("unix:{}", self.ovs_rundir.join(format!("{}.mgmt", self.bridge)).display())
+        ApplyOptions { state, bridge: Bridge::new(ovs_rundir), dns_timeout: Duration::from_secs(5) }
     }
 }
 
@@ -101,14 +87,8 @@ pub async fn apply(opts: &ApplyOptions) -> Result<ApplyReport, ApplyError> {
 /// `sdn-node run`, run once (DNS answers resolved first, since nothing waits for them later),
 /// then checked against a fresh dump.
 pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<ApplyReport, ApplyError> {
-    let cfg = Config {
-        bridge: opts.bridge.clone(),
-        datapath_type: opts.datapath_type.clone(),
-        port_timeout: opts.port_timeout,
-        // `apply` programs the switch only: the node's own networking belongs to `run`.
-        host_network: false,
-        ..Config::default()
-    };
+    // `apply` programs the switch only: the node's own networking belongs to `run`.
+    let cfg = Config { bridge: opts.bridge.clone(), host_network: false, ..Config::default() };
     let node = Node::new(cfg, Telemetry::default());
     node.model().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
     let names = node.model().dns_names();
@@ -116,11 +96,11 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     node.model().set_dns(answers);
 
     let mut rec = Reconciler::new(node.clone());
-    rec.ovsdb_changed(Some(Ovs::new(OvsdbClient::connect(&opts.db_socket()).await?)));
+    rec.ovsdb_changed(Some(Ovs::new(OvsdbClient::connect(&opts.bridge.ovs.db_socket()).await?)));
     // Ports first: ensuring tun0 also waits for ovs-vswitchd to have set the bridge up, with
     // its management socket (connecting before that fails on a bridge created just now).
     let ports = rec.prepare().await?;
-    let sw = Switch::connect(&opts.mgmt_socket(), SwitchOptions::default()).await?;
+    let sw = Switch::connect(&opts.bridge.ovs.mgmt_socket(), SwitchOptions::default()).await?;
     rec.switch_connected(sw.clone()).await;
     let pass = rec.converge().await?;
     let mut report = ApplyReport {

@@ -4,7 +4,8 @@
 //! Data flow: a source ([`cluster::state_file`]) gives a validated [`cluster::ClusterState`];
 //! [`cluster::desired`] turns it into flows built by [`pipeline`]; [`store`] diffs them against
 //! what the switch holds; [`switch`] commits the difference as one bundle; [`ovsdb`] manages the
-//! bridge and ports. [`apply`] runs that chain once.
+//! bridge and ports. [`apply`] runs that chain once. The entry points' options are clap-derived
+//! groups ([`options`], [`reconcile::Config`], [`run::options`]), flattened where shared.
 //!
 //! The test sandbox (a private Open vSwitch) and the benchmarks are not here: they are the
 //! `sdn-harness` crate (`harness/`, binary `sdn-bench`), which depends on this library.
@@ -17,6 +18,7 @@ pub mod apply;
 pub mod engine;
 pub mod kube;
 pub mod metrics;
+pub mod options;
 pub mod ovsdb;
 pub mod policy_stats;
 pub mod realize;

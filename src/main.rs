@@ -2,12 +2,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use openflow::FlowStatsRequest;
 use sdn_node::apply::{apply, ApplyOptions};
+use sdn_node::options::OvsTarget;
 use sdn_node::run::process::{self, LogFormat};
+use sdn_node::run::RunOptions;
 use sdn_node::store::Owner;
 use sdn_node::switch::{Switch, SwitchOptions};
 
@@ -21,30 +22,7 @@ struct Cli {
     cmd: Cmd,
 }
 
-#[derive(clap::Args)]
-struct Ovs {
-    /// Directory with ovsdb-server's db.sock and the bridge's <bridge>.mgmt socket.
-    #[arg(long, default_value = "/var/run/openvswitch", env = "OVS_RUNDIR")]
-    ovs_rundir: PathBuf,
-    /// The integration bridge.
-    #[arg(long, default_value = "br0")]
-    bridge: String,
-}
-
-/// The bridge the agent programs, and how (shared by `apply` and `run`).
-#[derive(clap::Args)]
-struct BridgeArgs {
-    #[command(flatten)]
-    ovs: Ovs,
-    /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
-    #[arg(long, default_value = "system")]
-    datapath_type: String,
-    /// Seconds to wait for a pod's port to get an ofport.
-    #[arg(long, default_value_t = 10)]
-    port_timeout: u64,
-}
-
-/// `sdn-node run`'s options.
+/// `sdn-node run`'s options: where the cluster state comes from, and what the agent runs with.
 #[derive(clap::Args)]
 struct RunArgs {
     /// The cluster state (YAML), watched for changes.
@@ -57,155 +35,17 @@ struct RunArgs {
     /// Follow the Kubernetes API with the in-cluster service account.
     #[arg(long, requires = "node")]
     in_cluster: bool,
-    /// This node's name (Kubernetes mode).
-    #[arg(long, env = "NODE_NAME")]
-    node: Option<String>,
     #[command(flatten)]
-    bridge: BridgeArgs,
-    /// Seconds of silence from the switch before an echo request.
-    #[arg(long, default_value_t = 5.0)]
-    echo_interval: f64,
-    /// Seconds an echo may take before the switch is declared dead.
-    #[arg(long, default_value_t = 15.0)]
-    echo_timeout: f64,
-    /// Longest delay between reconnect attempts, in seconds.
-    #[arg(long, default_value_t = 5.0)]
-    max_backoff: f64,
-    /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
-    #[arg(long, default_value = sdn_node::api::DEFAULT_SOCKET)]
-    pod_api_socket: String,
-    /// Where /metrics, /healthz and /readyz are served; `none` disables them.
-    #[arg(long, default_value = "127.0.0.1:9101")]
-    metrics_addr: String,
-    /// Deadline of one pod API request, in seconds (answered 504 when it passes, with
-    /// nothing of the request left behind).
-    #[arg(long, default_value_t = 30.0)]
-    request_timeout: f64,
-    /// Deadline of one OVSDB request, in seconds.
-    #[arg(long, default_value_t = 10.0)]
-    ovsdb_timeout: f64,
-    /// OVSDB inactivity probe: an echo after this many idle seconds; a server silent for
-    /// twice as long is declared dead and the connection re-established.
-    #[arg(long, default_value_t = 5.0)]
-    ovsdb_probe: f64,
-    /// /healthz fails when one reconcile pass has taken longer than this many seconds.
-    #[arg(long, default_value_t = 120.0)]
-    watchdog: f64,
-    /// Leave the node's own networking alone (tun0 address and routes, sysctls, the
-    /// nftables NAT/filter table); the dummy datapath never touches it.
-    #[arg(long)]
-    no_host_network: bool,
-    /// Where the CNI network configuration (80-sdn-node.conflist) is written once the agent
-    /// serves pods; `none` disables it.
-    #[arg(long, default_value = "/etc/cni/net.d")]
-    cni_conf_dir: String,
-    /// Name server (IP:PORT) for egress policies' dnsName rules, instead of the system's
-    /// resolv.conf; repeatable.
-    #[arg(long)]
-    dns_server: Vec<std::net::SocketAddr>,
-    /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
-    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
-    /// README). Refilled in the background after ADDs; 0 disables them.
-    #[arg(long, default_value_t = 0)]
-    warm_ports: usize,
-    /// Take a warm port whenever one is ready, even while adding a port is measured to be
-    /// cheaper than moving one (for tests of the warm path on small bridges).
-    #[arg(long, hide = true)]
-    warm_ports_always: bool,
-    /// Where the agent keeps its own durable record of the pods (pods.json), so that they
-    /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
-    /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
-    /// (exit 1, the file named): see README "Pod records".
-    #[arg(long, default_value = "/var/lib/sdn-node")]
-    state_dir: String,
-    /// The NetworkPolicy audit log: one JSON line per allowed or denied new connection of the
-    /// policies annotated `sdn-node.openshift.io/audit-log` (allow, deny, all), to this file
-    /// (appended) or `-` (stdout); `none`: off.
-    #[arg(long, default_value = "none")]
-    audit_log: String,
-    /// Log every NetworkPolicy (as if annotated `all`), not only those that ask.
-    #[arg(long)]
-    audit_all_policies: bool,
-    /// Audit events a second the switch passes to the agent (an OVS meter: a flood costs the
-    /// agent no more than this).
-    #[arg(long, default_value_t = 100)]
-    audit_rate: u32,
-    /// Audit events allowed above the rate in a burst.
-    #[arg(long, default_value_t = 100)]
-    audit_burst: u32,
-    /// Seconds between reads of the NetworkPolicy flows' statistics for the per-policy
-    /// counters (/metrics, `sdn-node status`); 0: off.
-    #[arg(long, default_value_t = 10.0)]
-    policy_stats_interval: f64,
-}
-
-/// `none` disables an optional path.
-fn unless_none(s: String) -> Option<PathBuf> {
-    (s != "none").then(|| PathBuf::from(s))
+    opts: RunOptions,
 }
 
 impl RunArgs {
     /// The agent's options, and the Kubernetes source's if it follows the API.
-    fn options(self) -> Result<(sdn_node::run::RunOptions, Option<sdn_node::kube::KubeOptions>), String> {
-        let RunArgs {
-            state,
-            kubeconfig,
-            in_cluster,
-            node,
-            bridge,
-            echo_interval,
-            echo_timeout,
-            max_backoff,
-            pod_api_socket,
-            metrics_addr,
-            request_timeout,
-            ovsdb_timeout,
-            ovsdb_probe,
-            watchdog,
-            no_host_network,
-            cni_conf_dir,
-            dns_server,
-            warm_ports,
-            warm_ports_always,
-            state_dir,
-            audit_log,
-            audit_all_policies,
-            audit_rate,
-            audit_burst,
-            policy_stats_interval,
-        } = self;
-        let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: node.unwrap_or_default() });
-        let mut opts = sdn_node::run::RunOptions::new(state.unwrap_or_default(), bridge.ovs.ovs_rundir);
-        opts.api_socket = unless_none(pod_api_socket);
-        if metrics_addr != "none" {
-            opts.metrics_addr = Some(metrics_addr.parse().map_err(|e| format!("--metrics-addr {metrics_addr:?}: {e}"))?);
-        }
-        opts.bridge = bridge.ovs.bridge;
-        opts.datapath_type = bridge.datapath_type;
-        opts.port_timeout = Duration::from_secs(bridge.port_timeout);
-        opts.switch.echo_interval = Some(secs(echo_interval));
-        opts.switch.echo_timeout = secs(echo_timeout);
-        opts.backoff.max = secs(max_backoff);
-        opts.request_timeout = secs(request_timeout);
-        opts.ovsdb.request_timeout = Some(secs(ovsdb_timeout));
-        opts.ovsdb.probe_interval = Some(secs(ovsdb_probe));
-        opts.watchdog = secs(watchdog);
-        opts.host_network = !no_host_network;
-        opts.dns_servers = (!dns_server.is_empty()).then_some(dns_server);
-        opts.cni_conf_dir = unless_none(cni_conf_dir);
-        opts.warm_ports = warm_ports;
-        opts.warm_ports_always = warm_ports_always;
-        opts.state_dir = unless_none(state_dir);
-        let sink = match audit_log.as_str() {
-            "none" => None,
-            "-" => Some(sdn_node::audit::Sink::Stdout),
-            path => Some(sdn_node::audit::Sink::File(PathBuf::from(path))),
-        };
-        let name = opts.bridge.clone();
-        opts.audit = sink.map(|s| sdn_node::audit::AuditConfig::new(audit_rate.max(1), audit_burst, s, kube.as_ref().map_or(name, |k| k.node.clone())));
-        opts.audit_all_policies = audit_all_policies;
-        opts.policy_stats_interval = (policy_stats_interval > 0.0).then(|| secs(policy_stats_interval));
-        Ok((opts, kube))
+    fn options(self) -> (RunOptions, Option<sdn_node::kube::KubeOptions>) {
+        let RunArgs { state, kubeconfig, in_cluster, mut opts } = self;
+        opts.state = state.unwrap_or_default();
+        let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: opts.node_name.clone().unwrap_or_default() });
+        (opts, kube)
     }
 }
 
@@ -214,18 +54,12 @@ enum Cmd {
     /// Converge the switch to a state file once: bridge, ports and flows. Exits 0 when the
     /// switch holds exactly the desired flows, 2 if some objects were rejected (the rest is
     /// applied), 1 on failure.
-    Apply {
-        /// The cluster state (YAML), e.g. deploy/examples/cluster.yaml.
-        #[arg(long)]
-        state: PathBuf,
-        #[command(flatten)]
-        bridge: BridgeArgs,
-    },
+    Apply(ApplyOptions),
     /// Keep the switch equal to a state file for as long as it runs: converges at start,
     /// re-applies when the file changes (a file that fails to parse keeps the last good
     /// state), reconnects to ovs-vswitchd and ovsdb-server when they restart and replays what
     /// they lost. Stops on SIGTERM/SIGINT, leaving flows installed.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Client for the pod API of a running agent.
     Pod {
         /// The pod API socket.
@@ -237,7 +71,7 @@ enum Cmd {
     /// Print the flows the switch holds, as `ovs-ofctl dump-flows --no-stats` prints them.
     DumpFlows {
         #[command(flatten)]
-        ovs: Ovs,
+        ovs: OvsTarget,
         /// Only this table.
         #[arg(long)]
         table: Option<u8>,
@@ -324,10 +158,6 @@ async fn terminated() {
     }
 }
 
-fn secs(v: f64) -> Duration {
-    Duration::try_from_secs_f64(v.max(0.001)).unwrap_or(Duration::from_secs(5))
-}
-
 fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
 }
@@ -390,13 +220,7 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
                 Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
             }
-            let (opts, kube) = match args.options() {
-                Ok(o) => o,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
+            let (opts, kube) = args.options();
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();
@@ -413,16 +237,12 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Cmd::Apply { state, bridge } => {
-            let mut opts = ApplyOptions::new(state, bridge.ovs.ovs_rundir);
-            opts.bridge = bridge.ovs.bridge;
-            opts.datapath_type = bridge.datapath_type;
-            opts.port_timeout = Duration::from_secs(bridge.port_timeout);
+        Cmd::Apply(opts) => {
             match apply(&opts).await {
                 Ok(r) => {
                     eprintln!(
                         "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
-                        r.flows, opts.bridge, r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
+                        r.flows, opts.bridge.name(), r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
                     );
                     if r.problems.is_empty() {
                         ExitCode::SUCCESS
@@ -457,7 +277,7 @@ async fn run(cli: Cli) -> ExitCode {
                     }
                 }
             }
-            let target = format!("unix:{}", ovs.ovs_rundir.join(format!("{}.mgmt", ovs.bridge)).display());
+            let target = ovs.mgmt_socket();
             let res = async {
                 let sw = Switch::connect(&target, SwitchOptions::default()).await?;
                 sw.dump_flows(req).await

@@ -19,7 +19,7 @@ async fn converges_a_fresh_bridge_without_pods() {
         state.pods.clear();
         state.egress_policies.clear();
         let mut opts = ApplyOptions::new(PathBuf::from("cluster.yaml"), sb.dir().to_path_buf());
-        opts.datapath_type = "dummy".into();
+        opts.bridge.datapath_type = "dummy".into();
         let r = tokio::time::timeout(Duration::from_secs(60), converge(&opts, &state)).await.expect("in time");
         assert!(r.is_ok(), "{r:?}");
     }

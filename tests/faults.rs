@@ -28,14 +28,14 @@ netNamespaces:
 
 /// Short deadlines, so a frozen peer is noticed within a few seconds.
 fn fast(o: &mut RunOptions) {
-    o.request_timeout = Duration::from_secs(3);
-    o.ovsdb.request_timeout = Some(Duration::from_secs(1));
-    o.ovsdb.probe_interval = Some(Duration::from_millis(500));
-    o.switch.echo_interval = Some(Duration::from_millis(500));
-    o.switch.echo_timeout = Duration::from_secs(1);
-    o.switch.request_timeout = Duration::from_secs(2);
+    o.node.request_timeout = Duration::from_secs(3);
+    o.peers.ovsdb_timeout = Duration::from_secs(1);
+    o.peers.ovsdb_probe = Duration::from_millis(500);
+    o.peers.echo_interval = Duration::from_millis(500);
+    o.peers.echo_timeout = Duration::from_secs(1);
+    o.peers.switch_request_timeout = Duration::from_secs(2);
     o.repair_interval = Duration::from_millis(300);
-    o.backoff.max = Duration::from_millis(300);
+    o.peers.max_backoff = Duration::from_millis(300);
 }
 
 /// The request, bounded: the deadline plus a margin for the undo (never a measurement).
@@ -261,7 +261,7 @@ async fn an_unanswered_dns_name_does_not_delay_pod_setup() {
     );
     let r = start_with(&state, |o| {
         fast(o);
-        o.dns_servers = Some(vec![addr]);
+        o.dns_servers = vec![addr];
         o.dns_timeout = Duration::from_secs(120);
     })
     .await;

@@ -34,9 +34,9 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = fake.kubeconfig(dir.path());
         let mut opts = RunOptions::new(PathBuf::new(), sb.dir().to_path_buf());
-        opts.datapath_type = "dummy".into();
+        opts.node.bridge.datapath_type = "dummy".into();
         let api_socket = dir.path().join("api.sock");
-        opts.api_socket = Some(api_socket.clone());
+        opts.node.api_socket = Some(api_socket.clone());
         let telemetry = Telemetry::default();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (t1, t2) = (telemetry.clone(), telemetry.clone());

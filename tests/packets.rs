@@ -280,8 +280,8 @@ impl Topology {
             topo.sb.dir().join("state.yaml"),
             topo.sb.dir().to_path_buf(),
         );
-        opts.datapath_type = "netdev".into();
-        opts.port_timeout = T;
+        opts.bridge.datapath_type = "netdev".into();
+        opts.bridge.port_timeout = T;
         let report = converge(&opts, &state).await.expect("converge");
         assert!(
             report.problems.is_empty() && report.warnings.is_empty(),

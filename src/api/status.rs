@@ -268,7 +268,7 @@ pub async fn status(node: &Node) -> Status {
         repairs,
         policies,
         policy_counters: t.metrics.policy_counters.report(),
-        bridge: node.cfg.bridge.clone(),
+        bridge: node.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
             connects: counter("reconnects", "target=\"openflow\""),

@@ -42,6 +42,7 @@ use record::PodRecord;
 use crate::cluster::Problem;
 use crate::engine::{Engine, EngineError, Outcome};
 use crate::metrics::{Executor, Telemetry};
+use crate::options::{self, Bridge};
 use crate::ovsdb::{Ovs, OvsdbError};
 use crate::switch::Switch;
 use model::{Model, PortState};
@@ -54,44 +55,52 @@ pub const GENERATION_KEY: &str = "sdn-node-generation";
 /// table-20 notes).
 pub const POD_KEY: &str = "sdn-node-pod";
 
-#[derive(Clone, Debug)]
+/// What the reconciler and the pod requests need to know of the node: the bridge, the pod
+/// path's deadlines and where the pod API is announced. One option group of `sdn-node run`
+/// (flattened into [`crate::run::RunOptions`]); `apply` sets the bridge only.
+#[derive(clap::Args, Clone, Debug)]
 pub struct Config {
-    pub bridge: String,
-    pub datapath_type: String,
-    /// How long a pod's port may take to get an ofport.
-    pub port_timeout: Duration,
-    /// The deadline of one pod API request.
+    #[command(flatten)]
+    pub bridge: Bridge,
+    /// Deadline of one pod API request, in seconds (answered 504 when it passes, with
+    /// nothing of the request left behind).
+    #[arg(long, default_value = "30", value_parser = options::seconds)]
     pub request_timeout: Duration,
-    /// Configure the node itself (tun0's address, MTU and routes, forwarding sysctls, the
-    /// nftables NAT/filter table), as openshift-sdn's SetupSDN does. Never for the dummy
-    /// datapath, whose ports are not real devices.
+    /// Leave the node's own networking alone (tun0 address and routes, sysctls, the
+    /// nftables NAT/filter table); the dummy datapath never touches it.
+    // `host_network`: configured, as openshift-sdn's SetupSDN does, unless the flag is given;
+    // never for the dummy datapath, whose ports are not real devices.
+    #[arg(long = "no-host-network", action = clap::ArgAction::SetFalse)]
     pub host_network: bool,
-    /// Where to write the CNI network configuration once pods can be served (`None`: not).
-    pub cni_conf_dir: Option<std::path::PathBuf>,
-    /// The pod API socket, named in that configuration.
-    pub api_socket: Option<std::path::PathBuf>,
-    /// Pod interfaces kept ready on the bridge for CNI ADDs (see [`spares`]); 0: none.
+    /// Where the CNI network configuration (80-sdn-node.conflist) is written once the agent
+    /// serves pods; `none` disables it.
+    #[arg(long, default_value = "/etc/cni/net.d", value_parser = options::path_or_none)]
+    pub cni_conf_dir: std::option::Option<std::path::PathBuf>,
+    /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
+    // Also named in the CNI network configuration.
+    #[arg(long = "pod-api-socket", value_name = "POD_API_SOCKET", default_value = crate::api::DEFAULT_SOCKET, value_parser = options::path_or_none)]
+    pub api_socket: std::option::Option<std::path::PathBuf>,
+    /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
+    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
+    /// README). Refilled in the background after ADDs; 0 disables them.
+    // See `spares`.
+    #[arg(long, default_value_t = 0)]
     pub warm_ports: usize,
-    /// Use a warm port whenever one is ready, even where adding a port is cheaper (tests).
+    /// Take a warm port whenever one is ready, even while adding a port is measured to be
+    /// cheaper than moving one (for tests of the warm path on small bridges).
+    #[arg(long, hide = true)]
     pub warm_ports_always: bool,
-    /// The NetworkPolicy audit log (off: no policy flow copies packets to the agent).
+    /// The NetworkPolicy audit log (off: no policy flow copies packets to the agent); set
+    /// from `run`'s audit options.
+    #[arg(skip)]
     pub audit: crate::cluster::netpol::NodeAudit,
 }
 
 impl Default for Config {
+    /// The command line's defaults, without the host's paths: no pod API socket and no CNI
+    /// configuration written (a library user names its own).
     fn default() -> Self {
-        Config {
-            bridge: "br0".into(),
-            datapath_type: "system".into(),
-            port_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(30),
-            host_network: true,
-            cni_conf_dir: None,
-            api_socket: None,
-            warm_ports: 0,
-            warm_ports_always: false,
-            audit: Default::default(),
-        }
+        Config { cni_conf_dir: None, api_socket: None, ..options::defaults() }
     }
 }
 
@@ -135,7 +144,7 @@ impl Node {
     pub fn with_checkpoint(cfg: Config, telemetry: Telemetry, checkpoint: checkpoint::Checkpoint) -> Arc<Node> {
         Arc::new(Node {
             checkpoint,
-            model: Mutex::new(Model::with_audit(&cfg.bridge, cfg.audit)),
+            model: Mutex::new(Model::with_audit(cfg.bridge.name(), cfg.audit)),
             spares: spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always),
             cfg,
             telemetry,
@@ -152,7 +161,7 @@ impl Node {
     /// Whether this node configures its own networking (never on the dummy datapath, whose
     /// ports are not devices).
     pub fn manages_host(&self) -> bool {
-        self.cfg.host_network && self.cfg.datapath_type != "dummy"
+        self.cfg.host_network && self.cfg.bridge.datapath_type != "dummy"
     }
 
     /// The host executor's plans (see [`host::run`]).
@@ -330,8 +339,8 @@ impl Reconciler {
             .map(|(k, ps)| (k.clone(), (ps.clone(), m.api_pod(k).map(|(_, req)| req.to_json()))))
             .collect();
         repair::Expected {
-            bridge: self.node.cfg.bridge.clone(),
-            datapath_type: self.node.cfg.datapath_type.clone(),
+            bridge: self.node.cfg.bridge.name().to_string(),
+            datapath_type: self.node.cfg.bridge.datapath_type.clone(),
             base: self.base,
             generation: self.stored_generation,
             pods,
@@ -496,13 +505,13 @@ impl Reconciler {
         let cfg = self.node.cfg.clone();
         let base = self.node.model().effective().map(base_spec).unwrap_or_default();
         if !self.base_ready || base != self.base {
-            ports::ensure_base(ovs, &cfg.bridge, &cfg.datapath_type, base, cfg.port_timeout).await?;
+            ports::ensure_base(ovs, cfg.bridge.name(), &cfg.bridge.datapath_type, base, cfg.bridge.port_timeout).await?;
             self.base = base;
             self.base_ready = true;
             // tun0 may have been created just now (a new or repaired bridge): its address,
             // routes and the rest are the host executor's, which looks again at once.
             self.node.host_kick();
-            if let Some(g) = ovs.bridge_external_ids(&cfg.bridge).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
+            if let Some(g) = ovs.bridge_external_ids(cfg.bridge.name()).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
                 if self.stored_generation.is_none() {
                     self.generation = g & 0xff_ffff;
                 }
@@ -510,7 +519,7 @@ impl Reconciler {
         }
         if std::mem::take(&mut self.restore_generation) {
             if let Some(g) = self.stored_generation {
-                if let Err(e) = ovs.set_bridge_external_id(&cfg.bridge, GENERATION_KEY, &g.to_string()).await {
+                if let Err(e) = ovs.set_bridge_external_id(cfg.bridge.name(), GENERATION_KEY, &g.to_string()).await {
                     self.restore_generation = true;
                     return Err(e.into());
                 }
@@ -559,8 +568,8 @@ impl Reconciler {
     /// whose port fails is reported and has no ofport (so no flows).
     async fn reconcile_pod_ports(&mut self, ovs: &Ovs, verify_all: bool, pass: &mut Pass) -> Result<(), ConvergeError> {
         use futures::StreamExt;
-        let bridge = self.node.cfg.bridge.clone();
-        let timeout = self.node.cfg.port_timeout;
+        let bridge = self.node.cfg.bridge.name().to_string();
+        let timeout = self.node.cfg.bridge.port_timeout;
         // Ports on the bridge that nobody wants.
         let listed = ovs.list_ports(&bridge).await?;
         let wanted = |port: &str| self.node.model().keep_ports().contains(port) || self.node.spares.owns(port);
@@ -745,7 +754,7 @@ impl Reconciler {
             self.restore_generation = true;
             return;
         };
-        if let Err(e) = ovs.set_bridge_external_id(&self.node.cfg.bridge, GENERATION_KEY, &status.generation.to_string()).await {
+        if let Err(e) = ovs.set_bridge_external_id(self.node.cfg.bridge.name(), GENERATION_KEY, &status.generation.to_string()).await {
             self.restore_generation = true;
             warn!(error = %e, "could not store the flow generation; will retry");
         }

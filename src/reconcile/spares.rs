@@ -253,7 +253,7 @@ async fn refill(node: &Arc<Node>) -> Result<(), String> {
     }
     let mut spec = PortSpec::system();
     spec.external_ids.insert(SPARE_KEY.into(), "true".into());
-    let (bridge, timeout) = (node.cfg.bridge.as_str(), node.cfg.port_timeout);
+    let (bridge, timeout) = (node.cfg.bridge.name(), node.cfg.bridge.port_timeout);
     let t = Instant::now();
     let added = futures::future::join_all(made.iter().map(|name| {
         let (ovs, spec) = (&ovs, &spec);

@@ -48,7 +48,7 @@ pub(super) async fn undo_port(node: &Arc<Node>, pod: &Pod) {
         node.kick();
         return;
     };
-    match tokio::time::timeout(UNDO_GRACE, ports::remove_port(&ovs, &node.cfg.bridge, &pod.host_veth)).await {
+    match tokio::time::timeout(UNDO_GRACE, ports::remove_port(&ovs, node.cfg.bridge.name(), &pod.host_veth)).await {
         Ok(Ok(())) => {}
         _ => {
             warn!(port = %pod.host_veth, "could not remove a failed setup's port now; the reconcile loop will");
@@ -105,7 +105,7 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
         None => Err(PodError::NotReady("ovsdb-server is not connected".into())),
         Some(ovs) => match timeout_at(deadline, node.locks.lock(&pod.host_veth)).await {
             Err(_) => Err(PodError::Deadline(format!("port {:?} stayed busy", pod.host_veth))),
-            Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, &node.cfg.bridge, &pod.host_veth)).await {
+            Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, node.cfg.bridge.name(), &pod.host_veth)).await {
                 Err(_) => Err(PodError::Deadline("ovsdb-server did not remove the port in time".into())),
                 Ok(r) => r.map_err(|e| ovsdb_error(&pod, e)),
             },

@@ -6,10 +6,10 @@
 //! their own tasks against the shared model ([`crate::reconcile::pods`]): nothing they do waits
 //! for this loop, and nothing this loop does waits for them.
 
+pub mod options;
 pub mod process;
 pub mod source;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -24,102 +24,10 @@ use crate::metrics::Telemetry;
 use crate::ovsdb::sentinel::Sentinel;
 use crate::ovsdb::{ClientOptions, Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
-use crate::reconcile::{Config, Node, Reconciler};
-use crate::switch::{Backoff, SwitchEvent, SwitchOptions, Supervisor};
+use crate::reconcile::{Node, Reconciler};
+use crate::switch::{Backoff, SwitchEvent, Supervisor};
+pub use options::RunOptions;
 use source::Loaded;
-
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    pub state: PathBuf,
-    pub ovs_rundir: PathBuf,
-    pub bridge: String,
-    pub datapath_type: String,
-    pub port_timeout: Duration,
-    pub dns_timeout: Duration,
-    pub switch: SwitchOptions,
-    pub backoff: Backoff,
-    /// How often a dirty engine (after a failed commit) is repaired from a dump.
-    pub repair_interval: Duration,
-    /// The pod API's unix socket (`None`: no pod API).
-    pub api_socket: Option<PathBuf>,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served (`None`: not served).
-    pub metrics_addr: Option<SocketAddr>,
-    /// The deadline of one pod API request.
-    pub request_timeout: Duration,
-    /// The deadline of one OVSDB request, and the OVSDB inactivity probe interval.
-    pub ovsdb: ClientOptions,
-    /// How long one reconcile pass may take before `/healthz` fails.
-    pub watchdog: Duration,
-    /// Configure the node's own networking (tun0, routes, sysctls, nftables).
-    pub host_network: bool,
-    /// Name servers for egress policies' dnsName rules (`None`: the system's).
-    pub dns_servers: Option<Vec<SocketAddr>>,
-    /// Where the CNI network configuration is written once the agent serves pods.
-    pub cni_conf_dir: Option<PathBuf>,
-    /// Pod interfaces kept ready for CNI ADDs (0: none).
-    pub warm_ports: usize,
-    /// Use a warm port whenever one is ready (tests).
-    pub warm_ports_always: bool,
-    /// Where the agent keeps its checkpoint of the pods (`None`: OVSDB's records alone).
-    pub state_dir: Option<PathBuf>,
-    /// The NetworkPolicy audit log (`None`: off) and whether every policy is logged (as if
-    /// annotated `all`) rather than those that ask for it.
-    pub audit: Option<crate::audit::AuditConfig>,
-    pub audit_all_policies: bool,
-    /// How often the NetworkPolicy flows' statistics are read for the per-policy counters
-    /// (`None`: never).
-    pub policy_stats_interval: Option<Duration>,
-}
-
-impl RunOptions {
-    pub fn new(state: PathBuf, ovs_rundir: PathBuf) -> RunOptions {
-        RunOptions {
-            state,
-            ovs_rundir,
-            bridge: "br0".into(),
-            datapath_type: "system".into(),
-            port_timeout: Duration::from_secs(10),
-            dns_timeout: Duration::from_secs(5),
-            switch: SwitchOptions::default(),
-            backoff: Backoff::default(),
-            repair_interval: Duration::from_secs(2),
-            api_socket: None,
-            metrics_addr: None,
-            request_timeout: Duration::from_secs(30),
-            ovsdb: ClientOptions::default(),
-            watchdog: Duration::from_secs(120),
-            host_network: true,
-            cni_conf_dir: None,
-            dns_servers: None,
-            warm_ports: 0,
-            warm_ports_always: false,
-            state_dir: None,
-            audit: None,
-            audit_all_policies: false,
-            policy_stats_interval: Some(Duration::from_secs(10)),
-        }
-    }
-    fn config(&self) -> Config {
-        Config {
-            bridge: self.bridge.clone(),
-            datapath_type: self.datapath_type.clone(),
-            port_timeout: self.port_timeout,
-            request_timeout: self.request_timeout,
-            host_network: self.host_network,
-            cni_conf_dir: self.cni_conf_dir.clone(),
-            api_socket: self.api_socket.clone(),
-            warm_ports: self.warm_ports,
-            warm_ports_always: self.warm_ports_always,
-            audit: crate::cluster::netpol::NodeAudit { enabled: self.audit.is_some(), all: self.audit_all_policies },
-        }
-    }
-    fn db_socket(&self) -> String {
-        format!("unix:{}", self.ovs_rundir.join("db.sock").display())
-    }
-    fn mgmt_socket(&self) -> String {
-        format!("unix:{}", self.ovs_rundir.join(format!("{}.mgmt", self.bridge)).display())
-    }
-}
 
 /// Keeps an OVSDB connection up; publishes the live one (`None` while down).
 fn ovsdb_link(address: String, options: ClientOptions, backoff: Backoff, cancel: CancellationToken) -> watch::Receiver<Option<Ovs>> {
@@ -202,7 +110,7 @@ pub async fn run_with(
     };
     let node = Node::with_checkpoint(opts.config(), telemetry.clone(), checkpoint);
     let mut state_rx = source(opts.state.clone());
-    if let Some(sock) = opts.api_socket.clone() {
+    if let Some(sock) = opts.node.api_socket.clone() {
         let (n, c) = (node.clone(), cancel.clone());
         tokio::spawn(async move {
             if let Err(e) = api::serve(&sock, n, async move { c.cancelled().await }).await {
@@ -219,16 +127,16 @@ pub async fn run_with(
         });
     }
     let (names_tx, names_rx) = watch::channel(Default::default());
-    let dns = match &opts.dns_servers {
-        Some(servers) => Dns::with_servers(opts.dns_timeout, servers),
-        None => Dns::new(opts.dns_timeout),
+    let dns = match opts.dns_servers.as_slice() {
+        [] => Dns::new(opts.dns_timeout),
+        servers => Dns::with_servers(opts.dns_timeout, servers),
     };
     let mut dns_rx = dns.spawn(names_rx, cancel.clone());
-    let mut ovs_rx = ovsdb_link(opts.db_socket(), opts.ovsdb.clone(), opts.backoff.clone(), cancel.clone());
+    let mut ovs_rx = ovsdb_link(opts.node.bridge.ovs.db_socket(), opts.peers.ovsdb(), opts.peers.backoff(), cancel.clone());
     // The audit log: its meter and packet-in settings on every connection (set up before the
     // connection is published, so before any resync installs flows naming the meter), lines
     // to the sink.
-    let (_audit, on_connect) = match opts.audit.clone() {
+    let (_audit, on_connect) = match opts.audit_config() {
         Some(cfg) => {
             let n = node.clone();
             let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(move |ip| n.pod_at(ip));
@@ -238,12 +146,12 @@ pub async fn run_with(
         }
         None => (None, None),
     };
-    let sup = Supervisor::spawn_with(&opts.mgmt_socket(), opts.switch.clone(), opts.backoff.clone(), on_connect)?;
+    let sup = Supervisor::spawn_with(&opts.node.bridge.ovs.mgmt_socket(), opts.peers.switch(), opts.peers.backoff(), on_connect)?;
     let mut events = sup.subscribe();
     // The per-policy counters: a task of its own, so a slow switch delays only its reads; one
     // dump never takes longer than the interval or a switch request's deadline.
     if let Some(interval) = opts.policy_stats_interval.filter(|d| !d.is_zero()) {
-        let o = crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.switch.request_timeout) };
+        let o = crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.peers.switch_request_timeout) };
         tokio::spawn(crate::policy_stats::run(node.clone(), sup.watch_current(), o, cancel.clone()));
     }
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
@@ -254,7 +162,7 @@ pub async fn run_with(
             verify_every: opts.repair_interval,
             retry_base: RETRY_BASE,
             retry_cap: RETRY_CAP,
-            deadline: opts.port_timeout,
+            deadline: opts.node.bridge.port_timeout,
         };
         tokio::spawn(crate::reconcile::host::run(node.clone(), node.host_plans(), pacing, cancel.clone()));
     }
@@ -267,7 +175,7 @@ pub async fn run_with(
     let mut tick = tokio::time::interval(opts.repair_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
-    info!(state = %opts.state.display(), rundir = %opts.ovs_rundir.display(), bridge = %opts.bridge, "sdn-node running");
+    info!(state = %opts.state.display(), rundir = %opts.node.bridge.ovs.ovs_rundir.display(), bridge = %opts.node.bridge.name(), "sdn-node running");
     // Something changed since the last successful pass.
     let mut dirty = false;
     let mut last_problems: Vec<String> = Vec::new();
@@ -395,7 +303,7 @@ pub async fn run_with(
                     failures = 0;
                     retry_at = None;
                     if sentinel.is_none() {
-                        sentinel = start_sentinel(&node, opts.port_timeout).await;
+                        sentinel = start_sentinel(&node, opts.node.bridge.port_timeout).await;
                         // What changed before the monitor started is compared now.
                         if let Some(snap) = sentinel.as_ref().and_then(Sentinel::snapshot) {
                             if rec.inspect_ovsdb(&snap) {

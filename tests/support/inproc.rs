@@ -30,8 +30,8 @@ pub async fn start_with(state: &str, tune: impl FnOnce(&mut RunOptions)) -> Runn
     std::fs::write(&file, state).unwrap();
     let socket = sb.dir().join("api/cni.sock");
     let mut opts = RunOptions::new(file.clone(), sb.dir().to_path_buf());
-    opts.datapath_type = "dummy".into();
-    opts.api_socket = Some(socket.clone());
+    opts.node.bridge.datapath_type = "dummy".into();
+    opts.node.api_socket = Some(socket.clone());
     let port = free_port();
     opts.metrics_addr = Some(format!("127.0.0.1:{port}").parse().unwrap());
     tune(&mut opts);

@@ -425,8 +425,8 @@ impl Node {
         let path = self.sb.dir().join("state.yaml");
         std::fs::write(&path, state_yaml).expect("write state.yaml");
         let mut opts = ApplyOptions::new(path, self.sb.dir().to_path_buf());
-        opts.datapath_type = "netdev".into();
-        opts.port_timeout = WAIT;
+        opts.bridge.datapath_type = "netdev".into();
+        opts.bridge.port_timeout = WAIT;
         let report = tokio::time::timeout(CMD_BOUND, converge(&opts, &state))
             .await
             .unwrap_or_else(|_| panic!("converge on node {} did not end within {CMD_BOUND:?}", self.name()))
