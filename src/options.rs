@@ -9,6 +9,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The pod API's socket unless `--pod-api-socket` says otherwise (also the CNI plugin's
+/// default, and where `status`, `trace` and `pod` look for the agent).
+pub const DEFAULT_SOCKET: &str = "/var/run/sdn-node/cni.sock";
+
 /// Where ovsdb-server and ovs-vswitchd listen, and the bridge the agent programs.
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct OvsTarget {

@@ -27,7 +27,7 @@ use crate::metrics::Telemetry;
 use crate::reconcile::record::PodRecord;
 use crate::reconcile::{Node, PodError};
 
-pub const DEFAULT_SOCKET: &str = "/var/run/sdn-node/cni.sock";
+pub use crate::options::DEFAULT_SOCKET;
 
 /// The body of `POST /v1/pods`: a pod whose interface the caller made. Strict (an unknown field
 /// is a 400 naming it); what the agent stores is a [`PodRecord`].

@@ -78,7 +78,7 @@ pub struct Config {
     pub cni_conf_dir: std::option::Option<std::path::PathBuf>,
     /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
     // Also named in the CNI network configuration.
-    #[arg(long = "pod-api-socket", value_name = "POD_API_SOCKET", default_value = crate::api::DEFAULT_SOCKET, value_parser = options::path_or_none)]
+    #[arg(long = "pod-api-socket", value_name = "POD_API_SOCKET", default_value = options::DEFAULT_SOCKET, value_parser = options::path_or_none)]
     pub api_socket: std::option::Option<std::path::PathBuf>,
     /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
     /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
