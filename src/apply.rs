@@ -30,14 +30,14 @@ pub struct ApplyOptions {
     #[command(flatten)]
     pub bridge: Bridge,
     /// How long to wait for a DNS answer for an egress policy's dnsName.
-    #[arg(skip = Duration::from_secs(5))]
+    #[arg(skip = crate::reconcile::dns::DEFAULT_TIMEOUT)]
     pub dns_timeout: Duration,
 }
 
 impl ApplyOptions {
     /// The command line's defaults, for `state` on the Open vSwitch found in `ovs_rundir`.
     pub fn new(state: PathBuf, ovs_rundir: PathBuf) -> ApplyOptions {
-        ApplyOptions { state, bridge: Bridge::new(ovs_rundir), dns_timeout: Duration::from_secs(5) }
+        ApplyOptions { state, bridge: Bridge::new(ovs_rundir), dns_timeout: crate::reconcile::dns::DEFAULT_TIMEOUT }
     }
 }
 

@@ -79,17 +79,25 @@ pub fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
 /// Seconds, as the command line writes durations (`2`, `0.5`); at least a millisecond, since
 /// zero intervals and deadlines mean nothing here.
 pub fn seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    if !v.is_finite() || v < 0.0 {
-        return Err(format!("{s:?}: seconds must be a finite number, 0 or more"));
-    }
+    let v = non_negative(s)?;
     Duration::try_from_secs_f64(v.max(0.001)).map_err(|e| format!("{s:?}: {e}"))
 }
 
 /// [`seconds`], where 0 turns the thing off (`None`).
 pub fn seconds_or_off(s: &str) -> Result<Option<Duration>, String> {
-    let d = seconds(s)?;
-    Ok((s.trim().parse::<f64>().ok() != Some(0.0)).then_some(d))
+    if non_negative(s)? == 0.0 {
+        return Ok(None);
+    }
+    seconds(s).map(Some)
+}
+
+/// A finite number of seconds, 0 or more.
+fn non_negative(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{s:?}: seconds must be a finite number, 0 or more"));
+    }
+    Ok(v)
 }
 
 /// A path, or `none` for no path (the feature it names is off).

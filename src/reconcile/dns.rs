@@ -25,6 +25,9 @@ const MAX_TTL: Duration = Duration::from_secs(1800);
 /// How soon a failed lookup is retried.
 const NEGATIVE_TTL: Duration = Duration::from_secs(30);
 /// The cache lifetime of an answer from the system resolver (which gives no TTL).
+/// How long an egress policy's dnsName lookup may take (`apply` and `run`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
 const FALLBACK_TTL: Duration = Duration::from_secs(60);
 
 struct Entry {

@@ -43,7 +43,7 @@ pub struct RunOptions {
     #[arg(long = "dns-server", value_name = "DNS_SERVER")]
     pub dns_servers: Vec<SocketAddr>,
     /// How long to wait for a DNS answer for an egress policy's dnsName.
-    #[arg(skip = Duration::from_secs(5))]
+    #[arg(skip = crate::reconcile::dns::DEFAULT_TIMEOUT)]
     pub dns_timeout: Duration,
     /// Where the agent keeps its own durable record of the pods (pods.json), so that they
     /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
