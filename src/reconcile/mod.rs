@@ -258,6 +258,8 @@ pub struct Pass {
     pub problems: Vec<Problem>,
     /// Operational warnings (DNS failures that made a VNID drop all egress).
     pub warnings: Vec<Problem>,
+    /// The model's version the committed flows were computed from.
+    pub flows_version: u64,
 }
 
 /// The base ports' settings that come from the cluster's state.
@@ -444,10 +446,9 @@ impl Reconciler {
         if !self.node.model().has_state() {
             return Err(ConvergeError::NotReady("no cluster state yet"));
         }
-        let (version, doomed) = {
+        let doomed: Vec<_> = {
             let m = self.node.model();
-            let doomed: Vec<_> = m.doomed_pods().into_iter().filter_map(|p| m.doomed(&p.key()).cloned()).collect();
-            (m.version, doomed)
+            m.doomed_pods().into_iter().filter_map(|p| m.doomed(&p.key()).cloned()).collect()
         };
         self.node.publish_host_plan();
         let ovs = self.node.ovs();
@@ -486,8 +487,17 @@ impl Reconciler {
             }
             self.node.model().buried(&p.key());
         }
-        if self.node.model().version == version {
+        // Converged if the switch holds the flows of the model as it is now. The pass itself
+        // moves the model on (a port it added has its ofport now, a port it removed is
+        // forgotten), and a pod request may have changed it meanwhile: the flows are the
+        // model's as of when they were computed, after the ports. If the model moved past them,
+        // one more pass commits the difference (usually nothing) and says converged then;
+        // nothing else would start it.
+        if self.node.model().version == pass.flows_version {
             self.node.telemetry.health.converged.store(true, Ordering::Relaxed);
+        } else {
+            self.node.not_converged();
+            self.node.kick();
         }
         Ok(pass)
     }
@@ -714,6 +724,7 @@ impl Reconciler {
             };
             pass.problems.extend(problems);
             pass.warnings.extend(warnings);
+            pass.flows_version = m.version;
             // Every policy's flows are in a full desired state.
             let ticket = self.node.telemetry.metrics.realization.ticket(None);
             (engine.submit_replace(desired, resync)?, ticket)
@@ -798,6 +809,8 @@ impl Reconciler {
             }
             Err(e) => warn!(error = %e, "repair failed; will retry"),
         }
+        // A pass confirms (or completes) the repair and says converged again.
+        self.node.kick();
     }
 
     /// Tells the kubelet the network is ready: writes `80-sdn-node.conflist` (naming the pod API
