@@ -13,7 +13,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use support::agent::{signal_pid, vsctl};
+use support::agent::signal_pid;
 use support::cninode::*;
 
 /// Pods alive at most at once.
@@ -52,6 +52,8 @@ struct Figures {
     dels_ok: u32,
     dels_retried: u32,
     faults: BTreeMap<&'static str, u32>,
+    /// Why ADDs failed (the CNI error's message, first words), and how often.
+    add_errors: BTreeMap<String, u32>,
 }
 
 /// A fault in effect that the loop undoes later (a frozen daemon).
@@ -78,6 +80,8 @@ async fn chaos_soak_ends_ready_reachable_and_isolated() {
     let mut frozen = Frozen::None;
     let mut next_container = 1u32;
     let end = Instant::now() + Duration::from_secs(secs);
+    // About one fault every 5 s (the issue's soak: 60 in 300 s), churn in between.
+    let mut next_fault = Instant::now() + Duration::from_millis(2000 + rng.below(6000));
     while Instant::now() < end {
         // Thaw a frozen daemon after a while (beyond the agent's echo timeout sometimes).
         if let Frozen::Pid(pid, until) = frozen {
@@ -86,9 +90,11 @@ async fn chaos_soak_ends_ready_reachable_and_isolated() {
                 frozen = Frozen::None;
             }
         }
-        match rng.below(12) {
-            0..=7 => {
-                let add = pods.len() < MAX_PODS && (pods.is_empty() || rng.below(2) == 0);
+        let fault_due = Instant::now() >= next_fault;
+        match fault_due {
+            false => {
+                // Two ADDs for one DEL: the node fills up to MAX_PODS and churns there.
+                let add = pods.len() < MAX_PODS && (pods.is_empty() || rng.below(3) != 0);
                 if add {
                     let (ns, vnid) = NAMESPACES[rng.below(3) as usize];
                     let name = format!("c{next_container}");
@@ -103,6 +109,8 @@ async fn chaos_soak_ends_ready_reachable_and_isolated() {
                     } else {
                         // As kubelet does: a failed ADD is followed by a DEL.
                         fig.adds_failed += 1;
+                        let why = failure_kind(&r.out);
+                        *fig.add_errors.entry(why).or_default() += 1;
                         undeleted.push(pod);
                     }
                 } else {
@@ -121,7 +129,8 @@ async fn chaos_soak_ends_ready_reachable_and_isolated() {
                 }
                 undeleted = still;
             }
-            _ => {
+            true => {
+                next_fault = Instant::now() + Duration::from_millis(2000 + rng.below(6000));
                 if !matches!(frozen, Frozen::None) {
                     continue;
                 }
@@ -246,10 +255,11 @@ async fn chaos_soak_ends_ready_reachable_and_isolated() {
     }
     assert!(wrong.is_empty(), "{} of {pairs} pairs wrong:\n{}\n{}", wrong.len(), wrong.join("\n"), node.log());
     eprintln!(
-        "chaos soak: {secs} s, seed {seed}: {} ADDs ok, {} failed under faults, {} DELs ({} retried), faults {:?}; \
+        "chaos soak: {secs} s, seed {seed}: {} ADDs ok, {} failed under faults {:?}, {} DELs ({} retried), faults {:?}; \
          end: {} pods, each its own address, {pairs} pairs by VNID all as expected; /readyz 200 after {polls} polls",
         fig.adds_ok,
         fig.adds_failed,
+        fig.add_errors,
         fig.dels_ok,
         fig.dels_retried,
         fig.faults,
@@ -272,4 +282,17 @@ async fn get_readyz(ns: &str) -> (u16, String) {
     })
     .await
     .expect("readyz")
+}
+
+/// What a failed ADD said, without the pod's own names (so that failures group by cause).
+fn failure_kind(out: &serde_json::Value) -> String {
+    let text = match out.get("details").and_then(|d| d.as_str()) {
+        Some(d) => format!("{}: {d}", out.get("msg").and_then(|m| m.as_str()).unwrap_or_default()),
+        None => out.to_string(),
+    };
+    let text = match (text.find(" of pod "), text.find(" (")) {
+        (Some(a), Some(b)) if b > a => format!("{}{}", &text[..a], &text[b..]),
+        _ => text,
+    };
+    text.chars().filter(|c| !c.is_ascii_digit()).take(160).collect()
 }
