@@ -36,6 +36,8 @@ fn snapshot(n: &CniNode) -> Leftovers {
 async fn back_to(node: &CniNode, before: &Leftovers, what: &str) {
     for _ in 0..300 {
         if snapshot(node) == *before {
+            // And the agent says so: ready again (issue 32).
+            node.ready_again(what).await;
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

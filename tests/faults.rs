@@ -60,16 +60,6 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     panic!("never: {what}");
 }
 
-async fn ready_again(r: &Running) {
-    for _ in 0..300 {
-        if http_get(&r.metrics, "/readyz").await.0 == 200 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("not ready again: {:?}", r.telemetry.health.not_ready());
-}
-
 /// Metrics, the pod list and /healthz keep answering while a peer is frozen; /readyz says no.
 async fn still_answers_but_not_ready(r: &Running) {
     let (code, body) = http_get(&r.metrics, "/metrics").await;
@@ -124,7 +114,7 @@ async fn frozen_peer(ovsdb: bool) {
         let (code, body) = tokio::time::timeout(ANSWER_WITHIN, del(&r.socket, "team-a", "a")).await.expect("delete answered");
         unavailable_or_timeout(code, &body, &format!("delete with {what} frozen"));
     }
-    ready_again(&r).await;
+    ready_again(&r, &format!("{what} thawed")).await;
     // Nothing of the refused setup exists; the torn-down pod's flows are gone.
     eventually("the refused pod's port is removed", || !has_port(&r, "veth-b")).await;
     assert!(flows_with(&r, "10.128.0.11").is_empty(), "refused pod's flows: {:?}", flows_with(&r, "10.128.0.11"));
@@ -139,6 +129,7 @@ async fn frozen_peer(ovsdb: bool) {
     let ports = try_list_ports(&r.sb).unwrap();
     assert_eq!(ports, vec!["tun0", "veth-b", "vxlan0"], "exactly the wanted ports");
     assert_eq!(qos(&r), 0, "no QoS rows left");
+    ready_again(&r, &format!("after the retries ({what})")).await;
 }
 
 fn qos(r: &Running) -> usize {
@@ -173,6 +164,7 @@ async fn refused_commit_during_setup_leaves_nothing() {
     let (code, body) = add(&r.socket, &p).await;
     assert_eq!(code, 200, "{body}");
     assert_eq!(flows_with(&r, "10.128.0.12").len(), 4);
+    ready_again(&r, "after the refused commit and the retry").await;
 }
 
 /// 20 concurrent setups, one of them invalid: 19 succeed, one 4xx, no interference.
@@ -206,6 +198,7 @@ async fn concurrent_setups_with_one_invalid() {
         assert_eq!(n, if i == 7 { 0 } else { 4 }, "pod p{i}");
     }
     assert!(!has_port(&r, "veth-p7"));
+    ready_again(&r, "after 20 concurrent setups").await;
 }
 
 /// Hostile requests: the agent's own ports and other pods' ports, names Kubernetes would
@@ -246,6 +239,7 @@ async fn hostile_requests_are_refused() {
     assert_eq!(code, 404);
     assert_eq!(dump_sorted(&r.sb, &[]), before, "nothing changed");
     assert_eq!(try_list_ports(&r.sb).unwrap(), ports);
+    ready_again(&r, "after the hostile requests").await;
 }
 
 /// An egress dnsName whose name server never answers does not delay pod setup: resolution

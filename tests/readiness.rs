@@ -13,24 +13,7 @@ use std::time::Duration;
 use support::agent::{pod, vsctl, without_cookies, write_state, Doc};
 use support::inproc::*;
 
-/// How many times `/readyz` is asked (25 ms apart) before the test gives up: a bound, not a
-/// measurement.
 const POLLS: u32 = 800;
-
-/// Polls `/readyz` until it answers 200; panics with its last answer and `what` otherwise.
-/// Also checks that `status` agrees (converged) once it does.
-async fn ready_again(r: &Running, what: &str) {
-    let mut last = (0, String::new());
-    for _ in 0..POLLS {
-        last = http_get(&r.metrics, "/readyz").await;
-        if last.0 == 200 {
-            assert!(r.telemetry.health.not_ready().is_none(), "{what}: /readyz and health disagree");
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{what}: /readyz never answered 200 again; last: {} {}", last.0, last.1);
-}
 
 fn state(pods: &[String]) -> String {
     let mut d = Doc::base();

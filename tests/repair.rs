@@ -141,6 +141,8 @@ async fn state_back(p: &Pods, want: &NodeState, what: &str) {
             Ok(s) if s == *want => {
                 eprintln!("{what}: OVSDB, flows and interfaces as before after {:?}", t.elapsed());
                 p.isolation_holds();
+                // And the agent says so: ready again (issue 32).
+                p.node.ready_again(what).await;
                 return;
             }
             Ok(s) if t.elapsed() > REPAIR_WITHIN => {

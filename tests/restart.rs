@@ -166,6 +166,8 @@ impl Setup {
         let r = converge_again(&self.sb, text, "dummy").await;
         assert_no_flow_mods(&r, what);
         assert!(r.problems.is_empty(), "{what}: {:?}", r.problems);
+        // And the agent says so: ready again (issue 32).
+        self.agent.ready_again(what).await;
     }
 }
 

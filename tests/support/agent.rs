@@ -132,10 +132,13 @@ pub struct Agent {
     child: tokio::process::Child,
     pub log: Lines,
     pid: i32,
+    /// Its metrics listener (`/readyz`), on a port of its own.
+    pub metrics: String,
 }
 
 impl Agent {
     pub fn spawn(o: &AgentOptions) -> Agent {
+        let metrics = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
             .args(["run", "--state"])
             .arg(&o.state)
@@ -144,8 +147,8 @@ impl Agent {
             .args(["--datapath-type", &o.datapath_type])
             .args(["--port-timeout", &o.port_timeout_secs.to_string()])
             .args(["--echo-interval", "0.5", "--echo-timeout", "1", "--max-backoff", "0.2"])
-            // Parallel agents: no shared pod API socket or metrics port.
-            .args(["--pod-api-socket", "none", "--metrics-addr", "none"])
+            // Parallel agents: no shared pod API socket; a metrics port of its own.
+            .args(["--pod-api-socket", "none", "--metrics-addr", &metrics])
             // The node's own networking is not the test host's to change.
             .args(["--no-host-network", "--cni-conf-dir", "none"])
             // No pod API, so no pods of its own to record (and no shared /var/lib/sdn-node).
@@ -160,7 +163,7 @@ impl Agent {
             .expect("spawn sdn-node run");
         let pid = child.id().expect("a running child has a pid") as i32;
         let log = Lines::follow(child.stderr.take().expect("piped stderr"));
-        Agent { child, log, pid }
+        Agent { child, log, pid, metrics }
     }
 
     pub fn pid(&self) -> i32 {
@@ -212,6 +215,21 @@ impl Agent {
 
     pub fn log_text(&self) -> String {
         self.log.all().join("\n")
+    }
+
+    /// Polls `/readyz` (bounded: 400 polls 50 ms apart) until it answers 200; panics with its
+    /// last answer, `what` and the log otherwise. Tests that change something end with this
+    /// (issue 32: readiness tells the truth).
+    pub async fn ready_again(&self, what: &str) {
+        let mut last = (0, String::new());
+        for _ in 0..400 {
+            last = readyz(&self.metrics).await;
+            if last.0 == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what}: /readyz never answered 200 again; last: {} {}\n{}", last.0, last.1, self.log_text());
     }
 }
 
@@ -589,4 +607,22 @@ pub fn signal_pid(pid: i32, sig: i32) {
     // the daemon it started.
     let r = unsafe { libc::kill(pid, sig) };
     assert_eq!(r, 0, "kill({pid}, {sig}): {}", std::io::Error::last_os_error());
+}
+
+/// GET /readyz from `addr` (a connection refused is status 0).
+pub async fn readyz(addr: &str) -> (u16, String) {
+    let addr = addr.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut out = String::new();
+        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = write!(s, "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let _ = s.read_to_string(&mut out);
+        }
+        let code = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (code, out.split("\r\n\r\n").nth(1).unwrap_or_default().to_string())
+    })
+    .await
+    .expect("GET /readyz")
 }

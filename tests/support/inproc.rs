@@ -96,3 +96,19 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (code, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// Polls `/readyz` (bounded: 800 polls 25 ms apart) until it answers 200 and health agrees;
+/// panics with its last answer and `what` otherwise. Every test that changes something ends
+/// with this (issue 32: readiness tells the truth).
+pub async fn ready_again(r: &Running, what: &str) {
+    let mut last = (0, String::new());
+    for _ in 0..800 {
+        last = http_get(&r.metrics, "/readyz").await;
+        if last.0 == 200 {
+            assert!(r.telemetry.health.not_ready().is_none(), "{what}: /readyz and health disagree");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{what}: /readyz never answered 200 again; last: {} {}", last.0, last.1);
+}
