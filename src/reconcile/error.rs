@@ -59,6 +59,11 @@ pub(super) fn ovsdb_error(pod: &Pod, e: OvsdbError) -> PodError {
     match e {
         e if e.is_disconnect() => PodError::NotReady(format!("ovsdb-server: {e}")),
         OvsdbError::Timeout(m) => PodError::Deadline(format!("ovsdb-server: {m}")),
+        // The bridge itself is gone (someone deleted it; the reconciler puts it back): the
+        // node is not ready, the request was fine (a retry succeeds once it is back).
+        e @ OvsdbError::NotFound { table: "Bridge", .. } => {
+            PodError::NotReady(format!("ovsdb-server: {e} (the agent is putting it back)"))
+        }
         // The device does not exist or OVS cannot use it: the request named it.
         e @ (OvsdbError::InterfaceError { .. } | OvsdbError::NotFound { .. }) => {
             PodError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))
@@ -84,5 +89,37 @@ pub(super) async fn committed(rx: Pending<crate::engine::Outcome>, deadline: Ins
         Err(_) => Err(PodError::Deadline("the switch did not commit the change in time".into())),
         Ok(Err(_)) => Err(PodError::NotReady("the flow engine stopped".into())),
         Ok(Ok(r)) => r.map(|_| ()).map_err(engine_error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> Pod {
+        Pod {
+            namespace: "team-a".into(),
+            name: "a1".into(),
+            container_id: crate::model::ContainerId::parse(&"ab".repeat(32)).unwrap(),
+            host_veth: "veth-a1".into(),
+            ip: "10.128.0.2".parse().unwrap(),
+            mac: "0a:58:0a:80:00:02".parse().unwrap(),
+            ingress_bps: 0,
+            egress_bps: 0,
+            internal: false,
+            labels: Default::default(),
+            container_ports: Vec::new(),
+        }
+    }
+
+    /// A bridge someone deleted is the node's state, not the request's fault: try again later
+    /// (the chaos soak saw it refused as an invalid hostVeth). A missing interface is the
+    /// request's.
+    #[test]
+    fn a_missing_bridge_is_not_ready_a_missing_interface_is_invalid() {
+        let e = ovsdb_error(&pod(), OvsdbError::NotFound { table: "Bridge", name: "br0".into() });
+        assert!(matches!(e, PodError::NotReady(ref m) if m.contains("br0")), "{e:?}");
+        let e = ovsdb_error(&pod(), OvsdbError::NotFound { table: "Interface", name: "veth-a1".into() });
+        assert!(matches!(e, PodError::Invalid(ref p) if p.field == "hostVeth"), "{e:?}");
     }
 }
