@@ -81,8 +81,8 @@ pub struct Config {
     #[arg(long = "pod-api-socket", value_name = "POD_API_SOCKET", default_value = options::DEFAULT_SOCKET, value_parser = options::path_or_none)]
     pub api_socket: std::option::Option<std::path::PathBuf>,
     /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
-    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
-    /// README). Refilled in the background after ADDs; 0 disables them.
+    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see
+    /// docs/pods.md, "Warm ports"). Refilled in the background after ADDs; 0 disables them.
     // See `spares`.
     #[arg(long, default_value_t = 0)]
     pub warm_ports: usize,

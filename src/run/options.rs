@@ -48,7 +48,7 @@ pub struct RunOptions {
     /// Where the agent keeps its own durable record of the pods (pods.json), so that they
     /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
     /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
-    /// (exit 1, the file named): see README "Pod records".
+    /// (exit 1, the file named): see docs/pods.md, "Pod records".
     #[arg(long, default_value = "/var/lib/sdn-node", value_parser = path_or_none)]
     pub state_dir: std::option::Option<PathBuf>,
     #[command(flatten)]
