@@ -125,6 +125,19 @@ pub struct PolicyStatus {
     pub pending_seconds: Option<f64>,
 }
 
+/// One object rejected now (see [`crate::rejections`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectionStatus {
+    /// e.g. `pod team-a/a1`.
+    pub object: String,
+    /// e.g. `internl`, `ports[1].protocol` (empty: the object as a whole).
+    pub field: String,
+    /// Why; a rejected object that keeps its last good version says so here.
+    pub message: String,
+    /// When it was first rejected so (ms since the Unix epoch).
+    pub since_unix_ms: u64,
+}
+
 /// The agent's status.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -143,6 +156,9 @@ pub struct Status {
     pub pods: Pods,
     /// Objects the model rejected, by kind (counted since start).
     pub rejected: BTreeMap<String, u64>,
+    /// The objects rejected now, each with its field, why and since when (cleared when fixed).
+    #[serde(default)]
+    pub rejections: Vec<RejectionStatus>,
     pub model_version: u64,
     /// Each executor's health, failing ones with their last error.
     #[serde(default)]
@@ -263,7 +279,20 @@ pub async fn status(node: &Node) -> Status {
             pending_seconds: (e.realized != Some(e.seen)).then(|| e.seen_at.elapsed().as_secs_f64()),
         })
         .collect();
+    let rejections = t
+        .metrics
+        .rejections
+        .current()
+        .into_iter()
+        .map(|r| RejectionStatus {
+            object: r.problem.object,
+            field: r.problem.field,
+            message: r.problem.message,
+            since_unix_ms: unix_ms(r.since),
+        })
+        .collect();
     Status {
+        rejections,
         executors,
         repairs,
         policies,
@@ -413,7 +442,12 @@ impl std::fmt::Display for Status {
         self.policy_counters.write_text(&mut s);
         let rejected: Vec<String> =
             self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
-        let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { rejected.join(", ") });
+        let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { format!("{} (since start)", rejected.join(", ")) });
+        let _ = writeln!(s, "rejected now: {}", if self.rejections.is_empty() { "none".to_string() } else { self.rejections.len().to_string() });
+        for r in &self.rejections {
+            let field = if r.field.is_empty() { String::new() } else { format!("field {}: ", r.field) };
+            let _ = writeln!(s, "  {}: {field}{} (since {})", r.object, r.message, ago(r.since_unix_ms));
+        }
         f.write_str(&s)
     }
 }

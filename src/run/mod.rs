@@ -200,11 +200,15 @@ pub async fn run_with(
                     // Seen with the state, under the model lock: a commit's ticket names the
                     // generations its flows were computed from (see `crate::realize`).
                     telemetry.metrics.realization.seen(&loaded);
-                    let (gone, change) = m.set_source_change(loaded);
-                    for p in std::mem::take(&mut m.rebuild_problems) {
+                    let (gone, change) = m.set_source_change(loaded.clone());
+                    let rebuild = std::mem::take(&mut m.rebuild_problems);
+                    for p in &rebuild {
                         telemetry.metrics.reject(&p.object);
                         warn!("rejected: {p}");
                     }
+                    // What is rejected now, for status and the gauge.
+                    let now: Vec<_> = loaded.problems.iter().cloned().chain(rebuild).collect();
+                    telemetry.metrics.rejections.set(crate::rejections::Slot::Source, &now);
                     let names = m.dns_names();
                     names_tx.send_if_modified(|n| {
                         let changed = *n != names;
@@ -312,6 +316,7 @@ pub async fn run_with(
                             }
                         }
                     }
+                    telemetry.metrics.rejections.set(crate::rejections::Slot::Pass, &pass.problems);
                     let mut now: Vec<String> = pass.problems.iter().map(|p| p.to_string()).collect();
                     now.extend(pass.warnings.iter().map(|w| format!("warning: {w}")));
                     if now != last_problems {
