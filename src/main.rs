@@ -158,6 +158,37 @@ async fn terminated() {
     }
 }
 
+/// Writes CLI output to stdout. A reader that went away (`sdn-node dump-flows | head`) ends the
+/// command quietly with 141, the status of a process killed by SIGPIPE, as Unix tools do: no
+/// panic, no message. Any other write error is said on stderr and exits 1.
+fn out(s: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        err(&format!("error: writing to stdout: {e}"));
+        std::process::exit(1);
+    }
+}
+
+/// One line to stderr that cannot panic (stderr closed: the line is dropped).
+fn err(s: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{s}");
+}
+
+/// `println!` for CLI output, through [`out`].
+macro_rules! outln {
+    ($($t:tt)*) => { out(&(format!($($t)*) + "\n")) };
+}
+
+/// `eprintln!` that cannot panic, through [`err`].
+macro_rules! errln {
+    ($($t:tt)*) => { err(&format!($($t)*)) };
+}
+
 fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
 }
@@ -165,11 +196,11 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> ExitCode {
     match r {
         Ok(v) => {
-            print!("{}", show(&v));
+            out(&show(&v));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -200,16 +231,16 @@ async fn run(cli: Cli) -> ExitCode {
             match sdn_node::api::client::call(&socket, method, &path, body).await {
                 Ok((status, body)) if (200..300).contains(&status) => {
                     if !body.is_empty() {
-                        println!("{body}");
+                        outln!("{body}");
                     }
                     ExitCode::SUCCESS
                 }
                 Ok((status, body)) => {
-                    eprintln!("error: {status}: {body}");
+                    errln!("error: {status}: {body}");
                     ExitCode::FAILURE
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    errln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -232,7 +263,7 @@ async fn run(cli: Cli) -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    errln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -240,22 +271,22 @@ async fn run(cli: Cli) -> ExitCode {
         Cmd::Apply(opts) => {
             match apply(&opts).await {
                 Ok(r) => {
-                    eprintln!(
+                    errln!(
                         "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
                         r.flows, opts.bridge.name(), r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
                     );
                     if r.problems.is_empty() {
                         ExitCode::SUCCESS
                     } else {
-                        eprintln!("{} object(s) rejected:", r.problems.len());
+                        errln!("{} object(s) rejected:", r.problems.len());
                         for p in &r.problems {
-                            eprintln!("  {p}");
+                            errln!("  {p}");
                         }
                         ExitCode::from(2)
                     }
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    errln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -272,7 +303,7 @@ async fn run(cli: Cli) -> ExitCode {
                         req.cookie_mask = Owner::OWNER_MASK;
                     }
                     Err(e) => {
-                        eprintln!("error: --owner: {e}");
+                        errln!("error: --owner: {e}");
                         return ExitCode::FAILURE;
                     }
                 }
@@ -289,17 +320,19 @@ async fn run(cli: Cli) -> ExitCode {
                         (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string())
                             .cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.no_stats().to_string()))
                     });
+                    let mut text = String::new();
                     for f in flows {
                         if stats {
-                            println!(" {f}");
+                            text += &format!(" {f}\n");
                         } else {
-                            println!(" {}", f.no_stats());
+                            text += &format!(" {}\n", f.no_stats());
                         }
                     }
+                    out(&text);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("error: {target}: {e}");
+                    errln!("error: {target}: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -90,6 +90,10 @@ pub struct Pods {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecutorStatus {
     pub name: String,
+    /// Why this executor does not run on this node (the host executor with
+    /// `--no-host-network` or on the dummy datapath); `None` when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off: Option<String>,
     /// Converged on its last attempt.
     pub ok: bool,
     /// The last error, while failing.
@@ -233,6 +237,13 @@ pub async fn status(node: &Node) -> Status {
         .zip(h.executors())
         .map(|(e, x)| ExecutorStatus {
             name: e.name().into(),
+            off: match e {
+                crate::metrics::Executor::Host if !node.cfg.host_network => Some("off (--no-host-network)".into()),
+                crate::metrics::Executor::Host if !node.manages_host() => {
+                    Some("off (the dummy datapath: its ports are not devices)".into())
+                }
+                _ => None,
+            },
             ok: x.error.is_none() && x.last_ok.is_some(),
             last_error: x.error,
             failing_since_unix_ms: x.failing_since.map(unix_ms),
@@ -391,6 +402,7 @@ impl std::fmt::Display for Status {
         let _ = writeln!(s, "executors:");
         for e in &self.executors {
             let state = match (&e.last_error, e.failing_since_unix_ms) {
+                _ if e.off.is_some() => e.off.clone().unwrap_or_default(),
                 (Some(err), since) => format!(
                     "FAILING since {} ({} attempts): {err}",
                     since.map(ago).unwrap_or_else(|| "?".into()),
