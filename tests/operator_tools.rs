@@ -22,13 +22,18 @@ fn bin() -> Command {
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = bin().args(args).output().expect("run sdn-node");
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Runs `args` with stdout a pipe whose reader reads `keep` bytes (0: none) and then closes it;
 /// returns (exit code, stderr).
 fn into_closed_pipe(args: &[&str], keep: usize) -> (i32, String) {
-    let mut child = bin().args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child =
+        bin().args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     if keep > 0 {
         let mut buf = vec![0; keep];
@@ -53,7 +58,9 @@ async fn dump_flows_into_a_closed_pipe_stops_quietly() {
     // 3,000 flows: far more than a pipe holds (64 KiB), so the writer meets the closed pipe.
     let file = sb.dir().join("flows.txt");
     let flows: String = (0..3000u32)
-        .map(|i| format!("table=7,priority=100,ip,nw_src=10.{}.{}.{},actions=drop\n", i / 65536, (i / 256) % 256, i % 256))
+        .map(|i| {
+            format!("table=7,priority=100,ip,nw_src=10.{}.{}.{},actions=drop\n", i / 65536, (i / 256) % 256, i % 256)
+        })
         .collect();
     std::fs::write(&file, flows).unwrap();
     support::ofctl(&sb, &["add-flows", "br0", file.to_str().unwrap()]);
@@ -63,7 +70,10 @@ async fn dump_flows_into_a_closed_pipe_stops_quietly() {
     assert!(out.len() > 128 * 1024, "more output than a pipe holds: {} bytes", out.len());
 
     assert_quiet_pipe_end("dump-flows | head -c 1000", into_closed_pipe(&["dump-flows", "--ovs-rundir", &dir], 1000));
-    assert_quiet_pipe_end("dump-flows into a pipe closed at once", into_closed_pipe(&["dump-flows", "--ovs-rundir", &dir], 0));
+    assert_quiet_pipe_end(
+        "dump-flows into a pipe closed at once",
+        into_closed_pipe(&["dump-flows", "--ovs-rundir", &dir], 0),
+    );
 }
 
 #[test]
@@ -190,7 +200,8 @@ async fn the_daemon_keeps_serving_when_its_stderr_closes() {
     for n in 0..10 {
         let (code, _, err) = add_pod(d.sock(), n);
         assert_eq!(code, 0, "pod add {n} after stderr closed: {err}");
-        let (code, _, err) = run(&["pod", "del", "--socket", d.sock(), "--namespace", "team-b", "--name", &format!("api{n}")]);
+        let (code, _, err) =
+            run(&["pod", "del", "--socket", d.sock(), "--namespace", "team-b", "--name", &format!("api{n}")]);
         assert_eq!(code, 0, "pod del {n}: {err}");
     }
     let mut doc = Doc::base();
