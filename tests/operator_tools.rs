@@ -217,6 +217,10 @@ async fn the_daemon_keeps_serving_when_its_stderr_closes() {
     let (_, body) = support::inproc::http_get(&d.metrics, "/metrics").await;
     let dropped = metric(&body, "sdn_node_log_lines_dropped_total");
     assert!(dropped > 0.0, "the lines it could not write are counted: {dropped}");
+    let (code, out, err) = run(&["status", "--socket", d.sock(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(st["log_lines_dropped"].as_u64().unwrap_or(0) > 0, "status says so too: {out}");
     assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
 }
 

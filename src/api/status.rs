@@ -161,6 +161,9 @@ pub struct Status {
     /// statistics (read every `--policy-stats-interval`, not when status is asked).
     #[serde(default)]
     pub policy_counters: crate::policy_stats::PolicyCounters,
+    /// Log lines dropped because stderr could not be written (closed or failing), since start.
+    #[serde(default)]
+    pub log_lines_dropped: u64,
 }
 
 /// Builds the status from the node's state.
@@ -279,6 +282,7 @@ pub async fn status(node: &Node) -> Status {
         repairs,
         policies,
         policy_counters: t.metrics.policy_counters.report(),
+        log_lines_dropped: crate::run::process::LOG_LINES_DROPPED.get(),
         bridge: node.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
@@ -415,6 +419,9 @@ impl std::fmt::Display for Status {
         }
         let repairs: Vec<String> = self.repairs.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "repairs:    {}", if repairs.is_empty() { "none".into() } else { repairs.join(", ") });
+        if self.log_lines_dropped > 0 {
+            let _ = writeln!(s, "log:        {} lines dropped (stderr closed or failing)", self.log_lines_dropped);
+        }
         let _ = writeln!(s, "policies:   {}", if self.policies.is_empty() { "none" } else { "generation seen / realized, last source-to-switch latency" });
         for p in &self.policies {
             let realized = p.realized_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into());
