@@ -292,6 +292,11 @@ impl Metrics {
             );
             r.register("policy_stats_reads", "Reads of the NetworkPolicy flows' statistics, by result (ok, error)", m.policy_stats_reads.clone());
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
+            r.register(
+                "log_lines_dropped",
+                "Log lines that could not be written to stderr (closed or failing); the agent runs on without them",
+                crate::run::process::LOG_LINES_DROPPED.clone(),
+            );
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
         for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {

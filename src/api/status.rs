@@ -90,6 +90,10 @@ pub struct Pods {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecutorStatus {
     pub name: String,
+    /// Why this executor does not run on this node (the host executor with
+    /// `--no-host-network` or on the dummy datapath); `None` when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off: Option<String>,
     /// Converged on its last attempt.
     pub ok: bool,
     /// The last error, while failing.
@@ -173,6 +177,9 @@ pub struct Status {
     /// statistics (read every `--policy-stats-interval`, not when status is asked).
     #[serde(default)]
     pub policy_counters: crate::policy_stats::PolicyCounters,
+    /// Log lines dropped because stderr could not be written (closed or failing), since start.
+    #[serde(default)]
+    pub log_lines_dropped: u64,
 }
 
 /// Builds the status from the node's state.
@@ -249,6 +256,13 @@ pub async fn status(node: &Node) -> Status {
         .zip(h.executors())
         .map(|(e, x)| ExecutorStatus {
             name: e.name().into(),
+            off: match e {
+                crate::metrics::Executor::Host if !node.cfg.host_network => Some("off (--no-host-network)".into()),
+                crate::metrics::Executor::Host if !node.manages_host() => {
+                    Some("off (the dummy datapath: its ports are not devices)".into())
+                }
+                _ => None,
+            },
             ok: x.error.is_none() && x.last_ok.is_some(),
             last_error: x.error,
             failing_since_unix_ms: x.failing_since.map(unix_ms),
@@ -297,6 +311,7 @@ pub async fn status(node: &Node) -> Status {
         repairs,
         policies,
         policy_counters: t.metrics.policy_counters.report(),
+        log_lines_dropped: crate::run::process::LOG_LINES_DROPPED.get(),
         bridge: node.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
@@ -420,6 +435,7 @@ impl std::fmt::Display for Status {
         let _ = writeln!(s, "executors:");
         for e in &self.executors {
             let state = match (&e.last_error, e.failing_since_unix_ms) {
+                _ if e.off.is_some() => e.off.clone().unwrap_or_default(),
                 (Some(err), since) => format!(
                     "FAILING since {} ({} attempts): {err}",
                     since.map(ago).unwrap_or_else(|| "?".into()),
@@ -432,6 +448,9 @@ impl std::fmt::Display for Status {
         }
         let repairs: Vec<String> = self.repairs.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "repairs:    {}", if repairs.is_empty() { "none".into() } else { repairs.join(", ") });
+        if self.log_lines_dropped > 0 {
+            let _ = writeln!(s, "log:        {} lines dropped (stderr closed or failing)", self.log_lines_dropped);
+        }
         let _ = writeln!(s, "policies:   {}", if self.policies.is_empty() { "none" } else { "generation seen / realized, last source-to-switch latency" });
         for p in &self.policies {
             let realized = p.realized_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into());
