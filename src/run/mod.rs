@@ -81,6 +81,10 @@ pub enum RunError {
     /// The audit log's sink cannot be opened.
     #[error("audit log: {0}")]
     Audit(String),
+    /// The bridge or ports found contradict the configuration (see
+    /// [`crate::reconcile::ConvergeError::Refused`]); nothing was written.
+    #[error("{0}")]
+    Refused(String),
 }
 
 pub use crate::reconcile::POD_KEY;
@@ -179,6 +183,8 @@ pub async fn run_with(
     // Something changed since the last successful pass.
     let mut dirty = false;
     let mut last_problems: Vec<String> = Vec::new();
+    // A refusal before the first successful pass is the configuration's fault: the agent stops.
+    let mut converged_once = false;
     loop {
         // A pass is due after any event; after a tick only once the backoff has passed.
         let mut due = true;
@@ -299,6 +305,7 @@ pub async fn run_with(
             telemetry.health.busy();
             match rec.converge().await {
                 Ok(pass) => {
+                    converged_once = true;
                     dirty = false;
                     failures = 0;
                     retry_at = None;
@@ -330,6 +337,9 @@ pub async fn run_with(
                         last_problems = now;
                     }
                 }
+                Err(crate::reconcile::ConvergeError::Refused(m)) if !converged_once => {
+                    return Err(RunError::Refused(m));
+                }
                 Err(e) => {
                     // Retried on the next event, or with capped backoff (`dirty` stays set).
                     failures = failures.saturating_add(1);
@@ -337,6 +347,7 @@ pub async fn run_with(
                     match e {
                         crate::reconcile::ConvergeError::NotReady(_) => {}
                         crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                        crate::reconcile::ConvergeError::Refused(_) => error!(error = %e, attempts = failures, "refused; will retry"),
                         _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                     }
                 }
