@@ -9,6 +9,7 @@
 pub mod options;
 pub mod process;
 pub mod source;
+pub mod startup;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -85,6 +86,9 @@ pub enum RunError {
     /// [`crate::reconcile::ConvergeError::Refused`]); nothing was written.
     #[error("{0}")]
     Refused(String),
+    /// The configuration is wrong (a file, flag, address or permission): see [`startup`].
+    #[error(transparent)]
+    Startup(#[from] startup::StartupError),
 }
 
 pub use crate::reconcile::POD_KEY;
@@ -103,6 +107,8 @@ pub async fn run_with(
     source: impl FnOnce(PathBuf) -> watch::Receiver<Option<Arc<Loaded>>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
+    // Configuration first: nothing is served or changed on a bad one.
+    startup::check(&opts, None).await?;
     let cancel = CancellationToken::new();
     let _stop = cancel.clone().drop_guard();
     telemetry.health.set_watchdog(opts.watchdog);
