@@ -72,14 +72,20 @@ fn a_state_file_that_does_not_parse_exits() {
     let f = d.path().join("bad.yaml");
     std::fs::write(&f, "node: [unclosed\n").unwrap();
     let m = metrics_port();
-    assert_one_line(run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &m], None), &["--state", "bad.yaml"]);
+    assert_one_line(
+        run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &m], None),
+        &["--state", "bad.yaml"],
+    );
 }
 
 #[test]
 fn a_missing_kubeconfig_exits() {
     let d = tempfile::tempdir().unwrap();
     let m = metrics_port();
-    assert_one_line(run(d.path(), &["--kubeconfig", "/nonexistent", "--node", "n1", "--metrics-addr", &m], None), &["--kubeconfig", "/nonexistent"]);
+    assert_one_line(
+        run(d.path(), &["--kubeconfig", "/nonexistent", "--node", "n1", "--metrics-addr", &m], None),
+        &["--kubeconfig", "/nonexistent"],
+    );
 }
 
 #[test]
@@ -89,7 +95,10 @@ fn a_metrics_address_in_use_exits() {
     std::fs::write(&f, STATE).unwrap();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
-    assert_one_line(run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &addr], None), &["--metrics-addr", &addr]);
+    assert_one_line(
+        run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &addr], None),
+        &["--metrics-addr", &addr],
+    );
 }
 
 #[test]
@@ -100,7 +109,11 @@ fn an_audit_log_that_cannot_be_opened_exits() {
     let m = metrics_port();
     let log = d.path().join("no/such/dir/audit.log");
     assert_one_line(
-        run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &m, "--audit-log", log.to_str().unwrap()], None),
+        run(
+            d.path(),
+            &["--state", f.to_str().unwrap(), "--metrics-addr", &m, "--audit-log", log.to_str().unwrap()],
+            None,
+        ),
         &["--audit-log", "audit.log"],
     );
 }
@@ -123,5 +136,8 @@ fn an_ovs_socket_this_user_cannot_use_exits() {
     std::fs::write(&f, STATE).unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
     let m = metrics_port();
-    assert_one_line(run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &m], Some(65534)), &["db.sock", "permission denied", "uid 65534"]);
+    assert_one_line(
+        run(d.path(), &["--state", f.to_str().unwrap(), "--metrics-addr", &m], Some(65534)),
+        &["db.sock", "permission denied", "uid 65534"],
+    );
 }

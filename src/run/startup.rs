@@ -57,8 +57,11 @@ pub async fn check(opts: &RunOptions, kube: Option<&crate::kube::KubeOptions>) -
     if let Some(addr) = opts.metrics_addr {
         // Bound and released: the listener is bound again at once by the metrics endpoint
         // (SO_REUSEADDR), and one that fails then is fatal too.
-        std::net::TcpListener::bind(addr)
-            .map_err(|e| StartupError(format!("--metrics-addr {addr}: cannot listen: {e} (another process has it? `none` turns it off)")))?;
+        std::net::TcpListener::bind(addr).map_err(|e| {
+            StartupError(format!(
+                "--metrics-addr {addr}: cannot listen: {e} (another process has it? `none` turns it off)"
+            ))
+        })?;
     }
     if let Some(crate::audit::Sink::File(p)) = &opts.audit.log {
         std::fs::OpenOptions::new()
