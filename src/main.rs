@@ -311,12 +311,17 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Cmd::Run(args) => {
+            let (opts, kube) = args.options();
+            // One line and exit 1 on a bad configuration, before anything is logged or done.
+            if let Err(e) = sdn_node::run::startup::check(&opts, kube.as_ref()).await {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
             match sdn_node::rlimit::raise_nofile() {
                 Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
                 Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
                 Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
             }
-            let (opts, kube) = args.options();
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();

@@ -9,6 +9,7 @@
 pub mod options;
 pub mod process;
 pub mod source;
+pub mod startup;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -81,6 +82,13 @@ pub enum RunError {
     /// The audit log's sink cannot be opened.
     #[error("audit log: {0}")]
     Audit(String),
+    /// The bridge or ports found contradict the configuration (see
+    /// [`crate::reconcile::ConvergeError::Refused`]); nothing was written.
+    #[error("{0}")]
+    Refused(String),
+    /// The configuration is wrong (a file, flag, address or permission): see [`startup`].
+    #[error(transparent)]
+    Startup(#[from] startup::StartupError),
 }
 
 pub use crate::reconcile::POD_KEY;
@@ -99,6 +107,8 @@ pub async fn run_with(
     source: impl FnOnce(PathBuf) -> watch::Receiver<Option<Arc<Loaded>>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
+    // Configuration first: nothing is served or changed on a bad one.
+    startup::check(&opts, None).await?;
     let cancel = CancellationToken::new();
     let _stop = cancel.clone().drop_guard();
     telemetry.health.set_watchdog(opts.watchdog);
@@ -179,6 +189,8 @@ pub async fn run_with(
     // Something changed since the last successful pass.
     let mut dirty = false;
     let mut last_problems: Vec<String> = Vec::new();
+    // A refusal before the first successful pass is the configuration's fault: the agent stops.
+    let mut converged_once = false;
     loop {
         // A pass is due after any event; after a tick only once the backoff has passed.
         let mut due = true;
@@ -303,6 +315,7 @@ pub async fn run_with(
             telemetry.health.busy();
             match rec.converge().await {
                 Ok(pass) => {
+                    converged_once = true;
                     dirty = false;
                     failures = 0;
                     retry_at = None;
@@ -335,6 +348,9 @@ pub async fn run_with(
                         last_problems = now;
                     }
                 }
+                Err(crate::reconcile::ConvergeError::Refused(m)) if !converged_once => {
+                    return Err(RunError::Refused(m));
+                }
                 Err(e) => {
                     // Retried on the next event, or with capped backoff (`dirty` stays set).
                     failures = failures.saturating_add(1);
@@ -342,6 +358,7 @@ pub async fn run_with(
                     match e {
                         crate::reconcile::ConvergeError::NotReady(_) => {}
                         crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                        crate::reconcile::ConvergeError::Refused(_) => error!(error = %e, attempts = failures, "refused; will retry"),
                         _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                     }
                 }

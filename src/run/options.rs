@@ -202,7 +202,7 @@ mod tests {
         ];
         let o = Cli::try_parse_from(args).unwrap().run;
         assert_eq!(o.node.bridge.ovs.mgmt_socket(), "unix:/o/br1.mgmt");
-        assert_eq!((o.node.bridge.datapath_type.as_str(), o.node.bridge.port_timeout), ("netdev", Duration::from_millis(2500)));
+        assert_eq!((o.node.bridge.datapath_type, o.node.bridge.port_timeout), (Some(crate::options::DatapathType::Netdev), Duration::from_millis(2500)));
         assert!(!o.node.host_network);
         assert_eq!((&o.node.api_socket, o.metrics_addr, &o.state_dir), (&None, None, &None));
         assert_eq!(o.node.cni_conf_dir, Some(PathBuf::from("/c")));
