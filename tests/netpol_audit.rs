@@ -128,6 +128,8 @@ async fn connections_are_logged_once_and_a_flood_is_metered() {
     assert_eq!(deny_9090.len(), 1, "the denied connection once: {all:#?}");
     let a = &allow[0];
     assert_eq!(a["policy"], "isolated/web", "{a}");
+    // The state file's `node:`, not the bridge's name (issue 32 item 8).
+    assert_eq!(a["node"], "node-a", "{a}");
     assert_eq!(a["rule"], 0, "{a}");
     assert_eq!(a["direction"], "ingress", "{a}");
     assert_eq!(a["proto"], "tcp", "{a}");
@@ -137,6 +139,7 @@ async fn connections_are_logged_once_and_a_flood_is_metered() {
     assert_eq!(a["dst_pod"], "isolated/s1", "{a}");
     let d = &deny[0];
     assert_eq!(d["policy"], "isolated/deny-all", "{d}");
+    assert_eq!(d["node"], "node-a", "{d}");
     assert_eq!(d["direction"], "ingress", "{d}");
     assert_eq!(d["src_pod"], "client/c1", "{d}");
 

@@ -12,6 +12,11 @@ use super::packet::{self, Flow5, PacketError};
 /// Called on the writer task, once per event: it must not block (a map lookup).
 pub trait PodLookup: Send + Sync + 'static {
     fn pod(&self, ip: Ipv4Addr) -> Option<String>;
+    /// The node's name as the cluster state gives it (the state file's `node:`), once a state
+    /// is loaded; a line names it rather than the configured fallback.
+    fn node_name(&self) -> Option<String> {
+        None
+    }
 }
 
 impl<F: Fn(Ipv4Addr) -> Option<String> + Send + Sync + 'static> PodLookup for F {

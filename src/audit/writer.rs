@@ -62,6 +62,8 @@ async fn write_one(m: &PacketInMsg, out: &mut Out, node: &str, pods: &dyn PodLoo
         counters.invalid.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    let state_node = pods.node_name();
+    let node = state_node.as_deref().unwrap_or(node);
     let e = match AuditEvent::from_packet_in(p, node, pods, now()) {
         Ok(e) => e,
         Err(e) => {

@@ -136,6 +136,11 @@ impl Node {
         lock(&self.model).pod_at(ip)
     }
 
+    /// The node's name in the current cluster state (the state file's `node:`), if any.
+    pub fn node_name(&self) -> Option<String> {
+        lock(&self.model).effective().map(|s| s.node.clone())
+    }
+
     pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
         Node::with_checkpoint(cfg, telemetry, checkpoint::Checkpoint::none())
     }

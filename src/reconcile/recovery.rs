@@ -203,6 +203,12 @@ pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRecord)>) -> Res
         let mut m = node.model();
         m.recover(kept);
         m.restore_last_ip(saved.last_address);
+        // No checkpoint (or a corrupt one moved aside): IPAM resumes after the highest address
+        // OVSDB and the kernel still held, kept or just torn down, rather than at the bottom of
+        // the subnet, where it would hand out a recently released address first.
+        let held =
+            decisions.iter().flat_map(|(_, d)| d.keep.iter().map(|(_, r)| r).chain(d.tear_down.iter().map(|(r, _)| r)));
+        m.restore_last_ip(held.filter_map(|r| r.ip.parse::<std::net::Ipv4Addr>().ok()).max());
         for p in std::mem::take(&mut m.rebuild_problems) {
             warn!("rejected: {p}");
         }

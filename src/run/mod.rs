@@ -93,6 +93,19 @@ pub enum RunError {
 
 pub use crate::reconcile::POD_KEY;
 
+/// The audit log's view of the node: pods by address, and the node's name from the cluster
+/// state (the configured `--node`, else the bridge's name, only before a state is loaded).
+struct NodeLookup(Arc<Node>);
+
+impl crate::audit::PodLookup for NodeLookup {
+    fn pod(&self, ip: std::net::Ipv4Addr) -> Option<String> {
+        self.0.pod_at(ip)
+    }
+    fn node_name(&self) -> Option<String> {
+        self.0.node_name()
+    }
+}
+
 /// Runs until `shutdown` resolves. Flows stay in place when it returns (an agent restart must
 /// not disturb traffic).
 pub async fn run(opts: RunOptions, shutdown: impl std::future::Future<Output = ()>) -> Result<(), RunError> {
@@ -148,8 +161,7 @@ pub async fn run_with(
     // to the sink.
     let (_audit, on_connect) = match opts.audit_config() {
         Some(cfg) => {
-            let n = node.clone();
-            let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(move |ip| n.pod_at(ip));
+            let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(NodeLookup(node.clone()));
             let (h, hook) = crate::audit::start(cfg, lookup).await.map_err(|e| RunError::Audit(e.to_string()))?;
             tokio::spawn(crate::metrics::follow_audit(telemetry.metrics.clone(), h.counters.clone(), cancel.clone()));
             (Some(h), Some(hook))

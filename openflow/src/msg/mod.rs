@@ -3,6 +3,7 @@
 mod bundle;
 mod error_msg;
 mod flow_mod;
+mod flow_removed;
 mod hello;
 mod meter;
 mod multipart;
@@ -12,6 +13,7 @@ mod switch;
 pub use bundle::*;
 pub use error_msg::*;
 pub use flow_mod::*;
+pub use flow_removed::*;
 pub use hello::*;
 pub use meter::*;
 pub use multipart::*;
@@ -84,6 +86,8 @@ pub enum Message {
     BundleAdd(BundleAdd),
     /// OFPT_PACKET_IN (OpenFlow 1.3).
     PacketIn(PacketIn),
+    /// OFPT_FLOW_REMOVED (OpenFlow 1.3).
+    FlowRemoved(FlowRemoved),
     /// OFPT_SET_ASYNC.
     SetAsync(AsyncConfig),
     /// OFPT_METER_MOD.
@@ -118,6 +122,7 @@ impl Message {
             Message::BarrierRequest => OFPT_BARRIER_REQUEST,
             Message::BarrierReply => OFPT_BARRIER_REPLY,
             Message::PacketIn(_) => OFPT_PACKET_IN,
+            Message::FlowRemoved(_) => OFPT_FLOW_REMOVED,
             Message::SetAsync(_) => OFPT_SET_ASYNC,
             Message::MeterMod(_) => OFPT_METER_MOD,
             Message::BundleControl(_)
@@ -149,6 +154,7 @@ impl Message {
             Message::BundleControl(_) => "BUNDLE_CONTROL",
             Message::BundleAdd(_) => "BUNDLE_ADD_MESSAGE",
             Message::PacketIn(_) => "PACKET_IN",
+            Message::FlowRemoved(_) => "FLOW_REMOVED",
             Message::SetAsync(_) => "SET_ASYNC",
             Message::MeterMod(_) => "METER_MOD",
             Message::PacketIn2(_) => "NXT_PACKET_IN2",
@@ -172,6 +178,7 @@ impl Message {
             Message::BundleControl(b) => b.encoded_len(),
             Message::BundleAdd(b) => b.encoded_len(),
             Message::PacketIn(p) => p.encoded_len(),
+            Message::FlowRemoved(f) => f.encoded_len(),
             Message::SetAsync(_) => AsyncConfig::LEN,
             Message::MeterMod(m) => m.encoded_len(),
             Message::PacketIn2(p) => 8 + p.encoded_len(),
@@ -195,6 +202,7 @@ impl Message {
             Message::BundleControl(b) => b.encode(buf),
             Message::BundleAdd(b) => b.encode(buf)?,
             Message::PacketIn(p) => p.encode(buf),
+            Message::FlowRemoved(f) => f.encode(buf),
             Message::SetAsync(a) => a.encode(buf),
             Message::MeterMod(m) => m.encode(buf),
             Message::PacketIn2(p) => {
@@ -259,6 +267,7 @@ impl Message {
                 Message::BarrierReply
             }
             OFPT_PACKET_IN => Message::PacketIn(PacketIn::decode(body)?),
+            OFPT_FLOW_REMOVED => Message::FlowRemoved(FlowRemoved::decode(body)?),
             OFPT_SET_ASYNC => Message::SetAsync(AsyncConfig::decode(body)?),
             OFPT_METER_MOD => Message::MeterMod(MeterMod::decode(body)?),
             OFPT_EXPERIMENTER => {
