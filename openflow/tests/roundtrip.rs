@@ -23,7 +23,7 @@ use openflow::action::OFPCML_NO_BUFFER;
 use openflow::field::{self, CLASS_EXPERIMENTER, CLASS_NXM0, CLASS_NXM1, CLASS_OPENFLOW_BASIC};
 use openflow::{
     Action, AggregateStats, Conjunction, ArpMatch, BundleAdd, Ct, CtZone, FlowStatsEntry, RawFlowStats, BundleControl, BundleCtrlType, BundleFlags, ErrorCode, ErrorMsg,
-    EthMatch, FeaturesReply, FlowMod, FlowModCommand, FlowModFlags, FlowStats, FlowStatsRequest, FragMode, Hello,
+    EthMatch, FeaturesReply, FlowMod, FlowRemoved, FlowModCommand, FlowModFlags, FlowStats, FlowStatsRequest, FragMode, Hello,
     HelloElement, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, Message, MultipartReply,
     MultipartReplyBody, MultipartRequest, MultipartRequestBody, NxmField, OfCodec, OfMessage, Port, PortNo, RawOxm,
     RegMove, SetField, Subfield, SwitchConfig, NX_VENDOR_ID, OFP_VERSION, ONF_VENDOR_ID,
@@ -635,8 +635,35 @@ fn bundle_ctrl_type() -> impl Strategy<Value = BundleCtrlType> {
 /// Message types this crate does not model in OpenFlow 1.3 (PACKET_IN 10 .. PACKET_OUT 13,
 /// GROUP_MOD 15 .. TABLE_MOD 17, ROLE_REQUEST 24, ...).
 fn unknown_type() -> impl Strategy<Value = u8> {
-    // (10 PACKET_IN, 28 SET_ASYNC and 29 METER_MOD are typed since the audit log.)
-    prop_oneof![11u8..=13, 15u8..=17, 22u8..=27, 30u8..=255]
+    // (10 PACKET_IN, 28 SET_ASYNC and 29 METER_MOD are typed since the audit log, 11
+    // FLOW_REMOVED since the per-policy counters take a removed flow's final counts.)
+    prop_oneof![12u8..=13, 15u8..=17, 22u8..=27, 30u8..=255]
+}
+
+/// OFPT_FLOW_REMOVED with a match this crate encodes (the body keeps it raw).
+fn flow_removed() -> impl Strategy<Value = FlowRemoved> {
+    (
+        (any::<u64>(), any::<u16>(), any::<u8>(), any::<u8>()),
+        (any::<u32>(), any::<u32>(), any::<u16>(), any::<u16>(), any::<u64>(), any::<u64>()),
+        flow_match(),
+    )
+        .prop_map(|((cookie, priority, reason, table_id), (duration_sec, duration_nsec, idle_timeout, hard_timeout, packet_count, byte_count), m)| {
+            let mut raw = Vec::new();
+            m.encode(&mut raw);
+            FlowRemoved {
+                cookie,
+                priority,
+                reason,
+                table_id,
+                duration_sec,
+                duration_nsec,
+                idle_timeout,
+                hard_timeout,
+                packet_count,
+                byte_count,
+                match_raw: raw.into(),
+            }
+        })
 }
 
 /// Messages of OpenFlow 1.3 (the only version whose typed bodies are decoded).
@@ -656,6 +683,7 @@ fn of13_message() -> BoxedStrategy<Message> {
         3 => multipart_reply().prop_map(Message::MultipartReply),
         1 => Just(Message::BarrierRequest),
         1 => Just(Message::BarrierReply),
+        1 => flow_removed().prop_map(Message::FlowRemoved),
         1 => (any::<u32>(), bundle_ctrl_type(), bundle_flags(), bytes_up_to(16)).prop_map(
             |(bundle_id, ctrl_type, flags, properties)| {
                 Message::BundleControl(BundleControl { bundle_id, ctrl_type, flags, properties })
