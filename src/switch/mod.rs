@@ -154,6 +154,12 @@ impl Switch {
         }
     }
 
+    /// This connection's OFPT_FLOW_REMOVED messages from now on (see
+    /// [`Switch::enable_flow_removed`]).
+    pub fn subscribe_flow_removed(&self) -> tokio::sync::broadcast::Receiver<openflow::FlowRemoved> {
+        self.inner.shared.flow_removed.subscribe()
+    }
+
     /// Closes the connection; pending requests fail with `Disconnected(Local)`.
     pub fn close(&self) {
         self.inner.shared.close(CloseReason::Local);
