@@ -89,8 +89,9 @@ impl Switch {
     }
 
     /// Asks for packet-ins on this (service) connection: NXT_PACKET_IN2 format, only the
-    /// packet-ins of `controller` actions and table-miss flows (SET_ASYNC: no port status,
-    /// no flow-removed), and a non-zero `miss_send_len` (the bridge's fragment mode is kept).
+    /// packet-ins of `controller` actions and table-miss flows (SET_ASYNC: no port status; the
+    /// flow-removed reasons the per-policy counters need, as [`Switch::enable_flow_removed`]
+    /// asks), and a non-zero `miss_send_len` (the bridge's fragment mode is kept).
     /// Behind one barrier; a refusal is an error. Per connection: call again after a reconnect.
     pub async fn enable_packet_ins(&self, miss_send_len: u16) -> Result<(), SwitchError> {
         let _config = self.inner.config.lock().await;
