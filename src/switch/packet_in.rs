@@ -165,6 +165,14 @@ impl Switch {
     }
 }
 
+/// What every SET_ASYNC of the agent asks for besides packet-ins: no port status; the
+/// flow-removed messages of deleted and timed-out flows (only the NetworkPolicy counting flows
+/// set `send_flow_rem`).
+fn async_base() -> AsyncConfig {
+    let removed = (1 << openflow::OFPRR_IDLE_TIMEOUT) | (1 << openflow::OFPRR_HARD_TIMEOUT) | (1 << openflow::OFPRR_DELETE);
+    AsyncConfig { flow_removed: [removed, removed], ..AsyncConfig::default() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,12 +192,4 @@ mod tests {
         sink.offer(PacketInMsg::Nx(PacketIn2::default()));
         assert_eq!(ins.counters.dropped(), 4);
     }
-}
-
-/// What every SET_ASYNC of the agent asks for besides packet-ins: no port status; the
-/// flow-removed messages of deleted and timed-out flows (only the NetworkPolicy counting flows
-/// set `send_flow_rem`).
-fn async_base() -> AsyncConfig {
-    let removed = (1 << openflow::OFPRR_IDLE_TIMEOUT) | (1 << openflow::OFPRR_HARD_TIMEOUT) | (1 << openflow::OFPRR_DELETE);
-    AsyncConfig { flow_removed: [removed, removed], ..AsyncConfig::default() }
 }
