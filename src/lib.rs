@@ -23,6 +23,7 @@ pub mod ovsdb;
 pub mod policy_stats;
 pub mod realize;
 pub mod reconcile;
+pub mod rejections;
 pub mod rlimit;
 pub mod run;
 pub mod switch;

@@ -130,8 +130,49 @@ enum PodCmd {
         #[arg(long)]
         name: String,
     },
-    /// List the pods set up through the API.
-    List,
+    /// List the pods set up through the API, as a table (like kubectl).
+    List {
+        /// `wide` adds the container ID, internal and CNI columns; `json` prints the records
+        /// as the API gives them (for scripts).
+        #[arg(short = 'o', long)]
+        output: Option<PodListOutput>,
+    },
+}
+
+/// `pod list -o`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PodListOutput {
+    Wide,
+    Json,
+}
+
+/// The pods of `GET /v1/pods` as a table with a header, columns padded to their widest cell.
+fn pod_table(pods: &[sdn_node::reconcile::record::PodRecord], wide: bool) -> String {
+    let mut rows: Vec<Vec<String>> = vec![];
+    let mut header: Vec<String> = ["NAMESPACE", "NAME", "IP", "MAC", "HOST-VETH"].map(String::from).to_vec();
+    if wide {
+        header.extend(["CONTAINER-ID", "INTERNAL", "CNI"].map(String::from));
+    }
+    rows.push(header);
+    let mut pods: Vec<_> = pods.iter().collect();
+    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for p in pods {
+        let mut row = vec![p.namespace.clone(), p.name.clone(), p.ip.clone(), p.mac.clone(), p.host_veth.clone()];
+        if wide {
+            row.push(p.container_id.clone());
+            row.push(if p.internal { "yes" } else { "no" }.into());
+            row.push(if p.cni.is_some() { "yes" } else { "no" }.into());
+        }
+        rows.push(row);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let mut text = String::new();
+    for r in rows {
+        let cells: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        text += cells.join("   ").trim_end();
+        text += "\n";
+    }
+    text
 }
 
 fn main() -> ExitCode {
@@ -158,6 +199,37 @@ async fn terminated() {
     }
 }
 
+/// Writes CLI output to stdout. A reader that went away (`sdn-node dump-flows | head`) ends the
+/// command quietly with 141, the status of a process killed by SIGPIPE, as Unix tools do: no
+/// panic, no message. Any other write error is said on stderr and exits 1.
+fn out(s: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_all(s.as_bytes()).and_then(|()| stdout.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        err(&format!("error: writing to stdout: {e}"));
+        std::process::exit(1);
+    }
+}
+
+/// One line to stderr that cannot panic (stderr closed: the line is dropped).
+fn err(s: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{s}");
+}
+
+/// `println!` for CLI output, through [`out`].
+macro_rules! outln {
+    ($($t:tt)*) => { out(&(format!($($t)*) + "\n")) };
+}
+
+/// `eprintln!` that cannot panic, through [`err`].
+macro_rules! errln {
+    ($($t:tt)*) => { err(&format!($($t)*)) };
+}
+
 fn json<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string_pretty(v).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n"
 }
@@ -165,11 +237,11 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> ExitCode {
     match r {
         Ok(v) => {
-            print!("{}", show(&v));
+            out(&show(&v));
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             ExitCode::FAILURE
         }
     }
@@ -182,6 +254,10 @@ async fn run(cli: Cli) -> ExitCode {
             print_result(sdn_node::api::status::fetch(&socket).await, |s| if as_json { json(s) } else { s.to_string() })
         }
         Cmd::Pod { socket, op } => {
+            let list_output = match &op {
+                PodCmd::List { output } => Some(*output),
+                _ => None,
+            };
             let (method, path, body) = match op {
                 PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
                     let mut annotations = std::collections::BTreeMap::new();
@@ -195,32 +271,57 @@ async fn run(cli: Cli) -> ExitCode {
                     ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
                 }
                 PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),
-                PodCmd::List => ("GET", "/v1/pods".to_string(), None),
+                PodCmd::List { .. } => ("GET", "/v1/pods".to_string(), None),
             };
+
             match sdn_node::api::client::call(&socket, method, &path, body).await {
+                Ok((status, body)) if (200..300).contains(&status) && matches!(list_output, Some(None | Some(PodListOutput::Wide))) => {
+                    match serde_json::from_str::<Vec<sdn_node::reconcile::record::PodRecord>>(&body) {
+                        Ok(pods) if pods.is_empty() => {
+                            errln!("No pods set up through the pod API at {}.", socket.display());
+                        }
+                        Ok(pods) => out(&pod_table(&pods, list_output == Some(Some(PodListOutput::Wide)))),
+                        Err(e) => {
+                            errln!("error: {}: unreadable pod list: {e}", socket.display());
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
                 Ok((status, body)) if (200..300).contains(&status) => {
-                    if !body.is_empty() {
-                        println!("{body}");
+                    if list_output.is_some() {
+                        // -o json: the records, one array, pretty.
+                        match serde_json::from_str::<serde_json::Value>(&body) {
+                            Ok(v) => out(&json(&v)),
+                            Err(_) => outln!("{body}"),
+                        }
+                    } else if !body.is_empty() {
+                        outln!("{body}");
                     }
                     ExitCode::SUCCESS
                 }
                 Ok((status, body)) => {
-                    eprintln!("error: {status}: {body}");
+                    errln!("error: {status}: {body}");
                     ExitCode::FAILURE
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    errln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }
         }
         Cmd::Run(args) => {
+            let (opts, kube) = args.options();
+            // One line and exit 1 on a bad configuration, before anything is logged or done.
+            if let Err(e) = sdn_node::run::startup::check(&opts, kube.as_ref()).await {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
             match sdn_node::rlimit::raise_nofile() {
                 Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
                 Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
                 Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
             }
-            let (opts, kube) = args.options();
             let result = match kube {
                 Some(k) => {
                     let telemetry = sdn_node::metrics::Telemetry::default();
@@ -232,7 +333,7 @@ async fn run(cli: Cli) -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    errln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -240,22 +341,22 @@ async fn run(cli: Cli) -> ExitCode {
         Cmd::Apply(opts) => {
             match apply(&opts).await {
                 Ok(r) => {
-                    eprintln!(
+                    errln!(
                         "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
                         r.flows, opts.bridge.name(), r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
                     );
                     if r.problems.is_empty() {
                         ExitCode::SUCCESS
                     } else {
-                        eprintln!("{} object(s) rejected:", r.problems.len());
+                        errln!("{} object(s) rejected:", r.problems.len());
                         for p in &r.problems {
-                            eprintln!("  {p}");
+                            errln!("  {p}");
                         }
                         ExitCode::from(2)
                     }
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    errln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -272,7 +373,7 @@ async fn run(cli: Cli) -> ExitCode {
                         req.cookie_mask = Owner::OWNER_MASK;
                     }
                     Err(e) => {
-                        eprintln!("error: --owner: {e}");
+                        errln!("error: --owner: {e}");
                         return ExitCode::FAILURE;
                     }
                 }
@@ -289,17 +390,19 @@ async fn run(cli: Cli) -> ExitCode {
                         (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string())
                             .cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.no_stats().to_string()))
                     });
+                    let mut text = String::new();
                     for f in flows {
                         if stats {
-                            println!(" {f}");
+                            text += &format!(" {f}\n");
                         } else {
-                            println!(" {}", f.no_stats());
+                            text += &format!(" {}\n", f.no_stats());
                         }
                     }
+                    out(&text);
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("error: {target}: {e}");
+                    errln!("error: {target}: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -140,6 +140,8 @@ pub struct Metrics {
     pub reconnects: Family<TargetLabel, Counter>,
     pub resyncs: Family<KindLabel, Counter>,
     pub rejected: Family<KindLabel, Counter>,
+    /// The objects rejected now, with since when, and their gauge (`rejected_objects`).
+    pub rejections: crate::rejections::Rejections,
     pub dns_failures: Counter,
     pub pod_setup: Histogram,
     pub connected: Family<TargetLabel, Gauge>,
@@ -213,6 +215,7 @@ impl Metrics {
             reconnects: Family::default(),
             resyncs: Family::default(),
             rejected: Family::default(),
+            rejections: Default::default(),
             dns_failures: Counter::default(),
             pod_setup: latency_buckets(),
             connected: Family::default(),
@@ -243,6 +246,11 @@ impl Metrics {
             r.register("reconnects", "Connections established to the switch (openflow) and ovsdb-server (ovsdb)", m.reconnects.clone());
             r.register("resyncs", "Resyncs from a dump, by kind (difference, full_replay)", m.resyncs.clone());
             r.register("objects_rejected", "Objects rejected by validation, by kind", m.rejected.clone());
+            r.register(
+                "rejected_objects",
+                "Objects rejected now, by kind (a rejected object of the state file that was good before keeps its last good version); cleared when fixed",
+                m.rejections.gauge.clone(),
+            );
             r.register("dns_failures", "Egress dnsName resolutions that failed (the VNID drops all egress)", m.dns_failures.clone());
             r.register("pod_setup_seconds", "Pod API setup latency (request to committed flows)", m.pod_setup.clone());
             r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
@@ -284,6 +292,11 @@ impl Metrics {
             );
             r.register("policy_stats_reads", "Reads of the NetworkPolicy flows' statistics, by result (ok, error)", m.policy_stats_reads.clone());
             r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
+            r.register(
+                "log_lines_dropped",
+                "Log lines that could not be written to stderr (closed or failing); the agent runs on without them",
+                crate::run::process::LOG_LINES_DROPPED.clone(),
+            );
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
         for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {

@@ -36,14 +36,71 @@ impl OvsTarget {
     }
 }
 
+/// A bridge's datapath (OVSDB `Bridge.datapath_type`), as far as this agent uses them.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DatapathType {
+    /// The kernel datapath (OVSDB writes it `system`, or leaves the column empty).
+    System,
+    /// The userspace datapath.
+    Netdev,
+    /// ovs-vswitchd's test datapath (`--enable-dummy`): ports that are not devices.
+    Dummy,
+}
+
+impl DatapathType {
+    /// The value of `Bridge.datapath_type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatapathType::System => "system",
+            DatapathType::Netdev => "netdev",
+            DatapathType::Dummy => "dummy",
+        }
+    }
+
+    /// Whether two values of `Bridge.datapath_type` name the same datapath (empty is system).
+    pub fn same(a: &str, b: &str) -> bool {
+        let norm = |t: &str| if t.is_empty() { "system".to_string() } else { t.to_ascii_lowercase() };
+        norm(a) == norm(b)
+    }
+}
+
+impl std::fmt::Display for DatapathType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for DatapathType {
+    type Err = String;
+
+    /// As the command line takes it (`system`, `netdev`, `dummy`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        <DatapathType as clap::ValueEnum>::from_str(s, false)
+            .map_err(|_| format!("{s:?} is not a datapath type (system, netdev or dummy)"))
+    }
+}
+
 /// The bridge the agent programs, and how (shared by `apply`, `run` and the reconciler).
 #[derive(clap::Args, Clone, Debug, PartialEq, Eq)]
 pub struct Bridge {
     #[command(flatten)]
     pub ovs: OvsTarget,
-    /// Datapath of the bridge: system (kernel), netdev (userspace) or dummy (tests).
-    #[arg(long, default_value = "system")]
-    pub datapath_type: String,
+    /// Datapath of a bridge the agent creates: system (kernel; the default), netdev
+    /// (userspace) or dummy (tests; ovs-vswitchd --enable-dummy). An existing bridge keeps
+    /// its own unless --change-datapath-type is given too.
+    // `None`: keep an existing bridge's datapath type; system for a new bridge.
+    #[arg(long, value_enum)]
+    pub datapath_type: Option<DatapathType>,
+    /// Change an existing bridge's datapath type to --datapath-type (its ports move to the
+    /// other datapath: traffic stops while they do). Without it, a bridge of another datapath
+    /// type is refused.
+    #[arg(long, requires = "datapath_type")]
+    pub change_datapath_type: bool,
+    /// Move the ports the agent needs (tun0, vxlan0, pods' ports) onto --bridge when another
+    /// bridge holds them. Without it the agent refuses and changes nothing (a typo'd --bridge
+    /// would otherwise strip the real bridge of its ports).
+    #[arg(long)]
+    pub take_ports_from_other_bridges: bool,
     /// Seconds to wait for a pod's port to get an ofport.
     #[arg(long, default_value = "10", value_parser = seconds)]
     pub port_timeout: Duration,
@@ -118,10 +175,34 @@ mod tests {
         let b = defaults::<Bridge>();
         assert_eq!(b.ovs.ovs_rundir, PathBuf::from("/var/run/openvswitch"));
         assert_eq!(b.name(), "br0");
-        assert_eq!(b.datapath_type, "system");
+        assert_eq!(b.datapath_type, None, "an existing bridge keeps its datapath type");
+        assert!(!b.change_datapath_type && !b.take_ports_from_other_bridges);
         assert_eq!(b.port_timeout, Duration::from_secs(10));
         assert_eq!(Bridge::new("/tmp/x".into()).ovs.mgmt_socket(), "unix:/tmp/x/br0.mgmt");
         assert_eq!(Bridge::new("/tmp/x".into()).ovs.db_socket(), "unix:/tmp/x/db.sock");
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        bridge: Bridge,
+    }
+
+    /// Datapath types are the parser's to refuse; changing one needs both flags.
+    #[test]
+    fn datapath_type_is_an_enumeration() {
+        use clap::Parser;
+        let b = Cli::try_parse_from(["x", "--datapath-type", "netdev"]).unwrap().bridge;
+        assert_eq!(b.datapath_type, Some(DatapathType::Netdev));
+        let e = Cli::try_parse_from(["x", "--datapath-type", "foo"]).unwrap_err().to_string();
+        assert!(e.contains("foo") && e.contains("--datapath-type") && e.contains("system"), "{e}");
+        let e = Cli::try_parse_from(["x", "--change-datapath-type"]).unwrap_err().to_string();
+        assert!(e.contains("--datapath-type"), "{e}");
+        let b = Cli::try_parse_from(["x", "--datapath-type", "dummy", "--change-datapath-type", "--take-ports-from-other-bridges"]).unwrap().bridge;
+        assert!(b.change_datapath_type && b.take_ports_from_other_bridges);
+        assert_eq!("dummy".parse::<DatapathType>(), Ok(DatapathType::Dummy));
+        assert!("Foo".parse::<DatapathType>().unwrap_err().contains("not a datapath type"));
+        assert!(DatapathType::same("", "system") && DatapathType::same("netdev", "netdev") && !DatapathType::same("", "netdev"));
     }
 
     #[test]

@@ -198,7 +198,7 @@ async fn egress_policy_swaps_are_atomic() {
     assert_eq!(a.flows.intersection(&b.flows).count(), 2, "the variants share only the deny and the default");
 
     let mut opts = ApplyOptions::new(PathBuf::from("unused.yaml"), sb.dir().to_path_buf());
-    opts.bridge.datapath_type = "dummy".into();
+    opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
     let first = tokio::time::timeout(T, converge(&opts, &states[0])).await.expect("converge in time").expect("converge");
     assert!(first.problems.is_empty() && first.warnings.is_empty(), "{first:?}");
 

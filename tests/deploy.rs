@@ -46,7 +46,7 @@ const AGENT_BINARY: &str = "/usr/local/bin/sdn-node";
 const PLUGIN_BINARY: &str = "/usr/local/bin/sdn-node-cni";
 /// The agent's AppArmor profile: deploy/apparmor/<name>, declaring `profile <name>`.
 const APPARMOR_PROFILE: &str = "sdn-node";
-/// Peak RSS measured by `sdn-bench churn` (README, Performance), MiB.
+/// Peak RSS measured by `sdn-bench churn` (docs/performance.md), MiB.
 const MEASURED_PEAK_RSS_MIB: f64 = 52.8;
 
 fn repo() -> PathBuf {

@@ -34,7 +34,7 @@ impl Daemon {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = fake.kubeconfig(dir.path());
         let mut opts = RunOptions::new(PathBuf::new(), sb.dir().to_path_buf());
-        opts.node.bridge.datapath_type = "dummy".into();
+        opts.node.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
         let api_socket = dir.path().join("api.sock");
         opts.node.api_socket = Some(api_socket.clone());
         let telemetry = Telemetry::default();

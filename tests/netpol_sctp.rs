@@ -440,7 +440,7 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
 }
 
 /// A limit of the userspace datapath, pinned so that it is noticed when it changes (the
-/// README's NetworkPolicy section states it): OVS 3.1's userspace conntrack has no SCTP
+/// docs/networkpolicy.md states it): OVS 3.1's userspace conntrack has no SCTP
 /// tracker and keys SCTP entries by addresses only (`sctp,orig=(src=A,dst=B,sport=0,dport=0)`).
 /// After an allowed exchange A -> B, any SCTP packet B -> A is in the reply direction of that
 /// entry and passes table 80's reply flow, whatever the ports and A's policies, until the

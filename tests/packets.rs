@@ -280,7 +280,7 @@ impl Topology {
             topo.sb.dir().join("state.yaml"),
             topo.sb.dir().to_path_buf(),
         );
-        opts.bridge.datapath_type = "netdev".into();
+        opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Netdev);
         opts.bridge.port_timeout = T;
         let report = converge(&opts, &state).await.expect("converge");
         assert!(

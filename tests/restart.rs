@@ -467,10 +467,10 @@ async fn agent_killed_and_restarted_changes_nothing_then_removes_what_is_gone() 
     s.assert_exact(&text2, "after the replay of a stale switch").await;
 }
 
-/// The agent restarts before its state is available (a state file not written yet, or a
-/// Kubernetes source still listing): once the state comes, the switch (already current) gets
-/// the difference, nothing, rather than a full replay under a generation the agent had not
-/// read yet.
+/// The agent restarts before its state is available. A state file not there is a
+/// configuration error now (issue 32 item 4): the agent exits with one line and touches
+/// nothing; restarted once the state is back, the switch (already current) gets the
+/// difference, nothing, rather than a full replay.
 #[tokio::test]
 async fn agent_restarted_before_its_state_is_available_changes_nothing() {
     let p = pods(0..6);
@@ -481,11 +481,19 @@ async fn agent_restarted_before_its_state_is_available_changes_nothing() {
     let before = dump(&s.sb);
     s.agent.kill9_in_place().await;
     std::fs::remove_file(&s.path).expect("remove the state file");
+    // A state file that is not there is a configuration error (issue 32 item 4): the agent
+    // exits at once with one line, having touched nothing.
     s.agent = Agent::spawn(&s.opts);
-    // Both connections come up without a state.
-    s.agent.wait_log(0, &["connected to the switch"]).await;
-    s.agent.wait_log(0, &["connected to ovsdb-server"]).await;
+    let status = s.agent.wait_exit().await;
+    assert!(!status.success(), "the agent ran without its state file:\n{}", s.agent.log_text());
+    // The log reader may still be reading what the process wrote before it exited.
+    let said = s.agent.log.wait(0, support::agent::WAIT, |l| l.contains("--state")).await;
+    let lines = s.agent.log.all();
+    assert!(said.is_some() && lines.len() == 1 && lines[0].contains("--state"), "one line naming --state:\n{}", lines.join("\n"));
+    assert_same(&dump(&s.sb), &before, "no flow changed by the agent that exited");
+    // The state comes back; the agent restarted on it changes nothing either.
     write_state(&s.path, &text);
+    s.agent = Agent::spawn(&s.opts);
     let (_, line) = s.agent.wait_log(0, &["flows converged", "resync=true"]).await;
     assert!(
         line.contains("adds=0 modifies=0 deletes=0 full_replay=false"),

@@ -1074,7 +1074,7 @@ impl Pair {
             self.a.dir().join("unused-state.yaml"),
             self.a.dir().to_path_buf(),
         );
-        opts.bridge.datapath_type = "dummy".into();
+        opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
         converge(&opts, &state).await.expect("converge")
     }
 

@@ -110,7 +110,7 @@ impl Node {
         let (state, problems) = state_file::parse(STATE).expect("state parses");
         assert!(problems.is_empty(), "{problems:?}");
         let mut opts = ApplyOptions::new(PathBuf::from("unused.yaml"), sb.dir().to_path_buf());
-        opts.bridge.datapath_type = "dummy".into();
+        opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
         let report = tokio::time::timeout(T, converge(&opts, &state)).await.expect("converge in time").expect("converge");
         assert!(report.problems.is_empty() && report.warnings.is_empty(), "{report:?}");
         assert_eq!(report.ports_added, 6, "{report:?}");

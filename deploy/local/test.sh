@@ -12,10 +12,10 @@ export RUSTFLAGS="${RUSTFLAGS:-} -D warnings"
 # One build from a clean clone: incremental state would only take disk (CI's linker once died of
 # a full disk). The free space is printed at each step so a next failure says whether it was that.
 export CARGO_INCREMENTAL=0
-df -h "${CARGO_TARGET_DIR:-target}/.." | tail -1 >&2
+df -h . | tail -1 >&2   # target/ may not exist yet on a clean clone
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
-df -h "${CARGO_TARGET_DIR:-target}" | tail -1 >&2
+df -h . | tail -1 >&2
 # Benchmarks are not run here (shared, noisy machines), only compiled.
 cargo bench --workspace --locked --no-run
 # The demo must work too. It needs root; under CI (CI set) it runs regardless, and fails.

@@ -378,12 +378,13 @@ fn ofp_print_vectors() {
             ("HELLO, versions and bytes", 11),
             ("METER_MOD, text and bytes", 1),
             // (-7 since the audit log: PACKET_IN x2, METER_MOD x4 (3 refused by OVS, by us
-            // too), SET_ASYNC are typed.)
-            ("message type out of scope, kept raw, identical bytes", 10),
+            // too), SET_ASYNC are typed; -1 since FLOW_REMOVED is typed.)
+            ("message type out of scope, kept raw, identical bytes", 9),
             // (-4: METER_FEATURES and METER (stats) requests and replies.)
             ("multipart type out of scope, kept raw, identical bytes", 12),
-            // (+7: PACKET_IN x2, SET_ASYNC, METER_FEATURES and METER requests and replies.)
-            ("other typed message, identical bytes", 12),
+            // (+7: PACKET_IN x2, SET_ASYNC, METER_FEATURES and METER requests and replies;
+            // +1: FLOW_REMOVED.)
+            ("other typed message, identical bytes", 13),
             ("rejected by OVS and by us", 3),
         ],
     );

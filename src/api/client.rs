@@ -9,7 +9,7 @@ use hyper_util::rt::TokioIo;
 
 /// One request over the unix socket; returns (status, body).
 pub async fn call(socket: &Path, method: &str, path: &str, body: Option<String>) -> Result<(u16, String), String> {
-    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| format!("{}: {e}", socket.display()))?;
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| unreachable(socket, &e))?;
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
     tokio::spawn(async move {
@@ -26,4 +26,17 @@ pub async fn call(socket: &Path, method: &str, path: &str, body: Option<String>)
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// Why no agent answered at `socket`, and what to do: no socket file, or a socket with no
+/// agent behind it (a stale one) means no agent runs there.
+fn unreachable(socket: &Path, e: &std::io::Error) -> String {
+    use std::io::ErrorKind::{ConnectionRefused, NotFound};
+    match e.kind() {
+        NotFound | ConnectionRefused => format!(
+            "no sdn-node agent at {} ({e}): start one with `sdn-node run --state FILE` (or --kubeconfig/--in-cluster), or pass --socket with the agent's --pod-api-socket",
+            socket.display()
+        ),
+        _ => format!("{}: {e}", socket.display()),
+    }
 }

@@ -2,7 +2,8 @@
 //!
 //! `POST /v1/pods` sets a pod up (port on the bridge, bandwidth, flows) and answers only after
 //! its flows are committed; `DELETE /v1/pods/{namespace}/{name}` tears it down; `GET /v1/pods`
-//! lists the pods set up through the API. Bad requests get a 4xx naming the object and field,
+//! lists the pods set up through the API; `GET /v1/model/pods` (read-only) lists every pod the
+//! agent's model holds, from its state source and the API, for `sdn-node trace --socket`. Bad requests get a 4xx naming the object and field,
 //! and change nothing.
 
 pub mod client;
@@ -258,6 +259,52 @@ async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRecord>> {
     Json(node.model().api_records())
 }
 
+/// One pod of the agent's model, as `GET /v1/model/pods` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelPod {
+    pub namespace: String,
+    pub name: String,
+    pub host_veth: String,
+    pub ip: std::net::Ipv4Addr,
+    pub mac: String,
+    /// The namespace's VNID, when the model knows the namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vnid: Option<u32>,
+}
+
+/// Every pod of the model's effective state (state source and pod API), then the API pods
+/// the effective state does not hold yet.
+async fn model_pods(State(node): State<Arc<Node>>) -> Json<Vec<ModelPod>> {
+    let model = node.model();
+    let st = model.effective();
+    let vnid_of = |ns: &str| st.and_then(|s| s.vnid_of(ns)).map(|v| v.get());
+    let mut pods: Vec<ModelPod> = st
+        .map(|s| {
+            s.pods
+                .iter()
+                .map(|p| ModelPod {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    host_veth: p.host_veth.clone(),
+                    ip: p.ip,
+                    mac: p.mac.to_string(),
+                    vnid: vnid_of(&p.namespace),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for r in model.api_records() {
+        if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
+            continue;
+        }
+        let Ok(ip) = r.ip.split('/').next().unwrap_or("").parse() else { continue };
+        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, mac: r.mac });
+    }
+    pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    Json(pods)
+}
+
 /// Serves the pod API on `socket` (mode 0600 from the start, its directory made 0700 if
 /// missing; see [`serve::bind_private_unix`]) under [`serve::POD_API`]'s limits until
 /// `shutdown` resolves.
@@ -273,6 +320,7 @@ pub async fn serve(
         .route("/v1/pods/{namespace}/{name}", delete(teardown))
         .route("/v1/cni", axum::routing::post(cni))
         .route("/v1/status", get(status::handler))
+        .route("/v1/model/pods", get(model_pods))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(node);
     serve::serve(listener, app, serve::POD_API, "pod_api", metrics, shutdown).await

@@ -90,6 +90,10 @@ pub struct Pods {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecutorStatus {
     pub name: String,
+    /// Why this executor does not run on this node (the host executor with
+    /// `--no-host-network` or on the dummy datapath); `None` when it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off: Option<String>,
     /// Converged on its last attempt.
     pub ok: bool,
     /// The last error, while failing.
@@ -125,6 +129,19 @@ pub struct PolicyStatus {
     pub pending_seconds: Option<f64>,
 }
 
+/// One object rejected now (see [`crate::rejections`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RejectionStatus {
+    /// e.g. `pod team-a/a1`.
+    pub object: String,
+    /// e.g. `internl`, `ports[1].protocol` (empty: the object as a whole).
+    pub field: String,
+    /// Why; a rejected object that keeps its last good version says so here.
+    pub message: String,
+    /// When it was first rejected so (ms since the Unix epoch).
+    pub since_unix_ms: u64,
+}
+
 /// The agent's status.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -143,6 +160,9 @@ pub struct Status {
     pub pods: Pods,
     /// Objects the model rejected, by kind (counted since start).
     pub rejected: BTreeMap<String, u64>,
+    /// The objects rejected now, each with its field, why and since when (cleared when fixed).
+    #[serde(default)]
+    pub rejections: Vec<RejectionStatus>,
     pub model_version: u64,
     /// Each executor's health, failing ones with their last error.
     #[serde(default)]
@@ -157,6 +177,9 @@ pub struct Status {
     /// statistics (read every `--policy-stats-interval`, not when status is asked).
     #[serde(default)]
     pub policy_counters: crate::policy_stats::PolicyCounters,
+    /// Log lines dropped because stderr could not be written (closed or failing), since start.
+    #[serde(default)]
+    pub log_lines_dropped: u64,
 }
 
 /// Builds the status from the node's state.
@@ -233,6 +256,13 @@ pub async fn status(node: &Node) -> Status {
         .zip(h.executors())
         .map(|(e, x)| ExecutorStatus {
             name: e.name().into(),
+            off: match e {
+                crate::metrics::Executor::Host if !node.cfg.host_network => Some("off (--no-host-network)".into()),
+                crate::metrics::Executor::Host if !node.manages_host() => {
+                    Some("off (the dummy datapath: its ports are not devices)".into())
+                }
+                _ => None,
+            },
             ok: x.error.is_none() && x.last_ok.is_some(),
             last_error: x.error,
             failing_since_unix_ms: x.failing_since.map(unix_ms),
@@ -263,11 +293,25 @@ pub async fn status(node: &Node) -> Status {
             pending_seconds: (e.realized != Some(e.seen)).then(|| e.seen_at.elapsed().as_secs_f64()),
         })
         .collect();
+    let rejections = t
+        .metrics
+        .rejections
+        .current()
+        .into_iter()
+        .map(|r| RejectionStatus {
+            object: r.problem.object,
+            field: r.problem.field,
+            message: r.problem.message,
+            since_unix_ms: unix_ms(r.since),
+        })
+        .collect();
     Status {
+        rejections,
         executors,
         repairs,
         policies,
         policy_counters: t.metrics.policy_counters.report(),
+        log_lines_dropped: crate::run::process::LOG_LINES_DROPPED.get(),
         bridge: node.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
@@ -391,6 +435,7 @@ impl std::fmt::Display for Status {
         let _ = writeln!(s, "executors:");
         for e in &self.executors {
             let state = match (&e.last_error, e.failing_since_unix_ms) {
+                _ if e.off.is_some() => e.off.clone().unwrap_or_default(),
                 (Some(err), since) => format!(
                     "FAILING since {} ({} attempts): {err}",
                     since.map(ago).unwrap_or_else(|| "?".into()),
@@ -403,6 +448,9 @@ impl std::fmt::Display for Status {
         }
         let repairs: Vec<String> = self.repairs.iter().map(|(k, n)| format!("{k} {n}")).collect();
         let _ = writeln!(s, "repairs:    {}", if repairs.is_empty() { "none".into() } else { repairs.join(", ") });
+        if self.log_lines_dropped > 0 {
+            let _ = writeln!(s, "log:        {} lines dropped (stderr closed or failing)", self.log_lines_dropped);
+        }
         let _ = writeln!(s, "policies:   {}", if self.policies.is_empty() { "none" } else { "generation seen / realized, last source-to-switch latency" });
         for p in &self.policies {
             let realized = p.realized_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into());
@@ -413,7 +461,12 @@ impl std::fmt::Display for Status {
         self.policy_counters.write_text(&mut s);
         let rejected: Vec<String> =
             self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
-        let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { rejected.join(", ") });
+        let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { format!("{} (since start)", rejected.join(", ")) });
+        let _ = writeln!(s, "rejected now: {}", if self.rejections.is_empty() { "none".to_string() } else { self.rejections.len().to_string() });
+        for r in &self.rejections {
+            let field = if r.field.is_empty() { String::new() } else { format!("field {}: ", r.field) };
+            let _ = writeln!(s, "  {}: {field}{} (since {})", r.object, r.message, ago(r.since_unix_ms));
+        }
         f.write_str(&s)
     }
 }

@@ -77,6 +77,12 @@ pub struct KubeOptions {
     pub node: String,
 }
 
+/// Whether the kubeconfig (or the in-cluster configuration) loads into a client: checked once
+/// at start, where a bad one is the operator's to fix (the API server itself is waited for).
+pub async fn check_config(opts: &KubeOptions) -> Result<(), String> {
+    watch::client(opts).await.map(|_| ())
+}
+
 /// Starts the watchers (see the module documentation). Must be called within a Tokio runtime;
 /// the watchers stop when the receiver (and its clones) are dropped.
 pub fn spawn(

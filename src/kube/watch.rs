@@ -34,7 +34,7 @@ pub const DEBOUNCE: Duration = Duration::from_millis(50);
 
 pub use super::types::Kind;
 
-async fn client(opts: &KubeOptions) -> Result<Client, String> {
+pub(super) async fn client(opts: &KubeOptions) -> Result<Client, String> {
     let config = match &opts.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -66,6 +66,9 @@ pub struct PortSpec {
     pub external_ids: BTreeMap<String, String>,
     /// The Interface's `mac` (`xx:xx:xx:xx:xx:xx`); `None` leaves the column as it is.
     pub mac: Option<String>,
+    /// A port of this name on another bridge is moved onto this one; otherwise
+    /// [`Ovs::ensure_port`] refuses it ([`OvsdbError::OnOtherBridge`]) and changes nothing.
+    pub take_from_other_bridge: bool,
 }
 
 impl PortSpec {
@@ -80,6 +83,7 @@ impl PortSpec {
                 .collect(),
             external_ids: BTreeMap::new(),
             mac: None,
+            take_from_other_bridge: false,
         }
     }
 
@@ -91,6 +95,7 @@ impl PortSpec {
             options: BTreeMap::new(),
             external_ids: BTreeMap::new(),
             mac: None,
+            take_from_other_bridge: false,
         }
     }
 
@@ -106,6 +111,16 @@ impl PortSpec {
             ..Default::default()
         }
     }
+}
+
+/// A bridge as [`Ovs::bridges`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeInfo {
+    pub name: String,
+    /// `Bridge.datapath_type` as stored (empty means system).
+    pub datapath_type: String,
+    /// Its ports' names, sorted (its own port included).
+    pub ports: Vec<String>,
 }
 
 /// What an `ensure_*` call had to do.
@@ -456,6 +471,13 @@ impl Ovs {
         };
 
         let port_uuid = row_uuid(port, "_uuid")?;
+        if !spec.take_from_other_bridge && !br_ports.contains(&port_uuid) {
+            for b in &bridges {
+                if row_uuid_set(b, "ports")?.contains(&port_uuid) {
+                    return Err(OvsdbError::OnOtherBridge { port: name.to_string(), on: row_string(b, "name")?, bridge: bridge.to_string() });
+                }
+            }
+        }
         let iface = ifaces.first().ok_or_else(|| OvsdbError::NotFound {
             table: "Interface",
             name: name.to_string(),
@@ -793,6 +815,28 @@ impl Ovs {
         )])
         .await?;
         Ok(true)
+    }
+
+    /// Every bridge with its datapath type and its ports' names, in one read.
+    pub async fn bridges(&self) -> Result<Vec<BridgeInfo>, OvsdbError> {
+        let res = self
+            .transact(vec![
+                txn::select("Bridge", vec![], &["name", "datapath_type", "ports"]),
+                txn::select("Port", vec![], &["_uuid", "name"]),
+            ])
+            .await?;
+        let mut names = BTreeMap::new();
+        for p in rows(res.clone(), 1)? {
+            names.insert(row_uuid(&p, "_uuid")?, row_string(&p, "name")?);
+        }
+        let mut out = Vec::new();
+        for b in rows(res, 0)? {
+            let mut ports: Vec<String> = row_uuid_set(&b, "ports")?.iter().filter_map(|u| names.get(u).cloned()).collect();
+            ports.sort();
+            out.push(BridgeInfo { name: row_string(&b, "name")?, datapath_type: row_string(&b, "datapath_type")?, ports });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
     }
 
     /// Names of the ports on `bridge` (including the bridge's own port).

@@ -21,7 +21,7 @@ pub mod framing;
 pub mod txn;
 pub mod types;
 
-pub use bridge::{BridgeOptions, Ovs, PortSpec};
+pub use bridge::{BridgeInfo, BridgeOptions, Ovs, PortSpec};
 pub use client::{
     ClientOptions, Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, OvsdbClient,
     RowUpdate, RowUpdate2, TableUpdates, TableUpdates2,
@@ -76,6 +76,10 @@ pub enum OvsdbError {
     InterfaceError { name: String, error: String },
     #[error("timed out: {0}")]
     Timeout(String),
+    /// The port exists on another bridge, and the caller did not allow taking it
+    /// ([`PortSpec::take_from_other_bridge`]).
+    #[error("port {port:?} is on bridge {on:?}, not {bridge:?}")]
+    OnOtherBridge { port: String, on: String, bridge: String },
 }
 
 impl OvsdbError {

@@ -64,6 +64,12 @@ pub(super) fn ovsdb_error(pod: &Pod, e: OvsdbError) -> PodError {
         e @ OvsdbError::NotFound { table: "Bridge", .. } => {
             PodError::NotReady(format!("ovsdb-server: {e} (the agent is putting it back)"))
         }
+        // The port is another bridge's: the agent takes none without being told to.
+        e @ OvsdbError::OnOtherBridge { .. } => PodError::Conflict(Problem::new(
+            obj,
+            "hostVeth",
+            format!("{e}: the agent moves no port from another bridge unless run with --take-ports-from-other-bridges"),
+        )),
         // The device does not exist or OVS cannot use it: the request named it.
         e @ (OvsdbError::InterfaceError { .. } | OvsdbError::NotFound { .. }) => {
             PodError::Invalid(Problem::new(obj, "hostVeth", format!("{:?}: {e}", pod.host_veth)))

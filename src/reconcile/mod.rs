@@ -81,8 +81,8 @@ pub struct Config {
     #[arg(long = "pod-api-socket", value_name = "POD_API_SOCKET", default_value = options::DEFAULT_SOCKET, value_parser = options::path_or_none)]
     pub api_socket: std::option::Option<std::path::PathBuf>,
     /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
-    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see the
-    /// README). Refilled in the background after ADDs; 0 disables them.
+    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see
+    /// docs/pods.md, "Warm ports"). Refilled in the background after ADDs; 0 disables them.
     // See `spares`.
     #[arg(long, default_value_t = 0)]
     pub warm_ports: usize,
@@ -166,7 +166,7 @@ impl Node {
     /// Whether this node configures its own networking (never on the dummy datapath, whose
     /// ports are not devices).
     pub fn manages_host(&self) -> bool {
-        self.cfg.host_network && self.cfg.bridge.datapath_type != "dummy"
+        self.cfg.host_network && self.cfg.bridge.datapath_type != Some(crate::options::DatapathType::Dummy)
     }
 
     /// The host executor's plans (see [`host::run`]).
@@ -251,6 +251,19 @@ pub enum ConvergeError {
     /// The pods could not be recovered at start (a kernel query failed); retried.
     #[error("pod recovery: {0}")]
     Recovery(String),
+    /// What exists contradicts the configuration (ports on another bridge, another datapath
+    /// type): nothing was written. Fatal for `apply` and for `run` before its first pass.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<ports::BaseError> for ConvergeError {
+    fn from(e: ports::BaseError) -> ConvergeError {
+        match e {
+            ports::BaseError::Ovsdb(e) => ConvergeError::Ovsdb(e),
+            ports::BaseError::Refused(m) => ConvergeError::Refused(m),
+        }
+    }
 }
 
 /// What one converge pass did.
@@ -302,6 +315,9 @@ pub struct Reconciler {
     restore_generation: bool,
     /// What the base ports were last ensured with (vxlan0's dst_port, tun0's MAC).
     base: ports::BaseSpec,
+    /// The bridge's datapath type as this run found or made it (kept from then on: put back
+    /// if someone changes it).
+    datapath: Option<String>,
     /// Pods whose port, record or QoS someone else removed: set up again on the next pass.
     repair_pods: std::collections::HashSet<crate::cluster::PodKey>,
     /// The CNI configuration was written.
@@ -322,6 +338,7 @@ impl Reconciler {
             stored_generation: None,
             restore_generation: false,
             base: ports::BaseSpec::default(),
+            datapath: None,
             repair_pods: Default::default(),
             conflist_written: false,
         }
@@ -347,7 +364,7 @@ impl Reconciler {
             .collect();
         repair::Expected {
             bridge: self.node.cfg.bridge.name().to_string(),
-            datapath_type: self.node.cfg.bridge.datapath_type.clone(),
+            datapath_type: self.datapath.clone(),
             base: self.base,
             generation: self.stored_generation,
             pods,
@@ -520,7 +537,20 @@ impl Reconciler {
         let cfg = self.node.cfg.clone();
         let base = self.node.model().effective().map(base_spec).unwrap_or_default();
         if !self.base_ready || base != self.base {
-            ports::ensure_base(ovs, cfg.bridge.name(), &cfg.bridge.datapath_type, base, cfg.bridge.port_timeout).await?;
+            let pod_ports = self.node.model().effective().map(|s| s.pods.iter().map(|p| p.host_veth.clone()).collect()).unwrap_or_default();
+            let takeover = match &self.datapath {
+                // The first time: what the flags allow.
+                None => ports::Takeover {
+                    datapath: cfg.bridge.datapath_type.map(|d| d.as_str().to_string()),
+                    change_datapath: cfg.bridge.change_datapath_type,
+                    take_ports: cfg.bridge.take_ports_from_other_bridges,
+                    pod_ports,
+                },
+                // Later (a new connection, a repair): the bridge as this run found or made it.
+                Some(d) => ports::Takeover { datapath: Some(d.clone()), change_datapath: true, take_ports: cfg.bridge.take_ports_from_other_bridges, pod_ports },
+            };
+            let datapath = ports::ensure_base(ovs, cfg.bridge.name(), &takeover, base, cfg.bridge.port_timeout).await?;
+            self.datapath = Some(datapath);
             self.base = base;
             self.base_ready = true;
             // tun0 may have been created just now (a new or repaired bridge): its address,
@@ -638,6 +668,7 @@ impl Reconciler {
         };
         let node = &self.node;
         let bridge = bridge.as_str();
+        let take = node.cfg.bridge.take_ports_from_other_bridges;
         let futs: Vec<_> = todo
             .into_iter()
             .map(|(p, record)| async move {
@@ -646,7 +677,7 @@ impl Reconciler {
                 if !node.model().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
                     return (p, None);
                 }
-                let r = ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout).await;
+                let r = ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout, take).await;
                 (p, Some(r))
             })
             .collect();

@@ -87,7 +87,7 @@ pub(super) async fn port_and_flows<'a>(
     undo.done(Step::Port(pod.clone()));
     let added = match spare {
         None => {
-            let r = timeout_at(deadline, ports::add_pod_port(&ovs, node.cfg.bridge.name(), &pod, Some((POD_KEY, &record)), node.cfg.bridge.port_timeout)).await;
+            let r = timeout_at(deadline, ports::add_pod_port(&ovs, node.cfg.bridge.name(), &pod, Some((POD_KEY, &record)), node.cfg.bridge.port_timeout, node.cfg.bridge.take_ports_from_other_bridges)).await;
             if matches!(r, Ok(Ok(_))) {
                 node.spares.port_added(t_port.elapsed());
             }

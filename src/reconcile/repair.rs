@@ -22,7 +22,8 @@ use super::{GENERATION_KEY, POD_KEY};
 #[derive(Clone, Debug)]
 pub struct Expected {
     pub bridge: String,
-    pub datapath_type: String,
+    /// The datapath type this run found or gave the bridge (`None`: not set up yet).
+    pub datapath_type: Option<String>,
     pub base: BaseSpec,
     /// The flow generation stored on the bridge (once the agent has stored one).
     pub generation: Option<u32>,
@@ -105,8 +106,8 @@ pub fn inspect(snap: &Snapshot, want: &Expected) -> Vec<Finding> {
             have: br.protocols.iter().cloned().collect::<Vec<_>>().join(","),
         });
     }
-    if br.datapath_type != want.datapath_type {
-        out.push(Finding::BridgeSetting { column: "datapath_type", want: want.datapath_type.clone(), have: br.datapath_type.clone() });
+    if let Some(dp) = want.datapath_type.as_ref().filter(|dp| !crate::options::DatapathType::same(dp, &br.datapath_type)) {
+        out.push(Finding::BridgeSetting { column: "datapath_type", want: dp.clone(), have: br.datapath_type.clone() });
     }
     if let Some(g) = want.generation {
         let have = br.external_ids.get(GENERATION_KEY);
@@ -206,7 +207,7 @@ mod tests {
         let port = PortState { host_veth: "veth1".into(), internal: false, ofport: 3, bandwidth: (1000, 2048) };
         let want = Expected {
             bridge: "br0".into(),
-            datapath_type: "netdev".into(),
+            datapath_type: Some("netdev".into()),
             base: BaseSpec::default(),
             generation: Some(3),
             pods: [(pod, (port, Some("{\"r\":1}".to_string())))].into(),

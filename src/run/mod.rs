@@ -9,6 +9,7 @@
 pub mod options;
 pub mod process;
 pub mod source;
+pub mod startup;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -81,6 +82,13 @@ pub enum RunError {
     /// The audit log's sink cannot be opened.
     #[error("audit log: {0}")]
     Audit(String),
+    /// The bridge or ports found contradict the configuration (see
+    /// [`crate::reconcile::ConvergeError::Refused`]); nothing was written.
+    #[error("{0}")]
+    Refused(String),
+    /// The configuration is wrong (a file, flag, address or permission): see [`startup`].
+    #[error(transparent)]
+    Startup(#[from] startup::StartupError),
 }
 
 pub use crate::reconcile::POD_KEY;
@@ -112,6 +120,8 @@ pub async fn run_with(
     source: impl FnOnce(PathBuf) -> watch::Receiver<Option<Arc<Loaded>>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RunError> {
+    // Configuration first: nothing is served or changed on a bad one.
+    startup::check(&opts, None).await?;
     let cancel = CancellationToken::new();
     let _stop = cancel.clone().drop_guard();
     telemetry.health.set_watchdog(opts.watchdog);
@@ -191,6 +201,8 @@ pub async fn run_with(
     // Something changed since the last successful pass.
     let mut dirty = false;
     let mut last_problems: Vec<String> = Vec::new();
+    // A refusal before the first successful pass is the configuration's fault: the agent stops.
+    let mut converged_once = false;
     loop {
         // A pass is due after any event; after a tick only once the backoff has passed.
         let mut due = true;
@@ -212,11 +224,15 @@ pub async fn run_with(
                     // Seen with the state, under the model lock: a commit's ticket names the
                     // generations its flows were computed from (see `crate::realize`).
                     telemetry.metrics.realization.seen(&loaded);
-                    let (gone, change) = m.set_source_change(loaded);
-                    for p in std::mem::take(&mut m.rebuild_problems) {
+                    let (gone, change) = m.set_source_change(loaded.clone());
+                    let rebuild = std::mem::take(&mut m.rebuild_problems);
+                    for p in &rebuild {
                         telemetry.metrics.reject(&p.object);
                         warn!("rejected: {p}");
                     }
+                    // What is rejected now, for status and the gauge.
+                    let now: Vec<_> = loaded.problems.iter().cloned().chain(rebuild).collect();
+                    telemetry.metrics.rejections.set(crate::rejections::Slot::Source, &now);
                     let names = m.dns_names();
                     names_tx.send_if_modified(|n| {
                         let changed = *n != names;
@@ -311,6 +327,7 @@ pub async fn run_with(
             telemetry.health.busy();
             match rec.converge().await {
                 Ok(pass) => {
+                    converged_once = true;
                     dirty = false;
                     failures = 0;
                     retry_at = None;
@@ -324,6 +341,7 @@ pub async fn run_with(
                             }
                         }
                     }
+                    telemetry.metrics.rejections.set(crate::rejections::Slot::Pass, &pass.problems);
                     let mut now: Vec<String> = pass.problems.iter().map(|p| p.to_string()).collect();
                     now.extend(pass.warnings.iter().map(|w| format!("warning: {w}")));
                     if now != last_problems {
@@ -342,6 +360,9 @@ pub async fn run_with(
                         last_problems = now;
                     }
                 }
+                Err(crate::reconcile::ConvergeError::Refused(m)) if !converged_once => {
+                    return Err(RunError::Refused(m));
+                }
                 Err(e) => {
                     // Retried on the next event, or with capped backoff (`dirty` stays set).
                     failures = failures.saturating_add(1);
@@ -349,6 +370,7 @@ pub async fn run_with(
                     match e {
                         crate::reconcile::ConvergeError::NotReady(_) => {}
                         crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                        crate::reconcile::ConvergeError::Refused(_) => error!(error = %e, attempts = failures, "refused; will retry"),
                         _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                     }
                 }

@@ -48,7 +48,7 @@ pub struct RunOptions {
     /// Where the agent keeps its own durable record of the pods (pods.json), so that they
     /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
     /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
-    /// (exit 1, the file named): see README "Pod records".
+    /// (exit 1, the file named): see docs/pods.md, "Pod records".
     #[arg(long, default_value = "/var/lib/sdn-node", value_parser = path_or_none)]
     pub state_dir: std::option::Option<PathBuf>,
     #[command(flatten)]
@@ -202,7 +202,7 @@ mod tests {
         ];
         let o = Cli::try_parse_from(args).unwrap().run;
         assert_eq!(o.node.bridge.ovs.mgmt_socket(), "unix:/o/br1.mgmt");
-        assert_eq!((o.node.bridge.datapath_type.as_str(), o.node.bridge.port_timeout), ("netdev", Duration::from_millis(2500)));
+        assert_eq!((o.node.bridge.datapath_type, o.node.bridge.port_timeout), (Some(crate::options::DatapathType::Netdev), Duration::from_millis(2500)));
         assert!(!o.node.host_network);
         assert_eq!((&o.node.api_socket, o.metrics_addr, &o.state_dir), (&None, None, &None));
         assert_eq!(o.node.cni_conf_dir, Some(PathBuf::from("/c")));

@@ -2,6 +2,7 @@
 //! the one-thread runtime the agent runs on (the agent, and the benchmarks that measure it as
 //! it runs in production).
 
+use std::io::Write;
 use std::process::ExitCode;
 
 /// Log format: human or json (structured).
@@ -11,14 +12,52 @@ pub enum LogFormat {
     Json,
 }
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`); colours only on a terminal.
+/// Log lines that could not be written (stderr closed or full): the daemon goes on without
+/// them. Exported as `sdn_node_log_lines_dropped_total`.
+pub static LOG_LINES_DROPPED: std::sync::LazyLock<prometheus_client::metrics::counter::Counter> =
+    std::sync::LazyLock::new(Default::default);
+
+/// stderr for the log, as a writer that never fails: a log line that cannot be written (the
+/// reader of `sdn-node run 2>&1 | head` went away) is counted in [`LOG_LINES_DROPPED`] and
+/// dropped. tracing-subscriber reports a failed write with `eprint!`, which panics on a closed
+/// stderr: a daemon must not die because its log went away.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf).map(|()| buf.len())
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        // One event is one write_all of its whole line (tracing-subscriber formats it first).
+        if std::io::stderr().lock().write_all(buf).is_err() {
+            LOG_LINES_DROPPED.inc();
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`); colours only on a terminal. Writing
+/// the log never fails nor panics (see [`LogWriter`]).
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     match format {
-        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_writer(|| LogWriter)
+            .log_internal_errors(false)
+            .init(),
         LogFormat::Human => tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr)
+            .with_writer(|| LogWriter)
+            .log_internal_errors(false)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
     }
@@ -30,7 +69,7 @@ pub fn init_logging(format: LogFormat) {
 /// start is said on stderr and is the process's failure.
 pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
-        eprintln!("error: cannot start the async runtime: {e}");
+        let _ = writeln!(std::io::stderr(), "error: cannot start the async runtime: {e}");
         ExitCode::FAILURE
     })
 }

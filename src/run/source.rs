@@ -1,5 +1,6 @@
 //! The state-file source: watches the file (inotify, through `notify`) and publishes each new
-//! valid state. A file that fails to parse keeps the last good state; the error is logged.
+//! valid state. A file that fails to parse keeps the last good state; the error is logged. An
+//! object of the file rejected on its own keeps its last good version (the one published).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -77,7 +78,11 @@ fn load_into(path: &Path, tx: &watch::Sender<Option<Arc<Loaded>>>, last: &mut Op
     if last.as_deref() == Some(text.as_str()) {
         return;
     }
-    let parsed = state_file::parse(&text).map_err(|crate::cluster::Fatal(m)| crate::cluster::Fatal(format!("{}: {m}", path.display())));
+    // An object rejected now that the published state has keeps that version (as a rejected
+    // Kubernetes update does): a typo does not tear a pod down.
+    let previous = tx.borrow().clone();
+    let parsed = state_file::parse_keeping(&text, previous.as_ref().map(|l| &l.state))
+        .map_err(|crate::cluster::Fatal(m)| crate::cluster::Fatal(format!("{}: {m}", path.display())));
     *last = Some(text);
     match parsed {
         Ok((state, problems)) => {

@@ -171,22 +171,32 @@ impl Inventory {
             }
             None => None,
         };
-        let api_pods = match tokio::time::timeout(
-            TIMEOUT,
-            crate::api::client::call(&args.socket, "GET", "/v1/pods", None),
-        )
-        .await
-        {
-            Ok(Ok((200, body))) => match serde_json::from_str::<Vec<crate::reconcile::record::PodRecord>>(&body) {
-                Ok(p) => p,
-                Err(e) => {
+        // Every pod of the running agent's model (state source and API); an agent without
+        // that endpoint (older) lists its API pods only.
+        let agent = |path: &'static str| {
+            tokio::time::timeout(TIMEOUT, crate::api::client::call(&args.socket, "GET", path, None))
+        };
+        let mut model_pods: Vec<crate::api::ModelPod> = vec![];
+        let mut api_pods: Vec<crate::reconcile::record::PodRecord> = vec![];
+        let mut answer = agent("/v1/model/pods").await;
+        let mut path = "/v1/model/pods";
+        if matches!(answer, Ok(Ok((404, _)))) {
+            answer = agent("/v1/pods").await;
+            path = "/v1/pods";
+        }
+        match answer {
+            Ok(Ok((200, body))) => {
+                let parsed = if path == "/v1/pods" {
+                    serde_json::from_str(&body).map(|p| api_pods = p)
+                } else {
+                    serde_json::from_str(&body).map(|p| model_pods = p)
+                };
+                if let Err(e) = parsed {
                     notes.push(format!("agent {}: unreadable pod list: {e}", args.socket.display()));
-                    vec![]
                 }
-            },
+            }
             Ok(Ok((code, body))) => {
-                notes.push(format!("agent {}: GET /v1/pods: {code} {}", args.socket.display(), body.trim()));
-                vec![]
+                notes.push(format!("agent {}: GET {path}: {code} {}", args.socket.display(), body.trim()));
             }
             Ok(Err(e)) => {
                 if args.state.is_none() {
@@ -195,13 +205,11 @@ impl Inventory {
                          pod records; services, node names and pods without a record are not known by name"
                     ));
                 }
-                vec![]
             }
             Err(_) => {
                 notes.push(format!("agent {}: no answer within {TIMEOUT:?}", args.socket.display()));
-                vec![]
             }
-        };
+        }
         let ports = match read_ports(&args.ovs_rundir.join("db.sock")).await {
             Ok((p, problems)) => {
                 notes.extend(problems);
@@ -213,6 +221,20 @@ impl Inventory {
             }
         };
         let mut inv = Inventory::new(state, api_pods, ports);
+        for p in model_pods {
+            if inv.pods.iter().any(|q| q.namespace == p.namespace && q.name == p.name) {
+                continue;
+            }
+            inv.pods.push(PodInfo {
+                ofport: inv.ofports.get(&p.host_veth).copied(),
+                namespace: p.namespace,
+                name: p.name,
+                host_veth: p.host_veth,
+                ip: p.ip,
+                mac: p.mac,
+                vnid: p.vnid,
+            });
+        }
         inv.notes = notes;
         Ok(inv)
     }
@@ -538,7 +560,7 @@ fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
         }
     }
     let known = if inv.pods.is_empty() {
-        "no pods are known by name (give --state, or run the agent)".to_string()
+        "no pods are known by name (give --state FILE, or --socket PATH of a running agent)".to_string()
     } else {
         format!("known pods: {}", inv.pods.iter().map(|p| p.key()).collect::<Vec<_>>().join(", "))
     };

@@ -571,7 +571,7 @@ pub async fn converged_to(sb: &OvsSandbox, state: &str, veths: &[String]) -> Vec
 pub async fn converge_again(sb: &OvsSandbox, state: &str, datapath_type: &str) -> ApplyReport {
     let (parsed, _) = state_file::parse(state).expect("state parses");
     let mut opts = ApplyOptions::new(sb.dir().join("state.yaml"), sb.dir().to_path_buf());
-    opts.bridge.datapath_type = datapath_type.into();
+    opts.bridge.datapath_type = Some(datapath_type.parse().expect("a datapath type"));
     tokio::time::timeout(WAIT, converge(&opts, &parsed)).await.expect("converge in time").expect("converge")
 }
 

@@ -30,7 +30,7 @@ pub async fn start_with(state: &str, tune: impl FnOnce(&mut RunOptions)) -> Runn
     std::fs::write(&file, state).unwrap();
     let socket = sb.dir().join("api/cni.sock");
     let mut opts = RunOptions::new(file.clone(), sb.dir().to_path_buf());
-    opts.node.bridge.datapath_type = "dummy".into();
+    opts.node.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
     opts.node.api_socket = Some(socket.clone());
     let port = free_port();
     opts.metrics_addr = Some(format!("127.0.0.1:{port}").parse().unwrap());

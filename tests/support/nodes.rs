@@ -425,7 +425,7 @@ impl Node {
         let path = self.sb.dir().join("state.yaml");
         std::fs::write(&path, state_yaml).expect("write state.yaml");
         let mut opts = ApplyOptions::new(path, self.sb.dir().to_path_buf());
-        opts.bridge.datapath_type = "netdev".into();
+        opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Netdev);
         opts.bridge.port_timeout = WAIT;
         let report = tokio::time::timeout(CMD_BOUND, converge(&opts, &state))
             .await

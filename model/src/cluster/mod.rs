@@ -212,6 +212,21 @@ fn keep_or_reject(problems: &mut Vec<Problem>, object: String, err: Option<(&str
     }
 }
 
+/// The fatal error of a state without a valid HostSubnet for `node`, with the problems that
+/// rejected this node's HostSubnets (so the operator sees the field, not only the effect).
+pub(crate) fn no_local_subnet(node: &str, problems: &[Problem]) -> Fatal {
+    let own = format!("hostsubnet {node}");
+    let why: Vec<String> = problems.iter().filter(|p| p.object == own).map(ToString::to_string).collect();
+    let mut m = format!("no valid HostSubnet for this node {node:?}: the local subnet is unknown");
+    if why.is_empty() {
+        m.push_str(" (no hostSubnets entry has this host)");
+    } else {
+        m.push_str(": ");
+        m.push_str(&why.join("; "));
+    }
+    Fatal(m)
+}
+
 /// The state cannot be used at all (no local subnet, bad cluster network).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -281,7 +296,7 @@ impl ClusterState {
             }
         });
         let Some(local) = self.local_subnet().cloned() else {
-            return Err(Fatal(format!("no valid HostSubnet for this node {:?}: the local subnet is unknown", self.node)));
+            return Err(no_local_subnet(&self.node, &problems));
         };
 
         let mut names = BTreeSet::new();

@@ -4,7 +4,7 @@
 //! ([`crate::pipeline::netpol`]).
 //!
 //! Where openshift-sdn and the Kubernetes specification disagree, the specification wins (the
-//! README's "NetworkPolicy plugin" section lists each difference). A part of a policy that
+//! docs/networkpolicy.md lists each difference). A part of a policy that
 //! cannot be used is dropped with a problem naming its field, and never widens what is
 //! allowed: a bad pod selector selects every pod of the namespace, a bad peer or port matches
 //! nothing.

@@ -160,17 +160,33 @@ pub fn parse(text: &str) -> Result<(ClusterState, Vec<Problem>), Fatal> {
     parse_with(text, YamlLimits::default())
 }
 
+/// [`parse`] of a new version of a file whose last good state is `previous` (a running agent's
+/// source): an object rejected on its own (a typo'd field, a bad value) that `previous` has
+/// (the same kind, namespace and name) keeps its version from `previous`, problem tagged
+/// [`KEPT`], instead of going (and taking its port and flows with it). The kept object still
+/// passes the cross-object checks with the rest of the new file.
+pub fn parse_keeping(text: &str, previous: Option<&ClusterState>) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    let value = read_yaml(text, YamlLimits::default())?;
+    from_value_keeping(value, previous)
+}
+
+/// What the message of a problem whose object kept its last good version ends with.
+pub const KEPT: &str = "(the last good version is kept)";
+
 /// [`parse`] under `limits`. A document over a limit is refused with that limit named, not
 /// as invalid YAML.
 pub fn parse_with(text: &str, limits: YamlLimits) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    from_value(read_yaml(text, limits)?)
+}
+
+fn read_yaml(text: &str, limits: YamlLimits) -> Result<Value, Fatal> {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_nodes = limits.max_nodes;
     budget.max_events = limits.max_events;
     budget.max_total_scalar_bytes = limits.max_scalar_bytes;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
-    let value: Value = serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_error(e, limits))?;
-    from_value(value)
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_error(e, limits))
 }
 
 /// A YAML error as the operator needs it: a budget breach says which limit and what it is.
@@ -189,12 +205,40 @@ fn yaml_error(e: serde_saphyr::Error, limits: YamlLimits) -> Fatal {
     ))
 }
 
+/// What the state file must have at least: the fields [`RawFile`] cannot default.
+const NEEDS: &str = "it needs node, plugin, clusterNetwork and serviceNetwork (see deploy/examples/cluster.yaml)";
+
 /// Decodes and validates a state given as one JSON value of the state file's schema.
 pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
-    let raw: RawFile = serde_path_to_error::deserialize(&value).map_err(|e| Fatal(format!("field {}: {}", e.path(), e.inner())))?;
+    from_value_keeping(value, None)
+}
+
+/// [`from_value`] keeping the last good version of rejected objects (see [`parse_keeping`]).
+pub fn from_value_keeping(value: Value, previous: Option<&ClusterState>) -> Result<(ClusterState, Vec<Problem>), Fatal> {
+    match &value {
+        Value::Null => return Err(Fatal(format!("the state file is empty: {NEEDS}"))),
+        Value::Object(_) => {}
+        _ => return Err(Fatal(format!("the state file is not a mapping of fields: {NEEDS}"))),
+    }
+    let raw: RawFile = serde_path_to_error::deserialize(&value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            Fatal(format!("{}: {NEEDS}", e.inner()))
+        } else {
+            Fatal(format!("field {path}: {}", e.inner()))
+        }
+    })?;
     let header = validate::header(raw.node, raw.plugin, &raw.cluster_network, &raw.service_network, raw.vxlan_port, raw.mtu)?;
     let mut problems = Vec::new();
-    let host_subnets = each(raw.host_subnets, "hostsubnet", &["host"], |r: RawHostSubnet| validate::host_subnet(&r.host, &r.host_ip, &r.subnet, r.fixed_vnid.map(Ok)), &mut problems);
+    let prev = previous;
+    let host_subnets = each(
+        raw.host_subnets,
+        "hostsubnet",
+        &["host"],
+        |r: RawHostSubnet| validate::host_subnet(&r.host, &r.host_ip, &r.subnet, r.fixed_vnid.map(Ok)),
+        |id| prev?.host_subnets.iter().find(|h| h.host == id[0]).cloned(),
+        &mut problems,
+    );
     let net_namespaces = each(
         raw.net_namespaces,
         "netnamespace",
@@ -205,6 +249,7 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
                 (n, p)
             })
         },
+        |id| prev?.net_namespaces.iter().find(|n| n.name == id[0]).cloned(),
         &mut problems,
     );
     let services = each(
@@ -212,35 +257,35 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         "service",
         &["namespace", "name"],
         |r: RawService| validate::service(&r.namespace, &r.name, &r.cluster_ip, r.ports.iter().map(|p| (p.protocol.as_str(), p.port))),
+        |id| prev?.services.iter().find(|s| s.namespace == id[0] && s.name == id[1]).cloned(),
         &mut problems,
     );
     // Labels and containerPorts are taken out before the pod is decoded as the pod API's
     // RawPod (which has no such fields), and put back on the validated pod.
-    let mut extras = std::collections::HashMap::new();
-    let mut pod_values = Vec::with_capacity(raw.pods.len());
-    for (i, mut v) in raw.pods.into_iter().enumerate() {
-        let key = |v: &Value, f: &str| v.get(f).and_then(Value::as_str).map(str::to_string);
-        let obj = match (key(&v, "namespace"), key(&v, "name")) {
-            (Some(ns), Some(n)) => format!("pod {ns}/{n}"),
-            _ => format!("pod #{i}"),
-        };
-        match pod_extras(&mut v) {
-            Ok(x) => {
-                extras.insert((key(&v, "namespace"), key(&v, "name")), x);
-                pod_values.push(v);
-            }
-            Err((f, m)) => problems.push(Problem::new(obj, f, m)),
-        }
-    }
-    let mut pods = each(pod_values, "pod", &["namespace", "name"], |r| validate::pod(r).map_err(|p| (p.field, p.message)).map(|p| (p, Vec::new())), &mut problems);
-    for p in &mut pods {
-        if let Some((labels, ports)) = extras.remove(&(Some(p.namespace.clone()), Some(p.name.clone()))) {
-            p.labels = labels;
-            p.container_ports = ports;
-        }
-    }
-    let remote_pods = each(raw.remote_pods, "remotepod", &["namespace", "name"], |r: RawRemotePod| remote_pod(r).map(|p| (p, Vec::new())), &mut problems);
-    let network_policies = each_policy(raw.network_policies, &mut problems);
+    let pods = each_with(
+        raw.pods,
+        "pod",
+        &["namespace", "name"],
+        pod_extras,
+        |r: validate::RawPod, (labels, ports)| {
+            validate::pod(r).map_err(|p| (p.field, p.message)).map(|mut p| {
+                p.labels = labels;
+                p.container_ports = ports;
+                (p, Vec::new())
+            })
+        },
+        |id| prev?.pods.iter().find(|p| p.namespace == id[0] && p.name == id[1]).cloned(),
+        &mut problems,
+    );
+    let remote_pods = each(
+        raw.remote_pods,
+        "remotepod",
+        &["namespace", "name"],
+        |r: RawRemotePod| remote_pod(r).map(|p| (p, Vec::new())),
+        |id| prev?.remote_pods.iter().find(|p| p.namespace == id[0] && p.name == id[1]).cloned(),
+        &mut problems,
+    );
+    let network_policies = each_policy(raw.network_policies, prev, &mut problems);
     let egress_policies = each(
         raw.egress_network_policies,
         "egressnetworkpolicy",
@@ -249,9 +294,22 @@ pub fn from_value(value: Value) -> Result<(ClusterState, Vec<Problem>), Fatal> {
             let rules = r.egress.iter().map(|e| validate::EgressRuleFields { kind: &e.kind, cidr_selector: e.to.cidr_selector.as_deref(), dns_name: e.to.dns_name.as_deref() });
             validate::egress_policy(&r.namespace, &r.name, rules).map(|p| (p, Vec::new()))
         },
+        |id| prev?.egress_policies.iter().find(|p| p.namespace == id[0] && p.name == id[1]).cloned(),
         &mut problems,
     );
     validate::assemble_with_policies(header, host_subnets, net_namespaces, services, pods, egress_policies, (remote_pods, network_policies), problems)
+}
+
+/// A problem of an object rejected as a whole: with its last good version (`kept`) the
+/// object stays as it was and the message says so.
+fn rejected<T>(obj: String, field: String, message: String, kept: Option<T>, out: &mut Vec<T>, problems: &mut Vec<Problem>) {
+    match kept {
+        Some(t) => {
+            out.push(t);
+            problems.push(Problem::new(obj, field, format!("{message} {KEPT}")));
+        }
+        None => problems.push(Problem::new(obj, field, message)),
+    }
 }
 
 /// A pod's `labels` and `containerPorts` (Kubernetes' ContainerPort shape), removed from `v`.
@@ -289,54 +347,98 @@ fn remote_pod(r: RawRemotePod) -> Result<super::netpol::RemotePod, FieldError> {
     validate::remote_pod(r.namespace, r.name, &r.ip, r.labels, ports)
 }
 
-/// Decodes each NetworkPolicy as the Kubernetes object (k8s-openapi's type) and checks it.
-fn each_policy(items: Vec<Value>, problems: &mut Vec<Problem>) -> Vec<super::netpol::NetworkPolicy> {
+/// Decodes each NetworkPolicy as the Kubernetes object (k8s-openapi's type) and checks it; a
+/// rejected one keeps its version in `previous` if it has one.
+fn each_policy(items: Vec<Value>, previous: Option<&ClusterState>, problems: &mut Vec<Problem>) -> Vec<super::netpol::NetworkPolicy> {
     let mut out = Vec::new();
     for (i, v) in items.into_iter().enumerate() {
         let meta = |f: &str| v.get("metadata").and_then(|m| m.get(f)).and_then(Value::as_str).map(str::to_string);
-        let obj = match (meta("namespace"), meta("name")) {
-            (Some(ns), Some(n)) => format!("networkpolicy {ns}/{n}"),
-            _ => format!("networkpolicy #{i}"),
+        let id = meta("namespace").zip(meta("name"));
+        let obj = match &id {
+            Some((ns, n)) => format!("networkpolicy {ns}/{n}"),
+            None => format!("networkpolicy #{i}"),
+        };
+        let kept = || {
+            let (ns, n) = id.as_ref()?;
+            previous?.network_policies.iter().find(|p| &p.namespace == ns && &p.name == n).cloned()
         };
         let np: k8s_openapi::api::networking::v1::NetworkPolicy = match serde_path_to_error::deserialize(&v) {
             Ok(np) => np,
             Err(e) => {
                 let path = e.path().to_string();
-                problems.push(Problem::new(obj, if path == "." { String::new() } else { path }, e.into_inner().to_string()));
+                rejected(obj, if path == "." { String::new() } else { path }, e.into_inner().to_string(), kept(), &mut out, problems);
                 continue;
             }
         };
-        let (t, p) = name_problems(&obj, super::netpol::network_policy(&np));
-        out.extend(t);
-        problems.extend(p);
+        match super::netpol::network_policy(&np) {
+            Err((field, message)) => rejected(obj, field, message, kept(), &mut out, problems),
+            checked => {
+                let (t, p) = name_problems(&obj, checked);
+                out.extend(t);
+                problems.extend(p);
+            }
+        }
     }
     out
 }
 
 /// Decodes each object of a list; a failure becomes a problem naming the object (by the
-/// `name_fields` it has, or its index) and the field.
+/// `name_fields` it has, or its index) and the field. An object rejected as a whole that has a
+/// last good version (`last_good`, by the values of `name_fields`) keeps it.
 fn each<R: DeserializeOwned, T>(
     items: Vec<Value>,
     kind: &str,
     name_fields: &[&str],
     convert: impl Fn(R) -> Checked<T>,
+    last_good: impl Fn(&[&str]) -> Option<T>,
+    problems: &mut Vec<Problem>,
+) -> Vec<T> {
+    each_with(items, kind, name_fields, |_| Ok(()), |r, ()| convert(r), last_good, problems)
+}
+
+/// [`each`] with a first step `pre` that takes what the decoded type has no field for out of
+/// the object (a pod's labels) and hands it to `convert`.
+fn each_with<R: DeserializeOwned, X, T>(
+    items: Vec<Value>,
+    kind: &str,
+    name_fields: &[&str],
+    pre: impl Fn(&mut Value) -> Result<X, FieldError>,
+    convert: impl Fn(R, X) -> Checked<T>,
+    last_good: impl Fn(&[&str]) -> Option<T>,
     problems: &mut Vec<Problem>,
 ) -> Vec<T> {
     let mut out = Vec::new();
-    for (i, v) in items.into_iter().enumerate() {
-        let names: Vec<&str> = name_fields.iter().filter_map(|f| v.get(*f).and_then(Value::as_str)).collect();
-        let obj = if names.len() == name_fields.len() { format!("{kind} {}", names.join("/")) } else { format!("{kind} #{i}") };
+    for (i, mut v) in items.into_iter().enumerate() {
+        let names: Vec<String> = name_fields.iter().filter_map(|f| v.get(*f).and_then(Value::as_str)).map(str::to_string).collect();
+        let id: Option<Vec<&str>> = (names.len() == name_fields.len()).then(|| names.iter().map(String::as_str).collect());
+        let obj = match &id {
+            Some(id) => format!("{kind} {}", id.join("/")),
+            None => format!("{kind} #{i}"),
+        };
+        let kept = || id.as_deref().and_then(&last_good);
+        let x = match pre(&mut v) {
+            Ok(x) => x,
+            Err((field, message)) => {
+                rejected(obj, field, message, kept(), &mut out, problems);
+                continue;
+            }
+        };
         let raw: R = match serde_path_to_error::deserialize(&v) {
             Ok(r) => r,
             Err(e) => {
                 let path = e.path().to_string();
-                problems.push(Problem::new(obj, if path == "." { String::new() } else { path }, e.into_inner().to_string()));
+                rejected(obj, if path == "." { String::new() } else { path }, e.into_inner().to_string(), kept(), &mut out, problems);
                 continue;
             }
         };
-        let (t, p) = name_problems(&obj, convert(raw));
-        out.extend(t);
-        problems.extend(p);
+        match convert(raw, x) {
+            Err((field, message)) => rejected(obj, field, message, kept(), &mut out, problems),
+            checked => {
+                let (t, p) = name_problems(&obj, checked);
+                out.extend(t);
+                problems.extend(p);
+            }
+        }
     }
     out
 }
@@ -453,6 +555,85 @@ egressNetworkPolicies:
         let t: Vec<String> = p.iter().map(|p| p.to_string()).collect();
         assert!(t[0].starts_with("service team-a/web: field ports[1].protocol: unhandled protocol \"SCTP\""), "{t:?}");
         assert!(t[1].starts_with("service team-a/web: field ports[2].port: 70000"), "{t:?}");
+    }
+
+    /// A running agent's next version of the file: an object rejected on its own keeps the
+    /// version the agent had; one never good, or removed from the file, does not.
+    #[test]
+    fn a_rejected_object_keeps_its_last_good_version() {
+        let (good, _) = parse(EXAMPLE).unwrap();
+        let typo = EXAMPLE.replace("ingressBPS: 0,", "ingressBPS: 0, internl: true,");
+        let (without, p) = parse(&typo).unwrap();
+        assert!(without.pods.is_empty(), "without a previous state the pod is rejected");
+        assert!(p[0].to_string().starts_with("pod team-a/a1: field internl: unknown field `internl`"), "{p:?}");
+        assert!(!p[0].message.contains(KEPT));
+
+        let (kept, p) = parse_keeping(&typo, Some(&good)).unwrap();
+        assert_eq!(kept, good, "the pod keeps its last good version");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!((p[0].object.as_str(), p[0].field.as_str()), ("pod team-a/a1", "internl"));
+        assert!(p[0].message.ends_with(KEPT), "{p:?}");
+
+        // A bad value (not only an unknown field), a bad label, a service, a namespace, an
+        // egress policy, a NetworkPolicy: each keeps its version.
+        for (from, to, obj) in [
+            ("ip: 10.128.2.5,", "ip: 10.128.2.x,", "pod team-a/a1"),
+            ("ingressBPS: 0,", "ingressBPS: 0, labels: {app: [1]},", "pod team-a/a1"),
+            ("clusterIP: 172.30.0.10", "clusterIP: 172.30.0.300", "service team-a/web"),
+            ("{name: team-a, netid: 11, multicast: true}", "{name: team-a, netid: -1, multicast: true}", "netnamespace team-a"),
+            ("cidrSelector: 1.2.3.0/24", "cidrSelector: 1.2.3.0/24, extra: 1", "egressnetworkpolicy team-a/default"),
+            ("hostIP: 172.17.0.3,", "hostIp: 172.17.0.3,", "hostsubnet node-b"),
+        ] {
+            let bad = EXAMPLE.replace(from, to);
+            assert_ne!(bad, EXAMPLE, "{from}");
+            let (st, p) = parse_keeping(&bad, Some(&good)).unwrap();
+            assert_eq!(st, good, "{obj} kept");
+            assert!(p.len() == 1 && p[0].object == obj && p[0].message.ends_with(KEPT), "{obj}: {p:?}");
+        }
+
+        // A new object that is bad has nothing to keep; an object taken out of the file goes.
+        let new_bad = EXAMPLE.replace("name: a1,", "name: a2,").replace("ingressBPS: 0,", "ingressBPS: 0, internl: true,");
+        let (st, p) = parse_keeping(&new_bad, Some(&good)).unwrap();
+        assert!(st.pods.is_empty() && !p[0].message.contains(KEPT), "{p:?}");
+        let pod_line = EXAMPLE.lines().position(|l| l.contains("name: a1")).unwrap();
+        let gone: String = EXAMPLE.lines().enumerate().filter(|(i, _)| *i != pod_line && *i != pod_line + 1).map(|(_, l)| format!("{l}\n")).collect();
+        let (st, p) = parse_keeping(&gone.replace("pods:\n", "pods: []\n"), Some(&good)).unwrap();
+        assert!(st.pods.is_empty() && p.is_empty(), "{p:?}");
+
+        // The kept object still passes the cross-object checks with the new file: another pod
+        // now holding its IP is first in the file and wins.
+        let taken = typo.replace("pods:\n", &format!("pods:\n  - {{namespace: team-a, name: b1, containerID: {}, hostVeth: veth-b1, ip: 10.128.2.5, mac: \"0a:58:0a:80:02:06\"}}\n", "cd".repeat(32)));
+        let (st, p) = parse_keeping(&taken, Some(&good)).unwrap();
+        assert_eq!(st.pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["b1"]);
+        let t: Vec<String> = p.iter().map(ToString::to_string).collect();
+        assert!(t.iter().any(|p| p.contains("pod team-a/a1: field ip: 10.128.2.5 is already used by pod team-a/b1")), "{t:?}");
+    }
+
+    #[test]
+    fn an_empty_or_shapeless_file_says_what_it_needs() {
+        for text in ["", "\n", "# nothing yet\n"] {
+            let e = parse(text).unwrap_err().0;
+            assert_eq!(e, "the state file is empty: it needs node, plugin, clusterNetwork and serviceNetwork (see deploy/examples/cluster.yaml)");
+        }
+        let e = parse("- node-a\n").unwrap_err().0;
+        assert!(e.starts_with("the state file is not a mapping of fields: it needs node,"), "{e}");
+        let e = parse("node: node-a\n").unwrap_err().0;
+        assert!(e.starts_with("missing field `plugin`: it needs node, plugin,") && !e.contains("field ."), "{e}");
+        let e = parse(&EXAMPLE.replace("node: node-a\n", "node: node-a\nnodes: x\n")).unwrap_err().0;
+        assert!(e.contains("unknown field `nodes`"), "{e}");
+    }
+
+    /// This node's HostSubnet rejected on its own: the fatal error names its field.
+    #[test]
+    fn a_bad_local_hostsubnet_names_its_field() {
+        let e = parse(&EXAMPLE.replace("{host: node-a, hostIP: 172.17.0.2,", "{host: node-a, hostIp: 172.17.0.2,")).unwrap_err().0;
+        assert!(e.starts_with("no valid HostSubnet for this node \"node-a\": the local subnet is unknown: hostsubnet node-a: field hostIp: unknown field `hostIp`"), "{e}");
+        let e = parse(&EXAMPLE.replace("hostIP: 172.17.0.2,", "hostIP: 172.17.0.256,")).unwrap_err().0;
+        assert!(e.contains("hostsubnet node-a: field hostIP:") && e.contains("172.17.0.256"), "{e}");
+        let e = parse(&EXAMPLE.replace("subnet: 10.128.2.0/23}", "subnet: 10.200.2.0/23}")).unwrap_err().0;
+        assert!(e.contains("hostsubnet node-a: field subnet: 10.200.2.0/23 is outside the cluster network"), "{e}");
+        let e = parse(&EXAMPLE.replace("host: node-a,", "host: node-z,")).unwrap_err().0;
+        assert!(e.ends_with("(no hostSubnets entry has this host)"), "{e}");
     }
 
     #[test]

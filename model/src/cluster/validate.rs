@@ -114,9 +114,21 @@ pub fn assemble_with_policies(
         pod_meta: Default::default(),
         audit: Default::default(),
     };
-    let (state, more) = state.validate()?;
+    let node = state.node.clone();
+    let (state, more) = match state.validate() {
+        Ok(v) => v,
+        // This node's HostSubnet rejected on its own: say why (its field), not only the effect.
+        Err(_) if state_has_no_local(&node, &problems) => return Err(super::no_local_subnet(&node, &problems)),
+        Err(e) => return Err(e),
+    };
     problems.extend(more);
     Ok((state, problems))
+}
+
+/// Whether the per-object checks rejected a HostSubnet of `node`.
+fn state_has_no_local(node: &str, problems: &[Problem]) -> bool {
+    let own = format!("hostsubnet {node}");
+    problems.iter().any(|p| p.object == own)
 }
 
 fn net(s: &str) -> Result<Ipv4Net, String> {

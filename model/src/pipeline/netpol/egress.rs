@@ -29,7 +29,7 @@
 //! un-NATed reply is known), the node's DNAT sends it back through tun0 with the endpoint's
 //! address, and table 25 sends it to table 27 again. An endpoint outside the cluster network
 //! (a host-network pod, the API server on a node address) is routed by the node itself and
-//! never comes back to br0: that traffic is not judged (the README lists it as unsupported).
+//! never comes back to br0: that traffic is not judged (docs/networkpolicy.md lists it as unsupported).
 
 use std::net::Ipv4Addr;
 

@@ -2,8 +2,8 @@
 //! destination pod in table 80, per source pod in table 27 ([`egress`]); both directions share
 //! one compiler (`compile.rs`, `cube.rs`), mirrored by [`Side`].
 //!
-//! The design is openshift-sdn's VERSION 4 one, not VERSION 3's (see the README section
-//! "NetworkPolicy plugin"): traffic from local pods to the cluster network is committed to
+//! The design is openshift-sdn's VERSION 4 one, not VERSION 3's (see
+//! docs/networkpolicy.md): traffic from local pods to the cluster network is committed to
 //! conntrack in table 21, and table 80 accepts replies of tracked connections before any policy
 //! flow, so a policy never cuts the return direction of a connection it allowed.
 //!
