@@ -12,12 +12,14 @@ mod packet_in;
 mod pending;
 mod supervisor;
 mod transport;
+pub mod unixctl;
 
 pub use bundle::Bundle;
 pub use error::{CloseReason, Rejection, SwitchError};
 pub use packet_in::{packet_in_channel, PacketInCounters, PacketInMsg, PacketInSink, PacketIns};
 pub use supervisor::{Backoff, OnConnect, SwitchEvent, Supervisor, ON_CONNECT_DEADLINE};
 pub use transport::Target;
+pub use unixctl::{CtlError, VswitchdCtl};
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -593,6 +593,21 @@ impl Plan {
         self.changes.is_empty()
     }
 
+    /// Whether applying the plan to `installed` takes away a flow that carries per-policy
+    /// counts ([`sends_flow_removed`]): deletes it, re-adds it under another cookie (a new
+    /// flow for the switch), or clears the tables. A MODIFY keeps the flow and its counts.
+    pub fn removes_counting_flows(&self, installed: &InstalledState) -> bool {
+        self.changes.iter().any(|c| match c {
+            Change::Delete { key, cookie } => sends_flow_removed(key.table, *cookie),
+            Change::Add { flow, cookie } => installed
+                .flows
+                .get(&flow.key)
+                .is_some_and(|i| i.cookie != *cookie && sends_flow_removed(flow.key.table, i.cookie)),
+            Change::Modify { .. } => false,
+            Change::DeleteAll => installed.flows.iter().any(|(k, i)| sends_flow_removed(k.table, i.cookie)),
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.changes.len()
     }
@@ -797,6 +812,30 @@ mod tests {
         let del = Change::Delete { key: c.key.clone(), cookie: 9 }.to_flow_mod().unwrap();
         assert_eq!(del, FlowMod::delete_strict(fl.table.id(), 7, fl.match_.clone()).with_cookie(9, u64::MAX));
         assert_eq!(c.to_string(), fl.to_string());
+    }
+
+    /// Only a NetworkPolicy flow of tables 80/27 that goes (deleted, re-added under another
+    /// cookie, cleared) is a removal the per-policy counters wait for; a MODIFY keeps it.
+    #[test]
+    fn removals_of_counting_flows() {
+        let np = Owner::NetworkPolicy { namespace: "ns".into() };
+        let pod = Owner::Pod { namespace: "ns".into(), name: "a".into() };
+        let counting = Compiled::compile(&Flow::new(Table::Policy, 150, Match::any().reg(0, 7), vec![Action::output(3)], None));
+        let other = Compiled::compile(&f(7, 3));
+        let mut installed = InstalledState::default();
+        let plan = |changes: Vec<Change>| Plan { changes, ..Plan::default() };
+        installed.apply(&plan(vec![
+            Change::Add { flow: counting.clone(), cookie: np.cookie(1) },
+            Change::Add { flow: other.clone(), cookie: pod.cookie(1) },
+        ]));
+        let removes = |c: Change| plan(vec![c]).removes_counting_flows(&installed);
+        assert!(removes(Change::Delete { key: counting.key.clone(), cookie: np.cookie(1) }));
+        assert!(!removes(Change::Delete { key: other.key.clone(), cookie: pod.cookie(1) }));
+        assert!(removes(Change::Add { flow: counting.clone(), cookie: np.cookie(2) }), "a new generation is a new flow");
+        assert!(!removes(Change::Add { flow: other.clone(), cookie: pod.cookie(2) }));
+        assert!(!removes(Change::Modify { flow: counting.clone(), cookie: np.cookie(1) }));
+        assert!(removes(Change::DeleteAll));
+        assert!(!plan(vec![Change::DeleteAll]).removes_counting_flows(&InstalledState::default()));
     }
 
     #[test]
