@@ -79,8 +79,30 @@ pub type Update = Vec<(Owner, Vec<Flow>)>;
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
+/// Whether an update may change the per-policy counters' flows in a way worth waiting for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counts {
+    /// A policy or namespace change: before a bundle that removes a counting flow, the switch's
+    /// datapath counts are flushed into its flows (see [`CountFlush`]).
+    Flush,
+    /// The pod path (CNI ADD/DEL): no wait; what the datapath had not yet pushed when a pod's
+    /// counting flow goes (at most one revalidation round) is not counted.
+    NoWait,
+}
+
+/// Moves what ovs-vswitchd's datapath counted into its OpenFlow flows' statistics before a
+/// policy change removes counting flows, so their FLOW_REMOVED carries every packet (the
+/// per-policy counters; `ovs-appctl revalidator/wait`, spoken over its control socket).
+#[derive(Clone, Debug)]
+pub struct CountFlush {
+    pub ctl: crate::switch::VswitchdCtl,
+    /// Bound of one flush (a revalidation round is 500 ms by default); past it the change goes
+    /// ahead unflushed.
+    pub deadline: std::time::Duration,
+}
+
 enum Request {
-    Update(Update, OnFailure, Reply<Outcome>),
+    Update(Update, OnFailure, Counts, Reply<Outcome>),
     Replace(DesiredState, Reply<Outcome>),
     Resync(Option<DesiredState>, Reply<Outcome>),
     SetSwitch(Switch),
@@ -143,6 +165,12 @@ impl Engine {
 
     /// [`Engine::start`], recording bundles, FLOW_MODs and resyncs in `metrics`.
     pub fn start_with_metrics(sw: Switch, generation: u32, metrics: Option<Arc<Metrics>>) -> Engine {
+        Engine::start_counting(sw, generation, metrics, None)
+    }
+
+    /// [`Engine::start_with_metrics`] that flushes the datapath's counts before a policy change
+    /// removes counting flows (`count_flush`; `None` when the per-policy counters are off).
+    pub fn start_counting(sw: Switch, generation: u32, metrics: Option<Arc<Metrics>>, count_flush: Option<CountFlush>) -> Engine {
         let (tx, rx) = mpsc::channel(4096);
         let st = State {
             metrics,
@@ -153,6 +181,7 @@ impl Engine {
             dirty: true,
             stats: Stats::default(),
             one_trip: true,
+            count_flush,
         };
         tokio::spawn(st.run(rx));
         Engine { tx }
@@ -166,14 +195,19 @@ impl Engine {
 
     /// Applies one update atomically; resolves after the switch committed it.
     pub async fn update(&self, update: Update) -> Result<Outcome, EngineError> {
-        self.call(|tx| Request::Update(update, OnFailure::Revert, tx)).await?
+        self.call(|tx| Request::Update(update, OnFailure::Revert, Counts::NoWait, tx)).await?
     }
 
     /// Queues an update without waiting (fails with [`EngineError::Busy`] if the queue is
     /// full): callers that compute updates under a lock use this, so that the engine applies
     /// them in the order they were computed.
     pub fn submit_update(&self, update: Update, on_failure: OnFailure) -> Result<Pending<Outcome>, EngineError> {
-        self.submit(|tx| Request::Update(update, on_failure, tx))
+        self.submit(|tx| Request::Update(update, on_failure, Counts::NoWait, tx))
+    }
+
+    /// [`Engine::submit_update`] of a policy or namespace change ([`Counts::Flush`]).
+    pub fn submit_policy_update(&self, update: Update, on_failure: OnFailure) -> Result<Pending<Outcome>, EngineError> {
+        self.submit(|tx| Request::Update(update, on_failure, Counts::Flush, tx))
     }
 
     /// Queues a replacement of the whole desired state (with a resync from a dump first if
@@ -234,9 +268,10 @@ struct State {
     /// trip ([`crate::switch::Bundle::commit_one_trip`]). Cleared for good if the switch ever
     /// refuses one anyway (it then applied the rest, which the engine repaired at once).
     one_trip: bool,
+    count_flush: Option<CountFlush>,
 }
 
-type Queued = (Update, OnFailure, Reply<Outcome>);
+type Queued = (Update, OnFailure, Counts, Reply<Outcome>);
 /// The flows each owner of an update had before it, in the update's order.
 type Prev = Vec<Vec<Compiled>>;
 
@@ -252,15 +287,15 @@ impl State {
                 },
             };
             match req {
-                Request::Update(u, on_failure, reply) => {
+                Request::Update(u, on_failure, counts, reply) => {
                     // Group commit: take every update already waiting (up to the limit).
-                    let mut group: Vec<Queued> = vec![(u, on_failure, reply)];
+                    let mut group: Vec<Queued> = vec![(u, on_failure, counts, reply)];
                     let mut size: usize = group[0].0.iter().map(|(_, f)| f.len()).sum();
                     while size < MAX_GROUP_FLOW_MODS {
                         match rx.try_recv() {
-                            Ok(Request::Update(u, f, r)) => {
+                            Ok(Request::Update(u, f, c, r)) => {
                                 size += u.iter().map(|(_, f)| f.len()).sum::<usize>();
-                                group.push((u, f, r));
+                                group.push((u, f, c, r));
                             }
                             Ok(other) => {
                                 next = Some(other);
@@ -277,6 +312,7 @@ impl State {
                         self.resync().await
                     } else {
                         let plan = diff(&self.desired, &self.installed, self.generation);
+                        self.flush_counts(&plan).await;
                         self.commit(&plan).await.map(|_| Outcome::of(&plan))
                     };
                     let _ = reply.send(r.map_err(EngineError::Switch));
@@ -361,6 +397,25 @@ impl State {
         }
     }
 
+    /// Before `plan` removes a flow that carries per-policy counts: the datapath's counts so far
+    /// pushed into the flows (one revalidation round), so the FLOW_REMOVED of each removed flow
+    /// has every packet it handled. Bounded by the flush's deadline; a failed or late flush is
+    /// logged and the change goes ahead (enforcement before counting).
+    async fn flush_counts(&mut self, plan: &Plan) {
+        let Some(f) = &self.count_flush else { return };
+        if !plan.removes_counting_flows(&self.installed) {
+            return;
+        }
+        let t = Instant::now();
+        match f.ctl.revalidator_wait(f.deadline).await {
+            Ok(()) => debug!(waited = ?t.elapsed(), "datapath counts flushed before a policy change"),
+            Err(e) => warn!(error = %e, "could not flush the datapath's counts before a policy change; the per-policy counters may miss what the datapath counted in the last revalidation round"),
+        }
+        if let Some(m) = &self.metrics {
+            m.count_flush(t.elapsed());
+        }
+    }
+
     /// Commits a plan as one bundle. On any failure the switch's state is unknown: dirty.
     async fn commit(&mut self, plan: &Plan) -> Result<(), SwitchError> {
         self.commit_for(plan, false, &|| "all".to_string()).await
@@ -422,7 +477,7 @@ impl State {
         if self.dirty {
             // The mirror may be wrong: repair first, then apply on top of a known state.
             if let Err(e) = self.resync().await {
-                for (u, on_failure, reply) in group {
+                for (u, on_failure, _, reply) in group {
                     // A kept update still becomes the desired state: the next repair applies it.
                     if on_failure == OnFailure::Keep {
                         let _ = self.stage(&u);
@@ -435,11 +490,13 @@ impl State {
         // Stage every update; a conflicting one fails alone.
         let mut staged: Vec<(Queued, Prev)> = Vec::with_capacity(group.len());
         let mut one_trip = true;
-        for (u, on_failure, reply) in group {
+        let mut flush = false;
+        for (u, on_failure, counts, reply) in group {
             match self.stage(&u) {
                 Ok(prev) => {
                     one_trip = one_trip && self.one_trip(&u);
-                    staged.push(((u, on_failure, reply), prev))
+                    flush = flush || counts == Counts::Flush;
+                    staged.push(((u, on_failure, counts, reply), prev))
                 }
                 Err(c) => {
                     let _ = reply.send(Err(EngineError::Conflict(c)));
@@ -449,17 +506,20 @@ impl State {
         if staged.is_empty() {
             return;
         }
-        let touched = staged.iter().flat_map(|((u, _, _), p)| touched(u, p));
+        let touched = staged.iter().flat_map(|((u, _, _, _), p)| touched(u, p));
         let plan = diff_owners(&self.desired, &self.installed, touched, self.generation);
-        let owners = || describe(staged.iter().flat_map(|((u, _, _), _)| u.iter().map(|(o, _)| o)));
+        let owners = || describe(staged.iter().flat_map(|((u, _, _, _), _)| u.iter().map(|(o, _)| o)));
+        if flush {
+            self.flush_counts(&plan).await;
+        }
         match self.commit_for(&plan, one_trip, &owners).await {
             Ok(()) => {
-                for ((_, _, reply), _) in staged {
+                for ((_, _, _, reply), _) in staged {
                     let _ = reply.send(Ok(Outcome::of(&plan)));
                 }
             }
             Err(e) if staged.len() == 1 => {
-                if let Some(((u, on_failure, reply), prev)) = staged.pop() {
+                if let Some(((u, on_failure, _, reply), prev)) = staged.pop() {
                     if on_failure == OnFailure::Revert {
                         self.unstage(&u, prev);
                     }
@@ -468,7 +528,7 @@ impl State {
                 }
             }
             Err(e) if e.is_disconnect() => {
-                for ((u, on_failure, reply), prev) in staged.into_iter().rev() {
+                for ((u, on_failure, _, reply), prev) in staged.into_iter().rev() {
                     if on_failure == OnFailure::Revert {
                         self.unstage(&u, prev);
                     }
@@ -479,7 +539,7 @@ impl State {
                 // Isolate the failing update(s): undo the revertible ones, repair, then one by
                 // one. Kept updates stay desired; the repair applies them.
                 let (mut retry, mut kept) = (Vec::new(), Vec::new());
-                for ((u, on_failure, reply), prev) in staged.into_iter().rev() {
+                for ((u, on_failure, _, reply), prev) in staged.into_iter().rev() {
                     match on_failure {
                         OnFailure::Revert => {
                             self.unstage(&u, prev);

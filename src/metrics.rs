@@ -165,6 +165,9 @@ pub struct Metrics {
     /// NetworkPolicy changes, source event to the switch's acknowledgement (see
     /// [`crate::realize`]); the per-policy table behind it is in `realization`.
     pub policy_realization: Histogram,
+    /// Waits for ovs-vswitchd to push its datapath counts before a policy change removes
+    /// counting flows (see [`crate::engine::CountFlush`]).
+    pub policy_count_flush: Histogram,
     /// Which generation of each policy the switch holds (for `sdn-node status`).
     pub realization: crate::realize::Realization,
     /// New connections each NetworkPolicy allowed, by namespace, policy and direction (from
@@ -230,6 +233,7 @@ impl Metrics {
             // One histogram: the tracker observes into the registered one.
             realization: crate::realize::Realization::new(policy_realization.clone()),
             policy_realization,
+            policy_count_flush: latency_buckets(),
             policy_connections: Family::default(),
             policy_dropped_packets: Family::default(),
             policy_dropped_bytes: Family::default(),
@@ -273,6 +277,11 @@ impl Metrics {
                 "policy_realization_seconds",
                 "NetworkPolicy changes: from the source event (Kubernetes watch event, state file change) to the switch's acknowledgement of the bundle carrying the policy's flows",
                 m.policy_realization.clone(),
+            );
+            r.register(
+                "policy_count_flush_seconds",
+                "Waits, before a policy change that removes counting flows, for ovs-vswitchd to move what its datapath counted into the flows' statistics (one revalidation round), so the per-policy counters keep every packet",
+                m.policy_count_flush.clone(),
             );
             r.register(
                 "policy_connections",
@@ -359,6 +368,10 @@ impl Metrics {
         if ok {
             self.bundle_latency.observe(latency.as_secs_f64());
         }
+    }
+
+    pub fn count_flush(&self, waited: Duration) {
+        self.policy_count_flush.observe(waited.as_secs_f64());
     }
 
     pub fn resync(&self, full: bool) {

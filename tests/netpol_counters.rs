@@ -276,3 +276,64 @@ async fn a_frozen_switch_fails_reads_at_their_deadline_and_stalls_nothing() {
     let (_, m) = support::inproc::http_get(&agent.metrics, "/metrics").await;
     assert!(value(&m, "sdn_node_policy_stats_reads_total{result=\"error\"}").is_some_and(|n| n >= 1), "{m}");
 }
+
+/// Connections just before a rule change are all counted (issue 32 item 8): twelve
+/// connections to `isolated/web` on 8080, then at once the rule moves to 8081, which deletes
+/// the 8080 flow well before the next read (every 5 s). Its final counts come with
+/// OFPT_FLOW_REMOVED (the NetworkPolicy flows have `send_flow_rem`), so none is lost.
+#[tokio::test]
+async fn connections_just_before_a_rule_change_are_all_counted() {
+    if !can_run() {
+        return;
+    }
+    const METRICS2: &str = "127.0.0.1:9102";
+    let node = CniNode::start_with(STATE, &["--metrics-addr", METRICS2, "--policy-stats-interval", "5"]).await;
+    let (client_ns, server_ns) = (PodNs::new("client"), PodNs::new("server"));
+    let r = node.cni("add", "client", "c1", &container(1), &client_ns.path());
+    assert!(r.ok(), "client ADD: {:?}\n{}", r.out, node.log());
+    let r = node.cni("add", "isolated", "s1", &container(2), &server_ns.path());
+    assert!(r.ok(), "server ADD: {:?}\n{}", r.out, node.log());
+    let server: Ipv4Addr = r.addr().parse().unwrap();
+    echo_server(in_netns(&server_ns.name, move || TcpListener::bind(("0.0.0.0", 8080))).await.expect("listen"));
+    let series = conns("isolated", "web", "ingress");
+    let end = Instant::now() + WAIT;
+    while value(&node.metrics(METRICS2).await, &series) != Some(0) {
+        assert!(Instant::now() < end, "{series} never exported\n{}", node.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(node.flows().iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080") && f.contains("send_flow_rem")), "the counting flow asks for FLOW_REMOVED:\n{}", node.flows().join("\n"));
+    for _ in 0..12 {
+        exchange(&client_ns, server, 8080).await;
+    }
+    let changed = STATE.replace("ports: [{port: 8080}]}]}}", "ports: [{port: 8081}]}]}}");
+    assert_ne!(changed, STATE);
+    std::fs::write(&node.agent.state, &changed).expect("write the state");
+    let end = Instant::now() + WAIT;
+    while node.flows().iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080")) {
+        assert!(Instant::now() < end, "the 8080 flow never left the switch\n{}", node.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = settle_at(&node, METRICS2, &[(series.clone(), 12)]).await;
+    assert_eq!(value(&text, "sdn_node_policy_stats_reads_total{result=\"error\"}"), Some(0), "{text}");
+}
+
+/// [`settle`] on another metrics address.
+async fn settle_at(node: &CniNode, addr: &str, want: &[(String, u64)]) -> String {
+    let end = Instant::now() + WAIT;
+    loop {
+        let text = node.metrics(addr).await;
+        let got: Vec<Option<u64>> = want.iter().map(|(s, _)| value(&text, s)).collect();
+        if want.iter().zip(&got).all(|((_, v), g)| *g == Some(*v)) {
+            break;
+        }
+        assert!(Instant::now() < end, "counters {want:?}, got {got:?}\n{text}\n{}", node.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Two more reads: still exactly there.
+    tokio::time::sleep(Duration::from_millis(11_000)).await;
+    let text = node.metrics(addr).await;
+    for (s, v) in want {
+        assert_eq!(value(&text, s), Some(*v), "{s} moved on\n{text}");
+    }
+    text
+}

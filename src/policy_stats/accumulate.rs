@@ -7,6 +7,11 @@
 //! re-created since (its counts or its age went backwards), adds its whole current value, which
 //! it counted since it was made. A MODIFY_STRICT keeps the flow and its counts, and is only a
 //! delta.
+//!
+//! A flow that goes between reads (a policy change deletes or replaces it) reports its final
+//! counts in OFPT_FLOW_REMOVED ([`Accumulator::removed`]): what it counted after its last read
+//! is added then, so the totals stay exact. A dump taken just before the removal may still list
+//! the flow after its removal was applied; such a stale entry is skipped (its counts are in).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -36,6 +41,8 @@ pub const UNAVAILABLE: u64 = u64::MAX;
 #[derive(Debug, Default)]
 pub struct Accumulator {
     last: HashMap<(FlowKey, u64), Sample>,
+    /// Flows whose removal was applied since the last read.
+    gone: std::collections::HashSet<(FlowKey, u64)>,
 }
 
 impl Accumulator {
@@ -48,6 +55,11 @@ impl Accumulator {
         let mut out = Vec::new();
         for (key, cookie, s) in flows {
             let id = (key, cookie);
+            if self.gone.contains(&id) {
+                // Listed by a dump taken before its removal, which is already counted (a flow
+                // re-created since with the same cookie is counted whole by the next read).
+                continue;
+            }
             let prev = self.last.get(&id).copied();
             if s.packets == UNAVAILABLE || s.bytes == UNAVAILABLE {
                 if let Some(p) = prev {
@@ -66,7 +78,27 @@ impl Accumulator {
             next.insert(id, s);
         }
         self.last = next;
+        self.gone.clear();
         out
+    }
+
+    /// A flow went with its final counts (OFPT_FLOW_REMOVED): what it counted since its last
+    /// read (all of it if it was never read) is its delta, and it is forgotten.
+    pub fn removed(&mut self, key: FlowKey, cookie: u64, packets: u64, bytes: u64) -> Option<Delta> {
+        let id = (key, cookie);
+        let prev = self.last.remove(&id);
+        let d = if packets == UNAVAILABLE || bytes == UNAVAILABLE {
+            None
+        } else {
+            Some(match prev {
+                Some(p) if packets >= p.packets && bytes >= p.bytes => {
+                    Delta { packets: packets - p.packets, bytes: bytes - p.bytes }
+                }
+                _ => Delta { packets, bytes },
+            })
+        };
+        self.gone.insert(id);
+        d
     }
 
     /// Flows remembered.
@@ -96,6 +128,22 @@ mod tests {
             .into_iter()
             .map(|(k, _, d)| (k.match_bytes[4], d.packets, d.bytes))
             .collect()
+    }
+
+    /// A flow removed between reads adds what it counted since its last read; a stale dump
+    /// that still lists it adds nothing more; one never read counts whole.
+    #[test]
+    fn a_removed_flow_adds_its_final_counts_once() {
+        let mut a = Accumulator::default();
+        assert_eq!(deltas(&mut a, &[(1, 7, s(8, 800, 1))]), vec![(1, 8, 800)]);
+        assert_eq!(a.removed(key(1), 7, 12, 1200), Some(Delta { packets: 4, bytes: 400 }));
+        // A dump taken before the removal, read after it.
+        assert_eq!(deltas(&mut a, &[(1, 7, s(10, 1000, 2))]), vec![]);
+        assert!(a.is_empty());
+        assert_eq!(a.removed(key(2), 7, 3, 300), Some(Delta { packets: 3, bytes: 300 }), "never read");
+        assert_eq!(a.removed(key(3), 7, UNAVAILABLE, 0), None);
+        // Re-created with the same cookie after the stale read: counted whole next time.
+        assert_eq!(deltas(&mut a, &[(1, 7, s(2, 200, 0))]), vec![(1, 2, 200)]);
     }
 
     #[test]

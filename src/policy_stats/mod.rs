@@ -53,6 +53,8 @@ struct Cache {
     version: Option<u64>,
     namespaces: HashMap<String, (NamespacePolicy, Counting)>,
     attribution: Arc<Attribution>,
+    /// The attribution before the last refresh: a flow a policy change removed is known there.
+    previous: Arc<Attribution>,
 }
 
 impl Cache {
@@ -82,7 +84,7 @@ impl Cache {
         .await
         .map_err(|e| format!("computing what the policy flows count: {e}"))?;
         self.namespaces = namespaces;
-        self.attribution = Arc::new(attribution);
+        self.previous = std::mem::replace(&mut self.attribution, Arc::new(attribution));
         self.version = Some(version);
         Ok(())
     }
@@ -184,17 +186,85 @@ fn report(node: &Node, t: &Totals, into: &mut PolicyCounters) {
     into.unattributed_packets = t.unattributed.packets;
 }
 
+/// Flow-removed messages of this connection, once it was asked to send them.
+type Removed = tokio::sync::broadcast::Receiver<openflow::FlowRemoved>;
+
+/// Subscribes to a new connection's flow-removed messages and asks the switch for them.
+async fn follow_removed(sw: Option<Switch>, deadline: Duration) -> Option<Removed> {
+    let sw = sw.filter(|s| !s.is_closed())?;
+    let rx = sw.subscribe_flow_removed();
+    match tokio::time::timeout(deadline, sw.enable_flow_removed()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "policy counters: cannot ask the switch for flow-removed messages; counts of replaced flows may be lost"),
+        Err(_) => warn!("policy counters: no answer to the flow-removed settings; counts of replaced flows may be lost"),
+    }
+    Some(rx)
+}
+
+/// Applies one removal: the flow's counts since its last read, attributed by the current
+/// attribution or, for a flow the model no longer has, the previous one.
+fn apply_removed(f: &openflow::FlowRemoved, acc: &mut Accumulator, totals: &mut Totals, cache: &Cache) {
+    if !crate::store::sends_flow_removed(f.table_id, f.cookie) {
+        return;
+    }
+    let Ok(m) = f.match_() else {
+        debug!(cookie = f.cookie, "policy counters: flow-removed with a match this agent cannot decode");
+        return;
+    };
+    let key = FlowKey::new(f.table_id, f.priority, &m);
+    let Some(d) = acc.removed(key.clone(), f.cookie, f.packet_count, f.byte_count) else { return };
+    let attr = if cache.attribution.get(&key, f.cookie).is_some() { &cache.attribution } else { &cache.previous };
+    totals.add(attr, &[(key, f.cookie, d)]);
+}
+
+/// Every removal already received, applied.
+fn drain_removed(rx: &mut Option<Removed>, acc: &mut Accumulator, totals: &mut Totals, cache: &Cache) {
+    use tokio::sync::broadcast::error::TryRecvError;
+    while let Some(r) = rx.as_mut() {
+        match r.try_recv() {
+            Ok(f) => apply_removed(&f, acc, totals, cache),
+            Err(TryRecvError::Lagged(n)) => warn!(lost = n, "policy counters: flow-removed messages lost (too many at once)"),
+            Err(TryRecvError::Empty) => break,
+            Err(TryRecvError::Closed) => *rx = None,
+        }
+    }
+}
+
 /// Reads the counters every `opts.interval` until `cancel`.
-pub async fn run(node: Arc<Node>, switch: watch::Receiver<Option<Switch>>, opts: StatsOptions, cancel: CancellationToken) {
+pub async fn run(node: Arc<Node>, mut switch: watch::Receiver<Option<Switch>>, opts: StatsOptions, cancel: CancellationToken) {
     let metrics = node.telemetry.metrics.clone();
     metrics.policy_counters.lock().interval_seconds = opts.interval.as_secs_f64();
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut cache, mut acc, mut totals, mut exported) = (Cache::default(), Accumulator::default(), Totals::default(), Exported::default());
     let mut failures = 0u32;
+    let current = switch.borrow_and_update().clone();
+    let mut removed = follow_removed(current, opts.deadline).await;
+    let mut switch_open = true;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
+            c = switch.changed(), if switch_open => {
+                if c.is_err() {
+                    switch_open = false;
+                } else {
+                    // What the old connection still had queued, then the new one's.
+                    drain_removed(&mut removed, &mut acc, &mut totals, &cache);
+                    let current = switch.borrow_and_update().clone();
+                    removed = follow_removed(current, opts.deadline).await;
+                }
+                continue;
+            }
+            f = async { removed.as_mut().unwrap().recv().await }, if removed.is_some() => {
+                match f {
+                    Ok(f) => apply_removed(&f, &mut acc, &mut totals, &cache),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        warn!(lost = n, "policy counters: flow-removed messages lost (too many at once)")
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => removed = None,
+                }
+                continue;
+            }
             _ = tick.tick() => {}
         }
         let r = async {
@@ -208,6 +278,9 @@ pub async fn run(node: Arc<Node>, switch: watch::Receiver<Option<Switch>>, opts:
                 read(&sw, opts.deadline).await?
             };
             let n = flows.len();
+            // Removals that arrived before the dump's reply: applied first (the dump may still
+            // list those flows; the accumulator skips them).
+            drain_removed(&mut removed, &mut acc, &mut totals, &cache);
             let deltas = acc.read(flows);
             totals.retain_known(&attr);
             totals.add(&attr, &deltas);

@@ -124,6 +124,9 @@ pub struct Node {
     host_plan: watch::Sender<Option<host::HostPlan>>,
     /// Wakes the host executor (tun0 was just created again).
     host_kick: Notify,
+    /// Set when the per-policy counters are on: engines started from then flush the datapath's
+    /// counts before a policy change removes counting flows.
+    pub count_flush: std::sync::OnceLock<crate::engine::CountFlush>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -160,6 +163,7 @@ impl Node {
             kick: Notify::new(),
             host_plan: watch::Sender::new(None),
             host_kick: Notify::new(),
+            count_flush: std::sync::OnceLock::new(),
         })
     }
 
@@ -582,8 +586,9 @@ impl Reconciler {
             self.ports_ready = true;
             if self.node.engine().is_none() {
                 if let Some(sw) = self.pending_switch.take() {
-                    *lock(&self.node.engine) =
-                        Some(Engine::start_with_metrics(sw, self.generation, Some(self.node.telemetry.metrics.clone())));
+                    let metrics = Some(self.node.telemetry.metrics.clone());
+                    let flush = self.node.count_flush.get().cloned();
+                    *lock(&self.node.engine) = Some(Engine::start_counting(sw, self.generation, metrics, flush));
                 }
             }
         }
@@ -727,7 +732,7 @@ impl Reconciler {
             for w in &warnings {
                 warn!("{w}");
             }
-            match engine.submit_update(update, crate::engine::OnFailure::Keep) {
+            match engine.submit_policy_update(update, crate::engine::OnFailure::Keep) {
                 Ok(rx) => (rx, ticket),
                 Err(_) => return false,
             }

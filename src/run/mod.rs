@@ -174,6 +174,10 @@ pub async fn run_with(
     // dump never takes longer than the interval or a switch request's deadline.
     if let Some(interval) = opts.policy_stats_interval.filter(|d| !d.is_zero()) {
         let o = crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.peers.switch_request_timeout) };
+        // Counts exact across policy changes: the datapath's counts pushed into the flows
+        // before a change removes one (one revalidation round, 500 ms by default; bounded).
+        let ctl = crate::switch::VswitchdCtl::new(&opts.node.bridge.ovs.ovs_rundir);
+        let _ = node.count_flush.set(crate::engine::CountFlush { ctl, deadline: opts.peers.switch_request_timeout.min(COUNT_FLUSH_DEADLINE) });
         tokio::spawn(crate::policy_stats::run(node.clone(), sup.watch_current(), o, cancel.clone()));
     }
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
@@ -384,6 +388,9 @@ pub async fn run_with(
 const RETRY_BASE: Duration = Duration::from_millis(100);
 /// The longest delay between retries: a repair is never more than this late.
 const RETRY_CAP: Duration = Duration::from_secs(5);
+/// Bound of one flush of the datapath's counts before a policy change (a revalidation round is
+/// 500 ms by default): past it the change goes ahead, enforcement before counting.
+const COUNT_FLUSH_DEADLINE: Duration = Duration::from_secs(2);
 /// How long the sentinel lets notifications settle before comparing.
 const SENTINEL_SETTLE: Duration = Duration::from_millis(50);
 

@@ -32,6 +32,9 @@ pub(crate) enum Outgoing {
     Raw(Bytes),
 }
 
+/// FLOW_REMOVED messages a slow subscriber may fall behind by (it is told how many it lost).
+const FLOW_REMOVED_QUEUE: usize = 8192;
+
 /// State shared by the handle and the two tasks.
 pub(crate) struct Shared {
     table: Mutex<Table>,
@@ -41,6 +44,8 @@ pub(crate) struct Shared {
     state: watch::Sender<Option<CloseReason>>,
     /// Where packet-ins go (none: logged and dropped).
     packet_ins: Mutex<Option<PacketInSink>>,
+    /// OFPT_FLOW_REMOVED messages, to every subscriber (the per-policy counters).
+    pub flow_removed: tokio::sync::broadcast::Sender<openflow::FlowRemoved>,
     /// Milliseconds since `epoch` when the last message arrived.
     last_rx: AtomicU64,
     epoch: Instant,
@@ -160,6 +165,7 @@ pub(crate) async fn establish(
         cancel: CancellationToken::new(),
         state,
         packet_ins: Mutex::new(None),
+        flow_removed: tokio::sync::broadcast::channel(FLOW_REMOVED_QUEUE).0,
         last_rx: AtomicU64::new(0),
         epoch: Instant::now(),
     });
@@ -289,6 +295,10 @@ fn dispatch(m: OfMessage, shared: &Shared) {
         Message::Hello(_) => {}
         Message::PacketIn(p) => shared.packet_in(PacketInMsg::Standard(p)),
         Message::PacketIn2(p) => shared.packet_in(PacketInMsg::Nx(p)),
+        Message::FlowRemoved(f) => {
+            // No subscriber: nothing counts them.
+            let _ = shared.flow_removed.send(f);
+        }
         _ => {
             let name = m.msg.name();
             let xid = m.xid;

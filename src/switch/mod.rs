@@ -12,12 +12,14 @@ mod packet_in;
 mod pending;
 mod supervisor;
 mod transport;
+pub mod unixctl;
 
 pub use bundle::Bundle;
 pub use error::{CloseReason, Rejection, SwitchError};
 pub use packet_in::{packet_in_channel, PacketInCounters, PacketInMsg, PacketInSink, PacketIns};
 pub use supervisor::{Backoff, OnConnect, SwitchEvent, Supervisor, ON_CONNECT_DEADLINE};
 pub use transport::Target;
+pub use unixctl::{CtlError, VswitchdCtl};
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -152,6 +154,12 @@ impl Switch {
                 return CloseReason::Local;
             }
         }
+    }
+
+    /// This connection's OFPT_FLOW_REMOVED messages from now on (see
+    /// [`Switch::enable_flow_removed`]).
+    pub fn subscribe_flow_removed(&self) -> tokio::sync::broadcast::Receiver<openflow::FlowRemoved> {
+        self.inner.shared.flow_removed.subscribe()
     }
 
     /// Closes the connection; pending requests fail with `Disconnected(Local)`.

@@ -89,8 +89,9 @@ impl Switch {
     }
 
     /// Asks for packet-ins on this (service) connection: NXT_PACKET_IN2 format, only the
-    /// packet-ins of `controller` actions and table-miss flows (SET_ASYNC: no port status,
-    /// no flow-removed), and a non-zero `miss_send_len` (the bridge's fragment mode is kept).
+    /// packet-ins of `controller` actions and table-miss flows (SET_ASYNC: no port status; the
+    /// flow-removed reasons the per-policy counters need, as [`Switch::enable_flow_removed`]
+    /// asks), and a non-zero `miss_send_len` (the bridge's fragment mode is kept).
     /// Behind one barrier; a refusal is an error. Per connection: call again after a reconnect.
     pub async fn enable_packet_ins(&self, miss_send_len: u16) -> Result<(), SwitchError> {
         let _config = self.inner.config.lock().await;
@@ -99,10 +100,27 @@ impl Switch {
         // OFPR_NO_MATCH too: OVS reports a controller action in a table-miss flow as an
         // explicit miss, which OF1.3 calls no_match.
         let both = (1 << openflow::controller::OFPR_NO_MATCH) | (1 << openflow::controller::OFPR_ACTION);
-        let asynch = AsyncConfig { packet_in: [both, both], ..AsyncConfig::default() };
+        let asynch = AsyncConfig { packet_in: [both, both], ..async_base() };
         self.send_covered(vec![
             Message::SetPacketInFormat(NXPIF_NXT_PACKET_IN2),
             Message::SetAsync(asynch),
+            Message::SetConfig(cfg),
+        ])
+        .await
+    }
+
+    /// Asks for OFPT_FLOW_REMOVED on this (service) connection, for the per-policy counters:
+    /// SET_ASYNC with the flow-removed reasons (and the packet-ins the audit log asks for, so
+    /// neither undoes the other) and a non-zero `miss_send_len` (OVS sends a service
+    /// connection no asynchronous message while it is 0), the current one kept if set. Behind
+    /// one barrier. Per connection: call again after a reconnect.
+    pub async fn enable_flow_removed(&self) -> Result<(), SwitchError> {
+        let _config = self.inner.config.lock().await;
+        let mut cfg = self.get_config().await?;
+        cfg.miss_send_len = cfg.miss_send_len.max(1);
+        let both = (1 << openflow::controller::OFPR_NO_MATCH) | (1 << openflow::controller::OFPR_ACTION);
+        self.send_covered(vec![
+            Message::SetAsync(AsyncConfig { packet_in: [both, both], ..async_base() }),
             Message::SetConfig(cfg),
         ])
         .await
@@ -145,6 +163,14 @@ impl Switch {
             None => Ok(()),
         }
     }
+}
+
+/// What every SET_ASYNC of the agent asks for besides packet-ins: no port status; the
+/// flow-removed messages of deleted and timed-out flows (only the NetworkPolicy counting flows
+/// set `send_flow_rem`).
+fn async_base() -> AsyncConfig {
+    let removed = (1 << openflow::OFPRR_IDLE_TIMEOUT) | (1 << openflow::OFPRR_HARD_TIMEOUT) | (1 << openflow::OFPRR_DELETE);
+    AsyncConfig { flow_removed: [removed, removed], ..AsyncConfig::default() }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use openflow::{FlowMod, FlowModCommand, FlowModHead, FlowStats, Instruction};
+use openflow::{FlowMod, FlowModCommand, FlowModFlags, FlowModHead, FlowStats, Instruction};
 
 use crate::model::Vnid;
 use crate::pipeline::{Flow, FlowKey};
@@ -457,7 +457,7 @@ impl InstalledState {
                 Change::Add { flow, cookie } => {
                     self.flows.insert(flow.key.clone(), InstalledFlow { cookie: *cookie, instructions: flow.instructions.clone() });
                 }
-                Change::Modify { flow } => {
+                Change::Modify { flow, .. } => {
                     if let Some(f) = self.flows.get_mut(&flow.key) {
                         f.instructions = flow.instructions.clone();
                     }
@@ -478,8 +478,9 @@ const EMPTY_MATCH: [u8; 8] = [0, 1, 0, 4, 0, 0, 0, 0];
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     Add { flow: Compiled, cookie: u64 },
-    /// MODIFY_STRICT: new instructions, counters kept.
-    Modify { flow: Compiled },
+    /// MODIFY_STRICT: new instructions, counters kept. `cookie` is the flow's (unchanged: a
+    /// MODIFY never changes a cookie on OF1.3); it decides the flags, as for an ADD.
+    Modify { flow: Compiled, cookie: u64 },
     /// DELETE_STRICT, filtered by the installed cookie so it is a no-op if someone else replaced
     /// the flow meanwhile.
     Delete { key: FlowKey, cookie: u64 },
@@ -501,7 +502,7 @@ impl Change {
     /// The flow the change is about (`None` for DeleteAll).
     pub fn key(&self) -> Option<&FlowKey> {
         match self {
-            Change::Add { flow, .. } | Change::Modify { flow } => Some(&flow.key),
+            Change::Add { flow, .. } | Change::Modify { flow, .. } => Some(&flow.key),
             Change::Delete { key, .. } => Some(key),
             Change::DeleteAll => None,
         }
@@ -518,7 +519,7 @@ impl Change {
         FlowMod::FIXED_LEN
             + self.key().map_or(EMPTY_MATCH.len(), |k| k.match_bytes.len())
             + match self {
-                Change::Add { flow, .. } | Change::Modify { flow } => flow.instructions.len(),
+                Change::Add { flow, .. } | Change::Modify { flow, .. } => flow.instructions.len(),
                 Change::Delete { .. } | Change::DeleteAll => 0,
             }
     }
@@ -534,9 +535,14 @@ impl Change {
         let ins: &[u8] = match self {
             Change::Add { flow, cookie } => {
                 h.cookie = *cookie;
+                h.flags = flags_for(key.table, *cookie);
                 &flow.instructions
             }
-            Change::Modify { flow } => &flow.instructions,
+            Change::Modify { flow, cookie } => {
+                // OVS gives the modified flow the FLOW_MOD's flags: repeat them.
+                h.flags = flags_for(key.table, *cookie);
+                &flow.instructions
+            }
             Change::Delete { cookie, .. } => {
                 h.cookie = *cookie;
                 h.cookie_mask = u64::MAX;
@@ -550,6 +556,24 @@ impl Change {
     /// The typed FLOW_MOD (for display and tests).
     pub fn to_flow_mod(&self) -> Result<FlowMod, openflow::DecodeError> {
         FlowMod::decode(&self.body())
+    }
+}
+
+/// The tables whose NetworkPolicy flows carry the per-policy counts (ingress 80, egress 27).
+pub const COUNTING_TABLES: [u8; 2] = [80, 27];
+
+/// Whether a flow of `table` with `cookie` sends OFPT_FLOW_REMOVED when it goes: the
+/// NetworkPolicy flows of the counting tables do, so the per-policy counters get what a flow
+/// counted after their last read when a policy change deletes or replaces it.
+pub fn sends_flow_removed(table: u8, cookie: u64) -> bool {
+    COUNTING_TABLES.contains(&table) && (cookie >> 56) as u8 == Owner::NetworkPolicy { namespace: String::new() }.kind()
+}
+
+fn flags_for(table: u8, cookie: u64) -> FlowModFlags {
+    if sends_flow_removed(table, cookie) {
+        FlowModFlags::SEND_FLOW_REM
+    } else {
+        FlowModFlags::empty()
     }
 }
 
@@ -567,6 +591,21 @@ pub struct Plan {
 impl Plan {
     pub fn is_empty(&self) -> bool {
         self.changes.is_empty()
+    }
+
+    /// Whether applying the plan to `installed` takes away a flow that carries per-policy
+    /// counts ([`sends_flow_removed`]): deletes it, re-adds it under another cookie (a new
+    /// flow for the switch), or clears the tables. A MODIFY keeps the flow and its counts.
+    pub fn removes_counting_flows(&self, installed: &InstalledState) -> bool {
+        self.changes.iter().any(|c| match c {
+            Change::Delete { key, cookie } => sends_flow_removed(key.table, *cookie),
+            Change::Add { flow, cookie } => installed
+                .flows
+                .get(&flow.key)
+                .is_some_and(|i| i.cookie != *cookie && sends_flow_removed(flow.key.table, i.cookie)),
+            Change::Modify { .. } => false,
+            Change::DeleteAll => installed.flows.iter().any(|(k, i)| sends_flow_removed(k.table, i.cookie)),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -632,7 +671,7 @@ fn change_for(flow: &Compiled, cookie: u64, installed: Option<&InstalledFlow>) -
         // MODIFY never changes a cookie on OF1.3: re-ADD to move the flow to its new owner or
         // generation.
         Some(i) if i.cookie != cookie => Some(Change::Add { flow: flow.clone(), cookie }),
-        Some(i) if i.instructions != flow.instructions => Some(Change::Modify { flow: flow.clone() }),
+        Some(i) if i.instructions != flow.instructions => Some(Change::Modify { flow: flow.clone(), cookie }),
         Some(_) => None,
     }
 }
@@ -719,7 +758,7 @@ fn change_for_key(key: &FlowKey, instructions: &Arc<[u8]>, cookie: u64, installe
     match installed {
         None => Some(Change::Add { flow: flow(), cookie }),
         Some(i) if i.cookie != cookie => Some(Change::Add { flow: flow(), cookie }),
-        Some(i) if i.instructions != *instructions => Some(Change::Modify { flow: flow() }),
+        Some(i) if i.instructions != *instructions => Some(Change::Modify { flow: flow(), cookie }),
         Some(_) => None,
     }
 }
@@ -769,10 +808,34 @@ mod tests {
         let c = Compiled::compile(&fl);
         let add = Change::Add { flow: c.clone(), cookie: 0x42 };
         assert_eq!(add.to_flow_mod().unwrap(), fl.add(0x42));
-        assert_eq!(Change::Modify { flow: c.clone() }.to_flow_mod().unwrap(), fl.modify_strict());
+        assert_eq!(Change::Modify { flow: c.clone(), cookie: 0 }.to_flow_mod().unwrap(), fl.modify_strict());
         let del = Change::Delete { key: c.key.clone(), cookie: 9 }.to_flow_mod().unwrap();
         assert_eq!(del, FlowMod::delete_strict(fl.table.id(), 7, fl.match_.clone()).with_cookie(9, u64::MAX));
         assert_eq!(c.to_string(), fl.to_string());
+    }
+
+    /// Only a NetworkPolicy flow of tables 80/27 that goes (deleted, re-added under another
+    /// cookie, cleared) is a removal the per-policy counters wait for; a MODIFY keeps it.
+    #[test]
+    fn removals_of_counting_flows() {
+        let np = Owner::NetworkPolicy { namespace: "ns".into() };
+        let pod = Owner::Pod { namespace: "ns".into(), name: "a".into() };
+        let counting = Compiled::compile(&Flow::new(Table::Policy, 150, Match::any().reg(0, 7), vec![Action::output(3)], None));
+        let other = Compiled::compile(&f(7, 3));
+        let mut installed = InstalledState::default();
+        let plan = |changes: Vec<Change>| Plan { changes, ..Plan::default() };
+        installed.apply(&plan(vec![
+            Change::Add { flow: counting.clone(), cookie: np.cookie(1) },
+            Change::Add { flow: other.clone(), cookie: pod.cookie(1) },
+        ]));
+        let removes = |c: Change| plan(vec![c]).removes_counting_flows(&installed);
+        assert!(removes(Change::Delete { key: counting.key.clone(), cookie: np.cookie(1) }));
+        assert!(!removes(Change::Delete { key: other.key.clone(), cookie: pod.cookie(1) }));
+        assert!(removes(Change::Add { flow: counting.clone(), cookie: np.cookie(2) }), "a new generation is a new flow");
+        assert!(!removes(Change::Add { flow: other.clone(), cookie: pod.cookie(2) }));
+        assert!(!removes(Change::Modify { flow: counting.clone(), cookie: np.cookie(1) }));
+        assert!(removes(Change::DeleteAll));
+        assert!(!plan(vec![Change::DeleteAll]).removes_counting_flows(&InstalledState::default()));
     }
 
     #[test]
