@@ -6,13 +6,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Documents other work in flight links to before they exist. Each name is removed from this
-/// list by whoever lands the file; a link to any other missing file fails.
-const NOT_YET_WRITTEN: &[&str] = &[
-    // the per-policy counters and the audit log (issue 32 item 8)
-    "docs/networkpolicy-counters.md",
-];
-
 /// The README's length budget: what a newcomer reads in five minutes.
 const README_MAX_LINES: usize = 200;
 
@@ -145,9 +138,7 @@ fn every_relative_link_resolves() {
             let place = format!("{}:{line}: {target}", relative_to_repo(&std::fs::canonicalize(&doc).unwrap()));
             checked += 1;
             if !file.exists() {
-                if !NOT_YET_WRITTEN.contains(&name.as_str()) {
-                    broken.push(format!("{place}: no file {name}"));
-                }
+                broken.push(format!("{place}: no file {name}"));
                 continue;
             }
             assert!(
@@ -164,14 +155,6 @@ fn every_relative_link_resolves() {
     }
     assert!(checked > 20, "only {checked} links found: is the link parser broken?");
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
-}
-
-#[test]
-fn the_allow_list_names_only_missing_files() {
-    // Once a listed document lands, its name must leave NOT_YET_WRITTEN, so that a later broken
-    // link to it is caught.
-    let landed: Vec<&str> = NOT_YET_WRITTEN.iter().copied().filter(|n| repo().join(n).exists()).collect();
-    assert!(landed.is_empty(), "these exist now; remove them from NOT_YET_WRITTEN: {landed:?}");
 }
 
 /// The commands a `--help` output lists (the lines under `Commands:`).
