@@ -55,9 +55,10 @@ enum Cmd {
     /// switch holds exactly the desired flows, 2 if some objects were rejected (the rest is
     /// applied), 1 on failure.
     Apply(ApplyOptions),
-    /// Keep the switch equal to a state file for as long as it runs: converges at start,
-    /// re-applies when the file changes (a file that fails to parse keeps the last good
-    /// state), reconnects to ovs-vswitchd and ovsdb-server when they restart and replays what
+    /// Keep the switch equal to a state file for as long as it runs: checks its flags and
+    /// files first (a bad one exits 1 with one line, before any write), converges, re-applies
+    /// when the file changes (once running, a file that fails to parse keeps the last good
+    /// state, and a rejected object its last good version), reconnects to ovs-vswitchd and ovsdb-server when they restart and replays what
     /// they lost. Stops on SIGTERM/SIGINT, leaving flows installed.
     Run(Box<RunArgs>),
     /// Client for the pod API of a running agent.
