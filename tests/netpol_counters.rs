@@ -327,7 +327,18 @@ async fn a_one_way_udp_stream_counts_and_logs_once_per_direction_and_denied_data
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     // A meter generous enough that a stream judged datagram by datagram would show in the log.
-    let args = ["--metrics-addr", METRICS, "--policy-stats-interval", INTERVAL, "--audit-log", log.to_str().unwrap(), "--audit-rate", "1000", "--audit-burst", "1000"];
+    let args = [
+        "--metrics-addr",
+        METRICS,
+        "--policy-stats-interval",
+        INTERVAL,
+        "--audit-log",
+        log.to_str().unwrap(),
+        "--audit-rate",
+        "1000",
+        "--audit-burst",
+        "1000",
+    ];
     let node = CniNode::start_with(UDP_STATE, &args).await;
     let (client_ns, server_ns) = (PodNs::new("client"), PodNs::new("server"));
     let r = node.cni("add", "client", "c1", &container(1), &client_ns.path());
@@ -374,7 +385,8 @@ async fn a_one_way_udp_stream_counts_and_logs_once_per_direction_and_denied_data
     let m = in_netns(&client_ns.name, || UdpSocket::bind("0.0.0.0:0")).await.unwrap();
     let marker = SocketAddr::from((client, m.local_addr().unwrap().port()));
     m.send_to(b"m", (server, 5000)).unwrap();
-    let text = settle(&node, &[(udp_in.clone(), 2), (udp_out.clone(), 3), (drop_in.clone(), 10), (drop_out.clone(), 5)]).await;
+    let text =
+        settle(&node, &[(udp_in.clone(), 2), (udp_out.clone(), 3), (drop_in.clone(), 10), (drop_out.clone(), 5)]).await;
     let got = seen.lock().unwrap().get(&src).copied().unwrap_or(0);
     eprintln!("one-way stream: {got} of 1000 datagrams arrived");
     assert!(got >= 100, "the stream passed ({got} of 1000 arrived)\n{text}");
@@ -387,11 +399,16 @@ async fn a_one_way_udp_stream_counts_and_logs_once_per_direction_and_denied_data
     }
     let all = audit_lines(&log);
     let of = |dir: &str, port: u16| -> Vec<&serde_json::Value> {
-        all.iter().filter(|v| v["src"] == src.to_string() && v["direction"] == dir && v["dst"] == format!("{server}:{port}")).collect()
+        all.iter()
+            .filter(|v| v["src"] == src.to_string() && v["direction"] == dir && v["dst"] == format!("{server}:{port}"))
+            .collect()
     };
     let (ingress, egress) = (of("ingress", 5000), of("egress", 5000));
     assert_eq!((ingress.len(), egress.len()), (1, 1), "the stream once per direction:\n{all:#?}");
-    assert_eq!((ingress[0]["verdict"].as_str(), ingress[0]["policy"].as_str(), ingress[0]["proto"].as_str()), (Some("allow"), Some("isolated/udp-in"), Some("udp")));
+    assert_eq!(
+        (ingress[0]["verdict"].as_str(), ingress[0]["policy"].as_str(), ingress[0]["proto"].as_str()),
+        (Some("allow"), Some("isolated/udp-in"), Some("udp"))
+    );
     assert_eq!((egress[0]["verdict"].as_str(), egress[0]["policy"].as_str()), (Some("allow"), Some("client/udp-out")));
     assert_eq!(of("egress", 5001).len(), 1, "5001 allowed once on egress:\n{all:#?}");
     assert!(of("ingress", 5001).is_empty(), "5001 is denied on ingress (and deny is not logged):\n{all:#?}");

@@ -30,8 +30,8 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use openflow::flow_match::ct_state;
 use openflow::field;
+use openflow::flow_match::ct_state;
 use openflow::{Action, Ct, CtZone, Ipv4Match, MacAddr, Masked, Match, NxmField, SetField, Subfield};
 
 use super::{cidr, host, load, output, Flow, NodeConfig, Reg, Table};
@@ -131,7 +131,10 @@ pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
         Flow::new(
             Table::Routing,
             250,
-            Match { ct_mark: Some(has_mark(VIA_HOST_MARK)), ..to_local().ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK) },
+            Match {
+                ct_mark: Some(has_mark(VIA_HOST_MARK)),
+                ..to_local().ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK)
+            },
             vec![Action::SetField(SetField::EthDst(tun0_mac(cfg.gateway()))), output(OfPort::TUN)],
             None,
         ),

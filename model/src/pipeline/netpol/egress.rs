@@ -24,7 +24,10 @@
 //!
 //! Why a lookup, then a commit after the verdict: a denied connection must leave no conntrack
 //! entry, or its peer's packets would be taken for replies (table 80's priority-200 flow) and
-//! reach the pod. A Service connection is judged by its endpoint: the packet to the Service's
+//! reach the pod. The allowed entries of table 27 commit too, after their verdict, only to set
+//! `ct_mark` bit 0x4 ([`via_host::EGRESS_ALLOWED_MARK`]: UDP so marked passes table 27 at 200,
+//! as a one-way stream is never `+est`); table 28 then commits the same entry again (its
+//! via-host bit is set masked, keeping 0x4). A Service connection is judged by its endpoint: the packet to the Service's
 //! address passes table 27 (and is committed, as every pod's Service traffic is, so that the
 //! un-NATed reply is known), the node's DNAT sends it back through tun0 with the endpoint's
 //! address, and table 25 sends it to table 27 again. An endpoint outside the cluster network

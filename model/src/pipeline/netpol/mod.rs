@@ -157,8 +157,16 @@ impl Side {
     pub fn allow_logged(self, priority: u16, m: Match, log: Option<openflow::Action>) -> Flow {
         let mark = super::via_host::commit_mark(self.allowed_mark());
         match self {
-            Side::Ingress => Flow::new(Table::Policy, priority, m, log.into_iter().chain([mark, output_reg2()]).collect(), None),
-            Side::Egress => Flow::new(Table::PolicyEgress, priority, m, log.into_iter().chain([mark]).collect(), Some(Table::PolicyEgressCommit)),
+            Side::Ingress => {
+                Flow::new(Table::Policy, priority, m, log.into_iter().chain([mark, output_reg2()]).collect(), None)
+            }
+            Side::Egress => Flow::new(
+                Table::PolicyEgress,
+                priority,
+                m,
+                log.into_iter().chain([mark]).collect(),
+                Some(Table::PolicyEgressCommit),
+            ),
         }
     }
 
@@ -393,7 +401,9 @@ pub(crate) fn established(table: Table, proto: openflow::IpProto, actions: Vec<o
 pub(crate) fn allowed_udp(side: Side, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
     let m = Match {
         ct_mark: Some(super::via_host::has_mark(side.allowed_mark())),
-        ..Match::any().ipv4(Ipv4Match { proto: Some(openflow::IpProto::Udp { dst: None }), ..Default::default() }).ct_state(ct_state::TRK, ct_state::TRK)
+        ..Match::any()
+            .ipv4(Ipv4Match { proto: Some(openflow::IpProto::Udp { dst: None }), ..Default::default() })
+            .ct_state(ct_state::TRK, ct_state::TRK)
     };
     Flow::new(side.table(), REPLY_PRIORITY, m, actions, goto)
 }
