@@ -390,6 +390,23 @@ async fn a_one_way_udp_stream_counts_and_logs_once_per_direction_and_denied_data
     let got = seen.lock().unwrap().get(&src).copied().unwrap_or(0);
     eprintln!("one-way stream: {got} of 1000 datagrams arrived");
     assert!(got >= 100, "the stream passed ({got} of 1000 arrived)\n{text}");
+    // What passed them: table 80's marked-UDP flow took every one the pod got but the first
+    // (the switch's statistics, read after the counters settled).
+    let marked = |table: u8, mark: &str| -> u64 {
+        let out = support::ofctl(&node.sb, &["dump-flows", "br0", &format!("table={table}")]);
+        let line =
+            out.lines().find(|l| l.contains(&format!("ct_mark={mark}/{mark},udp"))).expect("the marked-UDP flow");
+        line.split("n_packets=")
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .expect("n_packets")
+    };
+    let passed = marked(80, "0x2");
+    assert!((got - 1..=999).contains(&passed), "table 80's marked-UDP flow passed {passed}, the pod got {got}");
+    // Table 27's: the stream's later datagrams and those to 5001 (egress allowed them once).
+    let passed = marked(27, "0x4");
+    assert!((got - 1 + 9..=999 + 9).contains(&passed), "table 27's marked-UDP flow passed {passed}, the pod got {got}");
 
     // The log: the marker's two lines (ingress, egress) come after everything the stream sent.
     let end = Instant::now() + WAIT;
