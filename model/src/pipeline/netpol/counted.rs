@@ -15,10 +15,13 @@
 //! - An isolated pod's drop (priority 100) counts the packets dropped for that pod and
 //!   direction.
 //!
-//! What the numbers mean: tables 80 and 27 pass replies and established TCP and UDP connections
-//! at priority 200, before any of these flows, so an allowed flow sees a TCP or UDP
-//! connection's first packet only (one per new connection; SCTP, ICMP and others packet by
-//! packet), while a drop sees every packet it drops (a retransmitted SYN is counted again).
+//! What the numbers mean: tables 80 and 27 pass replies, established TCP and UDP connections
+//! and UDP whose entry an allowed flow marked (`ct_mark`, see [`super::Side::allow_logged`]:
+//! a one-way stream is never `+est`) at priority 200, before any of these flows, so an allowed
+//! flow sees a TCP or UDP connection's first packet only (one per new connection; SCTP, ICMP
+//! and others packet by packet), while a drop sees every packet it drops (a retransmitted SYN
+//! is counted again). The priority-200 flows are the plugin's, not a namespace's: they count
+//! nothing.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;

@@ -29,7 +29,7 @@
 //! connection's conntrack entry (committed already by table 21 or 30), so that the marked-UDP
 //! flow at 200 passes a one-way UDP stream's later datagrams: the policy flows, whose
 //! statistics are the per-policy connection counters ([`counted`]) and which carry the audit
-//! log's copy, see it once ([`Side::allow_logged`], [`allowed_udp`]). Table 27 does the same
+//! log's copy, see it once ([`Side::allow_logged`], `allowed_udp`). Table 27 does the same
 //! with bit 0x4 ([`egress`]). The datagrams the switch handles in one batch with the first,
 //! before its verdict is committed, are judged too (a burst, at most a batch).
 //!
@@ -148,7 +148,7 @@ impl Side {
     /// [`super::audit::log_action`]).
     ///
     /// The mark (`ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[n]))`) is what lets a one-way
-    /// UDP stream, never `+est`, pass [`allowed_udp`] after its first datagram, so that it is
+    /// UDP stream, never `+est`, pass `allowed_udp` after its first datagram, so that it is
     /// counted and logged once. It is on every allowed entry, whatever its protocol: many
     /// match `ip` (any protocol), and a UDP-only commit would need a `udp` twin of each of
     /// them (and of their conjunctions); for the other protocols the commit only sets a bit
