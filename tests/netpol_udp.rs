@@ -99,6 +99,17 @@ async fn a_one_way_udp_stream_meets_each_nodes_policy_flows_once() {
         let r = n.apply(&netpol_state::state_json(&c, n.name(), namespaces(), &pods, &policies)).await;
         assert!(r.problems.is_empty() && r.warnings.is_empty(), "node {}: {r:?}", n.name());
     }
+    // The switch gives the marks back as they were sent (`load:…->NXM_NX_CT_MARK[n]` inside
+    // `ct(exec(...))`, masked matches): a second apply finds nothing to change.
+    for n in c.nodes() {
+        let r = n.apply(&netpol_state::state_json(&c, n.name(), namespaces(), &pods, &policies)).await;
+        assert_eq!(
+            (r.adds, r.modifies, r.deletes),
+            (0, 0, 0),
+            "node {}: a second apply changed flows: {r:?}",
+            n.name()
+        );
+    }
     let (a, b) = (c.node("a"), c.node("b"));
     // The policies' own flows: node a's egress rule (table 27), node b's ingress rule (table
     // 80), both plain flows (one pod, one port each), and node b's drop for s1.
