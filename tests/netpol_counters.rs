@@ -336,4 +336,157 @@ async fn settle_at(node: &CniNode, addr: &str, want: &[(String, u64)]) -> String
         assert_eq!(value(&text, s), Some(*v), "{s} moved on\n{text}");
     }
     text
+
+/// One-way UDP (issue 32 item 8b): a stream that never gets a reply is never `+est` in
+/// conntrack; the allowed policy flow marks its conntrack entry (`ct_mark` bit 0x2 ingress,
+/// 0x4 egress) and table 80/27 pass marked UDP before any policy flow, so the stream is
+/// counted, and logged, once per direction, however many datagrams follow.
+const UDP_STATE: &str = r#"
+node: node-a
+plugin: networkpolicy
+clusterNetwork: 10.128.0.0/14
+serviceNetwork: 172.30.0.0/16
+mtu: 1450
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/23}
+netNamespaces:
+  - {name: isolated, netid: 11}
+  - {name: client, netid: 13}
+networkPolicies:
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: udp-in, namespace: isolated, annotations: {sdn-node.openshift.io/audit-log: allow}}, spec: {podSelector: {}, ingress: [{from: [{namespaceSelector: {}}], ports: [{protocol: UDP, port: 5000}]}]}}
+  - {apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {name: udp-out, namespace: client, annotations: {sdn-node.openshift.io/audit-log: allow}}, spec: {podSelector: {}, policyTypes: [Egress], egress: [{ports: [{protocol: UDP, port: 5000, endPort: 5001}]}]}}
+"#;
+
+/// The audit log's lines.
+fn audit_lines(path: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line: {l}: {e}")))
+        .collect()
+}
+
+/// A UDP receiver counting datagrams per source.
+fn udp_sink(u: UdpSocket) -> std::sync::Arc<std::sync::Mutex<std::collections::HashMap<SocketAddr, u64>>> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashMap::new()));
+    let s = seen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        while let Ok((_, from)) = u.recv_from(&mut buf) {
+            *s.lock().unwrap().entry(from).or_insert(0) += 1;
+        }
+    });
+    seen
+}
+
+#[tokio::test]
+async fn a_one_way_udp_stream_counts_and_logs_once_per_direction_and_denied_datagrams_drop_every_time() {
+    if !can_run() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("audit.log");
+    // A meter generous enough that a stream judged datagram by datagram would show in the log.
+    let args = [
+        "--metrics-addr",
+        METRICS,
+        "--policy-stats-interval",
+        INTERVAL,
+        "--audit-log",
+        log.to_str().unwrap(),
+        "--audit-rate",
+        "1000",
+        "--audit-burst",
+        "1000",
+    ];
+    let node = CniNode::start_with(UDP_STATE, &args).await;
+    let (client_ns, server_ns) = (PodNs::new("client"), PodNs::new("server"));
+    let r = node.cni("add", "client", "c1", &container(1), &client_ns.path());
+    assert!(r.ok(), "client ADD: {:?}\n{}", r.out, node.log());
+    let client: Ipv4Addr = r.addr().parse().unwrap();
+    let r = node.cni("add", "isolated", "s1", &container(2), &server_ns.path());
+    assert!(r.ok(), "server ADD: {:?}\n{}", r.out, node.log());
+    let server: Ipv4Addr = r.addr().parse().unwrap();
+    let seen = udp_sink(in_netns(&server_ns.name, || UdpSocket::bind(("0.0.0.0", 5000))).await.expect("bind 5000"));
+    let (udp_in, udp_out) = (conns("isolated", "udp-in", "ingress"), conns("client", "udp-out", "egress"));
+    let (drop_in, drop_out) = (drops("isolated", "ingress"), drops("client", "egress"));
+    settle(&node, &[(udp_in.clone(), 0), (udp_out.clone(), 0), (drop_in.clone(), 0), (drop_out.clone(), 0)]).await;
+
+    // The stream: 1,000 datagrams from one socket (one 5-tuple) to 5000, which both
+    // directions allow. The first alone, until it arrives: datagrams the switch handles in
+    // one batch with the first, before its verdict is committed, are judged too (see
+    // docs/networkpolicy.md); the first also resolves ARP, whose queue would be such a burst.
+    let s = in_netns(&client_ns.name, || UdpSocket::bind("0.0.0.0:0")).await.unwrap();
+    let src = SocketAddr::from((client, s.local_addr().unwrap().port()));
+    s.send_to(&0u32.to_be_bytes(), (server, 5000)).unwrap();
+    let end = Instant::now() + WAIT;
+    while seen.lock().unwrap().get(&src).copied().unwrap_or(0) == 0 {
+        assert!(Instant::now() < end, "the first datagram never arrived\n{}", node.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 1..1000u32 {
+        s.send_to(&i.to_be_bytes(), (server, 5000)).unwrap();
+        if i % 100 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // Egress allows 5001, ingress does not: each datagram reaches table 80 and is dropped
+    // there (the egress mark of the shared conntrack entry does not pass table 80).
+    for i in 0..10u32 {
+        s.send_to(&i.to_be_bytes(), (server, 5001)).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Egress denies 6000: dropped in table 27 every time.
+    for i in 0..5u32 {
+        s.send_to(&i.to_be_bytes(), (server, 6000)).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A marker: another socket's datagram to 5000, a new connection in both directions.
+    let m = in_netns(&client_ns.name, || UdpSocket::bind("0.0.0.0:0")).await.unwrap();
+    let marker = SocketAddr::from((client, m.local_addr().unwrap().port()));
+    m.send_to(b"m", (server, 5000)).unwrap();
+    let text =
+        settle(&node, &[(udp_in.clone(), 2), (udp_out.clone(), 3), (drop_in.clone(), 10), (drop_out.clone(), 5)]).await;
+    let got = seen.lock().unwrap().get(&src).copied().unwrap_or(0);
+    eprintln!("one-way stream: {got} of 1000 datagrams arrived");
+    assert!(got >= 100, "the stream passed ({got} of 1000 arrived)\n{text}");
+    // What passed them: table 80's marked-UDP flow took every one the pod got but the first
+    // (the switch's statistics, read after the counters settled).
+    let marked = |table: u8, mark: &str| -> u64 {
+        let out = support::ofctl(&node.sb, &["dump-flows", "br0", &format!("table={table}")]);
+        let line =
+            out.lines().find(|l| l.contains(&format!("ct_mark={mark}/{mark},udp"))).expect("the marked-UDP flow");
+        line.split("n_packets=")
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .expect("n_packets")
+    };
+    let passed = marked(80, "0x2");
+    assert!((got - 1..=999).contains(&passed), "table 80's marked-UDP flow passed {passed}, the pod got {got}");
+    // Table 27's: the stream's later datagrams and those to 5001 (egress allowed them once).
+    let passed = marked(27, "0x4");
+    assert!((got - 1 + 9..=999 + 9).contains(&passed), "table 27's marked-UDP flow passed {passed}, the pod got {got}");
+
+    // The log: the marker's two lines (ingress, egress) come after everything the stream sent.
+    let end = Instant::now() + WAIT;
+    while audit_lines(&log).iter().filter(|v| v["src"] == marker.to_string()).count() < 2 {
+        assert!(Instant::now() < end, "the marker's allow lines\n{:#?}\n{}", audit_lines(&log), node.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let all = audit_lines(&log);
+    let of = |dir: &str, port: u16| -> Vec<&serde_json::Value> {
+        all.iter()
+            .filter(|v| v["src"] == src.to_string() && v["direction"] == dir && v["dst"] == format!("{server}:{port}"))
+            .collect()
+    };
+    let (ingress, egress) = (of("ingress", 5000), of("egress", 5000));
+    assert_eq!((ingress.len(), egress.len()), (1, 1), "the stream once per direction:\n{all:#?}");
+    assert_eq!(
+        (ingress[0]["verdict"].as_str(), ingress[0]["policy"].as_str(), ingress[0]["proto"].as_str()),
+        (Some("allow"), Some("isolated/udp-in"), Some("udp"))
+    );
+    assert_eq!((egress[0]["verdict"].as_str(), egress[0]["policy"].as_str()), (Some("allow"), Some("client/udp-out")));
+    assert_eq!(of("egress", 5001).len(), 1, "5001 allowed once on egress:\n{all:#?}");
+    assert!(of("ingress", 5001).is_empty(), "5001 is denied on ingress (and deny is not logged):\n{all:#?}");
 }

@@ -428,9 +428,9 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
         seen.push(ours);
     }
     for want in [
-        "priority=150,sctp,nw_dst=10.128.2.5,tp_dst=7000 actions=output:NXM_NX_REG2[]",
-        "priority=150,sctp,nw_src=10.128.0.0/16,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=output:NXM_NX_REG2[]",
-        "priority=150,sctp,nw_src=10.129.0.0/16,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]",
+        "priority=150,sctp,nw_dst=10.128.2.5,tp_dst=7000 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]",
+        "priority=150,sctp,nw_src=10.128.0.0/16,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]",
+        "priority=150,sctp,nw_src=10.129.0.0/16,nw_dst=10.128.2.5 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]",
     ] {
         assert!(seen.iter().any(|s| s == want), "missing {want}\n{}", seen.join("\n"));
     }

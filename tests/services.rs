@@ -296,7 +296,7 @@ async fn networkpolicy_applies_to_service_traffic() {
     assert!(bad.is_empty(), "ipBlock: {bad:#?}\n{}", s.diagnostics().await);
     // Egress is judged by the endpoint, after the DNAT: team-c may send only to team-b's
     // pods (namespaceSelector) — its Service connections pass, as do team-a's (no policy).
-    let goto = |dst: &str, port: &str| format!("nw_dst={}{port} actions=goto_table:28", s.ip(dst));
+    let goto = |dst: &str, port: &str| format!("nw_dst={}{port} actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[2])),goto_table:28", s.ip(dst));
     s.set_policies(&egress_of_team_c("{namespaceSelector: {matchLabels: {team: b}}}"), Some(&goto("b-tb", ""))).await;
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "team-c egress to team-b: {bad:#?}\n{}", s.diagnostics().await);

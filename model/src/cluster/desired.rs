@@ -484,11 +484,11 @@ mod tests {
         has("table=21, priority=200,ip,nw_dst=10.128.0.0/14 actions=ct(commit,table=30,zone=64000)");
         has("table=21, priority=200,ip,nw_dst=172.30.0.0/16 actions=ct(commit,table=30,zone=64000)");
         // db's Service connections coming back from the node get its VNID (11: team-a).
-        has("table=25, priority=100,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))");
+        has("table=25, priority=100,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[0]))");
         has("table=60, priority=200 actions=output:2");
         // db: the named port sql (5432) from web pods (local and remote), 5000-5500 from api.
-        has("table=80, priority=150,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
-        has("table=80, priority=150,tcp,nw_src=10.129.0.8,nw_dst=10.128.2.5,tp_dst=5432 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=150,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,tp_dst=5432 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
+        has("table=80, priority=150,tcp,nw_src=10.129.0.8,nw_dst=10.128.2.5,tp_dst=5432 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
         // 5000-5500 from api (two pods, eleven port prefixes): a conjunction of three clauses
         // (sources; the pod; the ports and the later-fragment twin), 2 + 1 + 12 + 1 flows.
         let id = crate::pipeline::netpol::conj_id(Vnid::new(11).unwrap(), "team-a", "db-from-web", 1, &[crate::pipeline::netpol::Dst::Ports { proto: crate::pipeline::netpol::L4::Tcp, start: 5000, end: 5500 }]);
@@ -496,18 +496,18 @@ mod tests {
         has(&format!("table=80, priority=150,ip,nw_dst=10.128.2.5 actions=conjunction({id},2/3)"));
         has(&format!("table=80, priority=150,tcp,reg1=0xb,tp_dst=0x1388/0xfff8 actions=conjunction({id},3/3)"));
         has(&format!("table=80, priority=150,ct_state=-inv+trk,tcp,reg1=0xb,nw_frag=later actions=conjunction({id},3/3)"));
-        has(&format!("table=80, priority=150,conj_id={id},ip,reg1=0xb actions=output:NXM_NX_REG2[]"));
+        has(&format!("table=80, priority=150,conj_id={id},ip,reg1=0xb actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]"));
         // db: SCTP, the named port repl (7000) and 9000-9003 from db pods, every port from team-b.
-        has("table=80, priority=150,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,tp_dst=7000 actions=output:NXM_NX_REG2[]");
-        has("table=80, priority=150,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=output:NXM_NX_REG2[]");
-        has("table=80, priority=150,sctp,reg0=0xc,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=150,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,tp_dst=7000 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
+        has("table=80, priority=150,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,tp_dst=0x2328/0xfffc actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
+        has("table=80, priority=150,sctp,reg0=0xc,nw_dst=10.128.2.5 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
         // Later IP fragments (no ports) of datagrams from a source a port-restricted rule admits.
-        has("table=80, priority=150,ct_state=-inv+trk,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,nw_frag=later actions=output:NXM_NX_REG2[]");
-        has("table=80, priority=150,ct_state=-inv+trk,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,nw_frag=later actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=150,ct_state=-inv+trk,sctp,nw_src=10.128.2.5,nw_dst=10.128.2.5,nw_frag=later actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
+        has("table=80, priority=150,ct_state=-inv+trk,tcp,nw_src=10.128.2.6,nw_dst=10.128.2.5,nw_frag=later actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
         has("table=80, priority=100,ip,nw_dst=10.128.2.5 actions=drop");
         // web: every namespace by VNID, and the block without its except.
-        has("table=80, priority=150,ip,reg0=0xc,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
-        has("table=80, priority=150,ip,nw_src=10.129.1.0/24,nw_dst=10.128.2.6 actions=output:NXM_NX_REG2[]");
+        has("table=80, priority=150,ip,reg0=0xc,nw_dst=10.128.2.6 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
+        has("table=80, priority=150,ip,nw_src=10.129.1.0/24,nw_dst=10.128.2.6 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]");
         assert!(!text.iter().any(|t| t.starts_with("table=80") && t.contains("nw_dst=10.128.2.7")), "team-b's pod is selected by no policy");
         assert!(!text.iter().any(|t| t.starts_with("table=80, priority=100,reg0") || (t.contains("reg1=0xb") && !t.contains("conj"))), "no per-VNID rule");
     }

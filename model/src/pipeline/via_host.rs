@@ -11,7 +11,7 @@
 //! undo it (the client expects the Service's address). VERSION 4 relied on OVS sharing the
 //! kernel's conntrack table with iptables (`ct(nat)` on the reply) — which only the kernel
 //! datapath does. Here the flows remember such connections themselves, so the userspace
-//! datapath works too: table 25 commits them with `ct_mark=1` in our own conntrack zone
+//! datapath works too: table 25 commits them with `ct_mark` bit 0x1 in our own conntrack zone
 //! ([`CT_ZONE`], never the kernel's zone 0 where kube-proxy's NAT entries live: committing
 //! there would clash with them), and table 30 sends replies of marked connections to tun0,
 //! with tun0's MAC as destination so the node's stack accepts them. The node un-NATs the reply
@@ -22,16 +22,17 @@
 //! |---|---|---|---|
 //! | 0 | 400 | `in_port=2,ip,nw_src=<gateway>,nw_dst=<cluster>` | `goto_table:30` (the node itself) |
 //! | 0 | 300 | `in_port=2,ip,nw_src=<local subnet>,nw_dst=<cluster>` | `goto_table:25` |
-//! | 25 | 100 | `ip,nw_src=<pod>` | `load:<VNID>->reg0`, `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=30)` |
+//! | 25 | 100 | `ip,nw_src=<pod>` | `load:<VNID>->reg0`, `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[0]),table=30)` |
 //! | 25 | 0 | | `drop` |
 //! | 30 | 250 | `ct_state=-trk,ip,nw_dst=<local subnet>` | `ct(commit,zone=Z,table=30)` |
-//! | 30 | 250 | `ct_state=+rpl+trk,ct_mark=1,ip,nw_dst=<local subnet>` | `set_field:<tun0 MAC>->eth_dst,output:2` |
+//! | 30 | 250 | `ct_state=+rpl+trk,ct_mark=0x1/0x1,ip,nw_dst=<local subnet>` | `set_field:<tun0 MAC>->eth_dst,output:2` |
 
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
+use openflow::field;
 use openflow::flow_match::ct_state;
-use openflow::{Action, Ct, CtZone, Ipv4Match, MacAddr, Masked, Match, SetField};
+use openflow::{Action, Ct, CtZone, Ipv4Match, MacAddr, Masked, Match, NxmField, SetField, Subfield};
 
 use super::{cidr, host, load, output, Flow, NodeConfig, Reg, Table};
 use crate::model::{OfPort, Vnid};
@@ -41,8 +42,36 @@ use crate::model::{OfPort, Vnid};
 /// packet would clash with kube-proxy's entry for the same connection.
 pub const CT_ZONE: u16 = 64000;
 
-/// `ct_mark` of connections that came back from the node through tun0.
-pub const VIA_HOST_MARK: u32 = 1;
+/// `ct_mark` bit of connections that came back from the node through tun0. Set and matched
+/// masked ([`set_mark`], [`has_mark`]): the same entry may carry NetworkPolicy's bits too
+/// ([`INGRESS_ALLOWED_MARK`], [`EGRESS_ALLOWED_MARK`]).
+pub const VIA_HOST_MARK: u32 = 0x1;
+
+/// `ct_mark` bit of connections an ingress policy flow allowed (table 80): table 80 passes
+/// marked UDP before any policy flow, as it passes established TCP and UDP (a one-way UDP
+/// stream never becomes `+est`). See [`super::netpol`].
+pub const INGRESS_ALLOWED_MARK: u32 = 0x2;
+
+/// `ct_mark` bit of connections an egress policy flow allowed (table 27). Not the ingress bit:
+/// a connection between two pods of one node is one conntrack entry for both tables, and its
+/// source's egress allowing it must not let it past its destination's ingress.
+pub const EGRESS_ALLOWED_MARK: u32 = 0x4;
+
+/// `load:1->NXM_NX_CT_MARK[n]`, `n` the one bit of `mark`: sets that bit and keeps the others
+/// (an exact `set_field:…->ct_mark` would clear them, and OF1.3's SET_FIELD carries no mask:
+/// OVS answers OFPBAC_BAD_SET_MASK; a masked write is NXAST_REG_LOAD, as ovs-ofctl sends
+/// `set_field:0x2/0x2->ct_mark`). Only inside a committing `ct(exec(...))`.
+pub fn set_mark(mark: u32) -> Action {
+    debug_assert!(mark.is_power_of_two());
+    let field = NxmField::Other(field::header(field::CLASS_NXM1, field::NXM1_CT_MARK, 4, false));
+    let bit = mark.trailing_zeros() as u16;
+    Action::RegLoad { dst: Subfield::bits(field, bit, bit).expect("a bit of a 32-bit field"), value: 1 }
+}
+
+/// `ct_mark=<mark>/<mark>`: the connection carries `mark`, whatever its other bits.
+pub fn has_mark(mark: u32) -> Masked<u32> {
+    Masked::new(mark, mark)
+}
 
 /// tun0's MAC: `0a:58:` + the gateway address (the convention pods' MACs follow too), set on
 /// the interface through OVSDB, so flows can address the node's stack without learning it.
@@ -55,10 +84,18 @@ fn ip(src: Option<Ipv4Net>, dst: Option<Ipv4Net>) -> Match {
     Match::any().ipv4(Ipv4Match { src: src.map(cidr), dst: dst.map(cidr), ..Default::default() })
 }
 
-/// `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=T)`: a connection back from the node.
-fn commit_marked(table: Table) -> Action {
+/// `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[0]),table=T)`: a connection back from the
+/// node (table 25, and table 28 for an egress-isolated pod's).
+pub fn commit_marked(table: Table) -> Action {
     let c = Ct::new().zone(CtZone::Imm(CT_ZONE)).table(table.id()).commit();
-    Action::Ct(c.exec(vec![Action::SetField(SetField::CtMark(VIA_HOST_MARK))]))
+    Action::Ct(c.exec(vec![set_mark(VIA_HOST_MARK)]))
+}
+
+/// `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[n]))`: commits the connection with `mark`
+/// set and goes on with the action list (no `table=`: no recirculation; the packet is
+/// untracked for the actions after it, which match nothing of conntrack).
+pub fn commit_mark(mark: u32) -> Action {
+    Action::Ct(Ct::new().zone(CtZone::Imm(CT_ZONE)).commit().exec(vec![set_mark(mark)]))
 }
 
 /// `ct(commit,zone=Z,table=T)`: table 21's commit of a pod's own connections.
@@ -94,7 +131,10 @@ pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
         Flow::new(
             Table::Routing,
             250,
-            Match { ct_mark: Some(Masked::exact(VIA_HOST_MARK)), ..to_local().ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK) },
+            Match {
+                ct_mark: Some(has_mark(VIA_HOST_MARK)),
+                ..to_local().ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK)
+            },
             vec![Action::SetField(SetField::EthDst(tun0_mac(cfg.gateway()))), output(OfPort::TUN)],
             None,
         ),
@@ -133,12 +173,12 @@ mod tests {
                 "priority=300,ip,in_port=2,nw_src=10.128.2.0/23,nw_dst=10.128.0.0/14 actions=goto_table:25",
                 "table=25, priority=0 actions=drop",
                 "table=30, priority=250,ct_state=-trk,ip,nw_dst=10.128.2.0/23 actions=ct(commit,table=30,zone=64000)",
-                "table=30, priority=250,ct_state=+rpl+trk,ct_mark=0x1,ip,nw_dst=10.128.2.0/23 actions=set_field:0a:58:0a:80:02:01->eth_dst,output:2",
+                "table=30, priority=250,ct_state=+rpl+trk,ct_mark=0x1/0x1,ip,nw_dst=10.128.2.0/23 actions=set_field:0a:58:0a:80:02:01->eth_dst,output:2",
             ]
         );
         assert_eq!(
             pod_flow("10.128.2.5".parse().unwrap(), Vnid::new(11).unwrap()).to_string(),
-            "table=25, priority=100,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))"
+            "table=25, priority=100,ip,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],ct(commit,table=30,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[0]))"
         );
     }
 }

@@ -15,10 +15,13 @@
 //! - An isolated pod's drop (priority 100) counts the packets dropped for that pod and
 //!   direction.
 //!
-//! What the numbers mean: tables 80 and 27 pass replies and established TCP and UDP connections
-//! at priority 200, before any of these flows, so an allowed flow sees a TCP or UDP
-//! connection's first packet only (one per new connection; SCTP, ICMP and others packet by
-//! packet), while a drop sees every packet it drops (a retransmitted SYN is counted again).
+//! What the numbers mean: tables 80 and 27 pass replies, established TCP and UDP connections
+//! and UDP whose entry an allowed flow marked (`ct_mark`, see [`super::Side::allow_logged`]:
+//! a one-way stream is never `+est`) at priority 200, before any of these flows, so an allowed
+//! flow sees a TCP or UDP connection's first packet only (one per new connection; SCTP, ICMP
+//! and others packet by packet), while a drop sees every packet it drops (a retransmitted SYN
+//! is counted again). The priority-200 flows are the plugin's, not a namespace's: they count
+//! nothing.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -164,7 +167,7 @@ mod tests {
         let web = super::super::conj_id(Vnid::new(20).unwrap(), "team-a", "web", 0, &[tcp(80)]);
         assert_eq!(find(&format!("table=80, priority=150,conj_id={web},")), allowed(Side::Ingress, "web", 0));
         assert_eq!(find("table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 "), allowed(Side::Ingress, "one", 0));
-        assert_eq!(find("table=80, priority=150,ip,nw_dst=10.128.0.7 actions=output"), allowed(Side::Ingress, "open", 0));
+        assert_eq!(find("table=80, priority=150,ip,nw_dst=10.128.0.7 actions=ct(commit"), allowed(Side::Ingress, "open", 0));
         for pod in ["10.128.0.5", "10.128.0.6", "10.128.0.7"] {
             assert_eq!(find(&format!("table=80, priority=100,ip,nw_dst={pod} ")), Counted::Dropped { side: Side::Ingress, pod: ip(pod) });
         }
@@ -182,11 +185,11 @@ mod tests {
         let (counted, not) = by_text(&ns);
         assert!(not.is_empty(), "no clause flows: {not:#?}");
         let of = |t: &str| counted.iter().find(|(x, _)| x == t).map(|(_, c)| c.clone()).unwrap_or_else(|| panic!("{t}: {counted:#?}"));
-        assert_eq!(of("table=80, priority=150,tcp,reg0=0xc,nw_dst=10.128.0.6,tp_dst=80 actions=output:NXM_NX_REG2[]"), allowed(Side::Ingress, "web", 0));
-        assert_eq!(of("table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 actions=output:NXM_NX_REG2[]"), allowed(Side::Ingress, "one", 0));
+        assert_eq!(of("table=80, priority=150,tcp,reg0=0xc,nw_dst=10.128.0.6,tp_dst=80 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]"), allowed(Side::Ingress, "web", 0));
+        assert_eq!(of("table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]"), allowed(Side::Ingress, "one", 0));
         // .5's web/0 box from VNID 11 is inside one/0's (any port): pruned, so one/0 counts it.
         assert!(!counted.iter().any(|(t, _)| t.contains("reg0=0xb,nw_dst=10.128.0.5,tp_dst=80")), "{counted:#?}");
-        assert_eq!(of("table=80, priority=150,ip,nw_dst=10.128.0.7 actions=output:NXM_NX_REG2[]"), allowed(Side::Ingress, "open", 0));
+        assert_eq!(of("table=80, priority=150,ip,nw_dst=10.128.0.7 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]"), allowed(Side::Ingress, "open", 0));
         assert_complete(&ns);
     }
 

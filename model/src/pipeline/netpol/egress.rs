@@ -8,7 +8,7 @@
 //! |---|---|---|---|
 //! | 21 | 300 | `ip,nw_src=<pod>` | `ct(table=27,zone=Z)` (a lookup: nothing is committed before the verdict) |
 //! | 25 | 150 | `ip,nw_src=<pod>` | `load:<VNID>->reg0`, `ct(table=27,zone=Z)` (its Service connections, after the node's DNAT) |
-//! | 27 | 150 | rules (plain or conjunctive, see the parent module) | `goto_table:28` |
+//! | 27 | 150 | rules (plain or conjunctive, see the parent module) | `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[2]))`, `goto_table:28` |
 //! | 27 | 100 | `ip,nw_src=<pod>` | `drop` |
 //!
 //! and every node has (networkpolicy plugin, base flows):
@@ -17,14 +17,17 @@
 //! |---|---|---|---|
 //! | 27 | 300 | `ip,nw_dst=<gateway>` | `goto_table:28`: the node itself, as table 80 always admits it |
 //! | 27 | 250 | `ip,nw_dst=<service network>` | `goto_table:28`: judged after the DNAT, when it comes back through table 25 |
-//! | 27 | 200 | `ct_state=+rpl+trk,ip`, `ct_state=+est+trk,tcp` and `…,udp`, `ct_state=+rel+trk,ip` | `goto_table:28`: replies, and TCP/UDP connections allowed when they began |
+//! | 27 | 200 | `ct_state=+rpl+trk,ip`, `ct_state=+est+trk,tcp` and `…,udp`, `ct_state=+trk,ct_mark=0x4/0x4,udp`, `ct_state=+rel+trk,ip` | `goto_table:28`: replies, TCP/UDP connections allowed when they began, UDP an egress rule allowed (one-way: never `+est`) |
 //! | 27 | 0 | | `drop` |
-//! | 28 | 100 | `ip,in_port=2` | `ct(commit,zone=Z,exec(set_field:1->ct_mark),table=30)` (as table 25 commits) |
+//! | 28 | 100 | `ip,in_port=2` | `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[0]),table=30)` (as table 25 commits) |
 //! | 28 | 0 | `ip` | `ct(commit,zone=Z,table=30)` (as table 21 commits) |
 //!
 //! Why a lookup, then a commit after the verdict: a denied connection must leave no conntrack
 //! entry, or its peer's packets would be taken for replies (table 80's priority-200 flow) and
-//! reach the pod. A Service connection is judged by its endpoint: the packet to the Service's
+//! reach the pod. The allowed entries of table 27 commit too, after their verdict, only to set
+//! `ct_mark` bit 0x4 ([`via_host::EGRESS_ALLOWED_MARK`]: UDP so marked passes table 27 at 200,
+//! as a one-way stream is never `+est`); table 28 then commits the same entry again (its
+//! via-host bit is set masked, keeping 0x4). A Service connection is judged by its endpoint: the packet to the Service's
 //! address passes table 27 (and is committed, as every pod's Service traffic is, so that the
 //! un-NATed reply is known), the node's DNAT sends it back through tun0 with the endpoint's
 //! address, and table 25 sends it to table 27 again. An endpoint outside the cluster network
@@ -35,11 +38,11 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use openflow::flow_match::ct_state;
-use openflow::{Action, Ct, CtZone, Ipv4Match, Match, SetField};
+use openflow::{Action, Ct, CtZone, Ipv4Match, Match};
 
-use super::{cidr, host, Flow, Table};
+use super::{cidr, host, Flow, Side, Table};
 use crate::model::{OfPort, Vnid};
-use crate::pipeline::via_host::{self, CT_ZONE, VIA_HOST_MARK};
+use crate::pipeline::via_host::{self, CT_ZONE};
 use crate::pipeline::{load, Reg};
 
 /// `ct(table=27,zone=Z)`: the connection's state, committing nothing.
@@ -52,7 +55,6 @@ pub fn base_flows(gateway: Ipv4Addr, service_network: Ipv4Net) -> Vec<Flow> {
     let ip = |m: Ipv4Match| Match::any().ipv4(m);
     let pass = |priority: u16, m: Match| Flow::new(Table::PolicyEgress, priority, m, vec![], Some(Table::PolicyEgressCommit));
     let state = |bit: u32| ip(Ipv4Match::default()).ct_state(bit | ct_state::TRK, bit | ct_state::TRK);
-    let marked = Ct::new().zone(CtZone::Imm(CT_ZONE)).table(Table::Routing.id()).commit();
     vec![
         pass(300, ip(Ipv4Match { dst: Some(host(gateway)), ..Default::default() })),
         pass(250, ip(Ipv4Match { dst: Some(cidr(service_network)), ..Default::default() })),
@@ -61,13 +63,15 @@ pub fn base_flows(gateway: Ipv4Addr, service_network: Ipv4Net) -> Vec<Flow> {
         pass(200, state(ct_state::RPL)),
         super::established(Table::PolicyEgress, openflow::IpProto::Tcp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
         super::established(Table::PolicyEgress, openflow::IpProto::Udp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
+        // UDP an egress policy flow allowed (a one-way stream is never +est).
+        super::allowed_udp(Side::Egress, vec![], Some(Table::PolicyEgressCommit)),
         pass(200, state(ct_state::REL)),
         Flow::drop(Table::PolicyEgress, 0, Match::any()),
         Flow::new(
             Table::PolicyEgressCommit,
             100,
             ip(Ipv4Match::default()).in_port(OfPort::TUN),
-            vec![Action::Ct(marked.exec(vec![Action::SetField(SetField::CtMark(VIA_HOST_MARK))]))],
+            vec![via_host::commit_marked(Table::Routing)],
             None,
         ),
         // ct() needs an IP match (OVS refuses it otherwise: OFPBAC_MATCH_INCONSISTENT).
@@ -105,9 +109,10 @@ mod tests {
                 "table=27, priority=200,ct_state=+rpl+trk,ip actions=goto_table:28",
                 "table=27, priority=200,ct_state=+est+trk,tcp actions=goto_table:28",
                 "table=27, priority=200,ct_state=+est+trk,udp actions=goto_table:28",
+                "table=27, priority=200,ct_state=+trk,ct_mark=0x4/0x4,udp actions=goto_table:28",
                 "table=27, priority=200,ct_state=+rel+trk,ip actions=goto_table:28",
                 "table=27, priority=0 actions=drop",
-                "table=28, priority=100,ip,in_port=2 actions=ct(commit,table=30,zone=64000,exec(set_field:0x1->ct_mark))",
+                "table=28, priority=100,ip,in_port=2 actions=ct(commit,table=30,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[0]))",
                 "table=28, priority=0,ip actions=ct(commit,table=30,zone=64000)",
             ]
         );

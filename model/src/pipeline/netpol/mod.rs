@@ -14,14 +14,24 @@
 //! | 300 | `ip,nw_src=<gateway>` | `output:NXM_NX_REG2[]` | base |
 //! | 200 | `ip,ct_state=+rpl+trk` | `output:NXM_NX_REG2[]` | plugin: replies |
 //! | 200 | `ct_state=+est+trk,tcp` / `…,udp` | `output:NXM_NX_REG2[]` | plugin: established TCP/UDP (not SCTP: OVS 3.1 keys SCTP conntrack entries without ports) |
-//! | 150 | `ip,nw_dst=<pod>` + source + port | `output:NXM_NX_REG2[]` | namespace: a small rule, plain |
+//! | 200 | `ct_state=+trk,ct_mark=0x2/0x2,udp` | `output:NXM_NX_REG2[]` | plugin: UDP an allowed entry marked (a one-way stream is never `+est`) |
+//! | 150 | `ip,nw_dst=<pod>` + source + port | `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]` ("allowed", below) | namespace: a small rule, plain |
 //! | 150 | `ip,reg0=<VNID>` / `ip,nw_src=<CIDR>` | `conjunction(id,1/n),...` | namespaces: source clause (one flow per source on the node, shared) |
 //! | 150 | `ip,nw_dst=<pod>` | `conjunction(id,k/n),...` | namespace: destination clause |
 //! | 150 | `tcp,reg1=<ns VNID>,tp_dst=<port/mask>` (and its later-fragment twin) | `conjunction(id,n/n),...` | namespace: port clause |
-//! | 150 | `conj_id=<id>,ip,reg1=<ns VNID>` | `output:NXM_NX_REG2[]` | namespace: the rule |
+//! | 150 | `conj_id=<id>,ip,reg1=<ns VNID>` | allowed | namespace: the rule |
 //! | 100 | `ip,nw_dst=<pod>` | `drop` | namespace: a pod some policy selects |
 //! | 50 | `ip` | `output:NXM_NX_REG2[]` | plugin: pods no policy selects |
 //! | 0 | | `drop` | base |
+//!
+//! "Allowed" is `ct(commit,zone=64000,exec(load:1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]`:
+//! every allowed entry (plain flow or `conj_id` flow) sets `ct_mark` bit 0x2 on the
+//! connection's conntrack entry (committed already by table 21 or 30), so that the marked-UDP
+//! flow at 200 passes a one-way UDP stream's later datagrams: the policy flows, whose
+//! statistics are the per-policy connection counters ([`counted`]) and which carry the audit
+//! log's copy, see it once ([`Side::allow_logged`], `allowed_udp`). Table 27 does the same
+//! with bit 0x4 ([`egress`]). The datagrams the switch handles in one batch with the first,
+//! before its verdict is committed, are judged too (a burst, at most a batch).
 //!
 //! A rule (one ingress rule of one policy, for the pods of the policy that share its resolved
 //! ports) is a conjunctive match of up to three clauses — sources (absent for "any"),
@@ -128,17 +138,47 @@ impl Side {
         }
     }
 
-    /// An allowed entry: delivered (`output:NXM_NX_REG2[]`) or committed and routed.
+    /// An allowed entry: the connection marked allowed on this side ([`Side::allowed_mark`]),
+    /// then delivered (`output:NXM_NX_REG2[]`) or committed and routed (`goto_table:28`).
     pub fn allow(self, priority: u16, m: Match) -> Flow {
         self.allow_logged(priority, m, None)
     }
 
     /// [`Side::allow`], first copying the packet to the audit log (`log`, a
     /// [`super::audit::log_action`]).
+    ///
+    /// The mark (`ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[n]))`) is what lets a one-way
+    /// UDP stream, never `+est`, pass `allowed_udp` after its first datagram, so that it is
+    /// counted and logged once. It is on every allowed entry, whatever its protocol: many
+    /// match `ip` (any protocol), and a UDP-only commit would need a `udp` twin of each of
+    /// them (and of their conjunctions); for the other protocols the commit only sets a bit
+    /// on the entry that table 21, 28 or 30 committed already (no new entry; on egress, the
+    /// entry table 28 commits right after), and nothing matches the bit but `…,udp`.
     pub fn allow_logged(self, priority: u16, m: Match, log: Option<openflow::Action>) -> Flow {
+        let mark = super::via_host::commit_mark(self.allowed_mark());
         match self {
-            Side::Ingress => Flow::new(Table::Policy, priority, m, log.into_iter().chain([output_reg2()]).collect(), None),
-            Side::Egress => Flow::new(Table::PolicyEgress, priority, m, log.into_iter().collect(), Some(Table::PolicyEgressCommit)),
+            Side::Ingress => {
+                Flow::new(Table::Policy, priority, m, log.into_iter().chain([mark, output_reg2()]).collect(), None)
+            }
+            Side::Egress => Flow::new(
+                Table::PolicyEgress,
+                priority,
+                m,
+                log.into_iter().chain([mark]).collect(),
+                Some(Table::PolicyEgressCommit),
+            ),
+        }
+    }
+
+    /// The `ct_mark` bit this side's allowed entries set: [`INGRESS_ALLOWED_MARK`] or
+    /// [`EGRESS_ALLOWED_MARK`] (separate: one entry serves both tables for two pods of one node).
+    ///
+    /// [`INGRESS_ALLOWED_MARK`]: super::via_host::INGRESS_ALLOWED_MARK
+    /// [`EGRESS_ALLOWED_MARK`]: super::via_host::EGRESS_ALLOWED_MARK
+    pub fn allowed_mark(self) -> u32 {
+        match self {
+            Side::Ingress => super::via_host::INGRESS_ALLOWED_MARK,
+            Side::Egress => super::via_host::EGRESS_ALLOWED_MARK,
         }
     }
 
@@ -153,7 +193,7 @@ impl Side {
 /// What of a namespace's policy flows is copied to the audit log ([`super::audit`]): allowed
 /// connections of some rules, denied ones of some pods. Empty: nothing (no controller action
 /// in any flow). Only connections reach these flows, not their later packets: tables 80 and 27
-/// pass replies and established TCP and UDP first.
+/// pass replies, established TCP and UDP, and UDP an allowed flow marked (one-way streams) first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Audit {
     /// The meter the copies go through ([`super::audit::AUDIT_METER_ID`]).
@@ -340,6 +380,8 @@ pub fn plugin_flows() -> Vec<Flow> {
         // established entry would let every SCTP port of the pair through.
         established(Table::Policy, openflow::IpProto::Tcp { dst: None }, vec![output_reg2()], None),
         established(Table::Policy, openflow::IpProto::Udp { dst: None }, vec![output_reg2()], None),
+        // UDP an ingress policy flow allowed: a one-way stream (statsd, syslog) is never +est.
+        allowed_udp(Side::Ingress, vec![output_reg2()], None),
         Flow::new(Table::Policy, OPEN_PRIORITY, ip(Ipv4Match::default()), vec![output_reg2()], None),
     ]
 }
@@ -350,6 +392,21 @@ pub(crate) fn established(table: Table, proto: openflow::IpProto, actions: Vec<o
     Flow::new(table, REPLY_PRIORITY, m, actions, goto)
 }
 
+/// `ct_state=+trk,ct_mark=<bit>/<bit>,udp` at [`REPLY_PRIORITY`] with `actions`/`goto`: UDP
+/// whose conntrack entry an allowed flow of `side` marked ([`Side::allow_logged`]). A one-way
+/// stream gets no reply, so conntrack never calls it `+est`; without this flow each of its
+/// datagrams would meet the policy flows again (counted and logged as a new connection).
+/// Like the `+est` flows, it passes the stream for as long as its entry lives (OVS's UDP
+/// timeouts, refreshed by its traffic), even after a policy change that denies it now.
+pub(crate) fn allowed_udp(side: Side, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
+    let m = Match {
+        ct_mark: Some(super::via_host::has_mark(side.allowed_mark())),
+        ..Match::any()
+            .ipv4(Ipv4Match { proto: Some(openflow::IpProto::Udp { dst: None }), ..Default::default() })
+            .ct_state(ct_state::TRK, ct_state::TRK)
+    };
+    Flow::new(side.table(), REPLY_PRIORITY, m, actions, goto)
+}
 
 /// Conjunction ids a namespace has per direction: the low 8 bits of an id (0 is never used).
 pub const CONJUNCTIONS_PER_NAMESPACE: usize = 255;
@@ -518,6 +575,7 @@ mod tests {
                 "table=80, priority=200,ct_state=+rpl+trk,ip actions=output:NXM_NX_REG2[]",
                 "table=80, priority=200,ct_state=+est+trk,tcp actions=output:NXM_NX_REG2[]",
                 "table=80, priority=200,ct_state=+est+trk,udp actions=output:NXM_NX_REG2[]",
+                "table=80, priority=200,ct_state=+trk,ct_mark=0x2/0x2,udp actions=output:NXM_NX_REG2[]",
                 "table=80, priority=50,ip actions=output:NXM_NX_REG2[]",
             ]
         );
@@ -534,9 +592,9 @@ mod tests {
         assert_eq!(
             t,
             vec![
-                "table=80, priority=150,ip,nw_src=10.128.2.6,nw_dst=10.128.2.5 actions=output:NXM_NX_REG2[]",
-                "table=80, priority=150,tcp,reg0=0xb,nw_dst=10.128.2.5,tp_dst=0x1f90/0xfffe actions=output:NXM_NX_REG2[]",
-                "table=80, priority=150,ct_state=-inv+trk,tcp,reg0=0xb,nw_dst=10.128.2.5,nw_frag=later actions=output:NXM_NX_REG2[]",
+                "table=80, priority=150,ip,nw_src=10.128.2.6,nw_dst=10.128.2.5 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]",
+                "table=80, priority=150,tcp,reg0=0xb,nw_dst=10.128.2.5,tp_dst=0x1f90/0xfffe actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]",
+                "table=80, priority=150,ct_state=-inv+trk,tcp,reg0=0xb,nw_dst=10.128.2.5,nw_frag=later actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]",
                 "table=80, priority=100,ip,nw_dst=10.128.2.5 actions=drop",
             ]
         );
@@ -578,10 +636,10 @@ mod tests {
         let (ka, kb) = if a < b { ("2/3", "1/2") } else { ("1/2", "2/3") };
         let (pa, pb) = if a < b { ("3/3", "2/2") } else { ("2/2", "3/3") };
         let want = vec![
-            "table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 actions=output:NXM_NX_REG2[]".to_string(),
+            "table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]".to_string(),
             "table=80, priority=100,ip,nw_dst=10.128.0.5 actions=drop".into(),
             "table=80, priority=100,ip,nw_dst=10.128.0.6 actions=drop".into(),
-            "table=80, priority=150,ip,nw_dst=10.128.0.7 actions=output:NXM_NX_REG2[]".into(),
+            "table=80, priority=150,ip,nw_dst=10.128.0.7 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]".into(),
             "table=80, priority=100,ip,nw_dst=10.128.0.7 actions=drop".into(),
             // Sources do not name the namespace (shared with other namespaces' rules on the node).
             format!("table=80, priority=150,ip,reg0=0xb actions=conjunction({a},1/3)"),
@@ -590,7 +648,7 @@ mod tests {
             format!("table=80, priority=150,ip,nw_dst=10.128.0.6 actions=conjunction({lo},{ka}),conjunction({hi},{kb})"),
             format!("table=80, priority=150,tcp,reg1=0x14,tp_dst=80 actions=conjunction({lo},{pa}),conjunction({hi},{pb})"),
             format!("table=80, priority=150,ct_state=-inv+trk,tcp,reg1=0x14,nw_frag=later actions=conjunction({lo},{pa}),conjunction({hi},{pb})"),
-            format!("table=80, priority=150,conj_id={a},ip,reg1=0x14 actions=output:NXM_NX_REG2[]"),
+            format!("table=80, priority=150,conj_id={a},ip,reg1=0x14 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]"),
         ];
         // (The udp members and b's conj_id flow follow; checked by presence.)
         for w in &want {
@@ -599,7 +657,7 @@ mod tests {
         for w in [
             format!("table=80, priority=150,udp,reg1=0x14,tp_dst=53 actions=conjunction({b},2/2)"),
             format!("table=80, priority=150,ct_state=-inv+trk,udp,reg1=0x14,nw_frag=later actions=conjunction({b},2/2)"),
-            format!("table=80, priority=150,conj_id={b},ip,reg1=0x14 actions=output:NXM_NX_REG2[]"),
+            format!("table=80, priority=150,conj_id={b},ip,reg1=0x14 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[1])),output:NXM_NX_REG2[]"),
         ] {
             assert!(t.contains(&w), "missing {w}\n{}", t.join("\n"));
         }
@@ -722,9 +780,9 @@ mod tests {
             format!("table=27, priority=150,ip,nw_dst=10.129.0.8 actions=conjunction({a},1/3)"),
             format!("table=27, priority=150,ip,nw_src=10.128.0.5 actions=conjunction({a},2/3)"),
             format!("table=27, priority=150,tcp,reg0=0xc,tp_dst=5432 actions=conjunction({a},3/3)"),
-            format!("table=27, priority=150,conj_id={a},ip,reg0=0xc actions=goto_table:28"),
+            format!("table=27, priority=150,conj_id={a},ip,reg0=0xc actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[2])),goto_table:28"),
             // The one 5433 destination: plain flows (1 x 2 x 2 is no more than 1 + 2 + 2 + 1).
-            "table=27, priority=150,tcp,nw_src=10.128.0.5,nw_dst=10.129.0.10,tp_dst=5433 actions=goto_table:28".into(),
+            "table=27, priority=150,tcp,nw_src=10.128.0.5,nw_dst=10.129.0.10,tp_dst=5433 actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[2])),goto_table:28".into(),
         ] {
             assert!(t.contains(&w), "missing {w}\n{}", t.join("\n"));
         }
