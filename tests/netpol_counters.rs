@@ -336,6 +336,7 @@ async fn settle_at(node: &CniNode, addr: &str, want: &[(String, u64)]) -> String
         assert_eq!(value(&text, s), Some(*v), "{s} moved on\n{text}");
     }
     text
+}
 
 /// One-way UDP (issue 32 item 8b): a stream that never gets a reply is never `+est` in
 /// conntrack; the allowed policy flow marks its conntrack entry (`ct_mark` bit 0x2 ingress,
