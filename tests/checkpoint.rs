@@ -152,6 +152,7 @@ async fn pods_outlive_the_database_and_a_vanished_sandbox_is_collected() {
         n.veths.is_empty() && n.ports.iter().all(|p| !p.starts_with("veth"))
     })
     .await;
+    node.ready_again("after the pods outlived the database and were deleted").await;
 }
 
 /// A checkpoint that cannot be read: the agent exits non-zero with an error naming the file
@@ -201,6 +202,7 @@ async fn a_corrupt_checkpoint_stops_the_agent_and_changes_nothing() {
         assert!(check.ok(), "CHECK {p}: {:?}\n{}", check.out, node.log());
     }
     assert!(ping(&a1.name, &r2.addr()));
+    node.ready_again("restarted with the good checkpoint back").await;
 }
 
 /// The next address after `ip` (a.b.c.d → a.b.c.d+1).
@@ -240,6 +242,7 @@ async fn an_add_that_cannot_be_recorded_fails_and_leaves_nothing() {
     assert!(r.ok(), "the retry succeeds: {:?}\n{}", r.out, node.log());
     assert!(checkpointed(&node).contains_key("a2"));
     assert!(ping(&a1.name, &r.addr()));
+    node.ready_again("after the failed ADD and its retry").await;
 }
 
 /// A corrupt checkpoint moved aside (as the agent's error says to): the pods come back from
@@ -279,4 +282,5 @@ async fn after_a_checkpoint_is_moved_aside_a_released_address_is_not_reused_firs
     assert_ne!(r.addr(), addr[0], "the address a1 just released is not handed out first");
     assert_eq!(r.addr(), bump(&addr[2]), "IPAM resumes after the highest recovered address ({addr:?})");
     assert!(ping(&n1.name, &addr[1]), "the new pod reaches a2");
+    node.ready_again("restarted without a checkpoint").await;
 }

@@ -187,4 +187,5 @@ async fn connections_are_logged_once_and_a_flood_is_metered() {
     let vswitchd = node.sb.vswitchd_log();
     assert!(!vswitchd.is_empty(), "the switch's log is readable");
     assert!(!vswitchd.contains("unknown meter id"), "an audit flow was added before its meter:\n{vswitchd}");
+    node.ready_again("after the audited connections and the flood").await;
 }

@@ -223,6 +223,7 @@ async fn allowed_connections_and_drops_count_for_their_policy_and_never_go_back(
         ],
     )
     .await;
+    node.ready_again("after the rule change and the re-created drop flow").await;
 }
 
 /// SIGCONTs the frozen process on drop (also on panic).
@@ -275,6 +276,7 @@ async fn a_frozen_switch_fails_reads_at_their_deadline_and_stalls_nothing() {
     wait(&t, "reads again", |c| c.last_error.is_none() && c.last_read_unix_ms > after).await;
     let (_, m) = support::inproc::http_get(&agent.metrics, "/metrics").await;
     assert!(value(&m, "sdn_node_policy_stats_reads_total{result=\"error\"}").is_some_and(|n| n >= 1), "{m}");
+    support::inproc::ready_again(&agent, "after the switch was thawed").await;
 }
 
 /// Connections just before a rule change are all counted (issue 32 item 8): twelve
@@ -315,6 +317,7 @@ async fn connections_just_before_a_rule_change_are_all_counted() {
     }
     let text = settle_at(&node, METRICS2, &[(series.clone(), 12)]).await;
     assert_eq!(value(&text, "sdn_node_policy_stats_reads_total{result=\"error\"}"), Some(0), "{text}");
+    node.ready_again("after the rule change").await;
 }
 
 /// [`settle`] on another metrics address.
@@ -490,4 +493,5 @@ async fn a_one_way_udp_stream_counts_and_logs_once_per_direction_and_denied_data
     assert_eq!((egress[0]["verdict"].as_str(), egress[0]["policy"].as_str()), (Some("allow"), Some("client/udp-out")));
     assert_eq!(of("egress", 5001).len(), 1, "5001 allowed once on egress:\n{all:#?}");
     assert!(of("ingress", 5001).is_empty(), "5001 is denied on ingress (and deny is not logged):\n{all:#?}");
+    node.ready_again("after the one-way streams").await;
 }
