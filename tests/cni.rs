@@ -163,6 +163,8 @@ async fn traffic_leaving_the_cluster_is_masqueraded() {
     assert!(in_ns(&node.ns, &["nft", "delete", "table", "ip", parts[2]]).0, "{table}");
     assert!(!ping(&p.name, "203.0.113.2"), "no reply without the masquerade");
     assert!(node.cni("del", "team-a", "out", &container(9), &p.path()).ok());
+    // The agent puts back the masquerade table deleted above, and is ready.
+    node.ready_again("after the masquerade table was deleted and the pod removed").await;
 }
 
 /// 50 pods: half added, the agent killed and restarted, the other half added (no address handed
@@ -240,6 +242,7 @@ async fn failed_adds_leave_nothing() {
     // And the same pod then comes up.
     let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
     assert!(r.ok(), "{:?}\n{}", r.out, node.log());
+    node.ready_again("after the failed ADDs and the good one").await;
 }
 
 /// IPAM's GC pass: a pod whose sandbox disappears without a DEL (a crashed runtime) gets its
@@ -262,4 +265,5 @@ async fn a_sandbox_gone_without_del_is_collected() {
     let r = node.cni("add", "team-a", "gc2", &container(302), &q.path());
     assert!(r.ok() && r.addr() != ip, "round robin: not reused at once");
     assert!(node.cni("del", "team-a", "gc2", &container(302), &q.path()).ok());
+    node.ready_again("after the collected sandbox and the next pod").await;
 }

@@ -51,6 +51,21 @@ impl Daemon {
         Daemon { sb, telemetry, api_socket, stop: Some(stop), task: Some(task), _dir: dir }
     }
 
+    /// The agent says it is ready (status over its API socket: not_ready none, converged);
+    /// tests that change something end so (issue 32).
+    async fn ready_again(&self, what: &str) {
+        let mut last = None;
+        for _ in 0..400 {
+            match sdn_node::api::status::fetch(&self.api_socket).await {
+                Ok(st) if st.not_ready.is_none() && st.converged => return,
+                Ok(st) => last = st.not_ready.or(Some("not converged".into())),
+                Err(e) => last = Some(format!("no status: {e}")),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what}: the agent never said ready again: {last:?}");
+    }
+
     async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap()).await;
@@ -310,6 +325,7 @@ async fn cluster_objects_drive_the_flows() {
     );
     // Never forbidden: the label was never set.
     assert!(fake.patches().is_empty(), "{:?}", fake.patches());
+    d.ready_again("at the end of the test").await;
     d.stop().await;
 }
 
@@ -355,6 +371,7 @@ async fn forbidden_egress_policies_label_the_node() {
     })
     .await;
     assert_eq!(fake.patches().last().unwrap().2, json!({"metadata": {"labels": {LABEL: null}}}));
+    d.ready_again("at the end of the test").await;
     d.stop().await;
 }
 
@@ -382,6 +399,7 @@ async fn an_unknown_plugin_publishes_nothing() {
     assert!(!d.telemetry.health.synced.load(std::sync::atomic::Ordering::Relaxed));
     fake.put("clusternetworks", cluster_network());
     d.until("service web (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.10"])).await;
+    d.ready_again("at the end of the test").await;
     d.stop().await;
 }
 
@@ -497,6 +515,7 @@ async fn network_policies_drive_table_80() {
     })
     .await;
     assert_eq!(fake.posts().len() + event_patches(), 2, "{:#?} {:#?}", fake.posts(), fake.patches());
+    d.ready_again("at the end of the test").await;
     d.stop().await;
 }
 
@@ -543,6 +562,7 @@ async fn policy_generations_are_realized_from_watch_events() {
     policy["spec"]["ingress"] = json!([{"from": []}]);
     fake.put("networkpolicies", policy.clone());
     assert_eq!(poll("generation 5 realized", || realized(5)).await, "3");
+    d.ready_again("at the end of the test").await;
     d.stop().await;
 }
 
@@ -595,5 +615,6 @@ async fn other_plugins_watch_only_their_node_pods() {
         async move { if n == 1 { Ok(()) } else { Err(format!("{n}")) } }
     })
     .await;
+    d.ready_again("at the end of the test").await;
     d.stop().await;
 }

@@ -144,6 +144,7 @@ async fn first_packets(args: &[&str], dir: Direction) {
         isolated.len()
     );
     realization(&node).await;
+    node.ready_again("after the first-packet probes and the policy change").await;
 }
 
 /// The policy is realized in status at its generation; changing it (the state file) is timed

@@ -173,6 +173,7 @@ async fn a_second_pod_in_a_sandbox_is_refused() {
     let x1 = add(&node, "team-b", "x1", &container(2));
     assert!(!ping(&x1.ns.name, &a1.ip), "and is isolated from a1 (another VNID)");
     assert_eq!(view(&node, &a1), before);
+    node.ready_again("after the refused second pod").await;
 }
 
 #[tokio::test]
@@ -241,6 +242,7 @@ async fn a_del_touches_only_what_its_container_made() {
     eventually("b2's interface is gone", &node, || !node.veths().contains(&b2.veth)).await;
     unchanged("b2's DEL");
     assert!(ping(&a1.ns.name, "10.128.0.1") && ping(&b1.ns.name, "10.128.0.1"));
+    node.ready_again("after the DELs").await;
 }
 
 #[tokio::test]
@@ -278,4 +280,5 @@ async fn interfaces_that_took_a_pods_name_are_left_alone() {
     assert_eq!(code, 200, "{body}");
     assert_eq!(ifindex(&node, &veth), index, "so did a late DEL");
     assert!(node.log().contains("left alone"), "the agent says so:\n{}", node.log());
+    node.ready_again("after leaving the foreign interface alone").await;
 }

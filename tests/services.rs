@@ -130,6 +130,13 @@ async fn setup(test: &str, plugin: &'static str) -> Option<Setup> {
 
 
 impl Setup {
+    /// Every node's agent says it is ready (issue 32: tests that change something end so).
+    async fn ready_again(&self, what: &str) {
+        for a in &self.agents {
+            a.ready_again(&format!("{what} (agent in {})", a.ns)).await;
+        }
+    }
+
     fn pod(&self, name: &str) -> &(&'static str, PodNs, Ipv4Addr) {
         self.pods.iter().find(|(n, _, _)| *n == name).unwrap_or_else(|| panic!("no pod {name}"))
     }
@@ -239,6 +246,7 @@ async fn subnet_services_reach_endpoints_on_both_nodes() {
     let Some(s) = setup("subnet_services_reach_endpoints_on_both_nodes", "subnet").await else { return };
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "{bad:#?}\n{}", s.diagnostics().await);
+    s.ready_again("after the Service checks").await;
 }
 
 #[tokio::test]
@@ -250,6 +258,7 @@ async fn multitenant_services_reach_their_own_vnid_only() {
     // ...other VNIDs neither (table 60 has no flow for them; table 80 isolates the pods).
     let bad = s.matrix(|_| false).await;
     assert!(bad.is_empty(), "team-a, team-c: {bad:#?}\n{}", s.diagnostics().await);
+    s.ready_again("after the Service checks").await;
 }
 
 /// team-b admits team-a only (namespaceSelector): through a Service exactly as directly.
@@ -313,6 +322,7 @@ async fn networkpolicy_applies_to_service_traffic() {
     s.set_policies("", None).await;
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "policy removed: {bad:#?}\n{}", s.diagnostics().await);
+    s.ready_again("after the policy was set and removed").await;
 }
 
 /// team-c's pods may send only to `to` (peers; or peers, `]`, and more of the rule, e.g. its

@@ -46,6 +46,13 @@ async fn setup(test: &str, plugin: &str) -> Option<Setup> {
 }
 
 impl Setup {
+    /// Every node's agent says it is ready (issue 32: tests that change something end so).
+    async fn ready_again(&self, what: &str) {
+        for a in &self.agents {
+            a.ready_again(&format!("{what} (agent in {})", a.ns)).await;
+        }
+    }
+
     fn reach(&self, from: &str, to: &str) -> bool {
         ping(&self.pods[from].0.name, &self.pods[to].1)
     }
@@ -96,6 +103,7 @@ async fn multitenant_pods_through_cni_across_two_nodes() {
         let r = agent.cni("del", ns, name, &container(500 + i as u32), &s.pods[name].0.path());
         assert!(r.ok(), "DEL {name}: {:?}", r.out);
     }
+    s.ready_again("after the pods were deleted").await;
 }
 
 #[tokio::test]
@@ -108,4 +116,5 @@ async fn subnet_plugin_pods_through_cni_reach_everything() {
             }
         }
     }
+    s.ready_again("after the checks").await;
 }

@@ -195,4 +195,5 @@ async fn pods_on_warm_ports_work_and_the_pool_refills_survives_and_leaves_only_i
     assert_eq!(node.flows(), base_flows, "no pod's flows");
     assert_eq!(node.nft(), base_nft);
     assert_eq!(vsctl(&node.sb, &["--no-wait", "--columns=_uuid", "list", "QoS"]), "", "no QoS");
+    node.ready_again("after the warm-port pods left").await;
 }

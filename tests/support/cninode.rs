@@ -252,6 +252,22 @@ impl NodeAgent {
         c
     }
 
+    /// Polls the agent's status (bounded: 400 polls 50 ms apart) until it says ready (what
+    /// `/readyz` says); panics with why not and `what` otherwise. Every test that changes
+    /// something ends with this (issue 32: readiness tells the truth).
+    pub async fn ready_again(&self, what: &str) {
+        let mut last = None;
+        for _ in 0..400 {
+            match sdn_node::api::status::fetch(&self.socket).await {
+                Ok(st) if st.not_ready.is_none() && st.converged => return,
+                Ok(st) => last = st.not_ready.or(Some("not converged".into())),
+                Err(e) => last = Some(format!("no status: {e}")),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("{what}: the agent never said ready again: {last:?}\n{}", self.log());
+    }
+
     pub fn log(&self) -> String {
         self.proc.as_ref().map(|(_, l)| l.all().join("\n")).unwrap_or_default()
     }
@@ -352,20 +368,9 @@ impl CniNode {
         self.agent.log()
     }
 
-    /// Polls the agent's status (bounded: 400 polls 50 ms apart) until it says ready (what
-    /// `/readyz` says); panics with why not and `what` otherwise. Every test that changes
-    /// something ends with this (issue 32: readiness tells the truth).
+    /// [`NodeAgent::ready_again`].
     pub async fn ready_again(&self, what: &str) {
-        let mut last = None;
-        for _ in 0..400 {
-            match sdn_node::api::status::fetch(&self.agent.socket).await {
-                Ok(st) if st.not_ready.is_none() && st.converged => return,
-                Ok(st) => last = st.not_ready.or(Some("not converged".into())),
-                Err(e) => last = Some(format!("no status: {e}")),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("{what}: the agent never said ready again: {last:?}\n{}", self.log());
+        self.agent.ready_again(what).await
     }
 
     pub async fn kill_agent(&mut self) {
