@@ -132,6 +132,8 @@ async fn check(case: Case) {
     assert_same(&now, &installed, "the agent keeps every other object installed, and nothing of the rejected ones");
     let mut agent = agent;
     assert!(agent.running(), "the agent keeps running");
+    // Rejected objects do not make it unready: it converged to every valid one.
+    agent.ready_again("with objects rejected").await;
 }
 
 #[tokio::test]
