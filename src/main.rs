@@ -176,9 +176,12 @@ fn pod_table(pods: &[sdn_node::reconcile::record::PodRecord], wide: bool) -> Str
     text
 }
 
+/// How long `sdn-node pod` waits for the agent's answer.
+const POD_CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    process::init_logging(cli.log_format);
+    let _log = process::init_logging(cli.log_format);
     let rt = match process::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,
@@ -275,7 +278,19 @@ async fn run(cli: Cli) -> ExitCode {
                 PodCmd::List { .. } => ("GET", "/v1/pods".to_string(), None),
             };
 
-            match sdn_node::api::client::call(&socket, method, &path, body).await {
+            // A bound on the whole call: an agent that does not answer is said, not waited for
+            // forever (pod setup itself is bounded by the agent's --port-timeout, well under it).
+            let call = sdn_node::api::client::call(&socket, method, &path, body);
+            let answer = match tokio::time::timeout(POD_CALL_DEADLINE, call).await {
+                Ok(a) => a,
+                Err(_) => Err(format!(
+                    "{}: the agent did not answer within {}s (is it stuck? `sdn-node status --socket {}`)",
+                    socket.display(),
+                    POD_CALL_DEADLINE.as_secs(),
+                    socket.display()
+                )),
+            };
+            match answer {
                 Ok((status, body)) if (200..300).contains(&status) && matches!(list_output, Some(None | Some(PodListOutput::Wide))) => {
                     match serde_json::from_str::<Vec<sdn_node::reconcile::record::PodRecord>>(&body) {
                         Ok(pods) if pods.is_empty() => {

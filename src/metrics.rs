@@ -349,6 +349,8 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        // The log queue's drops into their counter first.
+        crate::run::process::log_lines_dropped();
         let mut out = String::new();
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {

@@ -224,6 +224,50 @@ async fn the_daemon_keeps_serving_when_its_stderr_closes() {
     assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
 }
 
+/// Bytes waiting in a pipe (FIONREAD).
+fn pipe_bytes(fd: &impl std::os::fd::AsRawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
+    assert_eq!(r, 0, "FIONREAD: {}", std::io::Error::last_os_error());
+    n as usize
+}
+
+/// A log reader that stalls (a container runtime's log pipe nobody drains) must not stall the
+/// agent: its stderr pipe fills and stays full, and pods are still set up and torn down, and
+/// status answers. Seen in the chaos soak: the agent blocked in `write(2)` for minutes, every
+/// pod request waiting behind it.
+#[tokio::test]
+async fn the_daemon_keeps_serving_when_nobody_reads_its_stderr() {
+    let mut d = Daemon::start(&[pod("team-a", 0, 0)], "debug").await;
+    let stderr = d.child.stderr.take().expect("piped stderr");
+    // Full: 64 KiB on Linux, less the part of a line that does not fit (a line is written
+    // whole or not at all).
+    const FULL: usize = 60_000;
+    let (mut rounds, mut after_full) = (0, 0);
+    // Debug logging of pods set up and torn down (each bundle's flows) until the pipe is full,
+    // then ten rounds more with it full.
+    while after_full < 10 {
+        assert!(rounds < 400, "the pipe never filled: {} bytes after {rounds} rounds", pipe_bytes(&stderr));
+        if pipe_bytes(&stderr) >= FULL {
+            after_full += 1;
+        }
+        let (code, _, err) = add_pod(d.sock(), rounds);
+        assert_eq!(code, 0, "pod add {rounds} (stderr pipe holds {} bytes): {err}", pipe_bytes(&stderr));
+        let (code, _, err) =
+            run(&["pod", "del", "--socket", d.sock(), "--namespace", "team-b", "--name", &format!("api{rounds}")]);
+        assert_eq!(code, 0, "pod del {rounds}: {err}");
+        rounds += 1;
+    }
+    assert!(pipe_bytes(&stderr) >= FULL, "nobody read it: full ({} bytes)", pipe_bytes(&stderr));
+    d.ready("with its stderr full").await;
+    let (code, out, err) = run(&["status", "--socket", d.sock()]);
+    assert_eq!(code, 0, "status with its stderr full: {err}");
+    assert!(out.lines().any(|l| l.starts_with("ready:") && l.ends_with(" yes")), "{out}");
+    assert!(d.child.try_wait().unwrap().is_none(), "the daemon is still running");
+    drop(stderr);
+}
+
 #[tokio::test]
 async fn pod_list_is_a_table_and_json_for_scripts() {
     let d = Daemon::start(&[pod("team-a", 0, 0)], "info").await;

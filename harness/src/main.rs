@@ -110,7 +110,7 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    process::init_logging(cli.log_format);
+    let _log = process::init_logging(cli.log_format);
     let rt = match process::runtime() {
         Ok(rt) => rt,
         Err(code) => return code,

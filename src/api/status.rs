@@ -311,7 +311,7 @@ pub async fn status(node: &Node) -> Status {
         repairs,
         policies,
         policy_counters: t.metrics.policy_counters.report(),
-        log_lines_dropped: crate::run::process::LOG_LINES_DROPPED.get(),
+        log_lines_dropped: crate::run::process::log_lines_dropped(),
         bridge: node.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),

@@ -20,7 +20,6 @@ use std::time::Duration;
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
 use sdn_node::cluster::state_file;
 use sdn_harness::sandbox::OvsSandbox;
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
 
 /// Bound for every wait on an agent's log line or on the switch.
@@ -28,6 +27,23 @@ pub const WAIT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
 // The agent process
+
+/// A child's stdout or stderr, taken out of tokio for a reading thread.
+pub trait IntoPipeFd {
+    fn into_pipe_fd(self) -> std::io::Result<std::os::fd::OwnedFd>;
+}
+
+impl IntoPipeFd for tokio::process::ChildStdout {
+    fn into_pipe_fd(self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.into_owned_fd()
+    }
+}
+
+impl IntoPipeFd for tokio::process::ChildStderr {
+    fn into_pipe_fd(self) -> std::io::Result<std::os::fd::OwnedFd> {
+        self.into_owned_fd()
+    }
+}
 
 /// Lines a child process wrote (to stderr or stdout), shared with the task that reads them.
 #[derive(Clone)]
@@ -38,14 +54,25 @@ pub struct Lines {
 }
 
 impl Lines {
-    /// Starts a task that reads `r` line by line.
-    pub fn follow(r: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> Lines {
+    /// Starts a thread that reads `r` line by line. A thread of its own, not a task: a test
+    /// that blocks its runtime (a synchronous CNI call waiting for the agent) must not stop the
+    /// reading, or the child's pipe fills and the child's writes block behind the test.
+    pub fn follow(r: impl IntoPipeFd) -> Lines {
+        use std::io::BufRead;
         let buf = Arc::new(Mutex::new(Vec::new()));
         let (tx, count) = watch::channel((0, false));
         let b = buf.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(r).lines();
-            while let Ok(Some(l)) = lines.next_line().await {
+        let fd = r.into_pipe_fd().expect("the child's pipe as a file descriptor");
+        // tokio made it non-blocking; this thread reads it blocking.
+        unsafe {
+            use std::os::fd::AsRawFd;
+            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+        }
+        std::thread::spawn(move || {
+            let reader = std::io::BufReader::new(std::fs::File::from(fd));
+            for l in reader.lines() {
+                let Ok(l) = l else { break };
                 let n = {
                     let mut v = b.lock().unwrap();
                     v.push(l);
