@@ -486,6 +486,15 @@ impl Reconciler {
             self.node.telemetry.executor_result(Executor::Ovsdb, &ports_result);
         }
         if let Err(e) = &ports_result {
+            // An OVSDB refusal on a live connection ("Bridge br0 not found": someone deleted
+            // it): the next pass ensures the bridge and its base ports again first. Without
+            // this, a bridge deleted while no OVSDB monitor watched (just after a reconnect,
+            // before a pass succeeded) was never put back: every pass failed on the missing
+            // bridge, the switch could not connect to it, and the repair tick stopped at the
+            // switch (seen in the chaos soak: 1,300 failed passes, pod DELs failing for good).
+            if matches!(e, ConvergeError::Ovsdb(o) if !o.is_disconnect()) {
+                self.base_ready = false;
+            }
             if !self.ports_ready {
                 return Err(ConvergeError::NotReady(match e {
                     ConvergeError::NotReady(w) => w,
