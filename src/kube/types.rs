@@ -52,6 +52,9 @@ pub struct ClusterNetwork {
     /// The legacy single cluster network CIDR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// The legacy host bits of a node's subnet (with `network`).
+    #[serde(default, rename = "hostsubnetlength", skip_serializing_if = "Option::is_none")]
+    pub host_subnet_length: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +71,9 @@ pub struct ClusterNetwork {
 pub struct ClusterNetworkEntry {
     #[serde(default, rename = "CIDR")]
     pub cidr: String,
+    /// Host bits of a node's subnet out of this network.
+    #[serde(default, rename = "hostSubnetLength", skip_serializing_if = "Option::is_none")]
+    pub host_subnet_length: Option<i64>,
 }
 
 /// A node's pod subnet.
@@ -137,7 +143,9 @@ impl<'de> Deserialize<'de> for Number {
                 Ok(Number(Ok(v)))
             }
             fn visit_i64<E>(self, v: i64) -> Result<Number, E> {
-                Ok(u64::try_from(v).map(|n| Number(Ok(n))).unwrap_or_else(|_| Number(Err(format!("invalid value: integer `{v}`, expected u64")))))
+                Ok(u64::try_from(v)
+                    .map(|n| Number(Ok(n)))
+                    .unwrap_or_else(|_| Number(Err(format!("invalid value: integer `{v}`, expected u64")))))
             }
             fn visit_f64<E>(self, v: f64) -> Result<Number, E> {
                 Ok(bad(format_args!("floating point `{v}`")))

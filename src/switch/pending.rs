@@ -123,7 +123,8 @@ impl Table {
             }
             Waiter::Multipart(mut asm, tx) => {
                 let openflow::Message::MultipartReply(part) = msg.msg else {
-                    let _ = tx.send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
+                    let _ = tx
+                        .send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
                     return true;
                 };
                 match asm.push(part) {
@@ -146,7 +147,10 @@ impl Table {
             }
             Waiter::Parts(tx) => {
                 let openflow::Message::MultipartReply(part) = msg.msg else {
-                    let _ = tx.try_send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
+                    let _ = tx.try_send(Err(SwitchError::UnexpectedReply {
+                        request: "MULTIPART_REQUEST",
+                        got: msg.msg.name(),
+                    }));
                     return true;
                 };
                 let more = part.more();
@@ -155,7 +159,10 @@ impl Table {
                     return true;
                 }
                 if more {
-                    self.pending.insert(xid, Pending { waiter: Waiter::Parts(tx), covered: std::mem::take(&mut p.covered), cover });
+                    self.pending.insert(
+                        xid,
+                        Pending { waiter: Waiter::Parts(tx), covered: std::mem::take(&mut p.covered), cover },
+                    );
                 }
             }
         }
