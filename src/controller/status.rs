@@ -1,7 +1,7 @@
 //! What the controller tells an operator and its probes: `/healthz` (the loop is alive),
 //! `/readyz` (its watches have listed and, when it leads, ClusterNetwork "default" matches its
-//! configuration; a standby replica that has listed is ready to take over) and `/status` (JSON:
-//! role, counts, pending work, problems).
+//! configuration; a standby replica that has listed is ready to take over), `/status` (JSON:
+//! role, counts, pending work, problems) and `/metrics` (the same as Prometheus gauges).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -57,13 +57,60 @@ impl Status {
     }
 }
 
+impl Status {
+    /// The Prometheus text of this status: `sdn_node_controller_*` gauges and counters.
+    pub fn metrics(&self) -> String {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::gauge::Gauge;
+        let mut r = prometheus_client::registry::Registry::with_prefix("sdn_node_controller");
+        let gauge = |r: &mut prometheus_client::registry::Registry, name: &str, help: &str, v: i64| {
+            let g: Gauge = Gauge::default();
+            g.set(v);
+            r.register(name, help, g);
+        };
+        let n = |v: usize| i64::try_from(v).unwrap_or(i64::MAX);
+        gauge(&mut r, "leading", "1 while this replica holds the Lease and writes", i64::from(self.leading));
+        gauge(&mut r, "synced", "1 once every watch has listed", i64::from(self.synced));
+        gauge(
+            &mut r,
+            "cluster_network_ok",
+            "1 while ClusterNetwork default matches the configuration",
+            i64::from(self.network_ok),
+        );
+        gauge(&mut r, "nodes", "Nodes watched", n(self.nodes));
+        gauge(&mut r, "host_subnets", "HostSubnets in the cluster", n(self.host_subnets));
+        gauge(&mut r, "namespaces", "Namespaces watched", n(self.namespaces));
+        gauge(&mut r, "net_namespaces", "NetNamespaces in the cluster", n(self.net_namespaces));
+        gauge(&mut r, "pending", "Keys to decide, writes in flight and retries waiting", n(self.pending));
+        gauge(
+            &mut r,
+            "subnets_used",
+            "Node subnets of the cluster network taken",
+            i64::try_from(self.subnets_used).unwrap_or(i64::MAX),
+        );
+        gauge(
+            &mut r,
+            "subnets_total",
+            "Node subnets the cluster network holds",
+            i64::try_from(self.subnets_total).unwrap_or(i64::MAX),
+        );
+        gauge(&mut r, "problems", "Objects with a problem (each also a Warning Event)", n(self.problems.len()));
+        let c: Counter = Counter::default();
+        c.inc_by(self.writes);
+        r.register("writes", "Writes started by this replica", c);
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}
+
 /// The loop reports every 500 ms: silent for this long, it is stuck.
 const STALE: Duration = Duration::from_secs(30);
 
 /// Serves the probes on `addr` (bound before returning: a port in use is the caller's error).
 pub async fn serve(addr: std::net::SocketAddr, status: Arc<Mutex<Status>>) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("--health-addr {addr}: {e}"))?;
-    let (s1, s2, s3) = (status.clone(), status.clone(), status);
+    let (s1, s2, s3, s4) = (status.clone(), status.clone(), status.clone(), status);
     let app = axum::Router::new()
         .route(
             "/healthz",
@@ -93,6 +140,13 @@ pub async fn serve(addr: std::net::SocketAddr, status: Arc<Mutex<Status>>) -> Re
             get(move || async move {
                 let s = s3.lock().map(|s| s.clone()).unwrap_or_default();
                 axum::Json(s)
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || async move {
+                let text = s4.lock().map(|s| s.metrics()).unwrap_or_default();
+                ([("content-type", "text/plain; version=0.0.4")], text)
             }),
         );
     tokio::spawn(async move {
