@@ -90,15 +90,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     // `apply` programs the switch only: the node's own networking belongs to `run`.
     let cfg = Config { bridge: opts.bridge.clone(), host_network: false, ..Config::default() };
     let node = Node::new(cfg, Telemetry::default());
-    node.model().set_source(Arc::new(Loaded {
-        state: state.clone(),
-        problems: vec![],
-        live_pods: None,
-        touched: None,
-        seq: 0,
-        pod_annotations: Default::default(),
-        policies_seen: Default::default(),
-    }));
+    node.model().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
     let names = node.model().dns_names();
     let answers = Dns::new(opts.dns_timeout).answers(&names).await;
     node.model().set_dns(answers);
@@ -130,12 +122,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     let after = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
     let left = diff(&desired, &after, rec.generation());
     if !left.is_empty() {
-        let first = left
-            .changes
-            .first()
-            .and_then(|c| c.to_flow_mod().ok())
-            .map(|f| format!("{} {f}", f.command.name()))
-            .unwrap_or_default();
+        let first = left.changes.first().and_then(|c| c.to_flow_mod().ok()).map(|f| format!("{} {f}", f.command.name())).unwrap_or_default();
         return Err(ApplyError::NotConverged(format!("{left}; first: {first}")));
     }
     report.flows = after.len();

@@ -23,9 +23,7 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::pipeline::Flow;
-use crate::store::{
-    diff, diff_owners, is_current, replay, Compiled, Conflict, DesiredState, InstalledState, Owner, Plan,
-};
+use crate::store::{diff, diff_owners, is_current, replay, Compiled, Conflict, DesiredState, InstalledState, Owner, Plan};
 use crate::switch::{Switch, SwitchError};
 
 /// The most FLOW_MODs one group commit may carry (a single update may exceed it).
@@ -172,12 +170,7 @@ impl Engine {
 
     /// [`Engine::start_with_metrics`] that flushes the datapath's counts before a policy change
     /// removes counting flows (`count_flush`; `None` when the per-policy counters are off).
-    pub fn start_counting(
-        sw: Switch,
-        generation: u32,
-        metrics: Option<Arc<Metrics>>,
-        count_flush: Option<CountFlush>,
-    ) -> Engine {
+    pub fn start_counting(sw: Switch, generation: u32, metrics: Option<Arc<Metrics>>, count_flush: Option<CountFlush>) -> Engine {
         let (tx, rx) = mpsc::channel(4096);
         let st = State {
             metrics,
@@ -382,9 +375,7 @@ impl State {
         let n_tables = self.sw.features().n_tables;
         self.one_trip
             && u.iter().all(|(_, flows)| {
-                flows
-                    .iter()
-                    .all(|f| openflow::accept::add_cannot_fail(f.table.id(), &f.match_, &f.instructions, n_tables))
+                flows.iter().all(|f| openflow::accept::add_cannot_fail(f.table.id(), &f.match_, &f.instructions, n_tables))
             })
     }
 
@@ -418,9 +409,7 @@ impl State {
         let t = Instant::now();
         match f.ctl.revalidator_wait(f.deadline).await {
             Ok(()) => debug!(waited = ?t.elapsed(), "datapath counts flushed before a policy change"),
-            Err(e) => {
-                warn!(error = %e, "could not flush the datapath's counts before a policy change; the per-policy counters may miss what the datapath counted in the last revalidation round")
-            }
+            Err(e) => warn!(error = %e, "could not flush the datapath's counts before a policy change; the per-policy counters may miss what the datapath counted in the last revalidation round"),
         }
         if let Some(m) = &self.metrics {
             m.count_flush(t.elapsed());
@@ -434,12 +423,7 @@ impl State {
 
     /// Commits `plan` for the owners `owners()` describes (only computed for log lines), in
     /// one round trip if `one_trip` (see [`State::one_trip`]).
-    async fn commit_for(
-        &mut self,
-        plan: &Plan,
-        one_trip: bool,
-        owners: &(dyn Fn() -> String + Sync),
-    ) -> Result<(), SwitchError> {
+    async fn commit_for(&mut self, plan: &Plan, one_trip: bool, owners: &(dyn Fn() -> String + Sync)) -> Result<(), SwitchError> {
         if plan.is_empty() {
             return Ok(());
         }
@@ -612,12 +596,7 @@ impl State {
         }
         let next = (self.generation + 1) & 0xff_ffff;
         let plan = replay(&self.desired, next);
-        info!(
-            installed = self.installed.len(),
-            desired = self.desired.len(),
-            generation = next,
-            "switch is empty or stale: full replay"
-        );
+        info!(installed = self.installed.len(), desired = self.desired.len(), generation = next, "switch is empty or stale: full replay");
         self.commit(&plan).await?;
         self.generation = next;
         self.stats.full_replays += 1;

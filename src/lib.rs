@@ -13,9 +13,9 @@
 pub use sdn_model::{cluster, model, pipeline, store};
 
 pub mod api;
-pub mod apply;
 pub mod audit;
 pub mod controller;
+pub mod apply;
 pub mod engine;
 pub mod kube;
 pub mod metrics;

@@ -13,11 +13,7 @@ use sdn_node::store::Owner;
 use sdn_node::switch::{Switch, SwitchOptions};
 
 #[derive(Parser)]
-#[command(
-    name = "sdn-node",
-    version,
-    about = "Programs Open vSwitch for a Kubernetes pod network (openshift-sdn's pipeline) over OpenFlow 1.3 and OVSDB"
-)]
+#[command(name = "sdn-node", version, about = "Programs Open vSwitch for a Kubernetes pod network (openshift-sdn's pipeline) over OpenFlow 1.3 and OVSDB")]
 struct Cli {
     /// Log format: human or json (structured).
     #[arg(long, global = true, default_value = "human")]
@@ -48,8 +44,7 @@ impl RunArgs {
     fn options(self) -> (RunOptions, Option<sdn_node::kube::KubeOptions>) {
         let RunArgs { state, kubeconfig, in_cluster, mut opts } = self;
         opts.state = state.unwrap_or_default();
-        let kube = (kubeconfig.is_some() || in_cluster)
-            .then(|| sdn_node::kube::KubeOptions { kubeconfig, node: opts.node_name.clone().unwrap_or_default() });
+        let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: opts.node_name.clone().unwrap_or_default() });
         (opts, kube)
     }
 }
@@ -264,9 +259,7 @@ fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> Exi
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
         Cmd::Controller(args) => sdn_node::controller::run(*args, terminated()).await,
-        Cmd::Trace(args) => {
-            print_result(sdn_node::trace::run(&args).await, |r| if args.json { json(r) } else { r.text() })
-        }
+        Cmd::Trace(args) => print_result(sdn_node::trace::run(&args).await, |r| if args.json { json(r) } else { r.text() }),
         Cmd::Status { socket, json: as_json } => {
             print_result(sdn_node::api::status::fetch(&socket).await, |s| if as_json { json(s) } else { s.to_string() })
         }
@@ -276,17 +269,7 @@ async fn run(cli: Cli) -> ExitCode {
                 _ => None,
             };
             let (method, path, body) = match op {
-                PodCmd::Add {
-                    namespace,
-                    name,
-                    container_id,
-                    host_veth,
-                    ip,
-                    mac,
-                    ingress_bandwidth,
-                    egress_bandwidth,
-                    internal,
-                } => {
+                PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
                     let mut annotations = std::collections::BTreeMap::new();
                     if let Some(v) = ingress_bandwidth {
                         annotations.insert(sdn_node::cluster::INGRESS_ANNOTATION.to_string(), v);
@@ -294,17 +277,7 @@ async fn run(cli: Cli) -> ExitCode {
                     if let Some(v) = egress_bandwidth {
                         annotations.insert(sdn_node::cluster::EGRESS_ANNOTATION.to_string(), v);
                     }
-                    let req = sdn_node::api::PodRequest {
-                        container_id,
-                        namespace,
-                        name,
-                        host_veth,
-                        ip,
-                        mac,
-                        annotations,
-                        internal,
-                        cni: None,
-                    };
+                    let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal, cni: None };
                     ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
                 }
                 PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),
@@ -324,10 +297,7 @@ async fn run(cli: Cli) -> ExitCode {
                 )),
             };
             match answer {
-                Ok((status, body))
-                    if (200..300).contains(&status)
-                        && matches!(list_output, Some(None | Some(PodListOutput::Wide))) =>
-                {
+                Ok((status, body)) if (200..300).contains(&status) && matches!(list_output, Some(None | Some(PodListOutput::Wide))) => {
                     match serde_json::from_str::<Vec<sdn_node::reconcile::record::PodRecord>>(&body) {
                         Ok(pods) if pods.is_empty() => {
                             errln!("No pods set up through the pod API at {}.", socket.display());
@@ -370,9 +340,7 @@ async fn run(cli: Cli) -> ExitCode {
                 return ExitCode::FAILURE;
             }
             match sdn_node::rlimit::raise_nofile() {
-                Ok((before, after)) if before != after => {
-                    tracing::info!(before, after, "raised the open file limit to the hard limit")
-                }
+                Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
                 Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
                 Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
             }
@@ -392,33 +360,29 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Cmd::Apply(opts) => match apply(&opts).await {
-            Ok(r) => {
-                errln!(
-                    "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
-                    r.flows,
-                    opts.bridge.name(),
-                    r.adds,
-                    r.modifies,
-                    r.deletes,
-                    r.ports_added,
-                    r.ports_removed
-                );
-                if r.problems.is_empty() {
-                    ExitCode::SUCCESS
-                } else {
-                    errln!("{} object(s) rejected:", r.problems.len());
-                    for p in &r.problems {
-                        errln!("  {p}");
+        Cmd::Apply(opts) => {
+            match apply(&opts).await {
+                Ok(r) => {
+                    errln!(
+                        "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
+                        r.flows, opts.bridge.name(), r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
+                    );
+                    if r.problems.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        errln!("{} object(s) rejected:", r.problems.len());
+                        for p in &r.problems {
+                            errln!("  {p}");
+                        }
+                        ExitCode::from(2)
                     }
-                    ExitCode::from(2)
+                }
+                Err(e) => {
+                    errln!("error: {e}");
+                    ExitCode::FAILURE
                 }
             }
-            Err(e) => {
-                errln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Cmd::DumpFlows { ovs, table, owner, stats } => {
             let mut req = FlowStatsRequest::default();
             if let Some(t) = table {
@@ -445,11 +409,8 @@ async fn run(cli: Cli) -> ExitCode {
             match res {
                 Ok(mut flows) => {
                     flows.sort_by(|a, b| {
-                        (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string()).cmp(&(
-                            b.table_id,
-                            std::cmp::Reverse(b.priority),
-                            b.no_stats().to_string(),
-                        ))
+                        (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string())
+                            .cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.no_stats().to_string()))
                     });
                     let mut text = String::new();
                     for f in flows {

@@ -243,23 +243,11 @@ impl Metrics {
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
-            r.register(
-                "flow_mods",
-                "FLOW_MODs sent, by operation (add, modify, delete) and bundle result",
-                m.flow_mods.clone(),
-            );
+            r.register("flow_mods", "FLOW_MODs sent, by operation (add, modify, delete) and bundle result", m.flow_mods.clone());
             r.register("bundles", "Bundles committed, by result", m.bundles.clone());
-            r.register(
-                "bundle_latency_seconds",
-                "Bundle commit latency (send to commit reply)",
-                m.bundle_latency.clone(),
-            );
+            r.register("bundle_latency_seconds", "Bundle commit latency (send to commit reply)", m.bundle_latency.clone());
             r.register("flows", "Desired flows per table", m.flows.clone());
-            r.register(
-                "reconnects",
-                "Connections established to the switch (openflow) and ovsdb-server (ovsdb)",
-                m.reconnects.clone(),
-            );
+            r.register("reconnects", "Connections established to the switch (openflow) and ovsdb-server (ovsdb)", m.reconnects.clone());
             r.register("resyncs", "Resyncs from a dump, by kind (difference, full_replay)", m.resyncs.clone());
             r.register("objects_rejected", "Objects rejected by validation, by kind", m.rejected.clone());
             r.register(
@@ -267,11 +255,7 @@ impl Metrics {
                 "Objects rejected now, by kind (a rejected object of the state file that was good before keeps its last good version); cleared when fixed",
                 m.rejections.gauge.clone(),
             );
-            r.register(
-                "dns_failures",
-                "Egress dnsName resolutions that failed (the VNID drops all egress)",
-                m.dns_failures.clone(),
-            );
+            r.register("dns_failures", "Egress dnsName resolutions that failed (the VNID drops all egress)", m.dns_failures.clone());
             r.register("pod_setup_seconds", "Pod API setup latency (request to committed flows)", m.pod_setup.clone());
             r.register("connected", "1 while connected, by target (openflow, ovsdb)", m.connected.clone());
             r.register("pod_requests", "Pod API requests, by operation and the status code answered (503: switch or OVSDB unavailable, 504: deadline)", m.pod_requests.clone());
@@ -280,26 +264,10 @@ impl Metrics {
                 "NetworkPolicies with a part this node could not use and dropped (never allowing more); the problem names the field",
                 m.policies_partly_enforced.clone(),
             );
-            r.register(
-                "audit_events",
-                "NetworkPolicy audit log packet-ins, by outcome (written, dropped, invalid, write_error)",
-                m.audit_events.clone(),
-            );
-            r.register(
-                "converge_errors",
-                "Failed converge attempts, by executor (host, ovsdb, flows); each retries on its own",
-                m.converge_errors.clone(),
-            );
-            r.register(
-                "repairs",
-                "What someone else removed or changed and the agent put back from its model, by what",
-                m.repairs.clone(),
-            );
-            r.register(
-                "api_connections",
-                "Open connections, by listener (pod_api, metrics)",
-                m.api_connections.clone(),
-            );
+            r.register("audit_events", "NetworkPolicy audit log packet-ins, by outcome (written, dropped, invalid, write_error)", m.audit_events.clone());
+            r.register("converge_errors", "Failed converge attempts, by executor (host, ovsdb, flows); each retries on its own", m.converge_errors.clone());
+            r.register("repairs", "What someone else removed or changed and the agent put back from its model, by what", m.repairs.clone());
+            r.register("api_connections", "Open connections, by listener (pod_api, metrics)", m.api_connections.clone());
             r.register(
                 "api_connections_shed",
                 "Connections closed by the agent to stay under a listener's cap, by listener and why (evicted_idle: the oldest idle one made room for a new one; refused: all were busy)",
@@ -325,26 +293,14 @@ impl Metrics {
                 "Packets dropped because no NetworkPolicy rule allowed them, by namespace and direction (every packet, retransmissions included)",
                 m.policy_dropped_packets.clone(),
             );
-            r.register(
-                "policy_dropped_bytes",
-                "Bytes of the packets counted by sdn_node_policy_dropped_packets",
-                m.policy_dropped_bytes.clone(),
-            );
+            r.register("policy_dropped_bytes", "Bytes of the packets counted by sdn_node_policy_dropped_packets", m.policy_dropped_bytes.clone());
             r.register(
                 "policy_unattributed_packets",
                 "Packets of NetworkPolicy flows the model did not name when their statistics were read (a change under way)",
                 m.policy_unattributed_packets.clone(),
             );
-            r.register(
-                "policy_stats_reads",
-                "Reads of the NetworkPolicy flows' statistics, by result (ok, error)",
-                m.policy_stats_reads.clone(),
-            );
-            r.register(
-                "reconcile_busy_seconds",
-                "How long the reconcile loop has been working on its current pass",
-                m.reconcile_stalled.clone(),
-            );
+            r.register("policy_stats_reads", "Reads of the NetworkPolicy flows' statistics, by result (ok, error)", m.policy_stats_reads.clone());
+            r.register("reconcile_busy_seconds", "How long the reconcile loop has been working on its current pass", m.reconcile_stalled.clone());
             r.register(
                 "log_lines_dropped",
                 "Log lines that could not be written to stderr (closed or failing); the agent runs on without them",
@@ -370,9 +326,7 @@ impl Metrics {
         for listener in ["pod_api", "metrics"] {
             m.api_connections.get_or_create(&ListenerLabel { listener: listener.into() }).set(0);
             for why in ["evicted_idle", "refused"] {
-                m.api_connections_shed
-                    .get_or_create(&ShedLabel { listener: listener.into(), why: why.into() })
-                    .inc_by(0);
+                m.api_connections_shed.get_or_create(&ShedLabel { listener: listener.into(), why: why.into() }).inc_by(0);
             }
         }
         for result in ["ok", "error"] {
@@ -382,9 +336,7 @@ impl Metrics {
         for e in Executor::ALL {
             m.converge_errors.get_or_create(&ExecutorLabel { executor: e.name().into() }).inc_by(0);
         }
-        for what in
-            ["bridge", "bridge_setting", "base_port", "generation", "pod_port", "pod_record", "qos", "flows", "host"]
-        {
+        for what in ["bridge", "bridge_setting", "base_port", "generation", "pod_port", "pod_record", "qos", "flows", "host"] {
             m.repairs.get_or_create(&RepairLabel { what: what.into() }).inc_by(0);
         }
         m
@@ -634,11 +586,7 @@ pub struct Telemetry {
 
 /// Mirrors the audit log's counters into [`Metrics::audit_events`] twice a second until
 /// `cancel`.
-pub async fn follow_audit(
-    m: Arc<Metrics>,
-    c: Arc<crate::audit::AuditCounters>,
-    cancel: tokio_util::sync::CancellationToken,
-) {
+pub async fn follow_audit(m: Arc<Metrics>, c: Arc<crate::audit::AuditCounters>, cancel: tokio_util::sync::CancellationToken) {
     let mut last = [0u64; 4];
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -648,9 +596,7 @@ pub async fn follow_audit(
         }
         let now = [c.events(), c.dropped(), c.invalid(), c.write_errors()];
         for (i, outcome) in ["written", "dropped", "invalid", "write_error"].iter().enumerate() {
-            m.audit_events
-                .get_or_create(&AuditLabel { outcome: outcome.to_string() })
-                .inc_by(now[i].saturating_sub(last[i]));
+            m.audit_events.get_or_create(&AuditLabel { outcome: outcome.to_string() }).inc_by(now[i].saturating_sub(last[i]));
         }
         last = now;
     }
@@ -671,15 +617,8 @@ mod tests {
         t.executor_result(Executor::Host, &Err("gateway interface tun0 not found"));
         t.executor_result(Executor::Host, &Err("gateway interface tun0 not found"));
         let why = t.health.not_ready().expect("not ready while host fails");
-        assert!(
-            why.contains("host executor failing") && why.contains("tun0 not found") && why.contains("2 attempts"),
-            "{why}"
-        );
-        assert!(
-            t.metrics.encode().contains("sdn_node_converge_errors_total{executor=\"host\"} 2"),
-            "{}",
-            t.metrics.encode()
-        );
+        assert!(why.contains("host executor failing") && why.contains("tun0 not found") && why.contains("2 attempts"), "{why}");
+        assert!(t.metrics.encode().contains("sdn_node_converge_errors_total{executor=\"host\"} 2"), "{}", t.metrics.encode());
         assert!(t.metrics.encode().contains("sdn_node_converge_errors_total{executor=\"flows\"} 0"));
         t.executor_result::<String>(Executor::Host, &Ok(()));
         assert_eq!(t.health.not_ready(), None);
@@ -713,3 +652,4 @@ mod tests {
         }
     }
 }
+

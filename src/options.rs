@@ -129,8 +129,7 @@ pub fn defaults<T: clap::Args + clap::FromArgMatches>() -> T {
     let cmd = cmd.mut_args(|a| a.env(None::<&str>));
     // A group with a required argument has no defaults: a programming error, caught by the
     // unit test below for every group.
-    let matches =
-        cmd.try_get_matches_from(std::iter::empty::<String>()).expect("option groups have defaults for every argument");
+    let matches = cmd.try_get_matches_from(std::iter::empty::<String>()).expect("option groups have defaults for every argument");
     T::from_arg_matches(&matches).expect("option groups' defaults parse")
 }
 
@@ -199,23 +198,11 @@ mod tests {
         assert!(e.contains("foo") && e.contains("--datapath-type") && e.contains("system"), "{e}");
         let e = Cli::try_parse_from(["x", "--change-datapath-type"]).unwrap_err().to_string();
         assert!(e.contains("--datapath-type"), "{e}");
-        let b = Cli::try_parse_from([
-            "x",
-            "--datapath-type",
-            "dummy",
-            "--change-datapath-type",
-            "--take-ports-from-other-bridges",
-        ])
-        .unwrap()
-        .bridge;
+        let b = Cli::try_parse_from(["x", "--datapath-type", "dummy", "--change-datapath-type", "--take-ports-from-other-bridges"]).unwrap().bridge;
         assert!(b.change_datapath_type && b.take_ports_from_other_bridges);
         assert_eq!("dummy".parse::<DatapathType>(), Ok(DatapathType::Dummy));
         assert!("Foo".parse::<DatapathType>().unwrap_err().contains("not a datapath type"));
-        assert!(
-            DatapathType::same("", "system")
-                && DatapathType::same("netdev", "netdev")
-                && !DatapathType::same("", "netdev")
-        );
+        assert!(DatapathType::same("", "system") && DatapathType::same("netdev", "netdev") && !DatapathType::same("", "netdev"));
     }
 
     #[test]

@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openflow::{FlowStats, FlowStatsRequest, Instruction};
-use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::apply::{converge, ApplyOptions};
 use sdn_node::cluster::desired::desired_state;
 use sdn_node::cluster::{state_file, ClusterState};
 use sdn_node::pipeline::egress::DnsAnswers;
 use sdn_node::pipeline::{FlowKey, Table};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::switch::{Switch, SwitchOptions};
 
 /// Rules per policy: `ALLOWS` Allow cidrSelectors, then Deny 0.0.0.0/0.
@@ -53,11 +53,7 @@ fn state(first_octet: u8) -> ClusterState {
          \x20   egress:\n",
     );
     for i in 0..ALLOWS {
-        yaml.push_str(&format!(
-            "      - {{type: Allow, to: {{cidrSelector: {first_octet}.{}.{}.0/24}}}}\n",
-            i / 256,
-            i % 256
-        ));
+        yaml.push_str(&format!("      - {{type: Allow, to: {{cidrSelector: {first_octet}.{}.{}.0/24}}}}\n", i / 256, i % 256));
     }
     yaml.push_str("      - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
     let (s, problems) = state_file::parse(&yaml).expect("state parses");
@@ -203,8 +199,7 @@ async fn egress_policy_swaps_are_atomic() {
 
     let mut opts = ApplyOptions::new(PathBuf::from("unused.yaml"), sb.dir().to_path_buf());
     opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
-    let first =
-        tokio::time::timeout(T, converge(&opts, &states[0])).await.expect("converge in time").expect("converge");
+    let first = tokio::time::timeout(T, converge(&opts, &states[0])).await.expect("converge in time").expect("converge");
     assert!(first.problems.is_empty() && first.warnings.is_empty(), "{first:?}");
 
     // Our own dumps go over a connection of their own.
@@ -223,8 +218,7 @@ async fn egress_policy_swaps_are_atomic() {
             let mut reports = Vec::new();
             while !stop.load(Ordering::Relaxed) && swaps.load(Ordering::Relaxed) < MAX_SWAPS {
                 let next = &states[(swaps.load(Ordering::Relaxed) + 1) % 2];
-                let r =
-                    tokio::time::timeout(T, converge(&opts, next)).await.expect("converge in time").expect("converge");
+                let r = tokio::time::timeout(T, converge(&opts, next)).await.expect("converge in time").expect("converge");
                 reports.push((r.adds, r.modifies, r.deletes));
                 swaps.fetch_add(1, Ordering::Relaxed);
             }

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openflow::{Action, Controller, FlowMod, FlowStatsRequest, Ipv4Match, Match, PortNo};
-use sdn_harness::sandbox::OvsSandbox;
 use sdn_model::pipeline::audit::{log_action, Direction, Verdict, AUDIT_METER_ID};
 use sdn_node::audit::{self, AuditConfig, Sink};
+use sdn_harness::sandbox::OvsSandbox;
 use sdn_node::switch::{packet_in_channel, Backoff, PacketInMsg, Supervisor, Switch, SwitchEvent, SwitchOptions};
 use support::*;
 
@@ -33,21 +33,13 @@ fn run(c: &mut Command) -> String {
 }
 
 fn vsctl(sb: &OvsSandbox, args: &[&str]) -> String {
-    run(Command::new("ovs-vsctl")
-        .arg(format!("--db={}", sb.db_socket()))
-        .arg("--timeout=20")
-        .args(args)
-        .envs(sb.ovs_env()))
+    run(Command::new("ovs-vsctl").arg(format!("--db={}", sb.db_socket())).arg("--timeout=20").args(args).envs(sb.ovs_env()))
 }
 
 fn appctl(sb: &OvsSandbox, args: &[&str]) -> String {
     let pid = sb.vswitchd_pid().expect("vswitchd pid");
     let ctl = sb.dir().join(format!("ovs-vswitchd.{pid}.ctl"));
-    run(Command::new("ovs-appctl")
-        .arg("--timeout=30")
-        .arg(format!("--target={}", ctl.display()))
-        .args(args)
-        .envs(sb.ovs_env()))
+    run(Command::new("ovs-appctl").arg("--timeout=30").arg(format!("--target={}", ctl.display())).args(args).envs(sb.ovs_env()))
 }
 
 /// br0 (dummy datapath) with dummy ports p1 (ofport 1) and p2 (ofport 2).
@@ -160,9 +152,7 @@ async fn userspace_datapath_supports_meters_and_controller_meter_id() {
     // OVS holds and prints our action exactly as our Display prints it.
     let dump = ofctl(&sb, &["dump-flows", "br0", "--no-stats"]);
     assert!(
-        dump.contains(
-            "actions=controller(max_len=128,userdata=01.00.00.00.02.74.65.61.6d.2d.61.2f.77.65.62,meter_id=1),output:2"
-        ),
+        dump.contains("actions=controller(max_len=128,userdata=01.00.00.00.02.74.65.61.6d.2d.61.2f.77.65.62,meter_id=1),output:2"),
         "{dump}"
     );
     let back = sw.dump_flows(FlowStatsRequest::default()).await.unwrap();
@@ -178,8 +168,7 @@ async fn one_packet_gives_one_event() {
     let log = dir.path().join("audit.log");
     let cfg = AuditConfig::new(100, 20, Sink::File(log.clone()), "node-1");
     let (h, on_connect) = audit::start(cfg, pods()).await.unwrap();
-    let sup =
-        Supervisor::spawn_with(&mgmt(&sb), SwitchOptions::default(), Backoff::default(), Some(on_connect)).unwrap();
+    let sup = Supervisor::spawn_with(&mgmt(&sb), SwitchOptions::default(), Backoff::default(), Some(on_connect)).unwrap();
     let sw = tokio::time::timeout(T, sup.connected()).await.unwrap();
     let c = h.counters.clone();
     // The set-up ran before the connection was published: the meter is there already.
@@ -222,10 +211,8 @@ async fn a_flood_is_limited_by_the_meter_and_still_forwarded() {
     let sb = switch_with_ports().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
-    let (h, on_connect) =
-        audit::start(AuditConfig::new(RATE, BURST, Sink::File(log.clone()), "node-1"), pods()).await.unwrap();
-    let sup =
-        Supervisor::spawn_with(&mgmt(&sb), SwitchOptions::default(), Backoff::default(), Some(on_connect)).unwrap();
+    let (h, on_connect) = audit::start(AuditConfig::new(RATE, BURST, Sink::File(log.clone()), "node-1"), pods()).await.unwrap();
+    let sup = Supervisor::spawn_with(&mgmt(&sb), SwitchOptions::default(), Backoff::default(), Some(on_connect)).unwrap();
     let sw = tokio::time::timeout(T, sup.connected()).await.unwrap();
     let c = h.counters.clone();
     assert_eq!(c.setups(), 1, "set up before the connection is handed out");
@@ -308,8 +295,7 @@ async fn meter_and_packet_ins_are_set_up_again_after_a_reconnect() {
     let opts = SwitchOptions { echo_interval: Some(Duration::from_millis(200)), ..SwitchOptions::default() };
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
-    let (h, on_connect) =
-        audit::start(AuditConfig::new(100, 20, Sink::File(log.clone()), "node-1"), pods()).await.unwrap();
+    let (h, on_connect) = audit::start(AuditConfig::new(100, 20, Sink::File(log.clone()), "node-1"), pods()).await.unwrap();
     let backoff = Backoff { initial: Duration::from_millis(50), max: Duration::from_millis(200) };
     let sup = Supervisor::spawn_with(&mgmt(&sb), opts, backoff, Some(on_connect)).unwrap();
     let mut events = sup.subscribe();

@@ -219,12 +219,7 @@ async fn chaos_soak_ends_ready_reachable_and_isolated() {
 
     // Every pod has its own address, and holds it.
     let addrs: BTreeSet<&str> = pods.iter().map(|p| p.addr.as_str()).collect();
-    assert_eq!(
-        addrs.len(),
-        pods.len(),
-        "every pod its own address: {:?}",
-        pods.iter().map(|p| &p.addr).collect::<Vec<_>>()
-    );
+    assert_eq!(addrs.len(), pods.len(), "every pod its own address: {:?}", pods.iter().map(|p| &p.addr).collect::<Vec<_>>());
     for p in &pods {
         let (_, out) = in_ns(&p.sandbox.name, &["ip", "-o", "-4", "addr", "show", "eth0"]);
         assert!(out.contains(&format!("{}/", p.addr)), "{} holds {}: {out}", p.sandbox.name, p.addr);

@@ -8,11 +8,7 @@ use support::*;
 
 fn sdn_node(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_sdn-node")).args(args).env("RUST_LOG", "warn").output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 const STATE: &str = r#"
@@ -83,8 +79,7 @@ async fn a_fatal_state_error_changes_nothing() {
     let state = sb.dir().join("state.yaml");
     std::fs::write(&state, STATE.replace("clusterNetwork: 10.128.0.0/14", "clusterNetwork: 10.128.0.0/99")).unwrap();
     let dir = sb.dir().display().to_string();
-    let (code, _, err) =
-        sdn_node(&["apply", "--state", state.to_str().unwrap(), "--ovs-rundir", &dir, "--datapath-type", "dummy"]);
+    let (code, _, err) = sdn_node(&["apply", "--state", state.to_str().unwrap(), "--ovs-rundir", &dir, "--datapath-type", "dummy"]);
     assert_eq!(code, 1);
     assert!(err.contains("field clusterNetwork"), "{err}");
     assert_eq!(dump_sorted(&sb, &[]), before);

@@ -10,6 +10,7 @@ use std::time::Duration;
 use support::agent::{signal_pid, vsctl};
 use support::cninode::*;
 
+
 /// Everything a pod could leave behind on a node.
 #[derive(Debug, PartialEq)]
 struct Leftovers {
@@ -82,12 +83,7 @@ async fn pods_through_libcni_reach_by_vnid_and_leave_nothing() {
     // catch that lock missing.)
     for _ in 0..3 {
         assert_eq!(node.cni_raw("DEL", "team-a", "a1", &container(1), &ns[0].path()), 200, "DEL");
-        assert_eq!(
-            node.cni_raw("ADD", "team-a", "a1", &container(1), &ns[0].path()),
-            200,
-            "ADD right after DEL\n{}",
-            node.log()
-        );
+        assert_eq!(node.cni_raw("ADD", "team-a", "a1", &container(1), &ns[0].path()), 200, "ADD right after DEL\n{}", node.log());
         let r = node.cni("add", "team-a", "a1", &container(1), &ns[0].path());
         assert!(r.ok(), "a repeated ADD answers what the first did: {:?}", r.out);
         addr.insert("a1", r.addr());
@@ -125,11 +121,7 @@ async fn pods_through_libcni_reach_by_vnid_and_leave_nothing() {
         } else {
             assert!(verdict.contains("DROPPED in table 80 by base"), "{to}: {text}");
         }
-        assert_eq!(
-            ping(&ns[0].name, &addr[to.split('/').nth(1).unwrap()]),
-            reached,
-            "ping agrees with the trace to {to}"
-        );
+        assert_eq!(ping(&ns[0].name, &addr[to.split('/').nth(1).unwrap()]), reached, "ping agrees with the trace to {to}");
     }
     // DEL twice (idempotent), then nothing is left.
     for (i, (pod_ns, name)) in pods.iter().enumerate() {
@@ -166,8 +158,7 @@ async fn traffic_leaving_the_cluster_is_masqueraded() {
     let (_, rules) = in_ns(&node.ns, &["nft", "list", "ruleset"]);
     assert!(rules.contains("masquerade"), "{rules}");
     // Without our table (removed by hand) the outside host cannot answer: the masquerade did it.
-    let table =
-        rules.lines().find(|l| l.starts_with("table ip ")).unwrap_or_default().trim_end_matches(" {").to_string();
+    let table = rules.lines().find(|l| l.starts_with("table ip ")).unwrap_or_default().trim_end_matches(" {").to_string();
     let parts: Vec<&str> = table.split_whitespace().collect();
     assert!(in_ns(&node.ns, &["nft", "delete", "table", "ip", parts[2]]).0, "{table}");
     assert!(!ping(&p.name, "203.0.113.2"), "no reply without the masquerade");
@@ -242,22 +233,7 @@ async fn failed_adds_leave_nothing() {
     // The agent removes what the frozen server applied late.
     back_to(&node, &before, "after a frozen ovsdb-server").await;
     // At the commit: the switch refuses the flows (table full).
-    vsctl(
-        &node.sb,
-        &[
-            "--",
-            "--id=@ft",
-            "create",
-            "Flow_Table",
-            "flow_limit=1",
-            "overflow_policy=refuse",
-            "--",
-            "set",
-            "Bridge",
-            "br0",
-            "flow_tables:20=@ft",
-        ],
-    );
+    vsctl(&node.sb, &["--", "--id=@ft", "create", "Flow_Table", "flow_limit=1", "overflow_policy=refuse", "--", "set", "Bridge", "br0", "flow_tables:20=@ft"]);
     let p3 = PodNs::new("f3");
     let r = node.cni("add", "team-a", "f3", &container(204), &p3.path());
     assert!(!r.ok(), "{:?}", r.out);

@@ -103,17 +103,12 @@ fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
 /// `/metrics` of an agent on deploy/examples/networkpolicy.yaml after its first read of the
 /// policy flows' statistics (every series at zero: no packets).
 async fn networkpolicy_metrics() -> String {
-    let state =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/networkpolicy.yaml")).unwrap();
-    let agent =
-        support::inproc::start_with(&state, |o| o.policy_stats_interval = Some(std::time::Duration::from_millis(200)))
-            .await;
+    let state = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/networkpolicy.yaml")).unwrap();
+    let agent = support::inproc::start_with(&state, |o| o.policy_stats_interval = Some(std::time::Duration::from_millis(200))).await;
     for _ in 0..200 {
         let (code, m) = support::inproc::http_get(&agent.metrics, "/metrics").await;
         assert_eq!(code, 200);
-        if m.contains("sdn_node_policy_stats_reads_total{result=\"ok\"} ")
-            && !m.contains("sdn_node_policy_stats_reads_total{result=\"ok\"} 0")
-        {
+        if m.contains("sdn_node_policy_stats_reads_total{result=\"ok\"} ") && !m.contains("sdn_node_policy_stats_reads_total{result=\"ok\"} 0") {
             assert!(m.contains("sdn_node_policy_connections_total{namespace=\"team-a\",policy=\"db-from-web\",direction=\"ingress\"} 0"), "{m}");
             return m;
         }

@@ -160,9 +160,7 @@ impl Manifests {
             }
             ("apps/v1", "DaemonSet") => self.daemon_sets.push(strict(&what, doc)?),
             ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => self.crds.push(strict(&what, doc)?),
-            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
-                self.admission_policies.push(strict(&what, doc)?)
-            }
+            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => self.admission_policies.push(strict(&what, doc)?),
             ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
                 self.admission_bindings.push(strict(&what, doc)?)
             }
@@ -573,11 +571,7 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     let state_dir = resolved(&m, arg_value(&args, "--state-dir").unwrap_or(STATE_DIR)).unwrap();
     assert_eq!(state_dir, STATE_DIR);
     host_path_mount(&volumes, &mounts, &state_dir, Writable::Yes, None);
-    assert_eq!(
-        mounts.len(),
-        5,
-        "the agent mounts OVS's, its run and state directories, the CNI config and the netns directories"
-    );
+    assert_eq!(mounts.len(), 5, "the agent mounts OVS's, its run and state directories, the CNI config and the netns directories");
     // The plugin directory: mounted by the init container only.
     let init = m.init_container();
     let init_mounts = init.volume_mounts.clone().unwrap_or_default();
@@ -652,10 +646,7 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     let aa = sc.app_armor_profile.as_ref().expect("appArmorProfile");
     assert_eq!((aa.type_.as_str(), aa.localhost_profile.as_deref()), ("Localhost", Some(APPARMOR_PROFILE)));
     assert!(pod.security_context.as_ref().and_then(|p| p.app_armor_profile.as_ref()).is_none());
-    assert!(
-        pod.security_context.as_ref().and_then(|p| p.seccomp_profile.as_ref()).is_none(),
-        "seccomp set on the container"
-    );
+    assert!(pod.security_context.as_ref().and_then(|p| p.seccomp_profile.as_ref()).is_none(), "seccomp set on the container");
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -753,11 +744,7 @@ fn init_container_installs_the_plugin_atomically() {
     assert_eq!(Path::new(tmp).parent(), Some(Path::new(dir)), "the temporary file is in the same directory");
     let tmp_name = Path::new(tmp).file_name().unwrap().to_str().unwrap();
     assert!(tmp_name.starts_with('.') && !tmp_name.ends_with(".conf"), "hidden: not taken for a plugin");
-    assert_eq!(
-        rename,
-        ["mv", "-f", tmp, format!("{dir}/{}", sdn_node_cni::PLUGIN_TYPE).as_str()],
-        "rename over the plugin's name"
-    );
+    assert_eq!(rename, ["mv", "-f", tmp, format!("{dir}/{}", sdn_node_cni::PLUGIN_TYPE).as_str()], "rename over the plugin's name");
 
     // Run it: a stand-in for the image's plugin, a node directory holding an older plugin.
     let scratch = tempfile::tempdir().unwrap();
@@ -973,11 +960,7 @@ fn dockerfile_builds_and_ships_both_binaries() {
     assert_eq!(froms[0], "FROM ${BUILD_IMAGE} AS build");
     assert_eq!(froms[1], "FROM ${RUNTIME_IMAGE}");
     for arg in ["ARG BUILD_IMAGE", "ARG RUNTIME_IMAGE"] {
-        assert_eq!(
-            instructions.iter().filter(|i| **i == arg).count(),
-            2,
-            "{arg} before the first FROM and in its stage"
-        );
+        assert_eq!(instructions.iter().filter(|i| **i == arg).count(), 2, "{arg} before the first FROM and in its stage");
     }
     assert!(!text.contains("ARG BUILD_IMAGE=") && !text.contains("ARG RUNTIME_IMAGE="), "no default image reference");
     let digest = "0123456789abcdef".repeat(4);
@@ -999,15 +982,10 @@ fn dockerfile_builds_and_ships_both_binaries() {
         }
     }
     // Both binaries: the agent, and the plugin from the workspace member cni/.
-    assert!(
-        text.contains("cargo build --release --locked -p sdn-node --bin sdn-node -p sdn-node-cni --bin sdn-node-cni")
-    );
+    assert!(text.contains("cargo build --release --locked -p sdn-node --bin sdn-node -p sdn-node-cni --bin sdn-node-cni"));
     let cni_manifest = std::fs::read_to_string(repo().join("cni/Cargo.toml")).unwrap();
     assert!(cni_manifest.contains("name = \"sdn-node-cni\"\npath = \"src/main.rs\""), "cni/ has the bin sdn-node-cni");
-    assert!(
-        std::fs::read_to_string(repo().join("Cargo.toml")).unwrap().contains("\"cni\""),
-        "cni/ is a workspace member"
-    );
+    assert!(std::fs::read_to_string(repo().join("Cargo.toml")).unwrap().contains("\"cni\""), "cni/ is a workspace member");
     assert_eq!(Path::new(PLUGIN_BINARY).file_name().unwrap(), sdn_node_cni::PLUGIN_TYPE);
     assert!(instructions.iter().any(|i| *i == format!(r#"ENTRYPOINT ["{AGENT_BINARY}"]"#)));
     // hostnet links libnftnl and libmnl: headers and pkg-config to build, libraries to run.
@@ -1020,11 +998,8 @@ fn dockerfile_builds_and_ships_both_binaries() {
         assert!(stages[2].contains(pkg), "the runtime stage installs {pkg}");
     }
     // The runtime stage copies only the two binaries from the build stage.
-    let copies: Vec<&String> = instructions
-        .iter()
-        .skip_while(|i| !i.starts_with("FROM ${RUNTIME_IMAGE}"))
-        .filter(|i| i.starts_with("COPY"))
-        .collect();
+    let copies: Vec<&String> =
+        instructions.iter().skip_while(|i| !i.starts_with("FROM ${RUNTIME_IMAGE}")).filter(|i| i.starts_with("COPY")).collect();
     assert_eq!(copies.len(), 1);
     assert_eq!(copies[0], "COPY --from=build /out/sdn-node /out/sdn-node-cni /usr/local/bin/");
     let dir = Path::new(AGENT_BINARY).parent().unwrap();
@@ -1045,19 +1020,13 @@ fn apparmor_profile_allows_what_the_agent_does() {
     let text = std::fs::read_to_string(&path).unwrap();
     let rules: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
     assert!(
-        rules.iter().any(|r| r.starts_with(&format!("profile {APPARMOR_PROFILE} "))
-            && !r.contains("complain")
-            && !r.contains("unconfined")),
+        rules.iter().any(|r| r.starts_with(&format!("profile {APPARMOR_PROFILE} ")) && !r.contains("complain") && !r.contains("unconfined")),
         "profile {APPARMOR_PROFILE}, enforcing: {rules:?}"
     );
-    let caps: BTreeSet<&str> =
-        rules.iter().filter_map(|r| r.strip_prefix("capability ")).map(|c| c.trim_end_matches(',')).collect();
+    let caps: BTreeSet<&str> = rules.iter().filter_map(|r| r.strip_prefix("capability ")).map(|c| c.trim_end_matches(',')).collect();
     assert_eq!(caps, BTreeSet::from(["net_admin", "sys_admin"]), "the DaemonSet's two capabilities, no other");
     // The entrypoint's mounts: exactly these, and no blanket mount rule.
-    let mounts: Vec<&&str> = rules
-        .iter()
-        .filter(|r| r.starts_with("mount") || r.starts_with("remount") || r.starts_with("umount"))
-        .collect();
+    let mounts: Vec<&&str> = rules.iter().filter(|r| r.starts_with("mount") || r.starts_with("remount") || r.starts_with("umount")).collect();
     assert_eq!(
         mounts,
         [&"mount options=(rw, bind) /proc/sys/net/ -> /proc/sys/net/,", &"remount options=(rw, bind) /proc/sys/net/,"],
@@ -1065,10 +1034,7 @@ fn apparmor_profile_allows_what_the_agent_does() {
     );
     let m = Manifests::load();
     let script = m.container().command.clone().unwrap()[2].clone();
-    assert!(
-        script.contains("mount --bind /proc/sys/net /proc/sys/net")
-            && script.contains("mount -o remount,bind,rw /proc/sys/net")
-    );
+    assert!(script.contains("mount --bind /proc/sys/net /proc/sys/net") && script.contains("mount -o remount,bind,rw /proc/sys/net"));
     for needed in [
         "/proc/sys/net/** rw,",
         "deny /proc/sys/[^n]** w,",
@@ -1087,10 +1053,7 @@ fn apparmor_profile_allows_what_the_agent_does() {
     ] {
         assert!(rules.contains(&needed), "rule {needed:?} missing");
     }
-    assert!(
-        !rules.iter().any(|r| r.contains("/proc/sys/** w") || *r == "mount," || r.starts_with("capability,")),
-        "no blanket rule"
-    );
+    assert!(!rules.iter().any(|r| r.contains("/proc/sys/** w") || *r == "mount," || r.starts_with("capability,")), "no blanket rule");
     // Every directory the container mounts is covered.
     for vm in m.container().volume_mounts.clone().unwrap_or_default() {
         let p = vm.mount_path.replace("/var/run/", "/{var/,}run/");
@@ -1100,10 +1063,7 @@ fn apparmor_profile_allows_what_the_agent_does() {
     match std::process::Command::new("apparmor_parser").args(["--preprocess"]).arg(&path).output() {
         Ok(out) => assert!(out.status.success(), "apparmor_parser: {}", String::from_utf8_lossy(&out.stderr)),
         Err(e) => {
-            assert!(
-                std::env::var_os("CI").is_none_or(|v| v.is_empty()),
-                "CI is set and apparmor_parser is missing: {e}"
-            );
+            assert!(std::env::var_os("CI").is_none_or(|v| v.is_empty()), "CI is set and apparmor_parser is missing: {e}");
             eprintln!("SKIPPED the compile check: apparmor_parser not installed ({e})");
             return;
         }
@@ -1124,11 +1084,7 @@ fn node_writes_are_limited_to_the_agents_own_label() {
     let rules = spec.match_constraints.as_ref().and_then(|c| c.resource_rules.clone()).unwrap_or_default();
     assert_eq!(rules.len(), 1);
     assert_eq!(rules[0].api_groups.as_deref(), Some(&[String::new()][..]));
-    assert_eq!(
-        rules[0].resources.as_deref(),
-        Some(&["nodes".to_string()][..]),
-        "the Node itself (the agent writes no status)"
-    );
+    assert_eq!(rules[0].resources.as_deref(), Some(&["nodes".to_string()][..]), "the Node itself (the agent writes no status)");
     assert_eq!(rules[0].operations.as_deref(), Some(&["UPDATE".to_string()][..]), "a PATCH is admitted as an UPDATE");
     // Only the agent's ServiceAccount, exactly.
     let sa = &m.service_accounts[0].metadata;
@@ -1143,14 +1099,10 @@ fn node_writes_are_limited_to_the_agents_own_label() {
     let v = spec.validations.clone().unwrap_or_default();
     let all: Vec<&str> = v.iter().map(|x| x.expression.as_str()).collect();
     assert!(
-        all.iter().any(|e| e.contains("request.userInfo.extra['authentication.kubernetes.io/node-name']")
-            && e.contains("object.metadata.name")),
+        all.iter().any(|e| e.contains("request.userInfo.extra['authentication.kubernetes.io/node-name']") && e.contains("object.metadata.name")),
         "its own Node, by the node name bound into the token: {all:?}"
     );
-    assert!(
-        all.iter().any(|e| e.contains("variables.newLabels.all(") && e.contains("variables.oldLabels.all(")),
-        "no other label, added, changed or removed"
-    );
+    assert!(all.iter().any(|e| e.contains("variables.newLabels.all(") && e.contains("variables.oldLabels.all(")), "no other label, added, changed or removed");
     for part in ["object.spec == oldObject.spec", "annotations", "ownerReferences", "finalizers"] {
         assert!(all.iter().any(|e| e.contains(part)), "{part} unchanged");
     }
@@ -1160,9 +1112,7 @@ fn node_writes_are_limited_to_the_agents_own_label() {
     assert_eq!(b.validation_actions.as_deref(), Some(&["Deny".to_string()][..]));
     assert!(b.match_resources.is_none() && b.param_ref.is_none(), "cluster-wide, no parameters");
     // RBAC still has to grant the write the policy narrows.
-    assert!(sdn_node::kube::rbac_rules()
-        .iter()
-        .any(|(g, r, verbs)| g.is_empty() && r == "nodes" && verbs.iter().any(|v| v == "patch")));
+    assert!(sdn_node::kube::rbac_rules().iter().any(|(g, r, verbs)| g.is_empty() && r == "nodes" && verbs.iter().any(|v| v == "patch")));
 }
 
 /// The metrics endpoint is unauthenticated: it listens on the node's loopback, and the README
@@ -1171,8 +1121,7 @@ fn node_writes_are_limited_to_the_agents_own_label() {
 fn metrics_stay_on_the_loopback() {
     let m = Manifests::load();
     let args = m.container().args.clone().unwrap_or_default();
-    let addr: std::net::SocketAddr =
-        resolved(&m, arg_value(&args, "--metrics-addr").unwrap()).unwrap().parse().unwrap();
+    let addr: std::net::SocketAddr = resolved(&m, arg_value(&args, "--metrics-addr").unwrap()).unwrap().parse().unwrap();
     assert!(addr.ip().is_loopback(), "--metrics-addr {addr}");
     let readme = std::fs::read_to_string(repo().join("deploy/README.md")).unwrap();
     let section = readme.split("\n## Metrics\n").nth(1).expect("deploy/README.md has a Metrics section");

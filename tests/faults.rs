@@ -111,19 +111,14 @@ async fn frozen_peer(ovsdb: bool) {
         let (code, body) = tokio::time::timeout(ANSWER_WITHIN, add(&r.socket, &b)).await.expect("add answered");
         unavailable_or_timeout(code, &body, &format!("add with {what} frozen"));
         still_answers_but_not_ready(&r).await;
-        let (code, body) =
-            tokio::time::timeout(ANSWER_WITHIN, del(&r.socket, "team-a", "a")).await.expect("delete answered");
+        let (code, body) = tokio::time::timeout(ANSWER_WITHIN, del(&r.socket, "team-a", "a")).await.expect("delete answered");
         unavailable_or_timeout(code, &body, &format!("delete with {what} frozen"));
     }
     ready_again(&r, &format!("{what} thawed")).await;
     // Nothing of the refused setup exists; the torn-down pod's flows are gone.
     eventually("the refused pod's port is removed", || !has_port(&r, "veth-b")).await;
     assert!(flows_with(&r, "10.128.0.11").is_empty(), "refused pod's flows: {:?}", flows_with(&r, "10.128.0.11"));
-    assert!(
-        flows_with(&r, "10.128.0.10").is_empty(),
-        "deleted pod's flows remain: {:?}",
-        flows_with(&r, "10.128.0.10")
-    );
+    assert!(flows_with(&r, "10.128.0.10").is_empty(), "deleted pod's flows remain: {:?}", flows_with(&r, "10.128.0.10"));
     // Retries succeed.
     let (code, body) = add(&r.socket, &b).await;
     assert_eq!(code, 200, "retried add: {body}");
@@ -158,22 +153,7 @@ async fn refused_commit_during_setup_leaves_nothing() {
     let r = start_with(STATE, fast).await;
     let before = dump_sorted(&r.sb, &[]);
     let ports_before = try_list_ports(&r.sb).unwrap();
-    vsctl(
-        &r.sb,
-        &[
-            "--",
-            "--id=@ft",
-            "create",
-            "Flow_Table",
-            "flow_limit=1",
-            "overflow_policy=refuse",
-            "--",
-            "set",
-            "Bridge",
-            "br0",
-            "flow_tables:20=@ft",
-        ],
-    );
+    vsctl(&r.sb, &["--", "--id=@ft", "create", "Flow_Table", "flow_limit=1", "overflow_policy=refuse", "--", "set", "Bridge", "br0", "flow_tables:20=@ft"]);
     let p = pod("c", "team-b", "10.128.0.12", 12);
     let (code, body) = add(&r.socket, &p).await;
     assert_eq!(code, 500, "{body}");
@@ -193,12 +173,7 @@ async fn concurrent_setups_with_one_invalid() {
     let r = start(STATE).await;
     let mut reqs = Vec::new();
     for i in 0..20u8 {
-        let mut p = pod(
-            &format!("p{i}"),
-            if i % 2 == 0 { "team-a" } else { "team-b" },
-            &format!("10.128.0.{}", 20 + i),
-            20 + i,
-        );
+        let mut p = pod(&format!("p{i}"), if i % 2 == 0 { "team-a" } else { "team-b" }, &format!("10.128.0.{}", 20 + i), 20 + i);
         if i == 7 {
             p.ip = "10.200.0.7".into(); // outside this node's subnet
         }
@@ -219,8 +194,7 @@ async fn concurrent_setups_with_one_invalid() {
         }
     }
     for i in 0..20u8 {
-        let n = flows_with(&r, &format!("10.128.0.{},", 20 + i)).len()
-            + flows_with(&r, &format!("10.128.0.{} ", 20 + i)).len();
+        let n = flows_with(&r, &format!("10.128.0.{},", 20 + i)).len() + flows_with(&r, &format!("10.128.0.{} ", 20 + i)).len();
         assert_eq!(n, if i == 7 { 0 } else { 4 }, "pod p{i}");
     }
     assert!(!has_port(&r, "veth-p7"));
@@ -299,7 +273,6 @@ async fn an_unanswered_dns_name_does_not_delay_pod_setup() {
     let (_, metrics) = http_get(&r.metrics, "/metrics").await;
     assert!(metrics.contains("sdn_node_dns_failures_total 0"), "the lookup is still outstanding:\n{metrics}");
     // Until the name resolves, team-a drops all egress (as for a failed lookup).
-    let egress: Vec<String> =
-        dump_sorted(&r.sb, &[]).into_iter().filter(|l| l.contains("table=100") && l.contains("reg0=0xb")).collect();
+    let egress: Vec<String> = dump_sorted(&r.sb, &[]).into_iter().filter(|l| l.contains("table=100") && l.contains("reg0=0xb")).collect();
     assert!(!egress.is_empty() && egress.iter().all(|l| l.contains("actions=drop")), "{egress:#?}");
 }

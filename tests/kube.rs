@@ -8,10 +8,10 @@ mod support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sdn_harness::sandbox::OvsSandbox;
 use sdn_node::kube::KubeOptions;
 use sdn_node::metrics::{KindLabel, ResultLabel, Telemetry};
 use sdn_node::run::RunOptions;
+use sdn_harness::sandbox::OvsSandbox;
 use serde_json::{json, Value};
 use support::fake_kube::FakeKube;
 
@@ -460,45 +460,30 @@ async fn network_policies_drive_table_80() {
     d.add_pod("team-a", "db", "veth-db", "10.128.2.5", "0a:58:0a:80:02:05").await;
     let flows = d
         .until("the policy's flows", 80, |f| {
-            has(f, &["priority=100", "nw_dst=10.128.2.5", "actions=drop"])
-                && has(f, &["nw_src=10.129.0.5", "nw_dst=10.128.2.5", "tp_dst=5432"])
+            has(f, &["priority=100", "nw_dst=10.128.2.5", "actions=drop"]) && has(f, &["nw_src=10.129.0.5", "nw_dst=10.128.2.5", "tp_dst=5432"])
         })
         .await;
     // Only the selected source and the named port (resolved to 5432) are allowed.
     assert!(!has(&flows, &["nw_dst=10.128.2.5", "tp_dst=5432", "nw_src=10.128"]), "{flows:#?}");
     // Egress, with no rule: everything the pod sends is judged in table 27, and dropped.
-    d.until("the pod's egress hook (table 21)", 21, |f| has(f, &["priority=300", "nw_src=10.128.2.5", "ct(table=27"]))
-        .await;
-    d.until("the pod's egress drop (table 27)", 27, |f| has(f, &["priority=100", "nw_src=10.128.2.5", "actions=drop"]))
-        .await;
+    d.until("the pod's egress hook (table 21)", 21, |f| has(f, &["priority=300", "nw_src=10.128.2.5", "ct(table=27"])).await;
+    d.until("the pod's egress drop (table 27)", 27, |f| has(f, &["priority=100", "nw_src=10.128.2.5", "actions=drop"])).await;
     // The plugin needs every pod, the policies and the namespaces watched.
     let reqs = fake.requests();
     for path in ["/apis/networking.k8s.io/v1/networkpolicies?", "/api/v1/namespaces?", "/api/v1/pods?"] {
-        assert!(
-            reqs.iter().any(|r| r.starts_with(&format!("GET {path}")) && !r.contains("fieldSelector")),
-            "{path}: {reqs:#?}"
-        );
+        assert!(reqs.iter().any(|r| r.starts_with(&format!("GET {path}")) && !r.contains("fieldSelector")), "{path}: {reqs:#?}");
     }
 
     // The dropped port: a Warning Event regarding the policy, naming the field, and the gauge.
     let events = poll("the NetworkPolicyPartlyEnforced Event", || {
         let p = fake.posts();
-        async move {
-            if p.is_empty() {
-                Err("no POST yet".into())
-            } else {
-                Ok(p)
-            }
-        }
+        async move { if p.is_empty() { Err("no POST yet".into()) } else { Ok(p) } }
     })
     .await;
     let (path, ev) = &events[0];
     assert_eq!(path, "/apis/events.k8s.io/v1/namespaces/team-a/events");
     assert_eq!(ev["reason"], "NetworkPolicyPartlyEnforced");
-    assert!(
-        ev["note"].as_str().is_some_and(|n| n.contains("spec.ingress[0].ports[1].protocol") && n.contains("ICMP")),
-        "{ev:#}"
-    );
+    assert!(ev["note"].as_str().is_some_and(|n| n.contains("spec.ingress[0].ports[1].protocol") && n.contains("ICMP")), "{ev:#}");
     assert_eq!(ev["type"], "Warning");
     assert_eq!(ev["regarding"]["kind"], "NetworkPolicy");
     assert_eq!(ev["regarding"]["namespace"], "team-a");
@@ -516,34 +501,17 @@ async fn network_policies_drive_table_80() {
     fake.put("networkpolicies", next);
     d.until("generation 2's port", 80, |f| has(f, &["nw_src=10.129.0.5", "tp_dst=5433"])).await;
     // The Recorder publishes a repeat as the first Event's series (a PATCH counting it).
-    let event_patches = || {
-        fake.patches()
-            .into_iter()
-            .filter(|(p, _, _)| p.starts_with("/apis/events.k8s.io/v1/namespaces/team-a/events/"))
-            .count()
-    };
+    let event_patches = || fake.patches().into_iter().filter(|(p, _, _)| p.starts_with("/apis/events.k8s.io/v1/namespaces/team-a/events/")).count();
     poll("the second Event", || {
         let (posts, patches) = (fake.posts().len(), event_patches());
-        async move {
-            if posts + patches == 2 {
-                Ok(())
-            } else {
-                Err(format!("{posts} POSTs, {patches} PATCHes"))
-            }
-        }
+        async move { if posts + patches == 2 { Ok(()) } else { Err(format!("{posts} POSTs, {patches} PATCHes")) } }
     })
     .await;
     fake.delete("networkpolicies", "team-a", "db-from-web");
     d.until("the policy's flows gone", 80, |f| !f.iter().any(|l| l.contains("nw_dst=10.128.2.5"))).await;
     poll("the gauge back to 0", || {
         let n = d.telemetry.metrics.policies_partly_enforced.get();
-        async move {
-            if n == 0 {
-                Ok(())
-            } else {
-                Err(format!("{n}"))
-            }
-        }
+        async move { if n == 0 { Ok(()) } else { Err(format!("{n}")) } }
     })
     .await;
     assert_eq!(fake.posts().len() + event_patches(), 2, "{:#?} {:#?}", fake.posts(), fake.patches());
@@ -576,11 +544,7 @@ async fn policy_generations_are_realized_from_watch_events() {
         let (snap, text) = (d.telemetry.metrics.realization.snapshot(), d.telemetry.metrics.encode());
         async move {
             let e = snap.iter().find(|(k, _)| *k == ("team-a".to_string(), "deny".to_string())).map(|(_, e)| *e);
-            let count = text
-                .lines()
-                .find_map(|l| l.strip_prefix("sdn_node_policy_realization_seconds_count "))
-                .unwrap_or("?")
-                .to_string();
+            let count = text.lines().find_map(|l| l.strip_prefix("sdn_node_policy_realization_seconds_count ")).unwrap_or("?").to_string();
             match e {
                 Some(e) if e.seen == g && e.realized == Some(g) && e.last_latency.is_some() => Ok(count),
                 _ => Err(format!("{e:?}, histogram count {count}")),
@@ -643,24 +607,12 @@ async fn other_plugins_watch_only_their_node_pods() {
         let reqs = fake.requests();
         let np = reqs.iter().any(|r| r.starts_with("GET /apis/networking.k8s.io/v1/networkpolicies"));
         let all_pods = reqs.iter().any(|r| r.starts_with("GET /api/v1/pods") && !r.contains("fieldSelector"));
-        async move {
-            if np && all_pods {
-                Ok(())
-            } else {
-                Err(format!("{reqs:#?}"))
-            }
-        }
+        async move { if np && all_pods { Ok(()) } else { Err(format!("{reqs:#?}")) } }
     })
     .await;
     poll("the partly enforced policy counted", || {
         let n = d.telemetry.metrics.policies_partly_enforced.get();
-        async move {
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(format!("{n}"))
-            }
-        }
+        async move { if n == 1 { Ok(()) } else { Err(format!("{n}")) } }
     })
     .await;
     d.ready_again("at the end of the test").await;

@@ -76,9 +76,7 @@ fn eval_pod(i: usize) -> EvalPod {
         name: name.into(),
         ip: ip.parse().unwrap(),
         labels: [("app".to_string(), app.to_string())].into(),
-        container_ports: http
-            .map(|p| vec![("http".to_string(), p, "TCP".to_string()), ("http".to_string(), p, "UDP".to_string())])
-            .unwrap_or_default(),
+        container_ports: http.map(|p| vec![("http".to_string(), p, "TCP".to_string()), ("http".to_string(), p, "UDP".to_string())]).unwrap_or_default(),
     }
 }
 
@@ -95,10 +93,7 @@ async fn world(test: &str) -> Option<World> {
     }
     let namespaces = NAMESPACES
         .iter()
-        .map(|(n, _, l)| EvalNamespace {
-            name: n.to_string(),
-            labels: l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        })
+        .map(|(n, _, l)| EvalNamespace { name: n.to_string(), labels: l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() })
         .collect();
     let mut w = World { c, pods, namespaces, servers: Vec::new() };
     apply(&w, &[]).await;
@@ -113,6 +108,7 @@ async fn world(test: &str) -> Option<World> {
     }
     Some(w)
 }
+
 
 fn udp_echo(u: std::net::UdpSocket) -> tokio::task::JoinHandle<()> {
     let u = tokio::net::UdpSocket::from_std(u).expect("tokio udp");
@@ -172,9 +168,7 @@ async fn probe(src: &Pod, dst: Ipv4Addr, proto: Proto, port: u16, timeout: Durat
             // new exchange from an old one).
             let sport = next_udp_port();
             let ns = src.netns.clone();
-            let Ok(u) = in_netns(&ns, move || std::net::UdpSocket::bind(("0.0.0.0", sport))).await else {
-                return false;
-            };
+            let Ok(u) = in_netns(&ns, move || std::net::UdpSocket::bind(("0.0.0.0", sport))).await else { return false };
             u.set_nonblocking(true).unwrap();
             let u = tokio::net::UdpSocket::from_std(u).expect("tokio udp");
             let msg = format!("{}->{dst}:{port}", src.ip);
@@ -223,8 +217,7 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
     let eval_pods: Vec<EvalPod> = w.pods.iter().map(|(_, e)| e.clone()).collect();
     let ev = Evaluator { namespaces: &w.namespaces, pods: &eval_pods, policies };
     let all = cases(w.pods.len());
-    let want: Vec<bool> =
-        all.iter().map(|&(s, d, proto, port)| ev.allowed(&eval_pods[s], &eval_pods[d], proto, port)).collect();
+    let want: Vec<bool> = all.iter().map(|&(s, d, proto, port)| ev.allowed(&eval_pods[s], &eval_pods[d], proto, port)).collect();
     let pods: Arc<Vec<Pod>> = Arc::new(w.pods.iter().map(|(p, _)| p.clone()).collect());
     let run = |cases: Vec<Case>, timeout: Duration| {
         let pods = pods.clone();
@@ -271,12 +264,7 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
     if !diff.is_empty() {
         let mut flows = String::new();
         for n in w.c.nodes() {
-            let _ = writeln!(
-                flows,
-                "--- node {} table 80\n{}",
-                n.name(),
-                n.ofctl("dump-flows", "br0", &["table=80"]).await
-            );
+            let _ = writeln!(flows, "--- node {} table 80\n{}", n.name(), n.ofctl("dump-flows", "br0", &["table=80"]).await);
             // The conntrack entries between the pairs that differ.
             let ct = n.appctl(&["dpctl/dump-conntrack"]).await;
             let _ = writeln!(flows, "--- node {} conntrack entries of the differing pairs", n.name());
@@ -303,25 +291,14 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
     vec![
         ("no policies", vec![]),
         ("default deny ns1", vec![np("ns1", "deny", json!({"podSelector": {}, "policyTypes": ["Ingress"]}))]),
-        (
-            "allow same namespace ns1",
-            vec![np("ns1", "same", json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}))],
-        ),
+        ("allow same namespace ns1", vec![np("ns1", "same", json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {}}]}]}))]),
         (
             "allow from labelled namespaces",
-            vec![np(
-                "ns1",
-                "from-b",
-                json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]}),
-            )],
+            vec![np("ns1", "from-b", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]}))],
         ),
         (
             "pod selector",
-            vec![np(
-                "ns1",
-                "db-from-web",
-                json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
-            )],
+            vec![np("ns1", "db-from-web", json!({"podSelector": {"matchLabels": {"app": "db"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}))],
         ),
         (
             "pod and namespace selector in one peer",
@@ -331,22 +308,8 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
                 json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}, "podSelector": {"matchLabels": {"app": "web"}}}]}]}),
             )],
         ),
-        (
-            "port restricted",
-            vec![np(
-                "ns3",
-                "tcp-8080",
-                json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "TCP", "port": 8080}]}]}),
-            )],
-        ),
-        (
-            "named port",
-            vec![np(
-                "ns1",
-                "http",
-                json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}, {"protocol": "UDP", "port": "http"}]}]}),
-            )],
-        ),
+        ("port restricted", vec![np("ns3", "tcp-8080", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "TCP", "port": 8080}]}]}))]),
+        ("named port", vec![np("ns1", "http", json!({"podSelector": {}, "ingress": [{"ports": [{"port": "http"}, {"protocol": "UDP", "port": "http"}]}]}))]),
         (
             "endPort",
             vec![np(
@@ -366,33 +329,12 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
         (
             "union of policies",
             vec![
-                np(
-                    "ns1",
-                    "from-ns2-tcp",
-                    json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"port": 8080}]}]}),
-                ),
-                np(
-                    "ns1",
-                    "web-udp",
-                    json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"protocol": "UDP"}]}]}),
-                ),
+                np("ns1", "from-ns2-tcp", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"port": 8080}]}]})),
+                np("ns1", "web-udp", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "web"}}}], "ports": [{"protocol": "UDP"}]}]})),
             ],
         ),
-        (
-            "partial selection",
-            vec![np(
-                "ns2",
-                "deny-db",
-                json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}),
-            )],
-        ),
-        (
-            "allow all",
-            vec![
-                np("ns1", "all", json!({"podSelector": {}, "ingress": [{}]})),
-                np("ns1", "deny", json!({"podSelector": {}})),
-            ],
-        ),
+        ("partial selection", vec![np("ns2", "deny-db", json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Ingress"]}))]),
+        ("allow all", vec![np("ns1", "all", json!({"podSelector": {}, "ingress": [{}]})), np("ns1", "deny", json!({"podSelector": {}}))]),
         (
             "match expressions",
             vec![np(
@@ -404,20 +346,10 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
         ),
         (
             "namespace name label",
-            vec![np(
-                "ns2",
-                "from-ns3",
-                json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ns3"}}}]}]}),
-            )],
+            vec![np("ns2", "from-ns3", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ns3"}}}]}]}))],
         ),
-        (
-            "egress only: no ingress isolation",
-            vec![np("ns1", "egress", json!({"podSelector": {}, "policyTypes": ["Egress"]}))],
-        ),
-        (
-            "default deny egress ns2",
-            vec![np("ns2", "deny-egress", json!({"podSelector": {}, "policyTypes": ["Egress"]}))],
-        ),
+        ("egress only: no ingress isolation", vec![np("ns1", "egress", json!({"podSelector": {}, "policyTypes": ["Egress"]}))]),
+        ("default deny egress ns2", vec![np("ns2", "deny-egress", json!({"podSelector": {}, "policyTypes": ["Egress"]}))]),
         (
             "egress to pods by label and namespace",
             vec![np(
@@ -428,11 +360,7 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
         ),
         (
             "egress named port on any destination",
-            vec![np(
-                "ns3",
-                "http-out",
-                json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "http"}]}]}),
-            )],
+            vec![np("ns3", "http-out", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "http"}]}]}))],
         ),
         (
             "egress named UDP port to other namespaces",
@@ -454,16 +382,8 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
         (
             "egress and ingress together",
             vec![
-                np(
-                    "ns1",
-                    "out-to-b",
-                    json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]}),
-                ),
-                np(
-                    "ns2",
-                    "in-from-a",
-                    json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}], "ports": [{"port": 9090}, {"protocol": "UDP", "port": 8080}]}]}),
-                ),
+                np("ns1", "out-to-b", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]})),
+                np("ns2", "in-from-a", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}], "ports": [{"port": 9090}, {"protocol": "UDP", "port": 8080}]}]})),
             ],
         ),
         (
@@ -538,8 +458,7 @@ fn random_scenario(seed: u64) -> Vec<Value> {
         // Explicit types two times in three; else the API server's default (Ingress, and Egress
         // when there are egress rules: an empty egress list then means no egress isolation).
         if r.below(3) != 0 {
-            let types: Vec<&str> =
-                [("Ingress", ingress), ("Egress", egress)].iter().filter(|(_, on)| *on).map(|(t, _)| *t).collect();
+            let types: Vec<&str> = [("Ingress", ingress), ("Egress", egress)].iter().filter(|(_, on)| *on).map(|(t, _)| *t).collect();
             spec["policyTypes"] = json!(types);
         }
         out.push(np(ns, &format!("r{i}"), spec));
@@ -550,8 +469,7 @@ fn random_scenario(seed: u64) -> Vec<Value> {
 /// Up to 2 random rules, their peers under `peers_key` (`from` or `to`).
 fn random_rules(r: &mut Rng, peers_key: &str) -> Vec<Value> {
     let pod_keys: &[(&str, &[&str])] = &[("app", &["web", "db"])];
-    let ns_keys: &[(&str, &[&str])] =
-        &[("team", &["a", "b"]), ("env", &["prod"]), ("kubernetes.io/metadata.name", &["ns1", "ns2", "ns3"])];
+    let ns_keys: &[(&str, &[&str])] = &[("team", &["a", "b"]), ("env", &["prod"]), ("kubernetes.io/metadata.name", &["ns1", "ns2", "ns3"])];
     let mut rules = Vec::new();
     for _ in 0..r.below(3) {
         let mut rule = serde_json::Map::new();
@@ -609,11 +527,9 @@ async fn truth_table_hand_written_and_random_scenarios_on_two_nodes() {
         allowed += a;
         n += 1;
     }
-    eprintln!(
-        "truth table: {n} scenarios, {probes} probes ({allowed} allowed, {} denied), 6 pods on 2 nodes",
-        probes - allowed
-    );
+    eprintln!("truth table: {n} scenarios, {probes} probes ({allowed} allowed, {} denied), 6 pods on 2 nodes", probes - allowed);
 }
+
 
 /// Established connections survive a change that still allows them; new connections stop
 /// when a change denies them; during repeated swaps between two versions that both allow a
@@ -623,16 +539,8 @@ async fn policy_changes_keep_allowed_connections() {
     let Some(w) = world("policy_changes").await else { return };
     let p = |i: usize| w.pods[i].0.clone();
     let (p1a, p1b, p2a) = (p(0), p(1), p(2));
-    let allow_both = np(
-        "ns1",
-        "v",
-        json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"port": 8080}, {"port": 9090}]}]}),
-    );
-    let allow_8080 = np(
-        "ns1",
-        "v",
-        json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"port": 8080}]}]}),
-    );
+    let allow_both = np("ns1", "v", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"port": 8080}, {"port": 9090}]}]}));
+    let allow_8080 = np("ns1", "v", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"port": 8080}]}]}));
     // The same reach for p2a by other means: its labels and namespace in one peer.
     let allow_8080_by_pod = np(
         "ns1",
@@ -666,11 +574,7 @@ async fn policy_changes_keep_allowed_connections() {
         echo(s, &format!("after a change that still allows {ip}:8080")).await;
     }
     for dst in [&p1a, &p1b] {
-        assert!(
-            probe(&p2a, dst.ip, Proto::Tcp, 8080, PROBE_RETRY).await,
-            "new connection to {}:8080 still allowed",
-            dst.ip
-        );
+        assert!(probe(&p2a, dst.ip, Proto::Tcp, 8080, PROBE_RETRY).await, "new connection to {}:8080 still allowed", dst.ip);
         assert!(!probe(&p2a, dst.ip, Proto::Tcp, 9090, PROBE).await, "new connection to {}:9090 now denied", dst.ip);
     }
 
@@ -683,10 +587,7 @@ async fn policy_changes_keep_allowed_connections() {
         loops.push(tokio::spawn(async move {
             let mut n = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                assert!(
-                    probe(&src, dst, Proto::Tcp, 8080, PROBE_RETRY).await,
-                    "probe {n} to {dst}:8080 failed during swaps"
-                );
+                assert!(probe(&src, dst, Proto::Tcp, 8080, PROBE_RETRY).await, "probe {n} to {dst}:8080 failed during swaps");
                 n += 1;
             }
             n
@@ -712,8 +613,5 @@ async fn policy_changes_keep_allowed_connections() {
     }
     // Replies of connections the isolated pods open themselves still come back.
     assert!(probe(&p1a, p2a.ip, Proto::Tcp, 8080, PROBE_RETRY).await, "isolated p1a -> p2a: reply allowed");
-    assert!(
-        probe(&p1b, p2a.ip, Proto::Udp, 9090, PROBE_RETRY).await,
-        "isolated p1b -> p2a (across nodes): UDP reply allowed"
-    );
+    assert!(probe(&p1b, p2a.ip, Proto::Udp, 9090, PROBE_RETRY).await, "isolated p1b -> p2a (across nodes): UDP reply allowed");
 }

@@ -76,11 +76,7 @@ async fn connections_are_logged_once_and_a_flood_is_metered() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("audit.log");
     let (rate, burst) = (RATE.to_string(), BURST.to_string());
-    let node = CniNode::start_with(
-        STATE,
-        &["--audit-log", log.to_str().unwrap(), "--audit-rate", &rate, "--audit-burst", &burst],
-    )
-    .await;
+    let node = CniNode::start_with(STATE, &["--audit-log", log.to_str().unwrap(), "--audit-rate", &rate, "--audit-burst", &burst]).await;
     let (client_ns, server_ns) = (PodNs::new("client"), PodNs::new("server"));
     let r = node.cni("add", "client", "c1", &container(1), &client_ns.path());
     assert!(r.ok(), "client ADD: {:?}\n{}", r.out, node.log());
@@ -114,10 +110,7 @@ async fn connections_are_logged_once_and_a_flood_is_metered() {
     .await;
     echoed.unwrap_or_else(|e| panic!("allowed connection to {server}:8080: {e}\n{}", node.log()));
     // Denied: one SYN (the connect gives up before the kernel's first retransmission at 1 s).
-    let denied = in_netns(&client_ns.name, move || {
-        TcpStream::connect_timeout(&SocketAddr::from((server, 9090)), Duration::from_millis(300))
-    })
-    .await;
+    let denied = in_netns(&client_ns.name, move || TcpStream::connect_timeout(&SocketAddr::from((server, 9090)), Duration::from_millis(300))).await;
     assert!(denied.is_err(), "9090 is denied");
 
     let dst = |port: u16| format!("{server}:{port}");

@@ -93,10 +93,7 @@ async fn exchange(ns: &PodNs, to: Ipv4Addr, port: u16) {
 
 /// One SYN (the connect gives up before the kernel's first retransmission at 1 s).
 async fn denied(ns: &PodNs, to: Ipv4Addr, port: u16) {
-    let r = in_netns(&ns.name, move || {
-        TcpStream::connect_timeout(&SocketAddr::from((to, port)), Duration::from_millis(300))
-    })
-    .await;
+    let r = in_netns(&ns.name, move || TcpStream::connect_timeout(&SocketAddr::from((to, port)), Duration::from_millis(300))).await;
     assert!(r.is_err(), "{to}:{port} is denied");
 }
 
@@ -160,35 +157,22 @@ async fn allowed_connections_and_drops_count_for_their_policy_and_never_go_back(
     )
     .await;
     assert_eq!(value(&text, "sdn_node_policy_stats_reads_total{result=\"error\"}"), Some(0), "{text}");
-    assert!(
-        value(&text, "sdn_node_policy_dropped_bytes_total{namespace=\"isolated\",direction=\"ingress\"}")
-            .is_some_and(|b| b >= 40),
-        "{text}"
-    );
+    assert!(value(&text, "sdn_node_policy_dropped_bytes_total{namespace=\"isolated\",direction=\"ingress\"}").is_some_and(|b| b >= 40), "{text}");
 
     // The same through status, per rule and per pod.
     let st = sdn_node::api::status::fetch(&node.agent.socket).await.expect("status");
     let c = &st.policy_counters;
     assert!(c.last_read_unix_ms.is_some() && c.last_error.is_none(), "{st}");
-    let allowed = |ns: &str, p: &str| {
-        c.allowed.iter().find(|a| a.namespace == ns && a.policy == p).unwrap_or_else(|| panic!("{ns}/{p} in {st}"))
-    };
+    let allowed = |ns: &str, p: &str| c.allowed.iter().find(|a| a.namespace == ns && a.policy == p).unwrap_or_else(|| panic!("{ns}/{p} in {st}"));
     let out = allowed("client", "out");
     assert_eq!((out.direction.as_str(), out.connections), ("egress", 2), "{st}");
     assert_eq!(out.rules, [(0, 1), (1, 1)].into(), "{st}");
     assert_eq!(allowed("isolated", "web").rules, [(0, 1)].into(), "{st}");
     let dropped = c.dropped.iter().find(|d| d.namespace == "isolated").unwrap_or_else(|| panic!("{st}"));
     assert_eq!((dropped.direction.as_str(), dropped.packets), ("ingress", 1), "{st}");
-    assert_eq!(
-        dropped.pods.iter().map(|p| (p.pod.as_str(), p.packets)).collect::<Vec<_>>(),
-        [("isolated/s1", 1)],
-        "{st}"
-    );
+    assert_eq!(dropped.pods.iter().map(|p| (p.pod.as_str(), p.packets)).collect::<Vec<_>>(), [("isolated/s1", 1)], "{st}");
     let text = st.to_string();
-    assert!(
-        text.contains("    isolated/web  ingress 1 (rule 0: 1)\n") && text.contains("      isolated/s1 ("),
-        "sdn-node status prints them:\n{text}"
-    );
+    assert!(text.contains("    isolated/web  ingress 1 (rule 0: 1)\n") && text.contains("      isolated/s1 ("), "sdn-node status prints them:\n{text}");
 
     // web's flows re-created with another match (8080 becomes 8080-8081): the count stays.
     let flows_before = node.flows();
@@ -200,10 +184,7 @@ async fn allowed_connections_and_drops_count_for_their_policy_and_never_go_back(
         assert!(Instant::now() < end, "the new port range never reached the switch\n{}", node.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        flows_before.iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080")),
-        "web was a plain flow on 8080"
-    );
+    assert!(flows_before.iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080")), "web was a plain flow on 8080");
     // s1's drop flow re-created (deleted and added again, same key and cookie, as a restarted
     // switch or a replay would): its count starts from zero and, before the next read, passes
     // what the old one had. Only its age says it is another flow.
@@ -211,17 +192,12 @@ async fn allowed_connections_and_drops_count_for_their_policy_and_never_go_back(
         let out = support::ofctl(&node.sb, &["dump-flows", "br0", &format!("table=80,ip,nw_dst={server}")]);
         out.lines().find(|l| l.contains("priority=100,") && l.contains("actions=drop")).map(str::to_string)
     };
-    let field = |l: &str, k: &str| -> String {
-        l.split(&format!("{k}=")).nth(1).and_then(|v| v.split([',', ' ']).next()).unwrap_or("").to_string()
-    };
+    let field = |l: &str, k: &str| -> String { l.split(&format!("{k}=")).nth(1).and_then(|v| v.split([',', ' ']).next()).unwrap_or("").to_string() };
     let old = drop_line().expect("s1's drop flow");
     assert_eq!(field(&old, "n_packets"), "1", "the switch counted one drop: {old}");
     let drop_flow = format!("table=80,priority=100,ip,nw_dst={server}");
     support::ofctl(&node.sb, &["--strict", "del-flows", "br0", &drop_flow]);
-    support::ofctl(
-        &node.sb,
-        &["add-flow", "br0", &format!("cookie={},{drop_flow},actions=drop", field(&old, "cookie"))],
-    );
+    support::ofctl(&node.sb, &["add-flow", "br0", &format!("cookie={},{drop_flow},actions=drop", field(&old, "cookie"))]);
     denied(&client_ns, server, 9000).await;
     denied(&client_ns, server, 9000).await;
     let end = Instant::now() + WAIT;
@@ -280,10 +256,8 @@ async fn wait(
 /// (answering at once meanwhile); thawed, the reads succeed again and the error is cleared.
 #[tokio::test]
 async fn a_frozen_switch_fails_reads_at_their_deadline_and_stalls_nothing() {
-    let state =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/networkpolicy.yaml")).unwrap();
-    let agent =
-        support::inproc::start_with(&state, |o| o.policy_stats_interval = Some(Duration::from_millis(200))).await;
+    let state = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/networkpolicy.yaml")).unwrap();
+    let agent = support::inproc::start_with(&state, |o| o.policy_stats_interval = Some(Duration::from_millis(200))).await;
     let t = agent.telemetry.clone();
     let read = wait(&t, "a first read", |c| c.last_read_unix_ms.is_some() && c.flows_read > 0).await;
     assert!(read.last_error.is_none() && read.allowed.iter().any(|a| a.policy == "db-from-web"), "{read:?}");
@@ -329,11 +303,7 @@ async fn connections_just_before_a_rule_change_are_all_counted() {
         assert!(Instant::now() < end, "{series} never exported\n{}", node.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        node.flows().iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080") && f.contains("send_flow_rem")),
-        "the counting flow asks for FLOW_REMOVED:\n{}",
-        node.flows().join("\n")
-    );
+    assert!(node.flows().iter().any(|f| f.contains("table=80") && f.contains("tp_dst=8080") && f.contains("send_flow_rem")), "the counting flow asks for FLOW_REMOVED:\n{}", node.flows().join("\n"));
     for _ in 0..12 {
         exchange(&client_ns, server, 8080).await;
     }
@@ -412,11 +382,7 @@ async fn connections_before_an_audit_annotation_flip_are_all_counted() {
     loop {
         let text = node.metrics(METRICS3).await;
         if value(&text, &series) == Some(16) {
-            assert_eq!(
-                value(&text, &drops("isolated", "ingress")),
-                Some(0),
-                "no connection counted as a drop:\n{text}"
-            );
+            assert_eq!(value(&text, &drops("isolated", "ingress")), Some(0), "no connection counted as a drop:\n{text}");
             assert_eq!(value(&text, "sdn_node_policy_stats_reads_total{result=\"error\"}"), Some(0), "{text}");
             break;
         }

@@ -167,10 +167,8 @@ async fn realization(node: &CniNode) {
     let before = count(&node.metrics(METRICS).await);
     assert!(before >= 1, "generation 1 was timed");
     // Alternate between two versions of the policy: each write is a new generation.
-    let allow = STATE.replace(
-        "policyTypes: [Ingress, Egress]}",
-        "policyTypes: [Ingress, Egress], ingress: [{from: [{podSelector: {}}]}]}",
-    );
+    let allow =
+        STATE.replace("policyTypes: [Ingress, Egress]}", "policyTypes: [Ingress, Egress], ingress: [{from: [{podSelector: {}}]}]}");
     assert_ne!(allow, STATE, "the second version differs");
     let mut latencies = Vec::new();
     for generation in 2..=7 {
@@ -197,3 +195,4 @@ async fn realization(node: &CniNode) {
         latencies[latencies.len() - 1]
     );
 }
+

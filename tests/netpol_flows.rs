@@ -60,9 +60,7 @@ fn disjoint(a: &Match, b: &Match) -> bool {
                 Some(IpProto::Tcp { dst }) | Some(IpProto::Udp { dst }) | Some(IpProto::Sctp { dst }) => u16m(dst),
                 _ => None,
             };
-            if (later(x) && m_disjoint_u32(Some((0, 0xffff)), port_of(y)))
-                || (later(y) && m_disjoint_u32(Some((0, 0xffff)), port_of(x)))
-            {
+            if (later(x) && m_disjoint_u32(Some((0, 0xffff)), port_of(y))) || (later(y) && m_disjoint_u32(Some((0, 0xffff)), port_of(x))) {
                 return true;
             }
             match (x.proto, y.proto) {
@@ -116,9 +114,7 @@ fn disjoint(a: &Match, b: &Match) -> bool {
     }
     // Unmodelled fields: the same field with different bytes (conservative: equal headers
     // with different payloads are taken as disjoint only when both are exact).
-    a.other
-        .iter()
-        .any(|x| b.other.iter().any(|y| x.header == y.header && x.header & 0x100 == 0 && x.payload != y.payload))
+    a.other.iter().any(|x| b.other.iter().any(|y| x.header == y.header && x.header & 0x100 == 0 && x.payload != y.payload))
 }
 
 /// Every pair of equal-priority entries of one table with overlapping matches and different
@@ -156,33 +152,14 @@ fn ties(flows: &[Compiled]) -> Vec<String> {
         let m = c.key.decode_match().expect("decode match");
         let text = c.to_string();
         let ins = openflow::instruction::decode_instructions(&c.instructions).expect("decode instructions");
-        let actions: Vec<&Action> = ins
-            .iter()
-            .flat_map(|i| match i {
-                Instruction::ApplyActions(a) | Instruction::WriteActions(a) => a.iter().collect(),
-                _ => vec![],
-            })
-            .collect();
-        let conjunctions: Vec<openflow::Conjunction> = actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Conjunction(c) => Some(*c),
-                _ => None,
-            })
-            .collect();
+        let actions: Vec<&Action> = ins.iter().flat_map(|i| match i { Instruction::ApplyActions(a) | Instruction::WriteActions(a) => a.iter().collect(), _ => vec![] }).collect();
+        let conjunctions: Vec<openflow::Conjunction> = actions.iter().filter_map(|a| match a { Action::Conjunction(c) => Some(*c), _ => None }).collect();
         if !conjunctions.is_empty() {
-            if conjunctions.len() != actions.len() || ins.len() != 1 || !matches!(ins[0], Instruction::ApplyActions(_))
-            {
+            if conjunctions.len() != actions.len() || ins.len() != 1 || !matches!(ins[0], Instruction::ApplyActions(_)) {
                 out.push(format!("{text}\n    mixes conjunction with other actions or instructions"));
             }
             for cj in conjunctions {
-                clauses.entry((c.key.table, cj.id())).or_default().push((
-                    c.key.priority,
-                    cj.clause(),
-                    cj.n_clauses(),
-                    m.clone(),
-                    text.clone(),
-                ));
+                clauses.entry((c.key.table, cj.id())).or_default().push((c.key.priority, cj.clause(), cj.n_clauses(), m.clone(), text.clone()));
             }
             continue;
         }
@@ -198,11 +175,7 @@ fn ties(flows: &[Compiled]) -> Vec<String> {
     }
     for ((table, id), cf) in &conj {
         if cf.len() != 1 {
-            out.push(format!(
-                "conj_id={id} in table {table}: {} flows\n    {}",
-                cf.len(),
-                cf.iter().map(|c| c.3.as_str()).collect::<Vec<_>>().join("\n    ")
-            ));
+            out.push(format!("conj_id={id} in table {table}: {} flows\n    {}", cf.len(), cf.iter().map(|c| c.3.as_str()).collect::<Vec<_>>().join("\n    ")));
         }
         if !clauses.contains_key(&(*table, *id)) {
             out.push(format!("{}\n    has no clause flows", cf[0].3));
@@ -335,11 +308,7 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize, egress:
             );
         } else {
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 129, 0, 10)) + i as u32);
-            let ports = if egress {
-                format!(", containerPorts: [{{name: http, containerPort: {}, protocol: TCP}}]", 8000 + i % 3)
-            } else {
-                String::new()
-            };
+            let ports = if egress { format!(", containerPorts: [{{name: http, containerPort: {}, protocol: TCP}}]", 8000 + i % 3) } else { String::new() };
             remote += &format!("  - {{namespace: ns-{ns}, name: p{i}, ip: {ip}, labels: {labels}{ports}}}\n");
         }
     }
@@ -350,13 +319,7 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize, egress:
         0 => "{}".to_string(),
         1 => format!("{{matchLabels: {{{key}: {}{}}}}}", &key[..1], k % vals),
         2 => format!("{{matchExpressions: [{{key: {key}, operator: NotIn, values: [{}{}]}}]}}", &key[..1], k % vals),
-        _ => format!(
-            "{{matchExpressions: [{{key: {key}, operator: In, values: [{}{}, {}{}]}}]}}",
-            &key[..1],
-            k % vals,
-            &key[..1],
-            (k + 1) % vals
-        ),
+        _ => format!("{{matchExpressions: [{{key: {key}, operator: In, values: [{}{}, {}{}]}}]}}", &key[..1], k % vals, &key[..1], (k + 1) % vals),
     };
     for p in 0..policies {
         let ns = next(namespaces);
@@ -369,19 +332,9 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize, egress:
                     0 => String::new(),
                     1 => format!("{key}: [{{podSelector: {}}}]", sel(next(8), "role", 3)),
                     2 => format!("{key}: [{{namespaceSelector: {}}}]", sel(next(8), "team", 7)),
-                    3 => format!(
-                        "{key}: [{{namespaceSelector: {}, podSelector: {}}}]",
-                        sel(next(8), "tier", 3),
-                        sel(next(8), "app", 5)
-                    ),
-                    4 => format!(
-                        "{key}: [{{ipBlock: {{cidr: 10.128.0.0/14, except: [10.129.0.0/17, 10.128.0.64/26]}}}}]"
-                    ),
-                    _ => format!(
-                        "{key}: [{{podSelector: {}}}, {{ipBlock: {{cidr: 10.129.{}.0/24}}}}]",
-                        sel(next(8), "app", 5),
-                        next(4)
-                    ),
+                    3 => format!("{key}: [{{namespaceSelector: {}, podSelector: {}}}]", sel(next(8), "tier", 3), sel(next(8), "app", 5)),
+                    4 => format!("{key}: [{{ipBlock: {{cidr: 10.128.0.0/14, except: [10.129.0.0/17, 10.128.0.64/26]}}}}]"),
+                    _ => format!("{key}: [{{podSelector: {}}}, {{ipBlock: {{cidr: 10.129.{}.0/24}}}}]", sel(next(8), "app", 5), next(4)),
                 };
                 let ports = match next(6) {
                     0 => String::new(),
@@ -399,15 +352,9 @@ fn generated(seed: u64, namespaces: usize, pods: usize, policies: usize, egress:
         let body = match kind {
             0 => format!("ingress: [{}]", rules_of("from")),
             1 => format!("policyTypes: [Egress], egress: [{}]", rules_of("to")),
-            _ => {
-                format!("policyTypes: [Ingress, Egress], ingress: [{}], egress: [{}]", rules_of("from"), rules_of("to"))
-            }
+            _ => format!("policyTypes: [Ingress, Egress], ingress: [{}], egress: [{}]", rules_of("from"), rules_of("to")),
         };
-        let annotations = if egress && p % 3 == 0 {
-            format!(", annotations: {{sdn-node.openshift.io/audit-log: {}}}", ["all", "allow", "deny"][p % 9 / 3])
-        } else {
-            String::new()
-        };
+        let annotations = if egress && p % 3 == 0 { format!(", annotations: {{sdn-node.openshift.io/audit-log: {}}}", ["all", "allow", "deny"][p % 9 / 3]) } else { String::new() };
         s += &format!("  - {{apiVersion: networking.k8s.io/v1, kind: NetworkPolicy, metadata: {{name: np{p}, namespace: ns-{ns}{annotations}}}, spec: {{podSelector: {pod_sel}, {body}}}}}\n");
     }
     s
@@ -430,13 +377,7 @@ fn realistic(namespaces: usize, local: usize, remote: usize, egress: bool) -> St
     let nodes = remote.div_ceil(pods_per_node);
     let mut s = String::from("node: node-a\nplugin: networkpolicy\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\nhostSubnets:\n  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.0.0/22}\n");
     for n in 0..nodes {
-        s += &format!(
-            "  - {{host: node-{n}, hostIP: 172.18.{}.{}, subnet: 10.{}.{}.0/23}}\n",
-            n / 250,
-            n % 250 + 2,
-            128 + (n + 2) / 128,
-            ((n + 2) % 128) * 2
-        );
+        s += &format!("  - {{host: node-{n}, hostIP: 172.18.{}.{}, subnet: 10.{}.{}.0/23}}\n", n / 250, n % 250 + 2, 128 + (n + 2) / 128, ((n + 2) % 128) * 2);
     }
     let ns_name = |n: usize| match n {
         0 => "monitoring".to_string(),
@@ -457,15 +398,13 @@ fn realistic(namespaces: usize, local: usize, remote: usize, egress: bool) -> St
         1 => "dns",
         _ => ["frontend", "backend", "backend", "db", "cache", "worker", "frontend", "worker"][i % 8],
     };
-    let ports_of = |app: &str| {
-        match app {
+    let ports_of = |app: &str| match app {
         "frontend" => "[{name: http, containerPort: 8080, protocol: TCP}, {name: metrics, containerPort: 9090, protocol: TCP}]",
         "backend" => "[{name: http, containerPort: 8080, protocol: TCP}, {name: grpc, containerPort: 50051, protocol: TCP}, {name: metrics, containerPort: 9090, protocol: TCP}]",
         "db" => "[{name: postgres, containerPort: 5432, protocol: TCP}, {name: metrics, containerPort: 9187, protocol: TCP}]",
         "cache" => "[{name: redis, containerPort: 6379, protocol: TCP}, {name: metrics, containerPort: 9121, protocol: TCP}]",
         "dns" => "[{name: dns, containerPort: 53, protocol: UDP}, {name: dns-tcp, containerPort: 53, protocol: TCP}, {name: metrics, containerPort: 9153, protocol: TCP}]",
         _ => "[{name: metrics, containerPort: 9090, protocol: TCP}]",
-    }
     };
     s += "pods:\n";
     for i in 0..local {
@@ -538,12 +477,7 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
         state.audit = sdn_node::cluster::netpol::NodeAudit { enabled: i % 4 != 3, all: i % 5 == 0 };
         let flows = all_flows(&state);
         total += flows.len();
-        let conj_ids = |t: Option<u8>| {
-            flows
-                .iter()
-                .filter(|c| t.is_none_or(|t| c.key.table == t) && c.key.decode_match().unwrap().conj_id.is_some())
-                .count()
-        };
+        let conj_ids = |t: Option<u8>| flows.iter().filter(|c| t.is_none_or(|t| c.key.table == t) && c.key.decode_match().unwrap().conj_id.is_some()).count();
         conjunctions += conj_ids(None);
         egress_conjunctions += conj_ids(Some(27));
         audited += flows.iter().filter(|c| c.to_string().contains("controller(")).count();
@@ -574,12 +508,8 @@ fn no_equal_priority_flows_overlap_in_any_plugin() {
     // its priority (which would hide it whenever it matches): a tie. Disjoint from it (another
     // source): none. A clause flow without its conj_id flow, or at another priority: reported.
     let conj = |id: u32, k: u8, n: u8| vec![openflow::Action::conjunction(id, k, n).unwrap()];
-    let src = |a: &str| {
-        Match::any().ipv4(openflow::Ipv4Match { src: Some(Masked::exact(a.parse().unwrap())), ..Default::default() })
-    };
-    let dst = |a: &str| {
-        Match::any().ipv4(openflow::Ipv4Match { dst: Some(Masked::exact(a.parse().unwrap())), ..Default::default() })
-    };
+    let src = |a: &str| Match::any().ipv4(openflow::Ipv4Match { src: Some(Masked::exact(a.parse().unwrap())), ..Default::default() });
+    let dst = |a: &str| Match::any().ipv4(openflow::Ipv4Match { dst: Some(Masked::exact(a.parse().unwrap())), ..Default::default() });
     let conjunction = |prio: u16| {
         vec![
             Compiled::compile(&Flow::new(Table::Policy, prio, src("10.0.0.1"), conj(7, 1, 2), None)),
@@ -669,10 +599,7 @@ fn change_one_policy(state: &ClusterState, d: &sdn_node::store::DesiredState) ->
     let i = changed
         .network_policies
         .iter()
-        .position(|p| {
-            p.ingress.as_ref().is_some_and(|r| !r.is_empty())
-                && !d.flows_of(&Owner::NetworkPolicy { namespace: p.namespace.clone() }).is_empty()
-        })
+        .position(|p| p.ingress.as_ref().is_some_and(|r| !r.is_empty()) && !d.flows_of(&Owner::NetworkPolicy { namespace: p.namespace.clone() }).is_empty())
         .unwrap();
     let p = &mut changed.network_policies[i];
     p.pod_selector = Default::default();
@@ -759,10 +686,7 @@ fn scale_on_a_real_switch() {
 #[test]
 #[ignore = "scale figures: run with --release --ignored"]
 fn realistic_on_a_real_switch() {
-    on_a_real_switch(
-        "realistic (200 namespaces, 400 local + 10,000 remote pods, 2,000 policies)",
-        &realistic(200, 400, 10_000, false),
-    );
+    on_a_real_switch("realistic (200 namespaces, 400 local + 10,000 remote pods, 2,000 policies)", &realistic(200, 400, 10_000, false));
 }
 
 /// The realistic state with egress: default-deny and same-namespace both ways, DNS and
@@ -771,32 +695,24 @@ fn realistic_on_a_real_switch() {
 #[test]
 #[ignore = "scale figures: run with --release --ignored"]
 fn realistic_egress_on_a_real_switch() {
-    on_a_real_switch(
-        "realistic with egress (200 namespaces, 400 local + 10,000 remote pods, 2,000 policies)",
-        &realistic(200, 400, 10_000, true),
-    );
+    on_a_real_switch("realistic with egress (200 namespaces, 400 local + 10,000 remote pods, 2,000 policies)", &realistic(200, 400, 10_000, true));
 }
 
 /// A state on a real ovs-vswitchd: its desired flows (and the CPU to compute them), the time
 /// to install them all (one engine resync), both processes' memory, one policy change acked.
 fn on_a_real_switch(label: &str, text: &str) {
-    use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
     use sdn_node::engine::Engine;
+    use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
     use sdn_node::switch::{Switch, SwitchOptions};
     use std::time::Instant;
     fn cpu_ticks(pid: &str) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let f: Vec<&str> = s.rsplit_once(')').map(|x| x.1).unwrap_or("").split_whitespace().collect();
-        f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
     }
     fn rss_kib(pid: &str) -> u64 {
         let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        s.lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
     }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.block_on(async {

@@ -35,14 +35,7 @@ const PROBE_RETRY: Duration = Duration::from_secs(6);
 const PROBES: [(Proto, u16); 4] = [(Proto::Sctp, 7000), (Proto::Sctp, 7001), (Proto::Tcp, 7000), (Proto::Tcp, 7001)];
 
 /// (node, namespace, name, IP, app label, container ports (name, port, protocol)).
-type PodSpec = (
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static [(&'static str, u16, &'static str)],
-);
+type PodSpec = (&'static str, &'static str, &'static str, &'static str, &'static str, &'static [(&'static str, u16, &'static str)]);
 
 const NAMESPACES: [(&str, u32, &str); 2] = [("ns1", 21, "a"), ("ns2", 22, "b")];
 
@@ -89,10 +82,7 @@ async fn world(test: &str) -> Option<World> {
     }
     let namespaces = NAMESPACES
         .iter()
-        .map(|(n, _, team)| EvalNamespace {
-            name: n.to_string(),
-            labels: [("team".to_string(), team.to_string())].into(),
-        })
+        .map(|(n, _, team)| EvalNamespace { name: n.to_string(), labels: [("team".to_string(), team.to_string())].into() })
         .collect();
     let mut w = World { c, pods, namespaces, responders: Vec::new(), servers: Vec::new() };
     apply(&w, &[]).await;
@@ -105,9 +95,9 @@ async fn world(test: &str) -> Option<World> {
     Some(w)
 }
 
+
 fn state_json(w: &World, node: &str, policies: &[Value]) -> String {
-    let net_namespaces: Vec<Value> =
-        NAMESPACES.iter().map(|(n, id, team)| json!({"name": n, "netid": id, "labels": {"team": team}})).collect();
+    let net_namespaces: Vec<Value> = NAMESPACES.iter().map(|(n, id, team)| json!({"name": n, "netid": id, "labels": {"team": team}})).collect();
     netpol_state::state_json(&w.c, node, net_namespaces, &w.pods, policies)
 }
 
@@ -188,8 +178,7 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
             }
         }
     }
-    let want: Vec<bool> =
-        cases.iter().map(|&(s, d, proto, port)| ev.allowed(&eval_pods[s], &eval_pods[d], proto, port)).collect();
+    let want: Vec<bool> = cases.iter().map(|&(s, d, proto, port)| ev.allowed(&eval_pods[s], &eval_pods[d], proto, port)).collect();
     // The userspace datapath tracks SCTP without ports (one conntrack entry per address pair,
     // see `sctp_replies_are_recognised_per_address_pair`): a probe from d to s would be the
     // reply direction of an earlier probe from s to d. So the probes run in two rounds, each
@@ -207,11 +196,7 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
         for (k, &i) in round.iter().enumerate() {
             let (s, d, proto, port) = cases[i];
             // An expected-allowed probe that got no answer: once more, slowly.
-            got[i] = if want[i] && results[k] != (true, true) {
-                probe(w, s, d, proto, port, PROBE_RETRY).await
-            } else {
-                results[k]
-            };
+            got[i] = if want[i] && results[k] != (true, true) { probe(w, s, d, proto, port, PROBE_RETRY).await } else { results[k] };
         }
     }
     let mut diff = String::new();
@@ -232,18 +217,10 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
     if !diff.is_empty() {
         let mut flows = String::new();
         for n in w.c.nodes() {
-            let _ = writeln!(
-                flows,
-                "--- node {} table 80\n{}",
-                n.name(),
-                n.ofctl("dump-flows", "br0", &["table=80"]).await
-            );
+            let _ = writeln!(flows, "--- node {} table 80\n{}", n.name(), n.ofctl("dump-flows", "br0", &["table=80"]).await);
             let _ = writeln!(flows, "--- node {} conntrack\n{}", n.name(), n.appctl(&["dpctl/dump-conntrack"]).await);
         }
-        panic!(
-            "scenario {name}: differs from the specification:\n{diff}policies: {}\n{flows}",
-            serde_json::to_string_pretty(policies).unwrap()
-        );
+        panic!("scenario {name}: differs from the specification:\n{diff}policies: {}\n{flows}", serde_json::to_string_pretty(policies).unwrap());
     }
     (cases.len(), want.iter().filter(|w| **w).count())
 }
@@ -253,59 +230,19 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
     vec![
         ("no policies", vec![]),
         ("default deny ns2", vec![np("ns2", "deny", json!({"podSelector": {}, "policyTypes": ["Ingress"]}))]),
-        (
-            "sctp 7000 allowed",
-            vec![np(
-                "ns2",
-                "sctp",
-                json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}]}]}),
-            )],
-        ),
-        (
-            "only tcp 7000 allowed",
-            vec![np(
-                "ns2",
-                "tcp",
-                json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "TCP", "port": 7000}]}]}),
-            )],
-        ),
-        (
-            "sctp named port",
-            vec![np(
-                "ns2",
-                "named",
-                json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": "assoc"}, {"port": "web"}]}]}),
-            )],
-        ),
+        ("sctp 7000 allowed", vec![np("ns2", "sctp", json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}]}]}))]),
+        ("only tcp 7000 allowed", vec![np("ns2", "tcp", json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "TCP", "port": 7000}]}]}))]),
+        ("sctp named port", vec![np("ns2", "named", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": "assoc"}, {"port": "web"}]}]}))]),
         (
             "sctp endPort",
-            vec![np(
-                "ns2",
-                "range",
-                json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 7001, "endPort": 7009}, {"protocol": "TCP", "port": 6000, "endPort": 7000}]}]}),
-            )],
+            vec![np("ns2", "range", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 7001, "endPort": 7009}, {"protocol": "TCP", "port": 6000, "endPort": 7000}]}]}))],
         ),
-        (
-            "sctp without port",
-            vec![np(
-                "ns2",
-                "all-sctp",
-                json!({"podSelector": {"matchLabels": {"app": "server"}}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP"}]}]}),
-            )],
-        ),
+        ("sctp without port", vec![np("ns2", "all-sctp", json!({"podSelector": {"matchLabels": {"app": "server"}}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP"}]}]}))]),
         (
             "both namespaces isolated",
             vec![
-                np(
-                    "ns2",
-                    "sctp",
-                    json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}, {"protocol": "SCTP", "port": 7001}]}]}),
-                ),
-                np(
-                    "ns1",
-                    "tcp-only",
-                    json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "TCP", "port": 7001}]}]}),
-                ),
+                np("ns2", "sctp", json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}, {"protocol": "SCTP", "port": 7001}]}]})),
+                np("ns1", "tcp-only", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "TCP", "port": 7001}]}]})),
             ],
         ),
         // Egress: the clients' namespace may send only what its rules allow (table 27), on
@@ -313,38 +250,19 @@ fn scenarios() -> Vec<(&'static str, Vec<Value>)> {
         ("egress default deny ns1", vec![np("ns1", "deny-out", json!({"podSelector": {}, "policyTypes": ["Egress"]}))]),
         (
             "egress sctp 7000 to servers",
-            vec![np(
-                "ns1",
-                "sctp-out",
-                json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"protocol": "SCTP", "port": 7000}]}]}),
-            )],
+            vec![np("ns1", "sctp-out", json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}], "ports": [{"protocol": "SCTP", "port": 7000}]}]}))],
         ),
         // Named ports resolve on the destination pod: "assoc" is SCTP 7000 on s1 and 7001 on s2.
-        (
-            "egress sctp named port",
-            vec![np(
-                "ns1",
-                "named-out",
-                json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "SCTP", "port": "assoc"}]}]}),
-            )],
-        ),
+        ("egress sctp named port", vec![np("ns1", "named-out", json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "SCTP", "port": "assoc"}]}]}))]),
         (
             "egress sctp endPort and ipBlock",
-            vec![np(
-                "ns1",
-                "range-out",
-                json!({"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.128.0.0/14", "except": ["10.128.2.0/24"]}}], "ports": [{"protocol": "SCTP", "port": 6990, "endPort": 7000}, {"protocol": "TCP", "port": 7001}]}]}),
-            )],
+            vec![np("ns1", "range-out", json!({"podSelector": {}, "egress": [{"to": [{"ipBlock": {"cidr": "10.128.0.0/14", "except": ["10.128.2.0/24"]}}], "ports": [{"protocol": "SCTP", "port": 6990, "endPort": 7000}, {"protocol": "TCP", "port": 7001}]}]}))],
         ),
         (
             "egress and ingress both judge sctp",
             vec![
                 np("ns1", "sctp-out", json!({"podSelector": {}, "egress": [{"ports": [{"protocol": "SCTP"}]}]})),
-                np(
-                    "ns2",
-                    "sctp-7001-in",
-                    json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 7001}, {"protocol": "TCP"}]}]}),
-                ),
+                np("ns2", "sctp-7001-in", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "SCTP", "port": 7001}, {"protocol": "TCP"}]}]})),
             ],
         ),
     ]
@@ -393,14 +311,7 @@ fn udp_echo(u: std::net::UdpSocket) -> tokio::task::JoinHandle<()> {
 
 /// Sends one `size`-byte datagram from `src` to `dst:port` and waits for the echo: the size
 /// received back, if any (it equals `size` only if the datagram arrived whole both ways).
-async fn udp_round_trip(
-    src: &Pod,
-    dst: Ipv4Addr,
-    port: u16,
-    size: usize,
-    sport: u16,
-    timeout: Duration,
-) -> Option<usize> {
+async fn udp_round_trip(src: &Pod, dst: Ipv4Addr, port: u16, size: usize, sport: u16, timeout: Duration) -> Option<usize> {
     let u = in_netns(&src.netns, move || std::net::UdpSocket::bind(("0.0.0.0", sport))).await.expect("bind udp");
     u.set_nonblocking(true).unwrap();
     let u = tokio::net::UdpSocket::from_std(u).unwrap();
@@ -433,8 +344,7 @@ async fn fragmented_udp_through_a_port_restricted_policy() {
     for n in w.c.nodes() {
         eprintln!("node {} ipf status:\n{}", n.name(), n.appctl(&["dpctl/ipf-get-status"]).await);
     }
-    let policy =
-        np("ns2", "udp-8080", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "UDP", "port": 8080}]}]}));
+    let policy = np("ns2", "udp-8080", json!({"podSelector": {}, "ingress": [{"ports": [{"protocol": "UDP", "port": 8080}]}]}));
     apply(&w, &[policy]).await;
     let c1 = w.pods[0].0.clone();
     let size = 4000;
@@ -450,12 +360,7 @@ async fn fragmented_udp_through_a_port_restricted_policy() {
             let got = udp_round_trip(&c1, dst.ip, port, len, sport, t).await;
             let ok = if allowed { got == Some(len) } else { got.is_none() };
             if !ok {
-                failures.push(format!(
-                    "{} -> {} ({across}) UDP/{port}, {len} bytes: expected {}, got {got:?}",
-                    c1.name,
-                    dst.name,
-                    if allowed { "the whole echo" } else { "nothing" }
-                ));
+                failures.push(format!("{} -> {} ({across}) UDP/{port}, {len} bytes: expected {}, got {got:?}", c1.name, dst.name, if allowed { "the whole echo" } else { "nothing" }));
             }
         }
     }
@@ -472,9 +377,7 @@ async fn fragmented_udp_through_a_port_restricted_policy() {
 /// The SCTP flow text and encoding are OVS's (ofp-parse of what the agent sends).
 #[test]
 fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
-    use sdn_node::pipeline::netpol::{
-        namespace_flows, plain_flows, Allow, Dst, IsolatedPod, NamespacePolicy, RuleAllow, Src, L4,
-    };
+    use sdn_node::pipeline::netpol::{namespace_flows, plain_flows, Allow, Dst, IsolatedPod, NamespacePolicy, RuleAllow, Src, L4};
     if std::process::Command::new("ovs-ofctl").arg("--version").output().is_err() {
         assert!(std::env::var_os("CI").is_none(), "ovs-ofctl is needed and CI is set");
         eprintln!("SKIPPED: no ovs-ofctl");
@@ -484,14 +387,8 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
         ip: "10.128.2.5".parse().unwrap(),
         allows: vec![
             Allow { src: Src::Any, dst: Dst::Ports { proto: L4::Sctp, start: 7000, end: 7000 } },
-            Allow {
-                src: Src::Net("10.128.0.0/16".parse().unwrap()),
-                dst: Dst::Ports { proto: L4::Sctp, start: 9000, end: 9003 },
-            },
-            Allow {
-                src: Src::Net("10.129.0.0/16".parse().unwrap()),
-                dst: Dst::Ports { proto: L4::Sctp, start: 0, end: u16::MAX },
-            },
+            Allow { src: Src::Net("10.128.0.0/16".parse().unwrap()), dst: Dst::Ports { proto: L4::Sctp, start: 9000, end: 9003 } },
+            Allow { src: Src::Net("10.129.0.0/16".parse().unwrap()), dst: Dst::Ports { proto: L4::Sctp, start: 0, end: u16::MAX } },
         ],
     };
     let mut flows = plain_flows(&[pod]);
@@ -537,10 +434,7 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
     ] {
         assert!(seen.iter().any(|s| s == want), "missing {want}\n{}", seen.join("\n"));
     }
-    for want in [
-        "sctp,reg1=0xb,tp_dst=0x2328/0xfffc actions=conjunction(",
-        "ct_state=-inv+trk,sctp,reg1=0xb,nw_frag=later actions=conjunction(",
-    ] {
+    for want in ["sctp,reg1=0xb,tp_dst=0x2328/0xfffc actions=conjunction(", "ct_state=-inv+trk,sctp,reg1=0xb,nw_frag=later actions=conjunction("] {
         assert!(seen.iter().any(|s| s.contains(want)), "missing {want}\n{}", seen.join("\n"));
     }
 }
@@ -560,11 +454,7 @@ async fn sctp_replies_are_recognised_per_address_pair() {
     let Some(w) = world("sctp_per_pair").await else { return };
     let from_ns1 = json!([{"namespaceSelector": {"matchLabels": {"team": "a"}}}]);
     let policies = [
-        np(
-            "ns2",
-            "sctp",
-            json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}]}]}),
-        ),
+        np("ns2", "sctp", json!({"podSelector": {}, "ingress": [{"from": from_ns1, "ports": [{"protocol": "SCTP", "port": 7000}]}]})),
         np("ns1", "deny", json!({"podSelector": {}, "policyTypes": ["Ingress"]})),
     ];
     apply(&w, &policies).await;
@@ -572,34 +462,17 @@ async fn sctp_replies_are_recognised_per_address_pair() {
     let ev = Evaluator { namespaces: &w.namespaces, pods: &eval_pods, policies: &policies };
     for (c, s) in [(0usize, 2usize), (0, 3)] {
         let what = format!("{} -> {}", w.pods[s].0.name, w.pods[c].0.name);
-        assert!(
-            !ev.allowed(&eval_pods[s], &eval_pods[c], Proto::Sctp, 7001),
-            "the specification denies {what} SCTP/7001"
-        );
+        assert!(!ev.allowed(&eval_pods[s], &eval_pods[c], Proto::Sctp, 7001), "the specification denies {what} SCTP/7001");
         flush_conntrack(&w).await;
-        assert_eq!(
-            probe(&w, s, c, Proto::Sctp, 7001, PROBE).await,
-            (false, false),
-            "{what} SCTP/7001 without a prior exchange: denied"
-        );
+        assert_eq!(probe(&w, s, c, Proto::Sctp, 7001, PROBE).await, (false, false), "{what} SCTP/7001 without a prior exchange: denied");
         // The entry of the denied attempt (committed on both nodes) makes the allowed INIT its
         // reply and the answer its original direction, judged (and dropped) by A's policy.
-        assert_eq!(
-            probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await,
-            (true, false),
-            "after the denied {what}: the allowed INIT"
-        );
+        assert_eq!(probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await, (true, false), "after the denied {what}: the allowed INIT");
         flush_conntrack(&w).await;
-        assert_eq!(
-            probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await,
-            (true, true),
-            "the allowed exchange, reverse of {what}"
-        );
+        assert_eq!(probe(&w, c, s, Proto::Sctp, 7000, PROBE_RETRY).await, (true, true), "the allowed exchange, reverse of {what}");
         let ct: String = w.c.nodes()[0].appctl(&["dpctl/dump-conntrack"]).await;
         assert!(
-            ct.lines().any(|l| l.starts_with("sctp,")
-                && l.contains(&format!("src={}", w.pods[c].0.ip))
-                && l.contains("sport=0,dport=0")),
+            ct.lines().any(|l| l.starts_with("sctp,") && l.contains(&format!("src={}", w.pods[c].0.ip)) && l.contains("sport=0,dport=0")),
             "SCTP is tracked without ports:\n{ct}"
         );
         // The INIT arrives although the specification denies it; the answer (original

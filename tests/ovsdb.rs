@@ -11,12 +11,13 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::time::timeout;
 
-use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::ovsdb::bridge::Ensured;
 use sdn_node::ovsdb::types::{cond_eq, row_opt_i64, row_string, row_string_map};
 use sdn_node::ovsdb::{
-    txn, BridgeOptions, MonitorEnd, MonitorRequest, OvsdbClient, OvsdbError, PortSpec, RowUpdate2, VSWITCH_DB,
+    txn, BridgeOptions, MonitorEnd, MonitorRequest, OvsdbClient, OvsdbError, PortSpec, RowUpdate2,
+    VSWITCH_DB,
 };
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 const T: Duration = Duration::from_secs(10);
 
@@ -30,7 +31,9 @@ fn init_tracing() {
 
 async fn sandbox() -> OvsSandbox {
     init_tracing();
-    OvsSandbox::start(SandboxOptions::default()).await.expect("start sandbox")
+    OvsSandbox::start(SandboxOptions::default())
+        .await
+        .expect("start sandbox")
 }
 
 async fn sandbox_with_bridge() -> OvsSandbox {
@@ -48,7 +51,11 @@ fn vsctl(sb: &OvsSandbox, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("run ovs-vsctl");
-    assert!(out.status.success(), "ovs-vsctl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ovs-vsctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -58,12 +65,19 @@ fn count_rows(sb: &OvsSandbox, table: &str, cond: Option<&str>) -> usize {
     if let Some(c) = cond {
         args.push(c);
     }
-    vsctl(sb, &args).lines().filter(|l| !l.trim().is_empty()).count()
+    vsctl(sb, &args)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
 }
 
 fn pid_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()), Some('Z' | 'X')),
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
         Err(_) => false,
     }
 }
@@ -76,14 +90,24 @@ async fn init_is_idempotent_and_rpc_basics() {
     let b = ovs.init().await.unwrap();
     assert_eq!(a, b);
     assert_eq!(count_rows(&sb, "open_vswitch", None), 1);
-    assert_eq!(vsctl(&sb, &["--bare", "--columns=_uuid", "list", "open_vswitch"]), a);
+    assert_eq!(
+        vsctl(&sb, &["--bare", "--columns=_uuid", "list", "open_vswitch"]),
+        a
+    );
 
     let c = sb.client();
-    assert!(c.list_dbs().await.unwrap().contains(&VSWITCH_DB.to_string()));
+    assert!(c
+        .list_dbs()
+        .await
+        .unwrap()
+        .contains(&VSWITCH_DB.to_string()));
     let schema = c.get_schema(VSWITCH_DB).await.unwrap();
     assert_eq!(schema["name"], VSWITCH_DB);
     assert!(schema["tables"]["Interface"]["columns"]["ofport"].is_object());
-    assert_eq!(c.echo(json!(["ping", 1])).await.unwrap(), json!(["ping", 1]));
+    assert_eq!(
+        c.echo(json!(["ping", 1])).await.unwrap(),
+        json!(["ping", 1])
+    );
     match c.get_schema("NoSuchDb").await {
         Err(OvsdbError::Rpc { method, error }) => {
             assert_eq!(method, "get_schema");
@@ -100,7 +124,11 @@ async fn transaction_errors_name_the_operation() {
     // Duplicate name violates the Port index: reported for the commit.
     let ops = vec![
         txn::insert("Interface", json!({"name": "dup"}), Some("i")),
-        txn::insert("Port", json!({"name": "br0", "interfaces": ["named-uuid", "i"]}), Some("p")),
+        txn::insert(
+            "Port",
+            json!({"name": "br0", "interfaces": ["named-uuid", "i"]}),
+            Some("p"),
+        ),
         txn::mutate(
             "Bridge",
             vec![cond_eq("name", json!("br0"))],
@@ -108,17 +136,32 @@ async fn transaction_errors_name_the_operation() {
         ),
     ];
     match c.transact(VSWITCH_DB, ops).await {
-        Err(OvsdbError::TransactionFailed { index, op, error, details }) => {
-            assert_eq!((index, op.as_str(), error.as_str()), (3, "commit", "constraint violation"));
+        Err(OvsdbError::TransactionFailed {
+            index,
+            op,
+            error,
+            details,
+        }) => {
+            assert_eq!(
+                (index, op.as_str(), error.as_str()),
+                (3, "commit", "constraint violation")
+            );
             assert!(details.unwrap_or_default().contains("br0"));
         }
         other => panic!("{other:?}"),
     }
     // A bad column is reported at its operation.
-    let ops =
-        vec![txn::select("Bridge", vec![], &["name"]), txn::update("Bridge", vec![], json!({"no_such_column": 1}))];
+    let ops = vec![
+        txn::select("Bridge", vec![], &["name"]),
+        txn::update("Bridge", vec![], json!({"no_such_column": 1})),
+    ];
     match c.transact(VSWITCH_DB, ops).await {
-        Err(OvsdbError::TransactionFailed { index: 1, op, error, .. }) => {
+        Err(OvsdbError::TransactionFailed {
+            index: 1,
+            op,
+            error,
+            ..
+        }) => {
             assert_eq!(op, "update");
             assert_eq!(error, "unknown column");
         }
@@ -131,13 +174,28 @@ async fn transaction_errors_name_the_operation() {
 async fn ensure_bridge_is_idempotent_and_fixes_columns() {
     let sb = sandbox().await;
     let ovs = sb.ovs();
-    let opts = BridgeOptions { datapath_type: "dummy".into(), ..Default::default() };
-    assert_eq!(ovs.ensure_bridge("br0", &opts).await.unwrap(), Ensured::Created);
-    assert_eq!(ovs.ensure_bridge("br0", &opts).await.unwrap(), Ensured::Unchanged);
+    let opts = BridgeOptions {
+        datapath_type: "dummy".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        ovs.ensure_bridge("br0", &opts).await.unwrap(),
+        Ensured::Created
+    );
+    assert_eq!(
+        ovs.ensure_bridge("br0", &opts).await.unwrap(),
+        Ensured::Unchanged
+    );
     assert_eq!(vsctl(&sb, &["list-br"]), "br0");
     assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "fail_mode"]), "secure");
-    assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "protocols"]), "[OpenFlow13]");
-    assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "datapath_type"]), "dummy");
+    assert_eq!(
+        vsctl(&sb, &["get", "bridge", "br0", "protocols"]),
+        "[OpenFlow13]"
+    );
+    assert_eq!(
+        vsctl(&sb, &["get", "bridge", "br0", "datapath_type"]),
+        "dummy"
+    );
     assert_eq!(vsctl(&sb, &["get", "interface", "br0", "type"]), "internal");
     assert_eq!(count_rows(&sb, "bridge", None), 1);
     assert_eq!(count_rows(&sb, "port", Some("name=br0")), 1);
@@ -145,10 +203,25 @@ async fn ensure_bridge_is_idempotent_and_fixes_columns() {
     assert_eq!(vsctl(&sb, &["list-ports", "br0"]), "");
 
     // Someone changes it behind our back: ensure_bridge puts it right.
-    vsctl(&sb, &["set", "bridge", "br0", "fail_mode=standalone", "protocols=OpenFlow10,OpenFlow13"]);
-    assert_eq!(ovs.ensure_bridge("br0", &opts).await.unwrap(), Ensured::Updated);
+    vsctl(
+        &sb,
+        &[
+            "set",
+            "bridge",
+            "br0",
+            "fail_mode=standalone",
+            "protocols=OpenFlow10,OpenFlow13",
+        ],
+    );
+    assert_eq!(
+        ovs.ensure_bridge("br0", &opts).await.unwrap(),
+        Ensured::Updated
+    );
     assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "fail_mode"]), "secure");
-    assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "protocols"]), "[OpenFlow13]");
+    assert_eq!(
+        vsctl(&sb, &["get", "bridge", "br0", "protocols"]),
+        "[OpenFlow13]"
+    );
     assert_eq!(count_rows(&sb, "bridge", None), 1);
     // vswitchd created the management socket for it.
     sb.wait_for_socket(&sb.mgmt_socket("br0")).await.unwrap();
@@ -160,41 +233,88 @@ async fn vxlan_and_tun_ports_get_requested_ofports() {
     let ovs = sb.ovs();
     let vx = PortSpec::vxlan_flow(1);
     let tun = PortSpec::internal(Some(2));
-    assert_eq!(ovs.add_port_and_wait_ofport("br0", "vxlan0", &vx, T).await.unwrap(), 1);
-    assert_eq!(ovs.add_port_and_wait_ofport("br0", "tun0", &tun, T).await.unwrap(), 2);
+    assert_eq!(
+        ovs.add_port_and_wait_ofport("br0", "vxlan0", &vx, T)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        ovs.add_port_and_wait_ofport("br0", "tun0", &tun, T)
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(vsctl(&sb, &["get", "interface", "vxlan0", "ofport"]), "1");
     assert_eq!(vsctl(&sb, &["get", "interface", "tun0", "ofport"]), "2");
     assert_eq!(vsctl(&sb, &["get", "interface", "vxlan0", "type"]), "vxlan");
-    assert_eq!(vsctl(&sb, &["get", "interface", "vxlan0", "options"]), "{key=flow, remote_ip=flow}");
-    assert_eq!(vsctl(&sb, &["get", "interface", "tun0", "type"]), "internal");
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "vxlan0", "options"]),
+        "{key=flow, remote_ip=flow}"
+    );
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "tun0", "type"]),
+        "internal"
+    );
     assert_eq!(vsctl(&sb, &["list-ports", "br0"]), "tun0\nvxlan0");
 
     // Repeating is a no-op and creates no duplicates.
-    assert_eq!(ovs.ensure_port("br0", "vxlan0", &vx).await.unwrap(), Ensured::Unchanged);
-    assert_eq!(ovs.add_port_and_wait_ofport("br0", "tun0", &tun, T).await.unwrap(), 2);
+    assert_eq!(
+        ovs.ensure_port("br0", "vxlan0", &vx).await.unwrap(),
+        Ensured::Unchanged
+    );
+    assert_eq!(
+        ovs.add_port_and_wait_ofport("br0", "tun0", &tun, T)
+            .await
+            .unwrap(),
+        2
+    );
     assert_eq!(count_rows(&sb, "port", None), 3);
     assert_eq!(count_rows(&sb, "interface", None), 3);
 
     // Different settings are applied to the existing port.
     let tun3 = PortSpec::internal(Some(3));
-    assert_eq!(ovs.add_port_and_wait_ofport("br0", "tun0", &tun3, T).await.unwrap(), 3);
-    assert_eq!(vsctl(&sb, &["get", "interface", "tun0", "ofport_request"]), "3");
+    assert_eq!(
+        ovs.add_port_and_wait_ofport("br0", "tun0", &tun3, T)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "tun0", "ofport_request"]),
+        "3"
+    );
     assert_eq!(vsctl(&sb, &["get", "interface", "tun0", "ofport"]), "3");
     assert_eq!(ovs.interface_ofport("tun0").await.unwrap(), Some(3));
     assert_eq!(ovs.interface_ofport("nope").await.unwrap(), None);
     assert_eq!(count_rows(&sb, "port", None), 3);
-    assert_eq!(ovs.list_ports("br0").await.unwrap(), vec!["br0", "tun0", "vxlan0"]);
+    assert_eq!(
+        ovs.list_ports("br0").await.unwrap(),
+        vec!["br0", "tun0", "vxlan0"]
+    );
 }
 
 #[tokio::test]
 async fn pod_port_ofport_arrives_through_monitor() {
     let sb = sandbox_with_bridge().await;
     let ovs = sb.ovs();
-    let p = ovs.add_port_and_wait_ofport("br0", "veth-pod1", &PortSpec::of_type("dummy"), T).await.unwrap();
+    let p = ovs
+        .add_port_and_wait_ofport("br0", "veth-pod1", &PortSpec::of_type("dummy"), T)
+        .await
+        .unwrap();
     assert!(p > 0);
-    assert_eq!(vsctl(&sb, &["get", "interface", "veth-pod1", "ofport"]), p.to_string());
-    assert_eq!(ovs.interface_ofport("veth-pod1").await.unwrap(), Some(p as i64));
-    let q = ovs.add_port_and_wait_ofport("br0", "veth-pod2", &PortSpec::internal(None), T).await.unwrap();
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "veth-pod1", "ofport"]),
+        p.to_string()
+    );
+    assert_eq!(
+        ovs.interface_ofport("veth-pod1").await.unwrap(),
+        Some(p as i64)
+    );
+    let q = ovs
+        .add_port_and_wait_ofport("br0", "veth-pod2", &PortSpec::internal(None), T)
+        .await
+        .unwrap();
     assert!(q > 0 && q != p);
 }
 
@@ -204,14 +324,23 @@ async fn interface_error_is_surfaced() {
     let ovs = sb.ovs();
     // A system device that does not exist: on OVS 3.1 with the dummy
     // datapath vswitchd cannot open it and reports ofport -1 plus an error.
-    match ovs.add_port_and_wait_ofport("br0", "nosuchdev0", &PortSpec::system(), T).await {
+    match ovs
+        .add_port_and_wait_ofport("br0", "nosuchdev0", &PortSpec::system(), T)
+        .await
+    {
         Err(OvsdbError::InterfaceError { name, error }) => {
             assert_eq!(name, "nosuchdev0");
-            assert_eq!(error, "could not open network device nosuchdev0 (No such device)");
+            assert_eq!(
+                error,
+                "could not open network device nosuchdev0 (No such device)"
+            );
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(vsctl(&sb, &["get", "interface", "nosuchdev0", "ofport"]), "-1");
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "nosuchdev0", "ofport"]),
+        "-1"
+    );
     assert_eq!(
         vsctl(&sb, &["get", "interface", "nosuchdev0", "error"]),
         r#""could not open network device nosuchdev0 (No such device)""#
@@ -221,7 +350,10 @@ async fn interface_error_is_surfaced() {
         Some("could not open network device nosuchdev0 (No such device)")
     );
     // A patch port without a peer fails too.
-    match ovs.add_port_and_wait_ofport("br0", "patch0", &PortSpec::of_type("patch"), T).await {
+    match ovs
+        .add_port_and_wait_ofport("br0", "patch0", &PortSpec::of_type("patch"), T)
+        .await
+    {
         Err(OvsdbError::InterfaceError { error, .. }) => {
             assert_eq!(error, "patch0: patch type requires valid 'peer' argument")
         }
@@ -229,8 +361,12 @@ async fn interface_error_is_surfaced() {
     }
     // Missing bridge.
     assert!(matches!(
-        ovs.add_port_and_wait_ofport("nobr", "x", &PortSpec::internal(None), T).await,
-        Err(OvsdbError::NotFound { table: "Bridge", .. })
+        ovs.add_port_and_wait_ofport("nobr", "x", &PortSpec::internal(None), T)
+            .await,
+        Err(OvsdbError::NotFound {
+            table: "Bridge",
+            ..
+        })
     ));
 }
 
@@ -238,11 +374,23 @@ async fn interface_error_is_surfaced() {
 async fn wait_ofport_times_out_without_vswitchd() {
     let mut sb = sandbox_with_bridge().await;
     sb.stop_vswitchd().unwrap();
-    let r = sb.ovs().add_port_and_wait_ofport("br0", "p1", &PortSpec::internal(None), Duration::from_millis(300)).await;
+    let r = sb
+        .ovs()
+        .add_port_and_wait_ofport(
+            "br0",
+            "p1",
+            &PortSpec::internal(None),
+            Duration::from_millis(300),
+        )
+        .await;
     assert!(matches!(r, Err(OvsdbError::Timeout(_))), "{r:?}");
     // The port was still added; when vswitchd comes back it gets an ofport.
     sb.start_vswitchd().await.unwrap();
-    let p = sb.ovs().add_port_and_wait_ofport("br0", "p1", &PortSpec::internal(None), T).await.unwrap();
+    let p = sb
+        .ovs()
+        .add_port_and_wait_ofport("br0", "p1", &PortSpec::internal(None), T)
+        .await
+        .unwrap();
     assert!(p > 0);
 }
 
@@ -250,7 +398,9 @@ async fn wait_ofport_times_out_without_vswitchd() {
 async fn delete_port_is_idempotent() {
     let sb = sandbox_with_bridge().await;
     let ovs = sb.ovs();
-    ovs.add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T).await.unwrap();
+    ovs.add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T)
+        .await
+        .unwrap();
     assert!(ovs.delete_port("br0", "tun0").await.unwrap());
     assert!(!ovs.delete_port("br0", "tun0").await.unwrap());
     assert!(!ovs.delete_port("nobr", "tun0").await.unwrap());
@@ -267,7 +417,10 @@ async fn concurrent_ensure_port_creates_one_port() {
     let mut tasks = vec![];
     for _ in 0..8 {
         let ovs = sb.ovs();
-        tasks.push(tokio::spawn(async move { ovs.ensure_port("br0", "race0", &PortSpec::internal(Some(7))).await }));
+        tasks.push(tokio::spawn(async move {
+            ovs.ensure_port("br0", "race0", &PortSpec::internal(Some(7)))
+                .await
+        }));
     }
     let mut created = 0;
     for t in tasks {
@@ -284,25 +437,41 @@ async fn concurrent_ensure_port_creates_one_port() {
 async fn pod_bandwidth_set_replace_clear() {
     let sb = sandbox_with_bridge().await;
     let ovs = sb.ovs();
-    ovs.add_port_and_wait_ofport("br0", "veth1", &PortSpec::of_type("dummy"), T).await.unwrap();
+    ovs.add_port_and_wait_ofport("br0", "veth1", &PortSpec::of_type("dummy"), T)
+        .await
+        .unwrap();
     assert_eq!(vsctl(&sb, &["get", "port", "veth1", "qos"]), "[]");
 
-    ovs.set_pod_bandwidth("veth1", 1_000_000, 2048 * 1024).await.unwrap();
+    ovs.set_pod_bandwidth("veth1", 1_000_000, 2048 * 1024)
+        .await
+        .unwrap();
     let q1 = vsctl(&sb, &["get", "port", "veth1", "qos"]);
     assert_ne!(q1, "[]");
     assert_eq!(count_rows(&sb, "qos", None), 1);
     assert_eq!(vsctl(&sb, &["get", "qos", &q1, "type"]), "linux-htb");
-    assert_eq!(vsctl(&sb, &["get", "qos", &q1, "other_config"]), r#"{max-rate="1000000"}"#);
-    assert_eq!(vsctl(&sb, &["get", "interface", "veth1", "ingress_policing_rate"]), "2048");
+    assert_eq!(
+        vsctl(&sb, &["get", "qos", &q1, "other_config"]),
+        r#"{max-rate="1000000"}"#
+    );
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "veth1", "ingress_policing_rate"]),
+        "2048"
+    );
 
     // Replace: the old QoS row is destroyed, not leaked.
     ovs.set_pod_bandwidth("veth1", 2_000_000, 0).await.unwrap();
     let q2 = vsctl(&sb, &["get", "port", "veth1", "qos"]);
     assert!(q2 != "[]" && q2 != q1);
     assert_eq!(count_rows(&sb, "qos", None), 1);
-    assert_eq!(vsctl(&sb, &["get", "qos", &q2, "other_config"]), r#"{max-rate="2000000"}"#);
+    assert_eq!(
+        vsctl(&sb, &["get", "qos", &q2, "other_config"]),
+        r#"{max-rate="2000000"}"#
+    );
     // As in openshift-sdn, a non-positive egress leaves policing alone.
-    assert_eq!(vsctl(&sb, &["get", "interface", "veth1", "ingress_policing_rate"]), "2048");
+    assert_eq!(
+        vsctl(&sb, &["get", "interface", "veth1", "ingress_policing_rate"]),
+        "2048"
+    );
 
     // Clear.
     ovs.set_pod_bandwidth("veth1", -1, -1).await.unwrap();
@@ -310,7 +479,10 @@ async fn pod_bandwidth_set_replace_clear() {
     assert_eq!(count_rows(&sb, "qos", None), 0);
     ovs.set_pod_bandwidth("veth1", -1, -1).await.unwrap();
 
-    assert!(matches!(ovs.set_pod_bandwidth("nope", 1, 1).await, Err(OvsdbError::NotFound { table: "Port", .. })));
+    assert!(matches!(
+        ovs.set_pod_bandwidth("nope", 1, 1).await,
+        Err(OvsdbError::NotFound { table: "Port", .. })
+    ));
 }
 
 #[tokio::test]
@@ -318,44 +490,84 @@ async fn external_ids_and_flow_restore_wait_round_trip() {
     let sb = sandbox_with_bridge().await;
     let ovs = sb.ovs();
     assert!(ovs.bridge_external_ids("br0").await.unwrap().is_empty());
-    ovs.set_bridge_external_id("br0", "sdn-flow-generation", "1").await.unwrap();
-    ovs.set_bridge_external_id("br0", "other", "x y=z").await.unwrap();
-    ovs.set_bridge_external_id("br0", "sdn-flow-generation", "2").await.unwrap();
+    ovs.set_bridge_external_id("br0", "sdn-flow-generation", "1")
+        .await
+        .unwrap();
+    ovs.set_bridge_external_id("br0", "other", "x y=z")
+        .await
+        .unwrap();
+    ovs.set_bridge_external_id("br0", "sdn-flow-generation", "2")
+        .await
+        .unwrap();
     let ids = ovs.bridge_external_ids("br0").await.unwrap();
-    let want: BTreeMap<String, String> =
-        [("other".into(), "x y=z".into()), ("sdn-flow-generation".into(), "2".into())].into();
+    let want: BTreeMap<String, String> = [
+        ("other".into(), "x y=z".into()),
+        ("sdn-flow-generation".into(), "2".into()),
+    ]
+    .into();
     assert_eq!(ids, want);
-    assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "external_ids:sdn-flow-generation"]), r#""2""#);
+    assert_eq!(
+        vsctl(
+            &sb,
+            &["get", "bridge", "br0", "external_ids:sdn-flow-generation"]
+        ),
+        r#""2""#
+    );
     ovs.remove_bridge_external_id("br0", "other").await.unwrap();
-    assert_eq!(vsctl(&sb, &["get", "bridge", "br0", "external_ids"]), r#"{sdn-flow-generation="2"}"#);
+    assert_eq!(
+        vsctl(&sb, &["get", "bridge", "br0", "external_ids"]),
+        r#"{sdn-flow-generation="2"}"#
+    );
     assert!(matches!(
         ovs.set_bridge_external_id("nobr", "k", "v").await,
-        Err(OvsdbError::NotFound { table: "Bridge", .. })
+        Err(OvsdbError::NotFound {
+            table: "Bridge",
+            ..
+        })
     ));
-    assert!(matches!(ovs.bridge_external_ids("nobr").await, Err(OvsdbError::NotFound { .. })));
+    assert!(matches!(
+        ovs.bridge_external_ids("nobr").await,
+        Err(OvsdbError::NotFound { .. })
+    ));
 
     assert!(!ovs.flow_restore_wait().await.unwrap());
     ovs.set_flow_restore_wait().await.unwrap();
     assert!(ovs.flow_restore_wait().await.unwrap());
-    assert_eq!(vsctl(&sb, &["get", "open_vswitch", ".", "other_config:flow-restore-wait"]), r#""true""#);
+    assert_eq!(
+        vsctl(
+            &sb,
+            &["get", "open_vswitch", ".", "other_config:flow-restore-wait"]
+        ),
+        r#""true""#
+    );
     ovs.clear_flow_restore_wait().await.unwrap();
     assert!(!ovs.flow_restore_wait().await.unwrap());
-    assert_eq!(vsctl(&sb, &["get", "open_vswitch", ".", "other_config"]), "{}");
+    assert_eq!(
+        vsctl(&sb, &["get", "open_vswitch", ".", "other_config"]),
+        "{}"
+    );
 }
 
 #[tokio::test]
 async fn monitors_receive_updates_and_cancel() {
     let sb = sandbox_with_bridge().await;
     let c = sb.client();
-    let reqs: BTreeMap<_, _> = [("Bridge".to_string(), MonitorRequest::columns(["name", "external_ids"]))].into();
+    let reqs: BTreeMap<_, _> = [(
+        "Bridge".to_string(),
+        MonitorRequest::columns(["name", "external_ids"]),
+    )]
+    .into();
     let mut m1 = c.monitor(VSWITCH_DB, &reqs).await.unwrap();
-    let initial: Vec<_> =
-        m1.initial["Bridge"].values().map(|u| row_string(u.new.as_ref().unwrap(), "name").unwrap()).collect();
+    let initial: Vec<_> = m1.initial["Bridge"]
+        .values()
+        .map(|u| row_string(u.new.as_ref().unwrap(), "name").unwrap())
+        .collect();
     assert_eq!(initial, vec!["br0"]);
 
     let cond_reqs: BTreeMap<_, _> = [(
         "Interface".to_string(),
-        MonitorRequest::columns(["name", "ofport"]).with_conditions(vec![cond_eq("name", json!("mon1"))]),
+        MonitorRequest::columns(["name", "ofport"])
+            .with_conditions(vec![cond_eq("name", json!("mon1"))]),
     )]
     .into();
     let mut m2 = c.monitor_cond(VSWITCH_DB, &cond_reqs).await.unwrap();
@@ -365,9 +577,24 @@ async fn monitors_receive_updates_and_cancel() {
     vsctl(&sb, &["br-set-external-id", "br0", "k", "v"]);
     let u = timeout(T, m1.updates.recv()).await.unwrap().unwrap();
     let upd = u["Bridge"].values().next().unwrap();
-    assert_eq!(row_string_map(upd.new.as_ref().unwrap(), "external_ids").unwrap()["k"], "v");
+    assert_eq!(
+        row_string_map(upd.new.as_ref().unwrap(), "external_ids").unwrap()["k"],
+        "v"
+    );
 
-    vsctl(&sb, &["add-port", "br0", "mon1", "--", "set", "interface", "mon1", "type=dummy"]);
+    vsctl(
+        &sb,
+        &[
+            "add-port",
+            "br0",
+            "mon1",
+            "--",
+            "set",
+            "interface",
+            "mon1",
+            "type=dummy",
+        ],
+    );
     // First the insert, then vswitchd assigning the ofport (unless both
     // landed before the notification was sent).
     let mut ofport = None;
@@ -391,7 +618,10 @@ async fn monitors_receive_updates_and_cancel() {
     assert!(timeout(T, m1.updates.recv()).await.unwrap().is_none());
     assert_eq!(m1.updates.end_reason(), Some(MonitorEnd::Cancelled));
     // Cancelling twice is an RPC error from the server ("unknown monitor").
-    assert!(matches!(c.monitor_cancel(&m1.id).await, Err(OvsdbError::Rpc { .. })));
+    assert!(matches!(
+        c.monitor_cancel(&m1.id).await,
+        Err(OvsdbError::Rpc { .. })
+    ));
 
     // Disconnect ends the remaining monitor and fails calls.
     let mut sb = sb;
@@ -415,50 +645,77 @@ async fn echo_probes_from_server_are_answered() {
     c.transact(
         VSWITCH_DB,
         vec![
-            txn::insert("Manager", json!({"target": "ptcp:0:127.0.0.1", "inactivity_probe": 1000}), Some("m")),
+            txn::insert(
+                "Manager",
+                json!({"target": "ptcp:0:127.0.0.1", "inactivity_probe": 1000}),
+                Some("m"),
+            ),
             txn::mutate(
                 "Open_vSwitch",
                 vec![],
-                vec![json!(["manager_options", "insert", ["set", [["named-uuid", "m"]]]])],
+                vec![json!([
+                    "manager_options",
+                    "insert",
+                    ["set", [["named-uuid", "m"]]]
+                ])],
             ),
         ],
     )
     .await
     .unwrap();
     // Learn the bound port from Manager.status (pushed by a monitor).
-    let reqs: BTreeMap<_, _> = [("Manager".to_string(), MonitorRequest::columns(["status"]))].into();
+    let reqs: BTreeMap<_, _> =
+        [("Manager".to_string(), MonitorRequest::columns(["status"]))].into();
     let mut mon = c.monitor(VSWITCH_DB, &reqs).await.unwrap();
     let bound_port = |u: &sdn_node::ovsdb::TableUpdates| {
-        u.get("Manager")?
-            .values()
-            .find_map(|r| row_string_map(r.new.as_ref()?, "status").ok()?.get("bound_port").cloned())
+        u.get("Manager")?.values().find_map(|r| {
+            row_string_map(r.new.as_ref()?, "status")
+                .ok()?
+                .get("bound_port")
+                .cloned()
+        })
     };
     let mut port = bound_port(&mon.initial);
     while port.is_none() {
         let u = timeout(T, mon.updates.recv()).await.unwrap().unwrap();
         port = bound_port(&u);
     }
-    let tcp = OvsdbClient::connect(&format!("tcp:127.0.0.1:{}", port.unwrap())).await.unwrap();
+    let tcp = OvsdbClient::connect(&format!("tcp:127.0.0.1:{}", port.unwrap()))
+        .await
+        .unwrap();
     tcp.list_dbs().await.unwrap();
     // Stay idle: the server probes after 1 s and would drop an unresponsive
     // client after another 1 s. The connection must still be up after 3.5 s.
-    assert!(timeout(Duration::from_millis(3500), tcp.closed()).await.is_err());
+    assert!(timeout(Duration::from_millis(3500), tcp.closed())
+        .await
+        .is_err());
     assert!(tcp.echoes_answered() >= 1, "no echo received");
-    assert!(tcp.list_dbs().await.unwrap().contains(&VSWITCH_DB.to_string()));
+    assert!(tcp
+        .list_dbs()
+        .await
+        .unwrap()
+        .contains(&VSWITCH_DB.to_string()));
 }
 
 #[tokio::test]
 async fn vswitchd_restart_keeps_requested_ofports() {
     let mut sb = sandbox_with_bridge().await;
     let ovs = sb.ovs();
-    ovs.add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T).await.unwrap();
+    ovs.add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T)
+        .await
+        .unwrap();
     let old = sb.vswitchd_pid().unwrap();
     sb.stop_vswitchd().unwrap();
     assert!(sb.vswitchd_pid().is_none());
     assert!(!pid_alive(old));
     sb.start_vswitchd().await.unwrap();
     assert_ne!(sb.vswitchd_pid().unwrap(), old);
-    assert_eq!(ovs.add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T).await.unwrap(), 2);
+    assert_eq!(
+        ovs.add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T)
+            .await
+            .unwrap(),
+        2
+    );
 }
 
 #[tokio::test]
@@ -477,10 +734,18 @@ async fn drop_stops_daemons_and_removes_dir() {
 fn panicking_test_still_cleans_up() {
     let (tx, rx) = std::sync::mpsc::channel();
     let h = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         rt.block_on(async move {
             let sb = sandbox().await;
-            tx.send((sb.ovsdb_pid().unwrap(), sb.vswitchd_pid().unwrap(), sb.dir().to_path_buf())).unwrap();
+            tx.send((
+                sb.ovsdb_pid().unwrap(),
+                sb.vswitchd_pid().unwrap(),
+                sb.dir().to_path_buf(),
+            ))
+            .unwrap();
             panic!("simulated test failure");
         })
     });
@@ -506,19 +771,41 @@ async fn sandbox_in_own_network_namespace() {
         return; // never under CI: is_root() fails the test there
     }
     let ns = format!("sdnsb-{}", std::process::id());
-    let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.unwrap();
+    let sb = OvsSandbox::start(SandboxOptions {
+        netns: Some(ns.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     sb.add_bridge("br0", "dummy").await.unwrap();
     let v = sb.vswitchd_pid().unwrap();
     let their = std::fs::read_link(format!("/proc/{v}/ns/net")).unwrap();
     let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
     assert_ne!(their, ours, "vswitchd should run in its own netns");
-    let p = sb.ovs().add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T).await.unwrap();
+    let p = sb
+        .ovs()
+        .add_port_and_wait_ofport("br0", "tun0", &PortSpec::internal(Some(2)), T)
+        .await
+        .unwrap();
     assert_eq!(p, 2);
-    let list = |_: ()| String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
-    assert!(list(()).lines().any(|l| l.split_whitespace().next() == Some(ns.as_str())));
+    let list = |_: ()| {
+        String::from_utf8(
+            Command::new("ip")
+                .args(["netns", "list"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+    };
+    assert!(list(())
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(ns.as_str())));
     drop(sb);
     assert!(!pid_alive(v));
-    assert!(!list(()).lines().any(|l| l.split_whitespace().next() == Some(ns.as_str())));
+    assert!(!list(())
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(ns.as_str())));
 }
 
 /// A new pod port costs two requests on a warm connection (one transaction with Interface,
@@ -633,9 +920,7 @@ async fn a_port_removal_is_one_transaction_and_takes_its_qos() {
     .await
     .expect("the monitor sees the new ports");
     let before = ovs.client().requests_sent();
-    for (n, r) in
-        names.iter().zip(futures::future::join_all(names.iter().map(|n| ovs.remove_port_fast("br0", n))).await)
-    {
+    for (n, r) in names.iter().zip(futures::future::join_all(names.iter().map(|n| ovs.remove_port_fast("br0", n))).await) {
         assert!(r.unwrap_or_else(|e| panic!("{n}: {e}")), "{n}");
     }
     let sent = ovs.client().requests_sent() - before;

@@ -23,10 +23,10 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::apply::{converge, ApplyOptions};
 use sdn_node::cluster::state_file;
 use sdn_node::ovsdb::PortSpec;
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 const GATEWAY: &str = "10.128.2.1";
 /// Echo requests per ping run.
@@ -57,8 +57,18 @@ impl PodDef {
     }
 }
 
-const fn pod(namespace: &'static str, name: &'static str, host_veth: &'static str, host: u8) -> PodDef {
-    PodDef { namespace, name, host_veth, host }
+const fn pod(
+    namespace: &'static str,
+    name: &'static str,
+    host_veth: &'static str,
+    host: u8,
+) -> PodDef {
+    PodDef {
+        namespace,
+        name,
+        host_veth,
+        host,
+    }
 }
 
 const A1: PodDef = pod("team-a", "a1", "veth-a1", 5);
@@ -116,7 +126,12 @@ async fn run(args: &[&str]) -> String {
         .output()
         .await
         .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
-    assert!(out.status.success(), "{args:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    assert!(
+        out.status.success(),
+        "{args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -133,7 +148,10 @@ struct Netns(String);
 
 impl Netns {
     fn add(name: String) -> Netns {
-        let st = std::process::Command::new("ip").args(["netns", "add", &name]).status().expect("run ip netns add");
+        let st = std::process::Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .expect("run ip netns add");
         assert!(st.success(), "ip netns add {name} failed ({st})");
         Netns(name)
     }
@@ -141,9 +159,16 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        match std::process::Command::new("ip").args(["netns", "del", &self.0]).output() {
+        match std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .output()
+        {
             Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!("cleanup: ip netns del {}: {}", self.0, String::from_utf8_lossy(&o.stderr).trim()),
+            Ok(o) => eprintln!(
+                "cleanup: ip netns del {}: {}",
+                self.0,
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
             Err(e) => eprintln!("cleanup: ip netns del {}: {e}", self.0),
         }
     }
@@ -173,7 +198,9 @@ impl Ping {
     /// Ran fine, but not one echo request was answered (exit 1, not 2 = error).
     fn assert_all_lost(&self, what: &str) {
         assert!(
-            self.code == Some(1) && self.received == Some(0) && self.output.contains("100% packet loss"),
+            self.code == Some(1)
+                && self.received == Some(0)
+                && self.output.contains("100% packet loss"),
             "{what}: expected 100% packet loss; ping exited {:?}:\n{}",
             self.code,
             self.output
@@ -207,11 +234,18 @@ impl Topology {
             eprintln!("skipping: needs root to create network namespaces and veth pairs (under CI is_root() fails the test instead)");
             return None; // never under CI: is_root() fails the test there
         }
-        let id = format!("sdnpkt-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let id = format!(
+            "sdnpkt-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
         let sw = format!("{id}-sw");
-        let sb = OvsSandbox::start(SandboxOptions { netns: Some(sw.clone()), ..Default::default() })
-            .await
-            .expect("start the sandbox in its own namespace");
+        let sb = OvsSandbox::start(SandboxOptions {
+            netns: Some(sw.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("start the sandbox in its own namespace");
         let mut pods = Vec::new();
         for p in PODS {
             let ns = Netns::add(format!("{id}-{}", p.name));
@@ -219,7 +253,11 @@ impl Topology {
             pods.push((p, ns));
             let (veth, mac, ip) = (p.host_veth, p.mac(), p.ip());
             // The pod end is created straight in the pod's namespace: no clash on eth0.
-            ip_in(&sw, &format!("link add {veth} type veth peer name eth0 netns {pod}")).await;
+            ip_in(
+                &sw,
+                &format!("link add {veth} type veth peer name eth0 netns {pod}"),
+            )
+            .await;
             // The netdev datapath reads the veth through a packet socket, so the switch
             // namespace's own IP stack sees the pod's frames too, and by default it answers
             // ARP for any of its addresses (the gateway's, on tun0) on any interface: the pod
@@ -238,11 +276,17 @@ impl Topology {
 
         let (state, problems) = state_file::parse(&state_yaml(plugin)).expect("state parses");
         assert!(problems.is_empty(), "{problems:?}");
-        let mut opts = ApplyOptions::new(topo.sb.dir().join("state.yaml"), topo.sb.dir().to_path_buf());
+        let mut opts = ApplyOptions::new(
+            topo.sb.dir().join("state.yaml"),
+            topo.sb.dir().to_path_buf(),
+        );
         opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Netdev);
         opts.bridge.port_timeout = T;
         let report = converge(&opts, &state).await.expect("converge");
-        assert!(report.problems.is_empty() && report.warnings.is_empty(), "{report:?}");
+        assert!(
+            report.problems.is_empty() && report.warnings.is_empty(),
+            "{report:?}"
+        );
         assert_eq!(report.ports_added, PODS.len(), "{report:?}");
 
         // The address needs the tun0 tap: its ofport says ovs-vswitchd has opened it.
@@ -259,7 +303,10 @@ impl Topology {
     }
 
     fn netns_of(&self, pod: PodDef) -> &str {
-        let ns = self.pods.iter().find_map(|(p, ns)| (p.name == pod.name).then_some(ns));
+        let ns = self
+            .pods
+            .iter()
+            .find_map(|(p, ns)| (p.name == pod.name).then_some(ns));
         &ns.expect("a pod of the topology").0
     }
 
@@ -267,7 +314,9 @@ impl Topology {
     async fn ping_in(&self, ns: &str, dst: &str) -> Ping {
         let count = COUNT.to_string();
         let child = tokio::process::Command::new("ip")
-            .args(["netns", "exec", ns, "ping", "-n", "-c", &count, "-i", "0.2", "-W", "2", dst])
+            .args([
+                "netns", "exec", ns, "ping", "-n", "-c", &count, "-i", "0.2", "-W", "2", dst,
+            ])
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output();
@@ -275,8 +324,16 @@ impl Topology {
             .await
             .unwrap_or_else(|_| panic!("ping in {ns} did not end within {PING_BOUND:?}"))
             .expect("run ping (install iputils-ping)");
-        let output = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        Ping { code: out.status.code(), received: received(&output), output }
+        let output = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ping {
+            code: out.status.code(),
+            received: received(&output),
+            output,
+        }
     }
 
     async fn ping(&self, from: PodDef, dst: &str) -> Ping {
@@ -323,7 +380,10 @@ impl Topology {
             .lines()
             .find(|l| l.trim_end().ends_with("priority=0 actions=drop"))
             .unwrap_or_else(|| panic!("no table=80 priority=0 drop flow in\n{dump}"));
-        let n = line.split(", ").find_map(|f| f.trim().strip_prefix("n_packets=")).expect("n_packets");
+        let n = line
+            .split(", ")
+            .find_map(|f| f.trim().strip_prefix("n_packets="))
+            .expect("n_packets");
         n.parse().expect("n_packets is a number")
     }
 }
@@ -335,10 +395,22 @@ async fn pods_of_one_tenant_reach_each_other() {
     let Some(t) = Topology::up("multitenant").await else {
         return;
     };
-    t.ping(A1, &A2.ip()).await.assert_ok("team-a/a1 -> team-a/a2");
-    t.ping(A2, &A1.ip()).await.assert_ok("team-a/a2 -> team-a/a1");
-    assert_eq!(t.neighbour(A1, &A2.ip()).await, Some(A2.mac()), "a1 resolved a2 by ARP");
-    assert_eq!(t.neighbour(A2, &A1.ip()).await, Some(A1.mac()), "a2 resolved a1 by ARP");
+    t.ping(A1, &A2.ip())
+        .await
+        .assert_ok("team-a/a1 -> team-a/a2");
+    t.ping(A2, &A1.ip())
+        .await
+        .assert_ok("team-a/a2 -> team-a/a1");
+    assert_eq!(
+        t.neighbour(A1, &A2.ip()).await,
+        Some(A2.mac()),
+        "a1 resolved a2 by ARP"
+    );
+    assert_eq!(
+        t.neighbour(A2, &A1.ip()).await,
+        Some(A1.mac()),
+        "a2 resolved a1 by ARP"
+    );
 }
 
 /// team-a and team-b (VNIDs 11 and 12) cannot exchange IP packets, either way: ARP still
@@ -350,12 +422,26 @@ async fn tenants_are_isolated_both_ways() {
         return;
     };
     // The topology forwards at all (so the losses below are the policy's).
-    t.ping(A1, &A2.ip()).await.assert_ok("team-a/a1 -> team-a/a2");
+    t.ping(A1, &A2.ip())
+        .await
+        .assert_ok("team-a/a1 -> team-a/a2");
     let before = t.isolation_drops(0).await;
-    t.ping(A1, &B1.ip()).await.assert_all_lost("team-a/a1 -> team-b/b1");
-    t.ping(B1, &A1.ip()).await.assert_all_lost("team-b/b1 -> team-a/a1");
-    assert_eq!(t.neighbour(A1, &B1.ip()).await, Some(B1.mac()), "ARP across tenants resolves");
-    assert_eq!(t.neighbour(B1, &A1.ip()).await, Some(A1.mac()), "ARP across tenants resolves");
+    t.ping(A1, &B1.ip())
+        .await
+        .assert_all_lost("team-a/a1 -> team-b/b1");
+    t.ping(B1, &A1.ip())
+        .await
+        .assert_all_lost("team-b/b1 -> team-a/a1");
+    assert_eq!(
+        t.neighbour(A1, &B1.ip()).await,
+        Some(B1.mac()),
+        "ARP across tenants resolves"
+    );
+    assert_eq!(
+        t.neighbour(B1, &A1.ip()).await,
+        Some(A1.mac()),
+        "ARP across tenants resolves"
+    );
     let expected = 2 * u64::from(COUNT);
     let dropped = t.isolation_drops(before + expected).await - before;
     assert_eq!(dropped, expected, "the echo requests die in table 80");
@@ -367,8 +453,12 @@ async fn global_vnid_reaches_a_tenant_both_ways() {
     let Some(t) = Topology::up("multitenant").await else {
         return;
     };
-    t.ping(D1, &B1.ip()).await.assert_ok("default/d1 -> team-b/b1");
-    t.ping(B1, &D1.ip()).await.assert_ok("team-b/b1 -> default/d1");
+    t.ping(D1, &B1.ip())
+        .await
+        .assert_ok("default/d1 -> team-b/b1");
+    t.ping(B1, &D1.ip())
+        .await
+        .assert_ok("team-b/b1 -> default/d1");
 }
 
 /// A pod reaches the gateway tun0 (ARP and IP to the gateway go straight to port 2), and the
@@ -378,11 +468,23 @@ async fn pod_and_gateway_reach_each_other() {
     let Some(t) = Topology::up("multitenant").await else {
         return;
     };
-    t.ping(A1, GATEWAY).await.assert_ok("team-a/a1 -> gateway tun0");
-    assert_eq!(t.neighbour(A1, GATEWAY).await, Some(t.tun0_mac().await), "a1 resolved tun0 by ARP");
+    t.ping(A1, GATEWAY)
+        .await
+        .assert_ok("team-a/a1 -> gateway tun0");
+    assert_eq!(
+        t.neighbour(A1, GATEWAY).await,
+        Some(t.tun0_mac().await),
+        "a1 resolved tun0 by ARP"
+    );
     let on_port = ip_in(&t.sw, &format!("neigh show dev {}", A1.host_veth)).await;
-    assert_eq!(on_port.trim(), "", "the switch namespace answered ARP on a switch port");
-    t.ping_in(&t.sw, &B1.ip()).await.assert_ok("node (tun0) -> team-b/b1");
+    assert_eq!(
+        on_port.trim(),
+        "",
+        "the switch namespace answered ARP on a switch port"
+    );
+    t.ping_in(&t.sw, &B1.ip())
+        .await
+        .assert_ok("node (tun0) -> team-b/b1");
 }
 
 /// In subnet mode every pod has VNID 0: the namespaces that multitenant mode isolates talk.
@@ -391,6 +493,10 @@ async fn subnet_plugin_does_not_isolate() {
     let Some(t) = Topology::up("subnet").await else {
         return;
     };
-    t.ping(A1, &B1.ip()).await.assert_ok("team-a/a1 -> team-b/b1 (subnet plugin)");
-    t.ping(B1, &A1.ip()).await.assert_ok("team-b/b1 -> team-a/a1 (subnet plugin)");
+    t.ping(A1, &B1.ip())
+        .await
+        .assert_ok("team-a/a1 -> team-b/b1 (subnet plugin)");
+    t.ping(B1, &A1.ip())
+        .await
+        .assert_ok("team-b/b1 -> team-a/a1 (subnet plugin)");
 }

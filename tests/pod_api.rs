@@ -143,11 +143,7 @@ async fn metrics_and_health() {
         assert!(before.contains(family), "missing {family}\n{before}");
     }
     let value = |text: &str, series: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+        text.lines().find(|l| l.starts_with(series)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(0.0)
     };
     let p = pod("m1", "team-a", "10.128.0.30", 30);
     assert_eq!(post(&r.socket, &serde_json::to_string(&p).unwrap()).await.0, 200);
@@ -155,17 +151,10 @@ async fn metrics_and_health() {
     let bad = pod("m2", "nowhere", "10.128.0.31", 31);
     assert_eq!(post(&r.socket, &serde_json::to_string(&bad).unwrap()).await.0, 400);
     let (_, after) = http_get(&r.metrics, "/metrics").await;
-    assert_eq!(
-        value(&after, "sdn_node_pod_setup_seconds_count"),
-        value(&before, "sdn_node_pod_setup_seconds_count") + 1.0
-    );
+    assert_eq!(value(&after, "sdn_node_pod_setup_seconds_count"), value(&before, "sdn_node_pod_setup_seconds_count") + 1.0);
+    assert!(value(&after, "sdn_node_bundles_total{result=\"ok\"}") > value(&before, "sdn_node_bundles_total{result=\"ok\"}"));
     assert!(
-        value(&after, "sdn_node_bundles_total{result=\"ok\"}")
-            > value(&before, "sdn_node_bundles_total{result=\"ok\"}")
-    );
-    assert!(
-        value(&after, "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"}")
-            >= value(&before, "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"}") + 4.0
+        value(&after, "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"}") >= value(&before, "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"}") + 4.0
     );
     assert_eq!(value(&after, "sdn_node_connected{target=\"openflow\"}"), 1.0);
 }
@@ -217,10 +206,5 @@ async fn setup_latency_with_many_pods() {
     }
     lat.sort();
     let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize];
-    eprintln!(
-        "pod setup latency over {calls} calls with {base} pods installed: p50 {:?} p99 {:?} max {:?}",
-        q(0.5),
-        q(0.99),
-        q(1.0)
-    );
+    eprintln!("pod setup latency over {calls} calls with {base} pods installed: p50 {:?} p99 {:?} max {:?}", q(0.5), q(0.99), q(1.0));
 }

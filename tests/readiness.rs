@@ -82,12 +82,7 @@ async fn ready_again_after_a_repaired_port_and_deleted_flows() {
     ready_again(&r, "a deleted port put back").await;
     // Same flows, but for vp1's new ofport (a re-added port gets a new number).
     let after = support::dump_sorted(&r.sb, &[]);
-    assert_eq!(
-        after.len(),
-        before.len(),
-        "as many flows as before the repair:\n{}",
-        support::agent::diff(&before, &after)
-    );
+    assert_eq!(after.len(), before.len(), "as many flows as before the repair:\n{}", support::agent::diff(&before, &after));
 
     support::ofctl(&r.sb, &["del-flows", "br0"]);
     for _ in 0..POLLS {
@@ -107,18 +102,8 @@ async fn ready_again_after_pod_api_adds_and_deletes() {
     let r = start(&state(&[pod("team-a", 0, 0)])).await;
     ready_again(&r, "start").await;
     for round in 0..3u8 {
-        let p1 = support::inproc::pod(
-            &format!("api-{round}-a"),
-            "team-a",
-            &format!("10.128.3.{}", 10 + 2 * round),
-            2 * round + 1,
-        );
-        let p2 = support::inproc::pod(
-            &format!("api-{round}-b"),
-            "team-b",
-            &format!("10.128.3.{}", 11 + 2 * round),
-            2 * round + 2,
-        );
+        let p1 = support::inproc::pod(&format!("api-{round}-a"), "team-a", &format!("10.128.3.{}", 10 + 2 * round), 2 * round + 1);
+        let p2 = support::inproc::pod(&format!("api-{round}-b"), "team-b", &format!("10.128.3.{}", 11 + 2 * round), 2 * round + 2);
         let (a, b) = tokio::join!(add(&r.socket, &p1), add(&r.socket, &p2));
         assert_eq!(a.0, 200, "ADD {}: {}", p1.name, a.1);
         assert_eq!(b.0, 200, "ADD {}: {}", p2.name, b.1);

@@ -86,8 +86,7 @@ impl NodeState {
         let records = ports
             .iter()
             .map(|p| {
-                let (_, out, _) =
-                    support::agent::vsctl_status(&n.sb, &["--no-wait", "get", "Port", p, "external_ids:sdn-node-pod"]);
+                let (_, out, _) = support::agent::vsctl_status(&n.sb, &["--no-wait", "get", "Port", p, "external_ids:sdn-node-pod"]);
                 format!("{p}={}", out.trim())
             })
             .collect();
@@ -149,9 +148,7 @@ async fn state_back(p: &Pods, want: &NodeState, what: &str) {
             Ok(s) if t.elapsed() > REPAIR_WITHIN => {
                 panic!("{what}: the node never got back to its state:\n{s:?}\nwant\n{want:?}\n{}", p.node.log())
             }
-            _ if t.elapsed() > REPAIR_WITHIN => {
-                panic!("{what}: OVSDB or the switch never answered again\n{}", p.node.log())
-            }
+            _ if t.elapsed() > REPAIR_WITHIN => panic!("{what}: OVSDB or the switch never answered again\n{}", p.node.log()),
             _ => tokio::time::sleep(Duration::from_millis(200)).await,
         }
     }
@@ -268,9 +265,7 @@ async fn a_failing_host_network_holds_back_nothing_and_says_so() {
         return;
     }
     let ns = format!("sdnh{}", std::process::id());
-    let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), dummy_override: true, ..Default::default() })
-        .await
-        .expect("sandbox");
+    let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), dummy_override: true, ..Default::default() }).await.expect("sandbox");
     let metrics = "127.0.0.1:9181";
     assert!(in_ns(&ns, &["ip", "link", "set", "lo", "up"]).0, "lo up in the node's namespace");
     // NodeAgent returns once the CNI configuration is written, which the agent does after its
@@ -288,10 +283,7 @@ async fn a_failing_host_network_holds_back_nothing_and_says_so() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(code, 503, "{body}");
-    assert!(
-        body.contains("host executor failing") && body.contains("tun0"),
-        "/readyz names the failing executor and why: {body}"
-    );
+    assert!(body.contains("host executor failing") && body.contains("tun0"), "/readyz names the failing executor and why: {body}");
     let (_, m) = http_get_in(&ns, metrics, "/metrics").await;
     let errors = m
         .lines()
@@ -302,10 +294,7 @@ async fn a_failing_host_network_holds_back_nothing_and_says_so() {
     assert!(m.contains("sdn_node_converge_errors_total{executor=\"flows\"} 0"), "{m}");
     let st = sdn_node::api::status::fetch(&agent.socket).await.expect("status");
     let host = st.executors.iter().find(|e| e.name == "host").expect("host executor in status");
-    assert!(
-        !host.ok && host.last_error.as_deref().unwrap_or("").contains("tun0") && host.failing_since_unix_ms.is_some(),
-        "{host:?}"
-    );
+    assert!(!host.ok && host.last_error.as_deref().unwrap_or("").contains("tun0") && host.failing_since_unix_ms.is_some(), "{host:?}");
     assert!(st.executors.iter().filter(|e| e.name != "host").all(|e| e.ok), "the others converged: {:?}", st.executors);
     assert!(st.to_string().contains("FAILING since"), "{st}");
     // Fixed: a kernel device named tun0 appears (a veth: this kernel has no dummy driver).

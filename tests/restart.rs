@@ -489,11 +489,7 @@ async fn agent_restarted_before_its_state_is_available_changes_nothing() {
     // The log reader may still be reading what the process wrote before it exited.
     let said = s.agent.log.wait(0, support::agent::WAIT, |l| l.contains("--state")).await;
     let lines = s.agent.log.all();
-    assert!(
-        said.is_some() && lines.len() == 1 && lines[0].contains("--state"),
-        "one line naming --state:\n{}",
-        lines.join("\n")
-    );
+    assert!(said.is_some() && lines.len() == 1 && lines[0].contains("--state"), "one line naming --state:\n{}", lines.join("\n"));
     assert_same(&dump(&s.sb), &before, "no flow changed by the agent that exited");
     // The state comes back; the agent restarted on it changes nothing either.
     write_state(&s.path, &text);
@@ -741,9 +737,7 @@ async fn refused_bundle_leaves_nothing_partial_and_is_repaired() {
     let hit = s
         .agent
         .log
-        .wait(mark, std::time::Duration::from_secs(30), |l| {
-            l.contains("repaired from a dump") || l.contains("flows converged")
-        })
+        .wait(mark, std::time::Duration::from_secs(30), |l| l.contains("repaired from a dump") || l.contains("flows converged"))
         .await;
     assert!(hit.is_some(), "never converged after the limit was lifted:\n{}", s.agent.log_text());
     converged_to(&s.sb, &text, &veths(&p)).await;

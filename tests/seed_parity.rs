@@ -22,8 +22,8 @@ use std::net::{Ipv4Addr, ToSocketAddrs};
 use std::process::Command;
 
 use ipnet::Ipv4Net;
-use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use serde::Deserialize;
 use support::{dump_sorted, ofctl};
 
@@ -149,11 +149,17 @@ impl World {
     }
 
     fn local(&self) -> &WHostSubnet {
-        self.host_subnets.iter().find(|h| h.host == self.node).expect("oracle: local subnet")
+        self.host_subnets
+            .iter()
+            .find(|h| h.host == self.node)
+            .expect("oracle: local subnet")
     }
 
     fn remotes(&self) -> Vec<&WHostSubnet> {
-        self.host_subnets.iter().filter(|h| h.host != self.node).collect()
+        self.host_subnets
+            .iter()
+            .filter(|h| h.host != self.node)
+            .collect()
     }
 
     /// `netutils.GenerateDefaultGateway`: the subnet's first host address.
@@ -167,25 +173,43 @@ impl World {
         if !self.multitenant() {
             return 0;
         }
-        self.net_namespaces.iter().find(|n| n.name == namespace).map(|n| n.netid).expect("oracle: namespace")
+        self.net_namespaces
+            .iter()
+            .find(|n| n.name == namespace)
+            .map(|n| n.netid)
+            .expect("oracle: namespace")
     }
 
     /// policy.GetNamespaces(vnid).
     fn namespaces(&self, vnid: u32) -> Vec<String> {
-        self.net_namespaces.iter().filter(|n| self.vnid(&n.name) == vnid).map(|n| n.name.clone()).collect()
+        self.net_namespaces
+            .iter()
+            .filter(|n| self.vnid(&n.name) == vnid)
+            .map(|n| n.name.clone())
+            .collect()
     }
 
     /// vnids.GetMulticastEnabled(vnid).
     /// ASSUMPTION: the seed keeps one flag per netid, last NetNamespace event wins; the states
     /// here never give the namespaces of one netid different flags, so "any" is equivalent.
     fn multicast_enabled(&self, vnid: u32) -> bool {
-        self.net_namespaces.iter().any(|n| self.vnid(&n.name) == vnid && n.multicast)
+        self.net_namespaces
+            .iter()
+            .any(|n| self.vnid(&n.name) == vnid && n.multicast)
     }
 
     /// The ofports of the given local pods whose namespace has `vnid` (podManager's
     /// UpdateLocalMulticastRules collects these from its running pods).
-    fn ofports_of<'a>(&self, pods: impl IntoIterator<Item = &'a WPod>, ports: &Ofports, vnid: u32) -> Vec<u32> {
-        pods.into_iter().filter(|p| self.vnid(&p.namespace) == vnid).map(|p| ports[&pod_key(p)]).collect()
+    fn ofports_of<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a WPod>,
+        ports: &Ofports,
+        vnid: u32,
+    ) -> Vec<u32> {
+        pods.into_iter()
+            .filter(|p| self.vnid(&p.namespace) == vnid)
+            .map(|p| ports[&pod_key(p)])
+            .collect()
     }
 
     fn remote_ips(&self) -> Vec<String> {
@@ -193,19 +217,32 @@ impl World {
     }
 
     fn pod(&self, name: &str) -> &WPod {
-        self.pods.iter().find(|p| p.name == name).expect("oracle: pod")
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .expect("oracle: pod")
     }
 
     fn service(&self, name: &str) -> &WService {
-        self.services.iter().find(|s| s.name == name).expect("oracle: service")
+        self.services
+            .iter()
+            .find(|s| s.name == name)
+            .expect("oracle: service")
     }
 
     fn host_subnet(&self, host: &str) -> &WHostSubnet {
-        self.host_subnets.iter().find(|h| h.host == host).expect("oracle: hostsubnet")
+        self.host_subnets
+            .iter()
+            .find(|h| h.host == host)
+            .expect("oracle: hostsubnet")
     }
 
     fn policies_of(&self, vnid: u32) -> Vec<WEgressPolicy> {
-        self.egress_network_policies.iter().filter(|p| self.vnid(&p.namespace) == vnid).cloned().collect()
+        self.egress_network_policies
+            .iter()
+            .filter(|p| self.vnid(&p.namespace) == vnid)
+            .cloned()
+            .collect()
     }
 }
 
@@ -248,16 +285,32 @@ impl ParsedFlow {
             Some((k, v)) => (k.trim().to_string(), v.trim().to_string()),
             None => (s.trim().to_string(), String::new()),
         };
-        let fields: Vec<(String, String)> = m.split(',').filter(|s| !s.trim().is_empty()).map(|s| kv(s, '=')).collect();
-        let table = fields.iter().find(|(k, _)| k == "table").map_or(0, |(_, v)| v.parse().unwrap_or(0));
+        let fields: Vec<(String, String)> = m
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| kv(s, '='))
+            .collect();
+        let table = fields
+            .iter()
+            .find(|(k, _)| k == "table")
+            .map_or(0, |(_, v)| v.parse().unwrap_or(0));
         let actions = a.split(',').map(|s| kv(s, ':')).collect();
-        Some(ParsedFlow { table, fields, actions })
+        Some(ParsedFlow {
+            table,
+            fields,
+            actions,
+        })
     }
     fn find_field(&self, name: &str) -> Option<&str> {
-        self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
     fn note_has_prefix(&self, prefix: &str) -> bool {
-        self.actions.iter().any(|(k, v)| k == "note" && v.starts_with(prefix))
+        self.actions
+            .iter()
+            .any(|(k, v)| k == "note" && v.starts_with(prefix))
     }
 }
 
@@ -302,7 +355,11 @@ fn check_dns_resolver(policy: &WEgressPolicy) -> Result<(), String> {
 }
 
 fn policy_names(policies: &[WEgressPolicy]) -> String {
-    policies.iter().map(|p| format!("{}:{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ")
+    policies
+        .iter()
+        .map(|p| format!("{}:{}", p.namespace, p.name))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn generate_base_service_rule(ip: &str) -> String {
@@ -321,13 +378,18 @@ fn generate_base_add_service_rule(ip: &str, protocol: &str, port: i64) -> Result
 }
 
 fn get_pod_note(container_id: &str) -> Result<String, String> {
-    if !container_id.len().is_multiple_of(2) || !container_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !container_id.len().is_multiple_of(2) || !container_id.bytes().all(|b| b.is_ascii_hexdigit())
+    {
         return Err(format!("failed to decode container ID {:?}", container_id));
     }
-    let bytes: Vec<u8> =
-        (0..container_id.len() / 2).map(|i| u8::from_str_radix(&container_id[2 * i..2 * i + 2], 16).unwrap()).collect();
+    let bytes: Vec<u8> = (0..container_id.len() / 2)
+        .map(|i| u8::from_str_radix(&container_id[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
     if bytes.len() != 32 {
-        return Err(format!("invalid container ID {:?} length; expected 32 bytes", container_id));
+        return Err(format!(
+            "invalid container ID {:?} length; expected 32 bytes",
+            container_id
+        ));
     }
     let mut note = String::new();
     for b in bytes {
@@ -351,7 +413,13 @@ struct Seed<'a> {
 
 impl<'a> Seed<'a> {
     fn new(sb: &'a OvsSandbox, w: &World) -> Seed<'a> {
-        Seed { sb, plugin_id: w.plugin_id(), multitenant: w.multitenant(), vnid_in_use: BTreeSet::new(), files: 0 }
+        Seed {
+            sb,
+            plugin_id: w.plugin_id(),
+            multitenant: w.multitenant(),
+            vnid_in_use: BTreeSet::new(),
+            files: 0,
+        }
     }
 
     /// EndTransaction: the transaction's adds (batched as they come) and deletes, in order.
@@ -364,7 +432,10 @@ impl<'a> Seed<'a> {
             seed.files += 1;
             let path = seed.sb.dir().join(format!("seed-{}.flows", seed.files));
             std::fs::write(&path, adds.join("\n") + "\n").expect("write flows file");
-            ofctl(seed.sb, &["add-flows", "br0", path.to_str().expect("utf-8 path")]);
+            ofctl(
+                seed.sb,
+                &["add-flows", "br0", path.to_str().expect("utf-8 path")],
+            );
             adds.clear();
         };
         for op in otx.0 {
@@ -410,7 +481,9 @@ impl<'a> Seed<'a> {
         otx.add_flow(format!("table=0, priority=200, in_port=1, ip, nw_src={}, nw_dst=224.0.0.0/4, actions=move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[],goto_table:10", cluster_network_cidr));
         otx.add_flow("table=0, priority=150, in_port=1, actions=drop".to_string());
         // tun0
-        otx.add_flow("table=0, priority=250, in_port=2, ip, nw_dst=224.0.0.0/4, actions=drop".to_string());
+        otx.add_flow(
+            "table=0, priority=250, in_port=2, ip, nw_dst=224.0.0.0/4, actions=drop".to_string(),
+        );
         otx.add_flow(format!(
             "table=0, priority=200, in_port=2, arp, nw_src={}, nw_dst={}, actions=goto_table:30",
             local_subnet_gateway, cluster_network_cidr
@@ -432,18 +505,44 @@ impl<'a> Seed<'a> {
         otx.add_flow("table=21, priority=0, actions=goto_table:30".to_string());
 
         // Table 30: general routing
-        otx.add_flow(format!("table=30, priority=300, arp, nw_dst={}, actions=output:2", local_subnet_gateway));
-        otx.add_flow(format!("table=30, priority=200, arp, nw_dst={}, actions=goto_table:40", local_subnet_cidr));
-        otx.add_flow(format!("table=30, priority=100, arp, nw_dst={}, actions=goto_table:50", cluster_network_cidr));
-        otx.add_flow(format!("table=30, priority=300, ip, nw_dst={}, actions=output:2", local_subnet_gateway));
-        otx.add_flow(format!("table=30, priority=100, ip, nw_dst={}, actions=goto_table:60", service_network_cidr));
-        otx.add_flow(format!("table=30, priority=200, ip, nw_dst={}, actions=goto_table:70", local_subnet_cidr));
-        otx.add_flow(format!("table=30, priority=100, ip, nw_dst={}, actions=goto_table:90", cluster_network_cidr));
+        otx.add_flow(format!(
+            "table=30, priority=300, arp, nw_dst={}, actions=output:2",
+            local_subnet_gateway
+        ));
+        otx.add_flow(format!(
+            "table=30, priority=200, arp, nw_dst={}, actions=goto_table:40",
+            local_subnet_cidr
+        ));
+        otx.add_flow(format!(
+            "table=30, priority=100, arp, nw_dst={}, actions=goto_table:50",
+            cluster_network_cidr
+        ));
+        otx.add_flow(format!(
+            "table=30, priority=300, ip, nw_dst={}, actions=output:2",
+            local_subnet_gateway
+        ));
+        otx.add_flow(format!(
+            "table=30, priority=100, ip, nw_dst={}, actions=goto_table:60",
+            service_network_cidr
+        ));
+        otx.add_flow(format!(
+            "table=30, priority=200, ip, nw_dst={}, actions=goto_table:70",
+            local_subnet_cidr
+        ));
+        otx.add_flow(format!(
+            "table=30, priority=100, ip, nw_dst={}, actions=goto_table:90",
+            cluster_network_cidr
+        ));
 
         // Multicast coming from the VXLAN
-        otx.add_flow("table=30, priority=50, in_port=1, ip, nw_dst=224.0.0.0/4, actions=goto_table:120".to_string());
+        otx.add_flow(
+            "table=30, priority=50, in_port=1, ip, nw_dst=224.0.0.0/4, actions=goto_table:120"
+                .to_string(),
+        );
         // Multicast coming from local pods
-        otx.add_flow("table=30, priority=25, ip, nw_dst=224.0.0.0/4, actions=goto_table:110".to_string());
+        otx.add_flow(
+            "table=30, priority=25, ip, nw_dst=224.0.0.0/4, actions=goto_table:110".to_string(),
+        );
 
         otx.add_flow("table=30, priority=0, ip, actions=goto_table:100".to_string());
         otx.add_flow("table=30, priority=0, arp, actions=drop".to_string());
@@ -484,7 +583,11 @@ impl<'a> Seed<'a> {
         otx.add_flow("table=120, priority=0, actions=drop".to_string());
 
         // Table 253: rule version note
-        otx.add_flow(format!("table={}, actions=note:{}", VERSION_TABLE, self.get_version_note()));
+        otx.add_flow(format!(
+            "table={}, actions=note:{}",
+            VERSION_TABLE,
+            self.get_version_note()
+        ));
 
         self.end_transaction(otx);
     }
@@ -494,13 +597,13 @@ impl<'a> Seed<'a> {
 
         // ARP/IP traffic from container
         otx.add_flow(format!("table=20, priority=100, in_port={}, arp, nw_src={}, arp_sha={}, actions=load:{}->NXM_NX_REG0[], note:{}, goto_table:21", ofport, pod_ip, pod_mac, vnid, note));
-        otx.add_flow(format!(
-            "table=20, priority=100, in_port={}, ip, nw_src={}, actions=load:{}->NXM_NX_REG0[], goto_table:21",
-            ofport, pod_ip, vnid
-        ));
+        otx.add_flow(format!("table=20, priority=100, in_port={}, ip, nw_src={}, actions=load:{}->NXM_NX_REG0[], goto_table:21", ofport, pod_ip, vnid));
 
         // ARP request/response to container (not isolated)
-        otx.add_flow(format!("table=40, priority=100, arp, nw_dst={}, actions=output:{}", pod_ip, ofport));
+        otx.add_flow(format!(
+            "table=40, priority=100, arp, nw_dst={}, actions=output:{}",
+            pod_ip, ofport
+        ));
 
         // IP traffic to container
         otx.add_flow(format!("table=70, priority=100, ip, nw_dst={}, actions=load:{}->NXM_NX_REG1[], load:{}->NXM_NX_REG2[], goto_table:80", pod_ip, vnid, ofport));
@@ -518,7 +621,14 @@ impl<'a> Seed<'a> {
     }
 
     /// SetUpPod; ensureOvsPort is switch A's job: `ofport` is the one A assigned.
-    fn set_up_pod(&mut self, ofport: u32, pod_ip: &str, pod_mac: &str, container_id: &str, vnid: u32) {
+    fn set_up_pod(
+        &mut self,
+        ofport: u32,
+        pod_ip: &str,
+        pod_mac: &str,
+        container_id: &str,
+        vnid: u32,
+    ) {
         let note = get_pod_note(container_id).expect("pod note");
         self.setup_pod_flows(ofport, pod_ip, pod_mac, &note, vnid);
     }
@@ -535,12 +645,16 @@ impl<'a> Seed<'a> {
             if parsed.table != 20 || !parsed.note_has_prefix(&note) {
                 continue;
             }
-            let (Some(mac), Some(port), Some(ip)) =
-                (parsed.find_field("arp_sha"), parsed.find_field("in_port"), parsed.find_field("arp_spa"))
-            else {
+            let (Some(mac), Some(port), Some(ip)) = (
+                parsed.find_field("arp_sha"),
+                parsed.find_field("in_port"),
+                parsed.find_field("arp_spa"),
+            ) else {
                 continue;
             };
-            let ofport: u32 = port.parse().map_err(|e| format!("failed to parse ofport {port:?}: {e}"))?;
+            let ofport: u32 = port
+                .parse()
+                .map_err(|e| format!("failed to parse ofport {port:?}: {e}"))?;
             return Ok((ofport, ip.to_string(), mac.to_string(), note));
         }
         Err("failed to find pod details from OVS flows".into())
@@ -549,7 +663,8 @@ impl<'a> Seed<'a> {
     fn update_pod(&mut self, container_id: &str, vnid: u32) {
         let flows = self.dump_flows();
         let (ofport, pod_ip, pod_mac, note) =
-            Self::get_pod_details_by_container_id(&flows, container_id).expect("UpdatePod: pod details");
+            Self::get_pod_details_by_container_id(&flows, container_id)
+                .expect("UpdatePod: pod details");
         self.cleanup_pod_flows(&pod_ip);
         self.setup_pod_flows(ofport, &pod_ip, &pod_mac, &note, vnid);
     }
@@ -581,17 +696,23 @@ impl<'a> Seed<'a> {
                 namespaces.join(", ")
             ));
             otx.delete_flows(format!("table=100, reg0={}", vnid));
-            otx.add_flow(format!("table=100, reg0={}, priority=1, actions=drop", vnid));
-        } else if policies.len() > 1 {
-            input_err = Some(format!(
-                "multiple EgressNetworkPolicies in same network namespace ({}) is not allowed; dropping all traffic",
-                policy_names(policies)
+            otx.add_flow(format!(
+                "table=100, reg0={}, priority=1, actions=drop",
+                vnid
             ));
+        } else if policies.len() > 1 {
+            input_err = Some(format!("multiple EgressNetworkPolicies in same network namespace ({}) is not allowed; dropping all traffic", policy_names(policies)));
             otx.delete_flows(format!("table=100, reg0={}", vnid));
-            otx.add_flow(format!("table=100, reg0={}, priority=1, actions=drop", vnid));
+            otx.add_flow(format!(
+                "table=100, reg0={}, priority=1, actions=drop",
+                vnid
+            ));
         } else {
             // Temporarily drop all outgoing traffic, to avoid race conditions while modifying the other rules
-            otx.add_flow(format!("table=100, reg0={}, cookie=1, priority=65535, actions=drop", vnid));
+            otx.add_flow(format!(
+                "table=100, reg0={}, cookie=1, priority=65535, actions=drop",
+                vnid
+            ));
             otx.delete_flows(format!("table=100, reg0={}, cookie=0/1", vnid));
 
             let mut dns_found = false;
@@ -599,7 +720,11 @@ impl<'a> Seed<'a> {
             for (i, rule) in rules.iter().enumerate() {
                 let priority = rules.len() - i;
 
-                let action = if rule.kind == "Allow" { "output:2" } else { "drop" };
+                let action = if rule.kind == "Allow" {
+                    "output:2"
+                } else {
+                    "drop"
+                };
 
                 let mut selectors: Vec<String> = Vec::new();
                 let cidr = rule.to.cidr_selector.clone().unwrap_or_default();
@@ -637,7 +762,10 @@ impl<'a> Seed<'a> {
                         e, namespaces[0]
                     ));
                     otx.delete_flows(format!("table=100, reg0={}", vnid));
-                    otx.add_flow(format!("table=100, reg0={}, priority=1, actions=drop", vnid));
+                    otx.add_flow(format!(
+                        "table=100, reg0={}, priority=1, actions=drop",
+                        vnid
+                    ));
                 }
             }
             otx.delete_flows(format!("table=100, reg0={}, cookie=1/1", vnid));
@@ -653,7 +781,10 @@ impl<'a> Seed<'a> {
     fn add_host_subnet_rules(&mut self, subnet: &WHostSubnet) {
         let mut otx = Txn::default();
 
-        otx.add_flow(format!("table=10, priority=100, tun_src={}, actions=goto_table:30", subnet.host_ip));
+        otx.add_flow(format!(
+            "table=10, priority=100, tun_src={}, actions=goto_table:30",
+            subnet.host_ip
+        ));
         if let Some(vnid) = subnet.fixed_vnid.map(|v| v.to_string()) {
             otx.add_flow(format!("table=50, priority=100, arp, nw_dst={}, actions=load:{}->NXM_NX_TUN_ID[0..31],set_field:{}->tun_dst,output:1", subnet.subnet, vnid, subnet.host_ip));
             otx.add_flow(format!("table=90, priority=100, ip, nw_dst={}, actions=load:{}->NXM_NX_TUN_ID[0..31],set_field:{}->tun_dst,output:1", subnet.subnet, vnid, subnet.host_ip));
@@ -676,8 +807,10 @@ impl<'a> Seed<'a> {
     fn add_service_rules(&mut self, service: &WService, net_id: u32) {
         let mut otx = Txn::default();
 
-        let action =
-            format!(", priority=100, actions=load:{}->NXM_NX_REG1[], load:2->NXM_NX_REG2[], goto_table:80", net_id);
+        let action = format!(
+            ", priority=100, actions=load:{}->NXM_NX_REG1[], load:2->NXM_NX_REG2[], goto_table:80",
+            net_id
+        );
 
         // Add blanket rule allowing subsequent IP fragments
         otx.add_flow(generate_base_service_rule(&service.cluster_ip) + ", ip_frag=later" + &action);
@@ -715,10 +848,17 @@ impl<'a> Seed<'a> {
         }
 
         if enabled && !ofports.is_empty() {
-            let mut actions: Vec<String> = ofports.iter().map(|ofport| format!("output:{}", ofport)).collect();
+            let mut actions: Vec<String> = ofports
+                .iter()
+                .map(|ofport| format!("output:{}", ofport))
+                .collect();
             // sort.Strings: bytewise, like Rust's str ordering.
             actions.sort();
-            otx.add_flow(format!("table=120, priority=100, reg0={}, actions={}", vnid, actions.join(",")));
+            otx.add_flow(format!(
+                "table=120, priority=100, reg0={}, actions={}",
+                vnid,
+                actions.join(",")
+            ));
         } else {
             otx.delete_flows(format!("table=120, reg0={}", vnid));
         }
@@ -730,13 +870,12 @@ impl<'a> Seed<'a> {
         let mut otx = Txn::default();
 
         if !remote_ips.is_empty() {
-            let mut actions: Vec<String> =
-                remote_ips.iter().map(|ip| format!("set_field:{}->tun_dst,output:1", ip)).collect();
+            let mut actions: Vec<String> = remote_ips
+                .iter()
+                .map(|ip| format!("set_field:{}->tun_dst,output:1", ip))
+                .collect();
             actions.sort();
-            otx.add_flow(format!(
-                "table=111, priority=100, actions=move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31],{},goto_table:120",
-                actions.join(",")
-            ));
+            otx.add_flow(format!("table=111, priority=100, actions=move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31],{},goto_table:120", actions.join(",")));
         } else {
             otx.add_flow("table=111, priority=100, actions=goto_table:120".to_string());
         }
@@ -780,7 +919,9 @@ impl<'a> Seed<'a> {
     fn policy_start(&mut self) {
         let mut otx = Txn::default();
         if self.multitenant {
-            otx.add_flow("table=80, priority=200, reg0=0, actions=output:NXM_NX_REG2[]".to_string());
+            otx.add_flow(
+                "table=80, priority=200, reg0=0, actions=output:NXM_NX_REG2[]".to_string(),
+            );
             otx.add_flow("table=80, priority=200, reg1=0, actions=output:NXM_NX_REG2[]".to_string());
         } else {
             otx.add_flow("table=80, priority=200, actions=output:NXM_NX_REG2[]".to_string());
@@ -795,7 +936,10 @@ impl<'a> Seed<'a> {
             return;
         }
         let mut otx = Txn::default();
-        otx.add_flow(format!("table=80, priority=100, reg0={}, reg1={}, actions=output:NXM_NX_REG2[]", vnid, vnid));
+        otx.add_flow(format!(
+            "table=80, priority=100, reg0={}, reg1={}, actions=output:NXM_NX_REG2[]",
+            vnid, vnid
+        ));
         self.end_transaction(otx);
     }
 
@@ -824,14 +968,22 @@ impl<'a> Seed<'a> {
     /// (AddServiceRules, EnsureVNIDRules). Only flows with the same table/priority/match depend
     /// on this order (table 111, table 100's policy sequence), and those follow the seed's events.
     fn node_start(&mut self, w: &World, ports: &Ofports) {
-        self.setup_ovs(&w.cluster_network, &w.service_network, &w.local().subnet, &w.gateway());
+        self.setup_ovs(
+            &w.cluster_network,
+            &w.service_network,
+            &w.local().subnet,
+            &w.gateway(),
+        );
         self.policy_start();
         // ASSUMPTION: in subnet mode every namespace is VNID 0, so whether or not the subnet
         // plugin watches EgressNetworkPolicies, they all hit the "global namespace" branch.
         for (i, p) in w.egress_network_policies.iter().enumerate() {
             let vnid = w.vnid(&p.namespace);
-            let so_far: Vec<WEgressPolicy> =
-                w.egress_network_policies[..=i].iter().filter(|q| w.vnid(&q.namespace) == vnid).cloned().collect();
+            let so_far: Vec<WEgressPolicy> = w.egress_network_policies[..=i]
+                .iter()
+                .filter(|q| w.vnid(&q.namespace) == vnid)
+                .cloned()
+                .collect();
             // The seed logs input errors and goes on.
             let _ = self.update_egress_network_policy_rules(&so_far, vnid, &w.namespaces(vnid));
         }
@@ -909,13 +1061,19 @@ impl Pair {
             Ok::<_, sdn_harness::sandbox::SandboxError>(b)
         };
         let (a, b) = tokio::join!(start_a, start_b);
-        Pair { a: a.expect("start sandbox A"), b: b.expect("start sandbox B with br0") }
+        Pair {
+            a: a.expect("start sandbox A"),
+            b: b.expect("start sandbox B with br0"),
+        }
     }
 
     /// Parses `yaml` with our state file parser and converges switch A to it.
     async fn converge(&self, yaml: &str) -> ApplyReport {
         let (state, _problems) = sdn_node::cluster::state_file::parse(yaml).expect("state parses");
-        let mut opts = ApplyOptions::new(self.a.dir().join("unused-state.yaml"), self.a.dir().to_path_buf());
+        let mut opts = ApplyOptions::new(
+            self.a.dir().join("unused-state.yaml"),
+            self.a.dir().to_path_buf(),
+        );
         opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
         converge(&opts, &state).await.expect("converge")
     }
@@ -924,11 +1082,22 @@ impl Pair {
     fn ofports(&self, w: &World) -> Ofports {
         let out = Command::new("ovs-vsctl")
             .arg(format!("--db={}", self.a.db_socket()))
-            .args(["--format=csv", "--data=bare", "--no-headings", "--columns=name,ofport", "list", "Interface"])
+            .args([
+                "--format=csv",
+                "--data=bare",
+                "--no-headings",
+                "--columns=name,ofport",
+                "list",
+                "Interface",
+            ])
             .envs(self.a.ovs_env())
             .output()
             .expect("run ovs-vsctl");
-        assert!(out.status.success(), "ovs-vsctl: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "ovs-vsctl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let by_name: BTreeMap<String, u32> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split_once(','))
@@ -937,8 +1106,9 @@ impl Pair {
         w.pods
             .iter()
             .map(|p| {
-                let port =
-                    *by_name.get(&p.host_veth).unwrap_or_else(|| panic!("no ofport for {}: {by_name:?}", p.host_veth));
+                let port = *by_name
+                    .get(&p.host_veth)
+                    .unwrap_or_else(|| panic!("no ofport for {}: {by_name:?}", p.host_veth));
                 assert!(port > 2, "{}: ofport {port}", p.host_veth);
                 (pod_key(p), port)
             })
@@ -969,7 +1139,11 @@ impl Pair {
     /// A second converge of the same state sends nothing.
     async fn assert_second_converge_is_noop(&self, yaml: &str) {
         let r = self.converge(yaml).await;
-        assert_eq!(r.adds + r.modifies + r.deletes, 0, "second converge sent something: {r:?}");
+        assert_eq!(
+            r.adds + r.modifies + r.deletes,
+            0,
+            "second converge sent something: {r:?}"
+        );
         assert_eq!(r.ports_added + r.ports_removed, 0, "{r:?}");
     }
 }
@@ -980,7 +1154,9 @@ fn flows_without_cookie(sb: &OvsSandbox) -> BTreeSet<String> {
     dump_sorted(sb, &[])
         .into_iter()
         .map(|l| match l.strip_prefix("cookie=0x") {
-            Some(rest) => rest.split_once(", ").map_or(rest.to_string(), |(_, r)| r.to_string()),
+            Some(rest) => rest
+                .split_once(", ")
+                .map_or(rest.to_string(), |(_, r)| r.to_string()),
             None => l,
         })
         .collect()
@@ -988,7 +1164,10 @@ fn flows_without_cookie(sb: &OvsSandbox) -> BTreeSet<String> {
 
 fn flows_of_table(sb: &OvsSandbox, table: u32) -> Vec<String> {
     let prefix = format!("table={table},");
-    flows_without_cookie(sb).into_iter().filter(|l| l.starts_with(&prefix)).collect()
+    flows_without_cookie(sb)
+        .into_iter()
+        .filter(|l| l.starts_with(&prefix))
+        .collect()
 }
 
 fn replaced(text: &str, from: &str, to: &str) -> String {
@@ -1023,10 +1202,17 @@ fn parse_problems(yaml: &str) -> Vec<String> {
 /// CIDR, a dnsName and 0.0.0.0/0).
 #[tokio::test]
 async fn example_multitenant_localhost_dns() {
-    assert_eq!(egress_dns_get_ips("localhost"), vec![Ipv4Addr::LOCALHOST], "localhost must resolve to 127.0.0.1 only");
+    assert_eq!(
+        egress_dns_get_ips("localhost"),
+        vec![Ipv4Addr::LOCALHOST],
+        "localhost must resolve to 127.0.0.1 only"
+    );
     let yaml = example_yaml("multitenant");
     let problems = parse_problems(&yaml);
-    assert!(problems.len() == 1 && problems[0].contains("SCTP"), "{problems:?}");
+    assert!(
+        problems.len() == 1 && problems[0].contains("SCTP"),
+        "{problems:?}"
+    );
     let w = World::parse(&yaml);
 
     let pair = Pair::start().await;
@@ -1038,7 +1224,9 @@ async fn example_multitenant_localhost_dns() {
     seed.node_start(&w, &ports);
     pair.assert_parity("example, multitenant");
     assert!(
-        flows_of_table(&pair.a, 100).iter().any(|l| l.contains("nw_dst=127.0.0.1 actions=output:2")),
+        flows_of_table(&pair.a, 100)
+            .iter()
+            .any(|l| l.contains("nw_dst=127.0.0.1 actions=output:2")),
         "the dnsName rule resolved"
     );
     pair.assert_second_converge_is_noop(&yaml).await;
@@ -1046,11 +1234,13 @@ async fn example_multitenant_localhost_dns() {
     // The seed read literally (no `continue` after the SCTP error) would also have sent
     // `"" + action`; ovs-ofctl takes it as a table-0, priority-100 catch-all that bypasses the
     // pod checks. Show it on B, after the comparison, so the deviation is documented by OVS.
-    let literal = ", priority=100, actions=load:11->NXM_NX_REG1[], load:2->NXM_NX_REG2[], goto_table:80";
+    let literal =
+        ", priority=100, actions=load:11->NXM_NX_REG1[], load:2->NXM_NX_REG2[], goto_table:80";
     ofctl(&pair.b, &["add-flow", "br0", literal]);
     assert!(
-        flows_without_cookie(&pair.b)
-            .contains("priority=100 actions=load:0xb->NXM_NX_REG1[],load:0x2->NXM_NX_REG2[],goto_table:80"),
+        flows_without_cookie(&pair.b).contains(
+            "priority=100 actions=load:0xb->NXM_NX_REG1[],load:0x2->NXM_NX_REG2[],goto_table:80"
+        ),
         "the literal seed line is a table-0 catch-all"
     );
 }
@@ -1126,20 +1316,35 @@ egressNetworkPolicies:
     egress: []
 "#;
     let problems = parse_problems(yaml);
-    assert!(problems.len() == 1 && problems[0].contains("SCTP"), "{problems:?}");
-    assert!(egress_dns_get_ips("no-such-host.invalid").is_empty(), ".invalid never resolves (RFC 6761)");
+    assert!(
+        problems.len() == 1 && problems[0].contains("SCTP"),
+        "{problems:?}"
+    );
+    assert!(
+        egress_dns_get_ips("no-such-host.invalid").is_empty(),
+        ".invalid never resolves (RFC 6761)"
+    );
     let w = World::parse(yaml);
 
     let pair = Pair::start().await;
     let report = pair.converge(yaml).await;
     let problems: Vec<String> = report.problems.iter().map(|p| p.to_string()).collect();
     let joined = problems.join("\n");
-    for want in
-        ["global network namespace", "shared NetNamespace (shared-1, shared-2)", "multiple EgressNetworkPolicies"]
-    {
+    for want in [
+        "global network namespace",
+        "shared NetNamespace (shared-1, shared-2)",
+        "multiple EgressNetworkPolicies",
+    ] {
         assert!(joined.contains(want), "missing {want:?} in {joined}");
     }
-    assert!(report.warnings.iter().any(|w| w.to_string().contains("DNS resolver failed")), "{:?}", report.warnings);
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w.to_string().contains("DNS resolver failed")),
+        "{:?}",
+        report.warnings
+    );
     let ports = pair.ofports(&w);
 
     let mut seed = Seed::new(&pair.b, &w);
@@ -1150,10 +1355,15 @@ egressNetworkPolicies:
         let policies = w.policies_of(vnid);
         if policies.is_empty() {
             // No EgressNetworkPolicy event for this VNID: only the "no policy" branch's delete.
-            assert_eq!(seed.update_egress_network_policy_rules(&[], vnid, &w.namespaces(vnid)), Ok(()));
+            assert_eq!(
+                seed.update_egress_network_policy_rules(&[], vnid, &w.namespaces(vnid)),
+                Ok(())
+            );
             continue;
         }
-        if let Err(e) = seed.update_egress_network_policy_rules(&policies, vnid, &w.namespaces(vnid)) {
+        if let Err(e) =
+            seed.update_egress_network_policy_rules(&policies, vnid, &w.namespaces(vnid))
+        {
             errors.push(e);
         }
     }
@@ -1169,9 +1379,19 @@ egressNetworkPolicies:
         "table=100, priority=4,ip,reg0=0x16,nw_dst=127.0.0.1 actions=output:2",
         "table=100, priority=3,ip,reg0=0x16 actions=drop",
     ] {
-        assert!(t100.iter().any(|l| l == want), "missing {want}\n{}", t100.join("\n"));
+        assert!(
+            t100.iter().any(|l| l == want),
+            "missing {want}\n{}",
+            t100.join("\n")
+        );
     }
-    assert!(!t100.iter().any(|l| l.contains("reg0=0 ") || l.contains("reg0=0x18")), "{}", t100.join("\n"));
+    assert!(
+        !t100
+            .iter()
+            .any(|l| l.contains("reg0=0 ") || l.contains("reg0=0x18")),
+        "{}",
+        t100.join("\n")
+    );
     pair.assert_second_converge_is_noop(yaml).await;
 }
 
@@ -1209,7 +1429,13 @@ pods:
      hostVeth: veth-upper, internal: true, ip: 10.128.3.254, mac: "0A:58:0A:80:03:FE"}
 "#,
     );
-    let pods: Vec<(&str, usize)> = vec![("team-m", 10), ("team-m2", 1), ("team-x", 2), ("team-y", 1), ("default", 1)];
+    let pods: Vec<(&str, usize)> = vec![
+        ("team-m", 10),
+        ("team-m2", 1),
+        ("team-x", 2),
+        ("team-y", 1),
+        ("default", 1),
+    ];
     let mut n = 0u32;
     for (ns, count) in pods {
         for _ in 0..count {
@@ -1221,7 +1447,11 @@ pods:
             );
         }
     }
-    assert!(parse_problems(&yaml).is_empty(), "{:?}", parse_problems(&yaml));
+    assert!(
+        parse_problems(&yaml).is_empty(),
+        "{:?}",
+        parse_problems(&yaml)
+    );
     let w = World::parse(&yaml);
 
     let pair = Pair::start().await;
@@ -1238,12 +1468,25 @@ pods:
     pair.assert_parity("multicast ordering");
 
     let t120 = flows_of_table(&pair.a, 120);
-    let line = t120.iter().find(|l| l.contains("reg0=0x1e")).expect("table 120 flow of VNID 30");
-    let actions = line.split_once("actions=").map(|(_, a)| a).unwrap_or_default();
+    let line = t120
+        .iter()
+        .find(|l| l.contains("reg0=0x1e"))
+        .expect("table 120 flow of VNID 30");
+    let actions = line
+        .split_once("actions=")
+        .map(|(_, a)| a)
+        .unwrap_or_default();
     let mut sorted: Vec<&str> = actions.split(',').collect();
     sorted.sort();
-    assert_eq!(actions.split(',').collect::<Vec<_>>(), sorted, "string order: {line}");
-    assert!(!t120.iter().any(|l| l.contains("reg0=0x1f")), "VNID 31 has no multicast: {t120:?}");
+    assert_eq!(
+        actions.split(',').collect::<Vec<_>>(),
+        sorted,
+        "string order: {line}"
+    );
+    assert!(
+        !t120.iter().any(|l| l.contains("reg0=0x1f")),
+        "VNID 31 has no multicast: {t120:?}"
+    );
     let t111 = flows_of_table(&pair.a, 111);
     assert_eq!(
         t111,
@@ -1400,12 +1643,23 @@ async fn update_multitenant() {
         seed.ensure_vnid_rules(new);
     }
     // UpdateEgressNetworkPolicyVNID: the namespace's policies move to the new VNID.
-    seed.update_egress_network_policy_rules(&w2.policies_of(old), old, &w2.namespaces(old)).unwrap();
-    seed.update_egress_network_policy_rules(&w2.policies_of(new), new, &w2.namespaces(new)).unwrap();
-    seed.update_local_multicast_flows(old, w2.multicast_enabled(old), &w2.ofports_of(&w2.pods, &ports2, old));
-    seed.update_local_multicast_flows(new, w2.multicast_enabled(new), &w2.ofports_of(&w2.pods, &ports2, new));
+    seed.update_egress_network_policy_rules(&w2.policies_of(old), old, &w2.namespaces(old))
+        .unwrap();
+    seed.update_egress_network_policy_rules(&w2.policies_of(new), new, &w2.namespaces(new))
+        .unwrap();
+    seed.update_local_multicast_flows(
+        old,
+        w2.multicast_enabled(old),
+        &w2.ofports_of(&w2.pods, &ports2, old),
+    );
+    seed.update_local_multicast_flows(
+        new,
+        w2.multicast_enabled(new),
+        &w2.ofports_of(&w2.pods, &ports2, new),
+    );
     // EgressNetworkPolicy team-a/default modified.
-    seed.update_egress_network_policy_rules(&w2.policies_of(11), 11, &w2.namespaces(11)).unwrap();
+    seed.update_egress_network_policy_rules(&w2.policies_of(11), 11, &w2.namespaces(11))
+        .unwrap();
     // NetNamespace team-c: multicast annotation removed.
     let c_ports: Vec<u32> = w1.ofports_of(&w1.pods, &ports1, 13);
     seed.update_local_multicast_flows(13, w2.multicast_enabled(13), &c_ports);
@@ -1418,7 +1672,10 @@ async fn update_multitenant() {
     pair.assert_parity("multitenant S1 -> S2");
 
     let t80 = flows_of_table(&pair.a, 80);
-    assert!(t80.iter().any(|l| l.contains("reg0=0xe,reg1=0xe")), "{t80:?}");
+    assert!(
+        t80.iter().any(|l| l.contains("reg0=0xe,reg1=0xe")),
+        "{t80:?}"
+    );
     assert!(!t80.iter().any(|l| l.contains("reg1=0xc")), "{t80:?}");
     pair.assert_second_converge_is_noop(MT_S2).await;
 }
@@ -1462,19 +1719,38 @@ egressNetworkPolicies:
 async fn example_subnet_then_update() {
     let s1 = example_yaml("subnet");
     let problems = parse_problems(&s1);
-    assert!(problems.len() == 1 && problems[0].contains("SCTP"), "{problems:?}");
-    assert!(parse_problems(SUBNET_S2).is_empty(), "{:?}", parse_problems(SUBNET_S2));
+    assert!(
+        problems.len() == 1 && problems[0].contains("SCTP"),
+        "{problems:?}"
+    );
+    assert!(
+        parse_problems(SUBNET_S2).is_empty(),
+        "{:?}",
+        parse_problems(SUBNET_S2)
+    );
     let (w1, w2) = (World::parse(&s1), World::parse(SUBNET_S2));
 
     let pair = Pair::start().await;
     let r = pair.converge(&s1).await;
-    assert!(r.problems.iter().any(|p| p.to_string().contains("global network namespace")), "{:?}", r.problems);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.to_string().contains("global network namespace")),
+        "{:?}",
+        r.problems
+    );
     let ports1 = pair.ofports(&w1);
     let mut seed = Seed::new(&pair.b, &w1);
     seed.node_start(&w1, &ports1);
     pair.assert_parity("example, subnet");
-    assert_eq!(flows_of_table(&pair.a, 111), vec!["table=111, priority=100 actions=goto_table:120".to_string()]);
-    assert_eq!(flows_of_table(&pair.a, 253), vec!["table=253, actions=note:00.03.00.00.00.00".to_string()]);
+    assert_eq!(
+        flows_of_table(&pair.a, 111),
+        vec!["table=111, priority=100 actions=goto_table:120".to_string()]
+    );
+    assert_eq!(
+        flows_of_table(&pair.a, 253),
+        vec!["table=253, actions=note:00.03.00.00.00.00".to_string()]
+    );
 
     pair.converge(SUBNET_S2).await;
     let ports2 = pair.ofports(&w2);
@@ -1483,7 +1759,9 @@ async fn example_subnet_then_update() {
     seed.delete_host_subnet_rules(w1.host_subnet("node-b"));
     // team-b's netid change: the subnet plugin does not act on NetNamespaces (VNID stays 0).
     // The changed policy: VNID 0, the "global namespace" branch (nothing sent).
-    assert!(seed.update_egress_network_policy_rules(&w2.policies_of(0), 0, &w2.namespaces(0)).is_err());
+    assert!(seed
+        .update_egress_network_policy_rules(&w2.policies_of(0), 0, &w2.namespaces(0))
+        .is_err());
     seed.pod_added(&w2, &ports2, "a3");
     pair.assert_parity("subnet S1 -> S2");
     pair.assert_second_converge_is_noop(SUBNET_S2).await;

@@ -31,14 +31,8 @@ const PROBE_RETRY: Duration = Duration::from_secs(6);
 /// (name, netid, label team=...).
 const NAMESPACES: [(&str, u32, &str); 3] = [("team-a", 11, "a"), ("team-b", 12, "b"), ("team-c", 13, "c")];
 /// (pod, node, namespace): clients in team-a and team-c on both nodes, endpoints in team-b.
-const PODS: [(&str, usize, &str); 6] = [
-    ("a-ta", 0, "team-a"),
-    ("a-tc", 0, "team-c"),
-    ("a-tb", 0, "team-b"),
-    ("b-ta", 1, "team-a"),
-    ("b-tc", 1, "team-c"),
-    ("b-tb", 1, "team-b"),
-];
+const PODS: [(&str, usize, &str); 6] =
+    [("a-ta", 0, "team-a"), ("a-tc", 0, "team-c"), ("a-tb", 0, "team-b"), ("b-ta", 1, "team-a"), ("b-tc", 1, "team-c"), ("b-tb", 1, "team-b")];
 /// (service IP, the node whose stand-in kube-proxy DNATs it, endpoint pod).
 const SERVICES: [(&str, usize, &str); 3] = [
     // Client and endpoint on node a.
@@ -75,15 +69,10 @@ fn state(cluster: &Cluster, node: &str, plugin: &str, policies: &str, remote: &[
     // own namespaces' Services only).
     s.push_str("services:\n");
     for (i, (svc, _, _)) in SERVICES.iter().enumerate() {
-        s.push_str(&format!(
-            "  - {{namespace: team-b, name: svc{i}, clusterIP: {svc}, ports: [{{protocol: TCP, port: {PORT}}}]}}\n"
-        ));
+        s.push_str(&format!("  - {{namespace: team-b, name: svc{i}, clusterIP: {svc}, ports: [{{protocol: TCP, port: {PORT}}}]}}\n"));
     }
     for (n, id, team) in NAMESPACES {
-        s = s.replace(
-            &format!("  - {{name: {n}, netid: {id}}}"),
-            &format!("  - {{name: {n}, netid: {id}, labels: {{team: {team}}}}}"),
-        );
+        s = s.replace(&format!("  - {{name: {n}, netid: {id}}}"), &format!("  - {{name: {n}, netid: {id}, labels: {{team: {team}}}}}"));
     }
     if !remote.is_empty() {
         s.push_str("remotePods:\n");
@@ -103,11 +92,9 @@ async fn setup(test: &str, plugin: &'static str) -> Option<Setup> {
         // Never taken under CI: can_run panics there when the test cannot run.
         return None;
     }
-    let cluster = Cluster::start(
-        test,
-        &[NodeSpec::new("a", "172.17.0.2", "10.128.0.0/23"), NodeSpec::new("b", "172.17.0.3", "10.128.2.0/23")],
-    )
-    .await?;
+    let cluster =
+        Cluster::start(test, &[NodeSpec::new("a", "172.17.0.2", "10.128.0.0/23"), NodeSpec::new("b", "172.17.0.3", "10.128.2.0/23")])
+            .await?;
     let mut agents = Vec::new();
     for name in ["a", "b"] {
         let node = cluster.node(name);
@@ -128,14 +115,10 @@ async fn setup(test: &str, plugin: &'static str) -> Option<Setup> {
     let s = Setup { servers, pods, agents, cluster, plugin };
     // kube-proxy's part, for one endpoint per Service: DNAT in the node's namespace.
     for (i, ns) in ["a", "b"].iter().map(|n| s.cluster.node(n).netns.clone()).enumerate() {
-        let mut rules =
-            String::from("table ip kube-proxy-standin {\n chain pre { type nat hook prerouting priority -100; }\n}\n");
+        let mut rules = String::from("table ip kube-proxy-standin {\n chain pre { type nat hook prerouting priority -100; }\n}\n");
         for (svc, node, ep) in SERVICES.iter().filter(|(_, n, _)| *n == i) {
             let _ = node;
-            rules.push_str(&format!(
-                "add rule ip kube-proxy-standin pre ip daddr {svc} tcp dport {PORT} dnat to {}:{PORT}\n",
-                s.ip(ep)
-            ));
+            rules.push_str(&format!("add rule ip kube-proxy-standin pre ip daddr {svc} tcp dport {PORT} dnat to {}:{PORT}\n", s.ip(ep)));
         }
         let f = s.cluster.node(["a", "b"][i]).sb.dir().join("kube-proxy.nft");
         std::fs::write(&f, rules).unwrap();
@@ -144,6 +127,7 @@ async fn setup(test: &str, plugin: &'static str) -> Option<Setup> {
     }
     Some(s)
 }
+
 
 impl Setup {
     /// Every node's agent says it is ready (issue 32: tests that change something end so).
@@ -164,9 +148,7 @@ impl Setup {
     async fn probe(&self, from: &str, dst: Ipv4Addr, timeout: Duration) -> bool {
         let addr = SocketAddr::from((dst, PORT));
         let ns = self.pod(from).1.name.clone();
-        let connect = move || {
-            std::net::TcpStream::connect_timeout(&addr, timeout).and_then(|s| s.set_nonblocking(true).map(|_| s))
-        };
+        let connect = move || std::net::TcpStream::connect_timeout(&addr, timeout).and_then(|s| s.set_nonblocking(true).map(|_| s));
         let Ok(s) = in_netns(&ns, connect).await else { return false };
         let Ok(mut s) = tokio::net::TcpStream::from_std(s) else { return false };
         let msg = format!("{from}->{dst}");
@@ -200,9 +182,7 @@ impl Setup {
         for (svc, node, ep) in SERVICES {
             for (client, _, _) in PODS.iter().filter(|(c, n, ns)| *n == node && namespaces.contains(ns) && *c != ep) {
                 let want = allowed(client);
-                bad.extend(
-                    self.check(client, svc.parse().unwrap(), &format!("service {svc} (endpoint {ep})"), want).await,
-                );
+                bad.extend(self.check(client, svc.parse().unwrap(), &format!("service {svc} (endpoint {ep})"), want).await);
                 bad.extend(self.check(client, self.ip(ep), &format!("pod {ep}"), want).await);
             }
         }
@@ -325,12 +305,7 @@ async fn networkpolicy_applies_to_service_traffic() {
     assert!(bad.is_empty(), "ipBlock: {bad:#?}\n{}", s.diagnostics().await);
     // Egress is judged by the endpoint, after the DNAT: team-c may send only to team-b's
     // pods (namespaceSelector) — its Service connections pass, as do team-a's (no policy).
-    let goto = |dst: &str, port: &str| {
-        format!(
-            "nw_dst={}{port} actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[2])),goto_table:28",
-            s.ip(dst)
-        )
-    };
+    let goto = |dst: &str, port: &str| format!("nw_dst={}{port} actions=ct(commit,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[2])),goto_table:28", s.ip(dst));
     s.set_policies(&egress_of_team_c("{namespaceSelector: {matchLabels: {team: b}}}"), Some(&goto("b-tb", ""))).await;
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "team-c egress to team-b: {bad:#?}\n{}", s.diagnostics().await);
@@ -339,11 +314,7 @@ async fn networkpolicy_applies_to_service_traffic() {
     let bad = s.matrix(|c| c.ends_with("ta")).await;
     assert!(bad.is_empty(), "team-c egress to team-a: {bad:#?}\n{}", s.diagnostics().await);
     // By the endpoints' addresses and port (ipBlock + port): allowed again.
-    let to = format!(
-        "{{ipBlock: {{cidr: {}/32}}}}, {{ipBlock: {{cidr: {}/32}}}}], ports: [{{port: {PORT}}}",
-        s.ip("a-tb"),
-        s.ip("b-tb")
-    );
+    let to = format!("{{ipBlock: {{cidr: {}/32}}}}, {{ipBlock: {{cidr: {}/32}}}}], ports: [{{port: {PORT}}}", s.ip("a-tb"), s.ip("b-tb"));
     s.set_policies(&egress_of_team_c(&to), Some(&goto("b-tb", &format!(",tp_dst={PORT}")))).await;
     let bad = s.matrix(|_| true).await;
     assert!(bad.is_empty(), "team-c egress by endpoint address: {bad:#?}\n{}", s.diagnostics().await);

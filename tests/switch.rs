@@ -4,7 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use openflow::{Action, FlowMod, FlowModFlags, FlowStatsRequest, FragMode, Ipv4Match, Match, PortNo};
+use openflow::{
+    Action, FlowMod, FlowModFlags, FlowStatsRequest, FragMode, Ipv4Match, Match, PortNo,
+};
 use sdn_node::switch::{Backoff, CloseReason, Supervisor, Switch, SwitchError, SwitchEvent, SwitchOptions};
 use support::*;
 
@@ -46,13 +48,7 @@ async fn handshake_refuses_a_bridge_without_openflow13() {
         .unwrap();
     assert!(out.status.success());
     let e = Switch::connect(&mgmt(&sb), SwitchOptions::default()).await.unwrap_err();
-    assert!(
-        matches!(
-            e,
-            SwitchError::VersionUnsupported { .. } | SwitchError::Handshake { .. } | SwitchError::Disconnected(_)
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, SwitchError::VersionUnsupported { .. } | SwitchError::Handshake { .. } | SwitchError::Disconnected(_)), "{e}");
     assert!(e.to_string().contains("OpenFlow"), "{e}");
 }
 
@@ -240,14 +236,7 @@ async fn the_add_time_check_agrees_with_the_switch() {
         (1, Match::any().in_port(0x1_0000u32), vec![]),
         (1, Match::any().arp(ArpMatch { op: Some(0x100), ..Default::default() }), vec![]),
         (1, Match::any(), apply(vec![Action::SetField(SetField::CtMark(1))])),
-        (
-            1,
-            Match::any(),
-            apply(vec![Action::RegLoad {
-                dst: openflow::Subfield::bits(openflow::NxmField::Reg(7), 31, 31).unwrap(),
-                value: 2,
-            }]),
-        ),
+        (1, Match::any(), apply(vec![Action::RegLoad { dst: openflow::Subfield::bits(openflow::NxmField::Reg(7), 31, 31).unwrap(), value: 2 }])),
     ];
     for (k, (table, m, ins)) in refused.into_iter().enumerate() {
         assert!(!add_cannot_fail(table, &m, &ins, n), "table {table} {m:?} {ins:?}");

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use openflow::{BundleCtrlType, FeaturesReply, FlowMod, Hello, Match, Message, OfCodec, OfMessage};
+use openflow::{
+    BundleCtrlType, FeaturesReply, FlowMod, Hello, Match, Message, OfCodec, OfMessage,
+};
 use sdn_node::switch::{CloseReason, Switch, SwitchError, SwitchOptions};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::codec::Framed;
@@ -22,14 +24,7 @@ async fn peer(listener: &UnixListener) -> Framed<UnixStream, OfCodec> {
         match m.msg {
             Message::Hello(_) => {}
             Message::FeaturesRequest => {
-                let fr = FeaturesReply {
-                    datapath_id: 7,
-                    n_buffers: 0,
-                    n_tables: 254,
-                    auxiliary_id: 0,
-                    capabilities: 0x4f,
-                    reserved: 0,
-                };
+                let fr = FeaturesReply { datapath_id: 7, n_buffers: 0, n_tables: 254, auxiliary_id: 0, capabilities: 0x4f, reserved: 0 };
                 f.send(OfMessage::new(m.xid, Message::FeaturesReply(fr))).await.unwrap();
                 return f;
             }
@@ -140,8 +135,7 @@ async fn an_undecodable_reply_fails_only_its_request() {
     let m = tokio::time::timeout(T, p.next()).await.unwrap().unwrap().unwrap().unwrap();
     assert!(matches!(m.msg, Message::GetConfigRequest));
     // A GET_CONFIG_REPLY with a 1-byte body: well framed, not decodable.
-    let bad =
-        Bytes::from(vec![4u8, 8, 0, 9, (m.xid >> 24) as u8, (m.xid >> 16) as u8, (m.xid >> 8) as u8, m.xid as u8, 0]);
+    let bad = Bytes::from(vec![4u8, 8, 0, 9, (m.xid >> 24) as u8, (m.xid >> 16) as u8, (m.xid >> 8) as u8, m.xid as u8, 0]);
     p.send(bad).await.unwrap();
     let e = tokio::time::timeout(T, req).await.unwrap().unwrap().unwrap_err();
     assert!(matches!(e, SwitchError::BadReply { .. }), "{e}");
@@ -189,10 +183,7 @@ async fn multipart_replies_are_assembled_and_replies_are_matched_by_xid() {
         instructions: vec![],
     };
     let part = |flags: u16, prio: u16| {
-        Message::MultipartReply(openflow::MultipartReply {
-            flags,
-            body: openflow::MultipartReplyBody::Flow(vec![stats(prio).into()]),
-        })
+        Message::MultipartReply(openflow::MultipartReply { flags, body: openflow::MultipartReplyBody::Flow(vec![stats(prio).into()]) })
     };
     let mx = xids["MULTIPART_REQUEST"];
     // Interleave: part 1, the barrier reply, part 2 (last).
@@ -251,10 +242,7 @@ async fn a_refused_one_trip_add_is_repaired_before_the_error_and_ends_one_trip_c
     assert_eq!(adds.len(), 4);
     // The peer refuses the second ADD and commits the others.
     let refused = &adds[1];
-    let err = openflow::ErrorMsg {
-        code: openflow::ErrorCode::Standard { typ: 2, code: 4 },
-        data: refused.to_bytes().unwrap(),
-    };
+    let err = openflow::ErrorMsg { code: openflow::ErrorCode::Standard { typ: 2, code: 4 }, data: refused.to_bytes().unwrap() };
     p.send(OfMessage::new(refused.xid, Message::Error(err))).await.unwrap();
     let Message::BundleControl(c) = &commit.msg else { unreachable!() };
     let reply = openflow::BundleControl::new(c.bundle_id, BundleCtrlType::CommitReply, openflow::BundleFlags::empty());
@@ -298,11 +286,7 @@ async fn a_refused_one_trip_add_is_repaired_before_the_error_and_ends_one_trip_c
             }
             Message::BarrierRequest => p.send(OfMessage::new(m.xid, Message::BarrierReply)).await.unwrap(),
             Message::BundleControl(c) if c.ctrl_type == BundleCtrlType::CommitRequest => {
-                let reply = openflow::BundleControl::new(
-                    c.bundle_id,
-                    BundleCtrlType::CommitReply,
-                    openflow::BundleFlags::empty(),
-                );
+                let reply = openflow::BundleControl::new(c.bundle_id, BundleCtrlType::CommitReply, openflow::BundleFlags::empty());
                 p.send(OfMessage::new(m.xid, Message::BundleControl(reply))).await.unwrap();
                 break;
             }
@@ -330,11 +314,7 @@ async fn a_refused_one_trip_add_is_repaired_before_the_error_and_ends_one_trip_c
         match &m.msg {
             Message::BarrierRequest => p.send(OfMessage::new(m.xid, Message::BarrierReply)).await.unwrap(),
             Message::BundleControl(c) if c.ctrl_type == BundleCtrlType::CommitRequest => {
-                let reply = openflow::BundleControl::new(
-                    c.bundle_id,
-                    BundleCtrlType::CommitReply,
-                    openflow::BundleFlags::empty(),
-                );
+                let reply = openflow::BundleControl::new(c.bundle_id, BundleCtrlType::CommitReply, openflow::BundleFlags::empty());
                 p.send(OfMessage::new(m.xid, Message::BundleControl(reply))).await.unwrap();
                 break;
             }

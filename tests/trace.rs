@@ -21,9 +21,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::apply::{converge, ApplyOptions};
 use sdn_node::cluster::state_file;
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 /// node-a's view of a three-node multitenant cluster. node-c carries the fixed-VNID annotation.
 /// team-a (VNID 11) has multicast on and an egress policy; team-b (12) neither; `default` is
@@ -111,8 +111,7 @@ impl Node {
         assert!(problems.is_empty(), "{problems:?}");
         let mut opts = ApplyOptions::new(PathBuf::from("unused.yaml"), sb.dir().to_path_buf());
         opts.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
-        let report =
-            tokio::time::timeout(T, converge(&opts, &state)).await.expect("converge in time").expect("converge");
+        let report = tokio::time::timeout(T, converge(&opts, &state)).await.expect("converge in time").expect("converge");
         assert!(report.problems.is_empty() && report.warnings.is_empty(), "{report:?}");
         assert_eq!(report.ports_added, 6, "{report:?}");
 
@@ -425,11 +424,7 @@ async fn services_are_reached_on_their_ports_within_the_vnid() {
     t.assert_tables(&path(&[60, 80]));
 
     // Unlisted ports and protocols: dropped in table 60.
-    for rest in [
-        "tcp,nw_dst=172.30.0.10,tcp_dst=8080",
-        "udp,nw_dst=172.30.0.10,udp_dst=80",
-        "tcp,nw_dst=172.30.0.10,tcp_dst=53",
-    ] {
+    for rest in ["tcp,nw_dst=172.30.0.10,tcp_dst=8080", "udp,nw_dst=172.30.0.10,udp_dst=80", "tcp,nw_dst=172.30.0.10,tcp_dst=53"] {
         let t = n.ip_from(A1, rest);
         t.assert_dropped();
         t.assert_tables(&path(&[60]));
@@ -532,13 +527,7 @@ async fn arp_reaches_local_pods_and_the_gateway() {
     t.assert_dropped();
     t.assert_tables(&path(&[40]));
     // With another pod's hardware address: refused at once.
-    let t = n.trace(&format!(
-        "in_port={},arp,arp_op=1,arp_spa={},arp_sha={},arp_tpa={}",
-        n.ofport(A1),
-        A1.ip,
-        A2.mac,
-        A2.ip
-    ));
+    let t = n.trace(&format!("in_port={},arp,arp_op=1,arp_spa={},arp_sha={},arp_tpa={}", n.ofport(A1), A1.ip, A2.mac, A2.ip));
     t.assert_dropped();
     t.assert_tables(&[0, 20]);
     // The gateway's ARP into the cluster: to the pod.

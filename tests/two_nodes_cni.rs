@@ -24,11 +24,9 @@ async fn setup(test: &str, plugin: &str) -> Option<Setup> {
     if !can_run() {
         return None;
     }
-    let cluster = Cluster::start(
-        test,
-        &[NodeSpec::new("a", "172.17.0.2", "10.128.0.0/23"), NodeSpec::new("b", "172.17.0.3", "10.128.2.0/23")],
-    )
-    .await?;
+    let cluster =
+        Cluster::start(test, &[NodeSpec::new("a", "172.17.0.2", "10.128.0.0/23"), NodeSpec::new("b", "172.17.0.3", "10.128.2.0/23")])
+            .await?;
     let mut agents = Vec::new();
     for name in ["a", "b"] {
         let node = cluster.node(name);
@@ -36,14 +34,8 @@ async fn setup(test: &str, plugin: &str) -> Option<Setup> {
         agents.push(NodeAgent::start(&node.netns, node.sb.dir(), &state).await);
     }
     let mut pods = BTreeMap::new();
-    let list: [(&'static str, usize, &str); 6] = [
-        ("a-ta", 0, "team-a"),
-        ("a-tb", 0, "team-b"),
-        ("a-def", 0, "default"),
-        ("b-ta", 1, "team-a"),
-        ("b-tb", 1, "team-b"),
-        ("b-def", 1, "default"),
-    ];
+    let list: [(&'static str, usize, &str); 6] =
+        [("a-ta", 0, "team-a"), ("a-tb", 0, "team-b"), ("a-def", 0, "default"), ("b-ta", 1, "team-a"), ("b-tb", 1, "team-b"), ("b-def", 1, "default")];
     for (i, (name, node, ns)) in list.iter().enumerate() {
         let p = PodNs::new(name);
         let r = agents[*node].cni("add", ns, name, &container(500 + i as u32), &p.path());
@@ -66,13 +58,7 @@ impl Setup {
     }
     fn check(&self, from: &str, to: &str, want: bool) {
         let got = self.reach(from, to);
-        assert_eq!(
-            got,
-            want,
-            "{from} -> {to} ({}): want {}",
-            self.pods[to].1,
-            if want { "reached" } else { "blocked" }
-        );
+        assert_eq!(got, want, "{from} -> {to} ({}): want {}", self.pods[to].1, if want { "reached" } else { "blocked" });
     }
 }
 

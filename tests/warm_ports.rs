@@ -12,6 +12,7 @@ use std::time::Duration;
 use support::agent::vsctl;
 use support::cninode::*;
 
+
 const WARM: usize = 3;
 
 /// Ports marked as spares, each with an ofport (ready), or None while any is not.
@@ -53,10 +54,7 @@ async fn tcp_ok(server: &str, client: &str, server_ip: &str) -> bool {
     l.set_nonblocking(true).unwrap();
     let echo = support::nodes::tcp_echo(l);
     let addr: std::net::SocketAddr = format!("{server_ip}:7100").parse().unwrap();
-    let connect = move || {
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .and_then(|s| s.set_nonblocking(true).map(|_| s))
-    };
+    let connect = move || std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).and_then(|s| s.set_nonblocking(true).map(|_| s));
     let ok = async {
         let s = support::nodes::in_netns(client, connect).await.ok()?;
         let (mut r, mut w) = tokio::net::TcpStream::from_std(s).ok()?.into_split();
@@ -74,10 +72,7 @@ async fn tcp_ok(server: &str, client: &str, server_ip: &str) -> bool {
 
 fn tx_checksumming(ns: &str) -> String {
     let (_, out) = in_ns(ns, &["ethtool", "-k", "eth0"]);
-    out.lines()
-        .find_map(|l| l.trim().strip_prefix("tx-checksumming:"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    out.lines().find_map(|l| l.trim().strip_prefix("tx-checksumming:")).map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 #[tokio::test]
@@ -146,11 +141,7 @@ async fn pods_on_warm_ports_work_and_the_pool_refills_survives_and_leaves_only_i
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        node.veths().iter().all(|v| !refilled.contains(v)),
-        "waiting spares died with the agent: {:?}",
-        node.veths()
-    );
+    assert!(node.veths().iter().all(|v| !refilled.contains(v)), "waiting spares died with the agent: {:?}", node.veths());
     node.spawn_agent().await;
     let after_restart = pool_of(&node, WARM).await;
     assert!(after_restart.is_disjoint(&refilled), "new spares: {after_restart:?} vs {refilled:?}");
@@ -194,9 +185,7 @@ async fn pods_on_warm_ports_work_and_the_pool_refills_survives_and_leaves_only_i
     let mut want_ports: BTreeSet<String> = ["tun0", "vxlan0"].iter().map(|s| s.to_string()).collect();
     want_ports.extend(last.iter().cloned());
     for _ in 0..100 {
-        if node.ports().into_iter().collect::<BTreeSet<_>>() == want_ports
-            && node.veths().into_iter().collect::<BTreeSet<_>>() == last
-        {
+        if node.ports().into_iter().collect::<BTreeSet<_>>() == want_ports && node.veths().into_iter().collect::<BTreeSet<_>>() == last {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -69,13 +69,7 @@ mod tests {
     fn the_earlier_deadline_wins() {
         let soon = Instant::now() + Duration::from_millis(100);
         assert_eq!(effective(Some(soon), Duration::from_secs(30)), soon);
-        assert!(
-            effective(Some(Instant::now() + Duration::from_secs(3600)), Duration::from_secs(1))
-                <= Instant::now() + Duration::from_secs(1)
-        );
-        assert!(
-            effective(None, Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1),
-            "none: the agent's own"
-        );
+        assert!(effective(Some(Instant::now() + Duration::from_secs(3600)), Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1));
+        assert!(effective(None, Duration::from_secs(1)) <= Instant::now() + Duration::from_secs(1), "none: the agent's own");
     }
 }

@@ -63,11 +63,7 @@ impl PodRequest {
     pub fn to_record(&self) -> Result<PodRecord, ApiError> {
         if self.cni.is_some() {
             let obj = format!("pod {}/{}", self.namespace, self.name);
-            return Err(ApiError::Invalid(Problem::new(
-                obj,
-                "cni",
-                "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here",
-            )));
+            return Err(ApiError::Invalid(Problem::new(obj, "cni", "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here")));
         }
         Ok(PodRecord {
             version: crate::reconcile::record::VERSION,
@@ -133,11 +129,7 @@ impl ApiError {
     pub fn message(&self) -> String {
         match self {
             ApiError::Invalid(p) | ApiError::Conflict(p) => p.to_string(),
-            ApiError::NotFound(m)
-            | ApiError::Unavailable(m)
-            | ApiError::Timeout(m)
-            | ApiError::Failed(m)
-            | ApiError::TooLarge(m) => m.clone(),
+            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) | ApiError::TooLarge(m) => m.clone(),
         }
     }
 }
@@ -156,11 +148,9 @@ impl IntoResponse for ApiError {
         let code = self.status();
         let body = match self {
             ApiError::Invalid(p) | ApiError::Conflict(p) => problem_body(p),
-            ApiError::NotFound(m)
-            | ApiError::Unavailable(m)
-            | ApiError::Timeout(m)
-            | ApiError::Failed(m)
-            | ApiError::TooLarge(m) => ErrorBody { error: m, object: String::new(), field: String::new() },
+            ApiError::NotFound(m) | ApiError::Unavailable(m) | ApiError::Timeout(m) | ApiError::Failed(m) | ApiError::TooLarge(m) => {
+                ErrorBody { error: m, object: String::new(), field: String::new() }
+            }
         };
         if code == StatusCode::SERVICE_UNAVAILABLE {
             return (code, [(axum::http::header::RETRY_AFTER, "1")], Json(body)).into_response();
@@ -183,33 +173,20 @@ pub const MAX_BODY: usize = 64 * 1024;
 
 /// Runs a request's work on its own task: a client that hangs up cannot cancel it halfway (its
 /// undo steps always run), and requests never wait on each other's I/O.
-async fn detached<T: Send + 'static>(
-    f: impl std::future::Future<Output = Result<T, PodError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::spawn(f)
-        .await
-        .unwrap_or_else(|e| Err(PodError::Failed(format!("request task failed: {e}"))))
-        .map_err(ApiError::from)
+async fn detached<T: Send + 'static>(f: impl std::future::Future<Output = Result<T, PodError>> + Send + 'static) -> Result<T, ApiError> {
+    tokio::spawn(f).await.unwrap_or_else(|e| Err(PodError::Failed(format!("request task failed: {e}")))).map_err(ApiError::from)
 }
 
 fn count(t: &Telemetry, op: &str, code: StatusCode) {
-    t.metrics
-        .pod_requests
-        .get_or_create(&crate::metrics::RequestLabel { op: op.into(), code: code.as_u16().to_string() })
-        .inc();
+    t.metrics.pod_requests.get_or_create(&crate::metrics::RequestLabel { op: op.into(), code: code.as_u16().to_string() }).inc();
 }
 
-async fn setup(
-    State(node): State<Arc<Node>>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> Result<Json<SetupReply>, ApiError> {
+async fn setup(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Result<Json<SetupReply>, ApiError> {
     let t = Instant::now();
     let r = async {
         let deadline = caller_deadline(&node, &headers)?;
         let body = request_body(body).await?;
-        let req = serde_json::from_slice::<PodRequest>(&body)
-            .map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
+        let req = serde_json::from_slice::<PodRequest>(&body).map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
         let record = req.to_record()?;
         let n = node.clone();
         detached(async move { crate::reconcile::pods::setup(&n, record, deadline).await }).await
@@ -226,12 +203,9 @@ async fn setup(
 /// whichever is earlier. A request whose caller has already given up is answered 504 before
 /// anything is done.
 fn caller_deadline(node: &Node, headers: &HeaderMap) -> Result<tokio::time::Instant, ApiError> {
-    let d =
-        deadline::from_headers(headers).map_err(|m| ApiError::Invalid(Problem::new("request", deadline::HEADER, m)))?;
+    let d = deadline::from_headers(headers).map_err(|m| ApiError::Invalid(Problem::new("request", deadline::HEADER, m)))?;
     if d.is_some_and(|d| d <= tokio::time::Instant::now()) {
-        return Err(ApiError::Timeout(
-            "the caller's deadline passed before the request was started; nothing was done".into(),
-        ));
+        return Err(ApiError::Timeout("the caller's deadline passed before the request was started; nothing was done".into()));
     }
     Ok(deadline::effective(d, node.cfg.request_timeout))
 }
@@ -246,11 +220,7 @@ async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiEr
     })
 }
 
-async fn teardown(
-    State(node): State<Arc<Node>>,
-    headers: HeaderMap,
-    UrlPath((ns, name)): UrlPath<(String, String)>,
-) -> Result<StatusCode, ApiError> {
+async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
     let r = match caller_deadline(&node, &headers) {
         Err(e) => Err(e),
         Ok(d) => {
@@ -329,14 +299,7 @@ async fn model_pods(State(node): State<Arc<Node>>) -> Json<Vec<ModelPod>> {
             continue;
         }
         let Ok(ip) = r.ip.split('/').next().unwrap_or("").parse() else { continue };
-        pods.push(ModelPod {
-            vnid: vnid_of(&r.namespace),
-            namespace: r.namespace,
-            name: r.name,
-            host_veth: r.host_veth,
-            ip,
-            mac: r.mac,
-        });
+        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, mac: r.mac });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Json(pods)

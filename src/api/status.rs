@@ -451,11 +451,7 @@ impl std::fmt::Display for Status {
         if self.log_lines_dropped > 0 {
             let _ = writeln!(s, "log:        {} lines dropped (stderr closed or failing)", self.log_lines_dropped);
         }
-        let _ = writeln!(
-            s,
-            "policies:   {}",
-            if self.policies.is_empty() { "none" } else { "generation seen / realized, last source-to-switch latency" }
-        );
+        let _ = writeln!(s, "policies:   {}", if self.policies.is_empty() { "none" } else { "generation seen / realized, last source-to-switch latency" });
         for p in &self.policies {
             let realized = p.realized_generation.map(|g| g.to_string()).unwrap_or_else(|| "-".into());
             let latency = p.last_latency_seconds.map(|l| format!("{:.1} ms", l * 1e3)).unwrap_or_else(|| "-".into());
@@ -465,16 +461,8 @@ impl std::fmt::Display for Status {
         self.policy_counters.write_text(&mut s);
         let rejected: Vec<String> =
             self.rejected.iter().filter(|(_, &n)| n > 0).map(|(k, n)| format!("{k} {n}")).collect();
-        let _ = writeln!(
-            s,
-            "rejected:   {}",
-            if rejected.is_empty() { "none".into() } else { format!("{} (since start)", rejected.join(", ")) }
-        );
-        let _ = writeln!(
-            s,
-            "rejected now: {}",
-            if self.rejections.is_empty() { "none".to_string() } else { self.rejections.len().to_string() }
-        );
+        let _ = writeln!(s, "rejected:   {}", if rejected.is_empty() { "none".into() } else { format!("{} (since start)", rejected.join(", ")) });
+        let _ = writeln!(s, "rejected now: {}", if self.rejections.is_empty() { "none".to_string() } else { self.rejections.len().to_string() });
         for r in &self.rejections {
             let field = if r.field.is_empty() { String::new() } else { format!("field {}: ", r.field) };
             let _ = writeln!(s, "  {}: {field}{} (since {})", r.object, r.message, ago(r.since_unix_ms));

@@ -70,12 +70,7 @@ fn endpoint(ip: Ipv4Addr, port: Option<u16>, ported: bool) -> String {
 impl AuditEvent {
     /// The event of one NXT_PACKET_IN2 sent by an audit flow. Never panics on what the switch
     /// sent.
-    pub fn from_packet_in(
-        p: &PacketIn2,
-        node: &str,
-        pods: &dyn PodLookup,
-        time: String,
-    ) -> Result<AuditEvent, EventError> {
+    pub fn from_packet_in(p: &PacketIn2, node: &str, pods: &dyn PodLookup, time: String) -> Result<AuditEvent, EventError> {
         let tag = AuditTag::decode(p.userdata.as_deref().ok_or(EventError::NoUserdata)?)?;
         let f = packet::parse(&p.packet)?;
         Ok(AuditEvent::new(&tag, &f, node, pods, time))
@@ -120,19 +115,9 @@ mod tests {
 
     #[test]
     fn one_line() {
-        let tag = AuditTag {
-            verdict: Verdict::Allow,
-            direction: Direction::Ingress,
-            namespace: "team-a".into(),
-            policy: "web".into(),
-            rule: 2,
-        };
+        let tag = AuditTag { verdict: Verdict::Allow, direction: Direction::Ingress, namespace: "team-a".into(), policy: "web".into(), rule: 2 };
         let frame = super::super::packet::tests::tcp_frame([10, 128, 0, 2], [10, 128, 0, 4], 40000, 80);
-        let p = PacketIn2 {
-            packet: Bytes::copy_from_slice(&frame[..128]),
-            userdata: Some(tag.encode().into()),
-            ..Default::default()
-        };
+        let p = PacketIn2 { packet: Bytes::copy_from_slice(&frame[..128]), userdata: Some(tag.encode().into()), ..Default::default() };
         let pods = |ip: Ipv4Addr| (ip == Ipv4Addr::new(10, 128, 0, 4)).then(|| "team-a/web-1".to_string());
         let e = AuditEvent::from_packet_in(&p, "node-1", &pods, "2026-01-02T03:04:05Z".into()).unwrap();
         assert_eq!(
@@ -142,10 +127,7 @@ mod tests {
         let no_ud = PacketIn2 { userdata: None, ..p.clone() };
         assert_eq!(AuditEvent::from_packet_in(&no_ud, "n", &pods, now()), Err(EventError::NoUserdata));
         let bad = PacketIn2 { userdata: Some(Bytes::from_static(&[9])), ..p };
-        assert!(matches!(
-            AuditEvent::from_packet_in(&bad, "n", &pods, now()),
-            Err(EventError::Userdata(UserdataError::Version(9)))
-        ));
+        assert!(matches!(AuditEvent::from_packet_in(&bad, "n", &pods, now()), Err(EventError::Userdata(UserdataError::Version(9)))));
         assert!(now().ends_with('Z'), "{}", now());
     }
 }

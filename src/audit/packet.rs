@@ -89,10 +89,7 @@ pub(crate) mod tests {
     use etherparse::PacketBuilder;
 
     pub(crate) fn tcp_frame(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16) -> Vec<u8> {
-        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
-            .ipv4(src, dst, 64)
-            .tcp(sport, dport, 1, 1024)
-            .syn();
+        let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4(src, dst, 64).tcp(sport, dport, 1, 1024).syn();
         let mut v = Vec::new();
         b.write(&mut v, &[0u8; 200]).unwrap();
         v
@@ -105,13 +102,7 @@ pub(crate) mod tests {
         let got = parse(&f[..128]).unwrap();
         assert_eq!(
             got,
-            Flow5 {
-                proto: Proto::Tcp,
-                src: [10, 128, 0, 2].into(),
-                dst: [10, 128, 0, 4].into(),
-                src_port: Some(40000),
-                dst_port: Some(5432)
-            }
+            Flow5 { proto: Proto::Tcp, src: [10, 128, 0, 2].into(), dst: [10, 128, 0, 4].into(), src_port: Some(40000), dst_port: Some(5432) }
         );
         // Cut inside the TCP header, after the ports: still the ports.
         assert_eq!(parse(&f[..14 + 20 + 4]).unwrap().dst_port, Some(5432));
@@ -122,19 +113,11 @@ pub(crate) mod tests {
     #[test]
     fn udp_sctp_icmp() {
         let mut v = Vec::new();
-        PacketBuilder::ethernet2([0; 6], [0; 6])
-            .ipv4([1, 1, 1, 1], [2, 2, 2, 2], 9)
-            .udp(53, 5353)
-            .write(&mut v, &[1, 2])
-            .unwrap();
+        PacketBuilder::ethernet2([0; 6], [0; 6]).ipv4([1, 1, 1, 1], [2, 2, 2, 2], 9).udp(53, 5353).write(&mut v, &[1, 2]).unwrap();
         let f = parse(&v).unwrap();
         assert_eq!((f.proto, f.src_port, f.dst_port), (Proto::Udp, Some(53), Some(5353)));
         let mut v = Vec::new();
-        PacketBuilder::ethernet2([0; 6], [0; 6])
-            .ipv4([1, 1, 1, 1], [2, 2, 2, 2], 9)
-            .icmpv4_echo_request(1, 2)
-            .write(&mut v, &[])
-            .unwrap();
+        PacketBuilder::ethernet2([0; 6], [0; 6]).ipv4([1, 1, 1, 1], [2, 2, 2, 2], 9).icmpv4_echo_request(1, 2).write(&mut v, &[]).unwrap();
         let f = parse(&v).unwrap();
         assert_eq!((f.proto, f.src_port, f.dst_port), (Proto::Icmp, Some(8), Some(0)));
         // SCTP (132): common header starts with the ports.

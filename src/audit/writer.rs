@@ -56,14 +56,7 @@ pub(super) async fn run(
     let _ = out.flush().await;
 }
 
-async fn write_one(
-    m: &PacketInMsg,
-    out: &mut Out,
-    node: &str,
-    pods: &dyn PodLookup,
-    counters: &AuditCounters,
-    logged: &mut bool,
-) {
+async fn write_one(m: &PacketInMsg, out: &mut Out, node: &str, pods: &dyn PodLookup, counters: &AuditCounters, logged: &mut bool) {
     let PacketInMsg::Nx(p) = m else {
         // Standard packet-ins carry no userdata: not from an audit flow.
         counters.invalid.fetch_add(1, Ordering::Relaxed);

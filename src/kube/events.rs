@@ -64,9 +64,7 @@ pub async fn report(recorder: Recorder, mut notices: mpsc::UnboundedReceiver<Not
                 info!(policy = %format!("{}/{}", id.0, id.1), generation, "reported: policy partly enforced (Event {PARTLY_ENFORCED_REASON})");
                 reported.insert(id, key);
             }
-            Err(e) => {
-                warn!(policy = %format!("{}/{}", id.0, id.1), error = %e, "cannot publish the {PARTLY_ENFORCED_REASON} Event; will retry when the policy is listed or changed")
-            }
+            Err(e) => warn!(policy = %format!("{}/{}", id.0, id.1), error = %e, "cannot publish the {PARTLY_ENFORCED_REASON} Event; will retry when the policy is listed or changed"),
         }
     }
 }

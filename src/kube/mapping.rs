@@ -12,16 +12,17 @@ use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::types::{
-    annotations, ClusterNetwork, EgressNetworkPolicy, HostSubnet as KubeHostSubnet, Kind,
-    NetNamespace as KubeNetNamespace, FIXED_VNID_ANNOTATION, MULTICAST_ANNOTATION,
+    Kind,
+    annotations, ClusterNetwork, EgressNetworkPolicy, HostSubnet as KubeHostSubnet, NetNamespace as KubeNetNamespace,
+    FIXED_VNID_ANNOTATION, MULTICAST_ANNOTATION,
 };
-use crate::cluster::netpol::{self, ContainerPort, Labels, NetworkPolicy, PodMeta, RemotePod};
 use crate::cluster::validate::{self, EgressRuleFields};
-use crate::cluster::Loaded;
 use crate::cluster::{name_problems, Checked};
+use crate::cluster::netpol::{self, ContainerPort, Labels, NetworkPolicy, PodMeta, RemotePod};
 use crate::cluster::{ClusterState, HostSubnet, NetNamespace, PodKey, Problem, Service};
 use crate::model::Plugin;
 use crate::pipeline::egress::Policy;
+use crate::cluster::Loaded;
 use crate::store::Owner;
 
 /// The openshift-sdn plugin names.
@@ -62,10 +63,7 @@ pub fn cluster_network(cn: &ClusterNetwork) -> Result<NetworkConfig, String> {
     let service_network = cn.service_network.clone().ok_or("ClusterNetwork \"default\": serviceNetwork is not set")?;
     let vxlan_port = match cn.vxlan_port {
         None => 4789,
-        Some(p) => u16::try_from(p)
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("ClusterNetwork \"default\": vxlanPort {p} is not a UDP port"))?,
+        Some(p) => u16::try_from(p).ok().filter(|p| *p != 0).ok_or_else(|| format!("ClusterNetwork \"default\": vxlanPort {p} is not a UDP port"))?,
     };
     let mtu = match cn.mtu {
         None => 1450,
@@ -104,21 +102,13 @@ pub fn host_subnet(h: &KubeHostSubnet) -> Converted<HostSubnet> {
     let fixed = annotations(&h.metadata)
         .get(FIXED_VNID_ANNOTATION)
         .map(|v| v.trim().parse::<u64>().map_err(|_| format!("invalid type: string {v:?}, expected u64")));
-    converted(
-        host.to_string(),
-        &format!("hostsubnet {host}"),
-        validate::host_subnet(host, &h.host_ip, &h.subnet, fixed),
-    )
+    converted(host.to_string(), &format!("hostsubnet {host}"), validate::host_subnet(host, &h.host_ip, &h.subnet, fixed))
 }
 
 pub fn net_namespace(n: &KubeNetNamespace) -> Converted<NetNamespace> {
     let name = if n.netname.is_empty() { name_of(&n.metadata) } else { &n.netname };
     let multicast = annotations(&n.metadata).get(MULTICAST_ANNOTATION).is_some_and(|v| v == "true");
-    converted(
-        name.to_string(),
-        &format!("netnamespace {name}"),
-        validate::net_namespace(name, n.netid.0.clone(), multicast),
-    )
+    converted(name.to_string(), &format!("netnamespace {name}"), validate::net_namespace(name, n.netid.0.clone(), multicast))
 }
 
 /// `None` for a service without a cluster IP (headless, ExternalName): nothing to program.
@@ -447,10 +437,7 @@ impl Objects {
     /// no-op for the switch). Without `metadata.generation` every event is a new generation.
     pub fn apply_seen(&mut self, update: Update, seen: Option<Seen>) {
         match (&update, seen) {
-            (
-                Update::Apply(id, Object::NetworkPolicy(_)) | Update::ListApply(id, Object::NetworkPolicy(_)),
-                Some((generation, at)),
-            ) => {
+            (Update::Apply(id, Object::NetworkPolicy(_)) | Update::ListApply(id, Object::NetworkPolicy(_)), Some((generation, at))) => {
                 let old = self.policy_seen.get(id).map(|s| s.generation);
                 let generation = generation.unwrap_or_else(|| old.map_or(1, |g| g.saturating_add(1)));
                 if old != Some(generation) {
@@ -478,9 +465,7 @@ impl Objects {
     /// Every watched kind has listed (EgressNetworkPolicies count as listed while forbidden).
     pub fn ready(&self) -> bool {
         Kind::ALL.iter().all(|k| {
-            !self.watched[k.slot()]
-                || self.ready[k.slot()]
-                || (self.egress_forbidden && *k == Kind::EgressNetworkPolicy)
+            !self.watched[k.slot()] || self.ready[k.slot()] || (self.egress_forbidden && *k == Kind::EgressNetworkPolicy)
         })
     }
 
@@ -671,8 +656,7 @@ impl Objects {
                 }
                 if old != new {
                     ch.any = true;
-                    let seen =
-                        old.unwrap_or_else(|| Labels::from([(netpol::NAMESPACE_NAME_LABEL.to_string(), id.1.clone())]));
+                    let seen = old.unwrap_or_else(|| Labels::from([(netpol::NAMESPACE_NAME_LABEL.to_string(), id.1.clone())]));
                     ch.relabelled.entry(id.1).or_insert(seen);
                 }
             }
@@ -744,9 +728,7 @@ impl Objects {
         let ch = &self.changes;
         let mut pods_of = ch.pod_namespaces.clone();
         if !ch.remote_ips.is_empty() {
-            pods_of.extend(
-                self.live.remote_pods.iter().filter(|(_, r)| ch.remote_ips.contains(&r.ip)).map(|(id, _)| id.0.clone()),
-            );
+            pods_of.extend(self.live.remote_pods.iter().filter(|(_, r)| ch.remote_ips.contains(&r.ip)).map(|(id, _)| id.0.clone()));
         }
         let mut out = if pods_of.is_empty() && ch.relabelled.is_empty() {
             BTreeSet::new()
@@ -769,8 +751,7 @@ impl Objects {
             Err(e) => return Some(Err(e)),
         };
         let touched = self.touched(&state);
-        let policies_seen =
-            if state.plugin == Plugin::NetworkPolicy { self.policies_seen() } else { Default::default() };
+        let policies_seen = if state.plugin == Plugin::NetworkPolicy { self.policies_seen() } else { Default::default() };
         let unchanged = last.is_some_and(|l| {
             l.state == state
                 && l.problems == problems
@@ -783,21 +764,8 @@ impl Objects {
         }
         let live = &self.live.pods;
         self.pod_info.retain(|k, _| live.contains(k));
-        let pod_annotations = self
-            .pod_info
-            .iter()
-            .filter(|(_, i)| !i.annotations.is_empty())
-            .map(|(k, i)| (k.clone(), i.annotations.clone()))
-            .collect();
-        Some(Ok(Loaded {
-            state,
-            problems,
-            live_pods: Some(self.live.pods.clone()),
-            touched,
-            seq: 0,
-            pod_annotations,
-            policies_seen,
-        }))
+        let pod_annotations = self.pod_info.iter().filter(|(_, i)| !i.annotations.is_empty()).map(|(k, i)| (k.clone(), i.annotations.clone())).collect();
+        Some(Ok(Loaded { state, problems, live_pods: Some(self.live.pods.clone()), touched, seq: 0, pod_annotations, policies_seen }))
     }
 
     /// The state from the converted objects (every watched kind as listed), validated.
@@ -808,15 +776,8 @@ impl Objects {
             Some(Err(e)) => return Err(e.clone()),
             Some(Ok(c)) => c,
         };
-        let header = validate::header(
-            self.node.clone(),
-            cfg.plugin,
-            &cfg.cluster_network,
-            &cfg.service_network,
-            cfg.vxlan_port,
-            cfg.mtu,
-        )
-        .map_err(|e| format!("ClusterNetwork \"default\": {e}"))?;
+        let header = validate::header(self.node.clone(), cfg.plugin, &cfg.cluster_network, &cfg.service_network, cfg.vxlan_port, cfg.mtu)
+            .map_err(|e| format!("ClusterNetwork \"default\": {e}"))?;
         let empty = KindMap::default();
         let egress = if self.egress_forbidden { &empty } else { &m.egress_policies };
         // NetworkPolicy objects, namespace and pod labels and other nodes' pods only matter
@@ -901,19 +862,14 @@ mod tests {
     }
 
     fn nn(name: &str, netid: serde_json::Value, ann: &[(&str, &str)]) -> KubeNetNamespace {
-        serde_json::from_value(
-            json!({"metadata": {"name": name, "annotations": ann.iter().cloned().collect::<BTreeMap<_, _>>()},
-            "netname": name, "netid": netid}),
-        )
+        serde_json::from_value(json!({"metadata": {"name": name, "annotations": ann.iter().cloned().collect::<BTreeMap<_, _>>()},
+            "netname": name, "netid": netid}))
         .unwrap()
     }
 
     fn svc(ns: &str, name: &str, ip: &str, ports: &[(&str, i32)]) -> KubeService {
         let ports: Vec<_> = ports.iter().map(|(p, n)| json!({"protocol": p, "port": n})).collect();
-        serde_json::from_value(
-            json!({"metadata": {"namespace": ns, "name": name}, "spec": {"clusterIP": ip, "ports": ports}}),
-        )
-        .unwrap()
+        serde_json::from_value(json!({"metadata": {"namespace": ns, "name": name}, "spec": {"clusterIP": ip, "ports": ports}})).unwrap()
     }
 
     /// Objects listed from scratch (every kind listed once).
@@ -946,44 +902,26 @@ mod tests {
             (id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-multitenant")))),
             (id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23")))),
             (id("", "node-b"), Object::HostSubnet(host_subnet(&fixed))),
-            (
-                id("", "team-a"),
-                Object::NetNamespace(net_namespace(&nn("team-a", json!(11), &[(MULTICAST_ANNOTATION, "true")]))),
-            ),
+            (id("", "team-a"), Object::NetNamespace(net_namespace(&nn("team-a", json!(11), &[(MULTICAST_ANNOTATION, "true")])))),
             (id("", "default"), Object::NetNamespace(net_namespace(&nn("default", json!(0), &[])))),
             (id("", "bad"), Object::NetNamespace(net_namespace(&nn("bad", json!("x"), &[])))),
             (id("", "worse"), Object::NetNamespace(net_namespace(&nn("worse", json!({"a": [1]}), &[])))),
-            (
-                id("team-a", "web"),
-                Object::Service(service(&svc("team-a", "web", "172.30.0.10", &[("TCP", 80), ("UDP", 53)]))),
-            ),
+            (id("team-a", "web"), Object::Service(service(&svc("team-a", "web", "172.30.0.10", &[("TCP", 80), ("UDP", 53)])))),
             (id("team-a", "headless"), Object::Service(service(&svc("team-a", "headless", "None", &[])))),
-            (
-                id("team-a", "sctp"),
-                Object::Service(service(&svc("team-a", "sctp", "172.30.0.11", &[("SCTP", 80), ("TCP", 0)]))),
-            ),
+            (id("team-a", "sctp"), Object::Service(service(&svc("team-a", "sctp", "172.30.0.11", &[("SCTP", 80), ("TCP", 0)])))),
             (id("team-a", "default"), Object::EgressPolicy(egress_policy(&enp))),
             (id("team-a", "a1"), Object::Pod(PodInfo { node: Some("node-a".into()), ..PodInfo::default() })),
-            (
-                id("team-a", "a2"),
-                Object::Pod(PodInfo {
-                    node: Some("node-a".into()),
-                    ..pod_info(&meta(
-                        Some("team-a"),
-                        "a2",
-                        &[("kubernetes.io/ingress-bandwidth", "10M"), ("other", "x")],
-                    ))
-                }),
-            ),
+            (id("team-a", "a2"), Object::Pod(PodInfo {
+                node: Some("node-a".into()),
+                ..pod_info(&meta(Some("team-a"), "a2", &[("kubernetes.io/ingress-bandwidth", "10M"), ("other", "x")]))
+            })),
         ];
         let mut o = listed("node-a", list);
         let l = o.publish(None).unwrap().unwrap();
         assert!(l.touched.is_none());
         // CNI pods get their bandwidth from their Pod's annotations (only those are kept).
         assert_eq!(
-            l.pod_annotations
-                .get(&id("team-a", "a2"))
-                .map(|a| a.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()),
+            l.pod_annotations.get(&id("team-a", "a2")).map(|a| a.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()),
             Some(vec!["kubernetes.io/ingress-bandwidth=10M".to_string()])
         );
         assert!(!l.pod_annotations.contains_key(&id("team-a", "a1")));
@@ -1037,14 +975,8 @@ mod tests {
             (id("", "team-b"), Object::NetNamespace(net_namespace(&nn("team-b", json!(12), &[])))),
             (id("", "team-a"), Object::Namespace(namespace_labels(&kns("team-a", json!({"env": "prod"}))))),
             (id("", "team-b"), Object::Namespace(namespace_labels(&kns("team-b", json!({}))))),
-            (
-                id("team-a", "a1"),
-                Object::Pod(pod(&kpod("team-a", "a1", "node-a", "10.128.2.5", json!({"app": "web"})))),
-            ),
-            (
-                id("team-b", "b1"),
-                Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "client"})))),
-            ),
+            (id("team-a", "a1"), Object::Pod(pod(&kpod("team-a", "a1", "node-a", "10.128.2.5", json!({"app": "web"}))))),
+            (id("team-b", "b1"), Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "client"}))))),
             (
                 id("team-a", "web"),
                 Object::NetworkPolicy(network_policy(&knp(
@@ -1074,11 +1006,8 @@ mod tests {
         use std::time::{Duration, Instant};
         let mut o = netpol_objects("redhat/openshift-ovs-networkpolicy");
         let l = o.publish(None).unwrap().unwrap();
-        let (t1, t2, t3) =
-            (Instant::now(), Instant::now() + Duration::from_millis(1), Instant::now() + Duration::from_millis(2));
-        let web = |spec| {
-            Update::Apply(id("team-a", "web"), Object::NetworkPolicy(network_policy(&knp("team-a", "web", spec))))
-        };
+        let (t1, t2, t3) = (Instant::now(), Instant::now() + Duration::from_millis(1), Instant::now() + Duration::from_millis(2));
+        let web = |spec| Update::Apply(id("team-a", "web"), Object::NetworkPolicy(network_policy(&knp("team-a", "web", spec))));
         let deny = json!({"podSelector": {"matchLabels": {"app": "web"}}});
         o.apply_seen(web(deny.clone()), Some((Some(2), t1)));
         let l2 = o.publish(Some(&l)).unwrap().unwrap();
@@ -1147,17 +1076,11 @@ mod tests {
         // A pod label change, a namespace label change, a policy change: team-a's policies
         // alone are recomputed (team-b has none; team-a's peer takes every namespace).
         let team_a = Some(vec![Owner::NetworkPolicy { namespace: "team-a".into() }]);
-        o.apply(Update::Apply(
-            id("team-b", "b1"),
-            Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "other"})))),
-        ));
+        o.apply(Update::Apply(id("team-b", "b1"), Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "other"}))))));
         let l2 = o.publish(Some(&l)).unwrap().unwrap();
         assert_eq!(l2.touched, team_a);
         assert!(l2.state.remote_pods[0].labels.get("app").is_some_and(|v| v == "other"));
-        o.apply(Update::Apply(
-            id("", "team-b"),
-            Object::Namespace(namespace_labels(&kns("team-b", json!({"env": "dev"})))),
-        ));
+        o.apply(Update::Apply(id("", "team-b"), Object::Namespace(namespace_labels(&kns("team-b", json!({"env": "dev"}))))));
         let l3 = o.publish(Some(&l2)).unwrap().unwrap();
         assert_eq!(l3.touched, team_a);
         o.apply(Update::Delete(Kind::NetworkPolicy, id("team-a", "bad")));
@@ -1165,10 +1088,7 @@ mod tests {
         assert_eq!(l4.touched, team_a);
         assert_eq!(l4.state.network_policies.len(), 1);
         // This node's pod's labels change.
-        o.apply(Update::Apply(
-            id("team-a", "a1"),
-            Object::Pod(pod(&kpod("team-a", "a1", "node-a", "10.128.2.5", json!({"app": "db"})))),
-        ));
+        o.apply(Update::Apply(id("team-a", "a1"), Object::Pod(pod(&kpod("team-a", "a1", "node-a", "10.128.2.5", json!({"app": "db"}))))));
         let l5 = o.publish(Some(&l4)).unwrap().unwrap();
         assert_eq!(l5.touched, team_a);
         assert_eq!(l5.state.pod_meta[&id("team-a", "a1")].labels.get("app").map(String::as_str), Some("db"));
@@ -1190,14 +1110,8 @@ mod tests {
         assert!(l.state.net_namespaces.iter().all(|n| n.labels.is_empty()));
         assert!(l.problems.is_empty(), "{:?}", l.problems);
         // Their changes publish nothing.
-        o.apply(Update::Apply(
-            id("team-b", "b1"),
-            Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "other"})))),
-        ));
-        o.apply(Update::Apply(
-            id("", "team-b"),
-            Object::Namespace(namespace_labels(&kns("team-b", json!({"env": "dev"})))),
-        ));
+        o.apply(Update::Apply(id("team-b", "b1"), Object::Pod(pod(&kpod("team-b", "b1", "node-b", "10.129.0.5", json!({"app": "other"}))))));
+        o.apply(Update::Apply(id("", "team-b"), Object::Namespace(namespace_labels(&kns("team-b", json!({"env": "dev"}))))));
         assert!(o.publish(Some(&l)).is_none());
     }
 
@@ -1212,14 +1126,8 @@ mod tests {
         for k in Kind::ALL.into_iter().filter(|k| !scoped.contains(k)) {
             o.apply(Update::ListStart(k));
         }
-        o.apply(Update::ListApply(
-            id("", "default"),
-            Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-networkpolicy"))),
-        ));
-        o.apply(Update::ListApply(
-            id("", "node-a"),
-            Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23"))),
-        ));
+        o.apply(Update::ListApply(id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-networkpolicy")))));
+        o.apply(Update::ListApply(id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23")))));
         for k in Kind::ALL.into_iter().filter(|k| !scoped.contains(k)) {
             assert!(!o.ready());
             o.apply(Update::ListDone(k));
@@ -1230,10 +1138,7 @@ mod tests {
         // The plugin wants the policies: they are waited for once watched.
         o.watch(Kind::NetworkPolicy);
         o.apply(Update::ListStart(Kind::NetworkPolicy));
-        o.apply(Update::ListApply(
-            id("ns", "p"),
-            Object::NetworkPolicy(network_policy(&knp("ns", "p", json!({"podSelector": {}})))),
-        ));
+        o.apply(Update::ListApply(id("ns", "p"), Object::NetworkPolicy(network_policy(&knp("ns", "p", json!({"podSelector": {}}))))));
         assert!(!o.ready() && o.publish(Some(&l)).is_none());
         o.apply(Update::ListDone(Kind::NetworkPolicy));
         assert!(o.ready());
@@ -1269,13 +1174,8 @@ mod tests {
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
-            (0..6u8, 0..3u8, 0..5u8, 1..4u16, any::<bool>()).prop_map(|(name, ns, ip, port, delete)| Ev::Service {
-                name,
-                ns,
-                ip,
-                port,
-                delete
-            }),
+            (0..6u8, 0..3u8, 0..5u8, 1..4u16, any::<bool>())
+                .prop_map(|(name, ns, ip, port, delete)| Ev::Service { name, ns, ip, port, delete }),
             (0..5u8, 0..6u8, any::<bool>()).prop_map(|(host, subnet, delete)| Ev::HostSubnet { host, subnet, delete }),
             (0..3u8, any::<bool>(), any::<bool>()).prop_map(|(ns, deny, delete)| Ev::Egress { ns, deny, delete }),
             (0..3u8).prop_map(|name| Ev::PodGone { name }),
@@ -1293,10 +1193,7 @@ mod tests {
             list.push((id("", n), Object::NetNamespace(net_namespace(&nn(n, json!(vnid), &[])))));
         }
         for p in 0..3 {
-            list.push((
-                id(&format!("ns{p}"), &format!("p{p}")),
-                Object::Pod(PodInfo { node: Some("node-a".into()), ..PodInfo::default() }),
-            ));
+            list.push((id(&format!("ns{p}"), &format!("p{p}")), Object::Pod(PodInfo { node: Some("node-a".into()), ..PodInfo::default() })));
         }
         listed("node-a", list)
     }
@@ -1317,18 +1214,8 @@ mod tests {
                     return Update::Delete(Kind::HostSubnet, id("", &name));
                 }
                 // /23s that overlap each other (and, for 5, this node's 10.128.2.0/23).
-                let net = [
-                    "10.129.0.0/23",
-                    "10.129.0.0/24",
-                    "10.129.2.0/23",
-                    "10.129.4.0/23",
-                    "10.130.0.0/23",
-                    "10.128.2.0/24",
-                ][subnet as usize];
-                Update::Apply(
-                    id("", &name),
-                    Object::HostSubnet(host_subnet(&hs(&name, &format!("172.17.1.{host}"), net))),
-                )
+                let net = ["10.129.0.0/23", "10.129.0.0/24", "10.129.2.0/23", "10.129.4.0/23", "10.130.0.0/23", "10.128.2.0/24"][subnet as usize];
+                Update::Apply(id("", &name), Object::HostSubnet(host_subnet(&hs(&name, &format!("172.17.1.{host}"), net))))
             }
             Ev::Egress { ns, deny, delete } => {
                 let i = id(&format!("ns{ns}"), "default");
@@ -1336,10 +1223,9 @@ mod tests {
                     return Update::Delete(Kind::EgressNetworkPolicy, i);
                 }
                 let kind = if deny { "Deny" } else { "Allow" };
-                let p: EgressNetworkPolicy =
-                    serde_json::from_value(json!({"metadata": {"namespace": i.0, "name": i.1},
+                let p: EgressNetworkPolicy = serde_json::from_value(json!({"metadata": {"namespace": i.0, "name": i.1},
                     "spec": {"egress": [{"type": kind, "to": {"cidrSelector": "1.2.3.0/24"}}]}}))
-                    .unwrap();
+                .unwrap();
                 Update::Apply(i, Object::EgressPolicy(egress_policy(&p)))
             }
             Ev::PodGone { name } => Update::Delete(Kind::Pod, id(&format!("ns{name}"), &format!("p{name}"))),
@@ -1422,17 +1308,8 @@ mod tests {
 
     fn np_ev() -> impl Strategy<Value = NpEv> {
         prop_oneof![
-            (0..3u8, 0..2u8, 0..6u8, any::<bool>()).prop_map(|(ns, name, shape, delete)| NpEv::Policy {
-                ns,
-                name,
-                shape,
-                delete
-            }),
-            (0..3u8, 0..4u8, proptest::bool::weighted(0.2)).prop_map(|(ns, team, delete)| NpEv::NsLabels {
-                ns,
-                team,
-                delete
-            }),
+            (0..3u8, 0..2u8, 0..6u8, any::<bool>()).prop_map(|(ns, name, shape, delete)| NpEv::Policy { ns, name, shape, delete }),
+            (0..3u8, 0..4u8, proptest::bool::weighted(0.2)).prop_map(|(ns, team, delete)| NpEv::NsLabels { ns, team, delete }),
             (0..6u8, any::<bool>(), 0..3u8, 0..5u8, proptest::bool::weighted(0.2))
                 .prop_map(|(name, local, app, ip, delete)| NpEv::Pod { name, local, app, ip, delete }),
         ]
@@ -1440,20 +1317,14 @@ mod tests {
 
     fn np_spec(shape: u8) -> serde_json::Value {
         match shape {
-            0 => {
-                json!({"podSelector": {"matchLabels": {"app": "a0"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a1"}}}], "ports": [{"port": "http"}]}]})
-            }
-            1 => {
-                json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "t1"}}}]}]})
-            }
+            0 => json!({"podSelector": {"matchLabels": {"app": "a0"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a1"}}}], "ports": [{"port": "http"}]}]}),
+            1 => json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "t1"}}}]}]}),
             2 => json!({"podSelector": {"matchLabels": {"app": "a1"}}, "ingress": [{"from": [{
                     "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["t2"]}]},
                     "podSelector": {"matchLabels": {"app": "a0"}}}]}]}),
             3 => json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {}}]}]}),
             4 => json!({"podSelector": {}, "ingress": []}),
-            _ => {
-                json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [{"from": [{"ipBlock": {"cidr": "10.129.0.0/16"}}]}]})
-            }
+            _ => json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "ingress": [{"from": [{"ipBlock": {"cidr": "10.129.0.0/16"}}]}]}),
         }
     }
 
@@ -1522,17 +1393,11 @@ mod tests {
     #[test]
     fn touched_check_sees_netpol_changes() {
         let kinds: [Vec<NpEv>; 3] = [
-            vec![
-                NpEv::Policy { ns: 2, name: 0, shape: 1, delete: false },
-                NpEv::Policy { ns: 0, name: 0, shape: 0, delete: true },
-            ],
+            vec![NpEv::Policy { ns: 2, name: 0, shape: 1, delete: false }, NpEv::Policy { ns: 0, name: 0, shape: 0, delete: true }],
             // ns1's policy takes app=a0 pods of namespaces without team=t2: relabel ns0.
             vec![NpEv::NsLabels { ns: 0, team: 2, delete: false }],
             // A pod labelled app=a1 on node-b in ns0: ns0's policy now allows it.
-            vec![
-                NpEv::Pod { name: 3, local: false, app: 1, ip: 1, delete: false },
-                NpEv::Pod { name: 3, local: false, app: 2, ip: 1, delete: false },
-            ],
+            vec![NpEv::Pod { name: 3, local: false, app: 1, ip: 1, delete: false }, NpEv::Pod { name: 3, local: false, app: 2, ip: 1, delete: false }],
         ];
         for evs in kinds {
             let batches: Vec<Vec<Update>> = evs.iter().map(|e| vec![np_update(e)]).collect();

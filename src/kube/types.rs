@@ -143,9 +143,7 @@ impl<'de> Deserialize<'de> for Number {
                 Ok(Number(Ok(v)))
             }
             fn visit_i64<E>(self, v: i64) -> Result<Number, E> {
-                Ok(u64::try_from(v)
-                    .map(|n| Number(Ok(n)))
-                    .unwrap_or_else(|_| Number(Err(format!("invalid value: integer `{v}`, expected u64")))))
+                Ok(u64::try_from(v).map(|n| Number(Ok(n))).unwrap_or_else(|_| Number(Err(format!("invalid value: integer `{v}`, expected u64")))))
             }
             fn visit_f64<E>(self, v: f64) -> Result<Number, E> {
                 Ok(bad(format_args!("floating point `{v}`")))

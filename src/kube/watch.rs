@@ -22,9 +22,9 @@ use super::events;
 use super::mapping::{self, Object, Objects, Update};
 use super::types::{ClusterNetwork, EgressNetworkPolicy, HostSubnet, NetNamespace};
 use super::KubeOptions;
-use crate::cluster::Loaded;
 use crate::metrics::{TargetLabel, Telemetry};
 use crate::model::Plugin;
+use crate::cluster::Loaded;
 
 /// The label openshift-sdn sets on a node that cannot list EgressNetworkPolicies.
 pub const EGRESS_FAILURE_LABEL: &str = "network.openshift.io/not-enforcing-egress-network-policy";
@@ -120,16 +120,7 @@ fn start_scoped(ctx: &Ctx, scope: Scope, epoch: u32, tasks: &mut tokio::task::Jo
         Scope::NodePods => watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node)),
     };
     let stream = watcher::watcher(Api::<Pod>::all(ctx.client.clone()), pods);
-    tasks.spawn(follow(
-        stream,
-        Kind::Pod,
-        epoch,
-        |p| Object::Pod(mapping::pod(p)),
-        ctx.tx.clone(),
-        t.clone(),
-        None,
-        |_, _| {},
-    ));
+    tasks.spawn(follow(stream, Kind::Pod, epoch, |p| Object::Pod(mapping::pod(p)), ctx.tx.clone(), t.clone(), None, |_, _| {}));
     objects.watch(Kind::Pod);
     if scope == Scope::NodePods {
         objects.unwatch(Kind::NetworkPolicy);
@@ -163,8 +154,7 @@ fn policy_notice(notices: &mpsc::UnboundedSender<events::Notice>, ev: &Event<Net
     use kube::Resource;
     let dropped = match object {
         Some(Object::NetworkPolicy(c)) if !c.problems.is_empty() => {
-            let fields =
-                c.problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; ");
+            let fields = c.problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join("; ");
             Some(if c.value.is_some() { fields } else { format!("{fields}; the policy is not used") })
         }
         _ => None,
@@ -199,16 +189,7 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     tasks.spawn(follow(stream, Kind::ClusterNetwork, 0, convert, up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let stream = watcher::watcher(Api::<HostSubnet>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(
-        stream,
-        Kind::HostSubnet,
-        0,
-        |h| Object::HostSubnet(mapping::host_subnet(h)),
-        up_tx.clone(),
-        t.clone(),
-        None,
-        |_, _| {},
-    ));
+    tasks.spawn(follow(stream, Kind::HostSubnet, 0, |h| Object::HostSubnet(mapping::host_subnet(h)), up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let stream = watcher::watcher(Api::<NetNamespace>::all(client.clone()), watcher::Config::default());
     let convert = |n: &NetNamespace| Object::NetNamespace(mapping::net_namespace(n));
@@ -217,28 +198,10 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     let label = EgressLabel { nodes: Api::<Node>::all(client.clone()), node: opts.node.clone(), set: None };
     let stream = watcher::watcher(Api::<EgressNetworkPolicy>::all(client.clone()), watcher::Config::default());
     let convert = |p: &EgressNetworkPolicy| Object::EgressPolicy(mapping::egress_policy(p));
-    tasks.spawn(follow(
-        stream,
-        Kind::EgressNetworkPolicy,
-        0,
-        convert,
-        up_tx.clone(),
-        t.clone(),
-        Some(label),
-        |_, _| {},
-    ));
+    tasks.spawn(follow(stream, Kind::EgressNetworkPolicy, 0, convert, up_tx.clone(), t.clone(), Some(label), |_, _| {}));
 
     let stream = watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default());
-    tasks.spawn(follow(
-        stream,
-        Kind::Service,
-        0,
-        |s| Object::Service(mapping::service(s)),
-        up_tx.clone(),
-        t.clone(),
-        None,
-        |_, _| {},
-    ));
+    tasks.spawn(follow(stream, Kind::Service, 0, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let (notices, notices_rx) = mpsc::unbounded_channel();
     tasks.spawn(events::report(events::recorder(client.clone(), &opts.node), notices_rx));
@@ -399,9 +362,7 @@ async fn follow<K, S>(
         }
         let update = match ev {
             Ok(Event::Init) => Update::ListStart(kind),
-            Ok(Event::InitApply(o)) => {
-                Update::ListApply(mapping::id_of(o.meta()), object.take().unwrap_or_else(|| convert(&o)))
-            }
+            Ok(Event::InitApply(o)) => Update::ListApply(mapping::id_of(o.meta()), object.take().unwrap_or_else(|| convert(&o))),
             Ok(Event::InitDone) => {
                 if failing {
                     info!(kind = ?kind, "listed again");
@@ -412,9 +373,7 @@ async fn follow<K, S>(
                 }
                 Update::ListDone(kind)
             }
-            Ok(Event::Apply(o)) => {
-                Update::Apply(mapping::id_of(o.meta()), object.take().unwrap_or_else(|| convert(&o)))
-            }
+            Ok(Event::Apply(o)) => Update::Apply(mapping::id_of(o.meta()), object.take().unwrap_or_else(|| convert(&o))),
             Ok(Event::Delete(o)) => Update::Delete(kind, mapping::id_of(o.meta())),
             Err(e) => {
                 telemetry

@@ -24,8 +24,8 @@ use tracing::debug;
 use super::client::{MonitorRequest, OvsdbClient};
 use super::txn::{self, OperationResult};
 use super::types::{
-    cond_eq, empty_set, named_uuid, optional_integer, row_opt_i64, row_opt_string, row_opt_uuid, row_string,
-    row_string_map, row_string_set, row_uuid, row_uuid_set, set, string_map, uuid, Row,
+    cond_eq, empty_set, named_uuid, optional_integer, row_opt_i64, row_opt_string, row_opt_uuid,
+    row_string, row_string_map, row_string_set, row_uuid, row_uuid_set, set, string_map, uuid, Row,
 };
 use super::{OvsdbError, VSWITCH_DB};
 
@@ -106,7 +106,10 @@ impl PortSpec {
 
     /// Any interface type without options.
     pub fn of_type(iface_type: &str) -> Self {
-        PortSpec { iface_type: iface_type.into(), ..Default::default() }
+        PortSpec {
+            iface_type: iface_type.into(),
+            ..Default::default()
+        }
     }
 }
 
@@ -211,7 +214,12 @@ fn where_uuid(u: &str) -> Vec<Value> {
 
 /// Guard: the row `u` still exists.
 fn wait_exists(table: &str, u: &str) -> Value {
-    txn::wait_eq(table, where_uuid(u), &["_uuid"], vec![json!({"_uuid": uuid(u)})])
+    txn::wait_eq(
+        table,
+        where_uuid(u),
+        &["_uuid"],
+        vec![json!({"_uuid": uuid(u)})],
+    )
 }
 
 /// Guard: no row named `name` exists.
@@ -256,8 +264,17 @@ impl Ovs {
         self.client.transact(VSWITCH_DB, ops).await
     }
 
-    async fn select(&self, table: &str, where_: Vec<Value>, cols: &[&str]) -> Result<Vec<Row>, OvsdbError> {
-        rows(self.transact(vec![txn::select(table, where_, cols)]).await?, 0)
+    async fn select(
+        &self,
+        table: &str,
+        where_: Vec<Value>,
+        cols: &[&str],
+    ) -> Result<Vec<Row>, OvsdbError> {
+        rows(
+            self.transact(vec![txn::select(table, where_, cols)])
+                .await?,
+            0,
+        )
     }
 
     async fn retry<T, F, Fut>(&self, what: &str, mut f: F) -> Result<T, OvsdbError>
@@ -273,7 +290,10 @@ impl Ovs {
                 r => return r,
             }
         }
-        Err(OvsdbError::Conflict { what: what.to_string(), attempts: self.max_attempts })
+        Err(OvsdbError::Conflict {
+            what: what.to_string(),
+            attempts: self.max_attempts,
+        })
     }
 
     /// Ensures the single `Open_vSwitch` row exists (`ovs-vsctl --no-wait
@@ -299,7 +319,11 @@ impl Ovs {
 
     /// Creates the bridge (with its internal port/interface of the same name)
     /// or fixes its `fail_mode`/`protocols`/`datapath_type`.
-    pub async fn ensure_bridge(&self, name: &str, opts: &BridgeOptions) -> Result<Ensured, OvsdbError> {
+    pub async fn ensure_bridge(
+        &self,
+        name: &str,
+        opts: &BridgeOptions,
+    ) -> Result<Ensured, OvsdbError> {
         self.init().await?;
         let fail_mode = match &opts.fail_mode {
             Some(m) => json!(m),
@@ -312,16 +336,29 @@ impl Ovs {
             "datapath_type": opts.datapath_type,
         });
         self.retry("ensure_bridge", || async {
-            let found =
-                self.select("Bridge", where_name(name), &["_uuid", "fail_mode", "protocols", "datapath_type"]).await?;
+            let found = self
+                .select(
+                    "Bridge",
+                    where_name(name),
+                    &["_uuid", "fail_mode", "protocols", "datapath_type"],
+                )
+                .await?;
             let Some(br) = found.first() else {
                 let mut row = desired.clone();
                 row["name"] = json!(name);
                 row["ports"] = named_uuid("port");
                 self.transact(vec![
                     wait_absent("Bridge", name),
-                    txn::insert("Interface", json!({"name": name, "type": "internal"}), Some("iface")),
-                    txn::insert("Port", json!({"name": name, "interfaces": named_uuid("iface")}), Some("port")),
+                    txn::insert(
+                        "Interface",
+                        json!({"name": name, "type": "internal"}),
+                        Some("iface"),
+                    ),
+                    txn::insert(
+                        "Port",
+                        json!({"name": name, "interfaces": named_uuid("iface")}),
+                        Some("port"),
+                    ),
                     txn::insert("Bridge", row, Some("bridge")),
                     txn::mutate(
                         "Open_vSwitch",
@@ -344,8 +381,11 @@ impl Ovs {
             {
                 return Ok(Ensured::Unchanged);
             }
-            self.transact(vec![wait_exists("Bridge", &u), txn::update("Bridge", where_uuid(&u), desired.clone())])
-                .await?;
+            self.transact(vec![
+                wait_exists("Bridge", &u),
+                txn::update("Bridge", where_uuid(&u), desired.clone()),
+            ])
+            .await?;
             Ok(Ensured::Updated)
         })
         .await
@@ -353,16 +393,31 @@ impl Ovs {
 
     /// Creates the port on `bridge` or brings an existing one in line with
     /// `spec` (type, options, ofport_request, and membership of `bridge`).
-    pub async fn ensure_port(&self, bridge: &str, name: &str, spec: &PortSpec) -> Result<Ensured, OvsdbError> {
-        self.retry("ensure_port", || self.try_ensure_port(bridge, name, spec)).await
+    pub async fn ensure_port(
+        &self,
+        bridge: &str,
+        name: &str,
+        spec: &PortSpec,
+    ) -> Result<Ensured, OvsdbError> {
+        self.retry("ensure_port", || self.try_ensure_port(bridge, name, spec))
+            .await
     }
 
-    async fn try_ensure_port(&self, bridge: &str, name: &str, spec: &PortSpec) -> Result<Ensured, OvsdbError> {
+    async fn try_ensure_port(
+        &self,
+        bridge: &str,
+        name: &str,
+        spec: &PortSpec,
+    ) -> Result<Ensured, OvsdbError> {
         let res = self
             .transact(vec![
                 txn::select("Bridge", vec![], &["_uuid", "name", "ports"]),
                 txn::select("Port", where_name(name), &["_uuid"]),
-                txn::select("Interface", where_name(name), &["_uuid", "type", "options", "ofport_request", "mac"]),
+                txn::select(
+                    "Interface",
+                    where_name(name),
+                    &["_uuid", "type", "options", "ofport_request", "mac"],
+                ),
             ])
             .await?;
         let bridges = rows(res.clone(), 0)?;
@@ -379,7 +434,10 @@ impl Ovs {
             all.push((u, p));
         }
         let Some((br_uuid, br_ports)) = target else {
-            return Err(OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() });
+            return Err(OvsdbError::NotFound {
+                table: "Bridge",
+                name: bridge.to_string(),
+            });
         };
         let mut iface_row = json!({
             "type": spec.iface_type,
@@ -397,7 +455,11 @@ impl Ovs {
                 wait_exists("Bridge", &br_uuid),
                 wait_absent("Port", name),
                 txn::insert("Interface", row, Some("iface")),
-                txn::insert("Port", json!({"name": name, "interfaces": named_uuid("iface")}), Some("port")),
+                txn::insert(
+                    "Port",
+                    json!({"name": name, "interfaces": named_uuid("iface")}),
+                    Some("port"),
+                ),
                 txn::mutate(
                     "Bridge",
                     where_uuid(&br_uuid),
@@ -412,18 +474,19 @@ impl Ovs {
         if !spec.take_from_other_bridge && !br_ports.contains(&port_uuid) {
             for b in &bridges {
                 if row_uuid_set(b, "ports")?.contains(&port_uuid) {
-                    return Err(OvsdbError::OnOtherBridge {
-                        port: name.to_string(),
-                        on: row_string(b, "name")?,
-                        bridge: bridge.to_string(),
-                    });
+                    return Err(OvsdbError::OnOtherBridge { port: name.to_string(), on: row_string(b, "name")?, bridge: bridge.to_string() });
                 }
             }
         }
-        let iface =
-            ifaces.first().ok_or_else(|| OvsdbError::NotFound { table: "Interface", name: name.to_string() })?;
+        let iface = ifaces.first().ok_or_else(|| OvsdbError::NotFound {
+            table: "Interface",
+            name: name.to_string(),
+        })?;
         let iface_uuid = row_uuid(iface, "_uuid")?;
-        let mut ops = vec![wait_exists("Port", &port_uuid), wait_exists("Interface", &iface_uuid)];
+        let mut ops = vec![
+            wait_exists("Port", &port_uuid),
+            wait_exists("Interface", &iface_uuid),
+        ];
         if !same_iface_type(&row_string(iface, "type")?, &spec.iface_type)
             || row_string_map(iface, "options")? != spec.options
             || row_opt_i64(iface, "ofport_request")? != spec.ofport_request
@@ -470,24 +533,36 @@ impl Ovs {
         timeout: Duration,
     ) -> Result<u32, OvsdbError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        let timed_out = || OvsdbError::Timeout(format!("waiting for an ofport for interface {name:?}"));
+        let timed_out =
+            || OvsdbError::Timeout(format!("waiting for an ofport for interface {name:?}"));
         // Monitor first, then write and read: a change can then never slip
         // between our read and the start of the notifications.
         let reqs: BTreeMap<String, MonitorRequest> = [(
             "Interface".to_string(),
-            MonitorRequest::columns(["name", "ofport", "error"]).with_conditions(vec![cond_eq("name", json!(name))]),
+            MonitorRequest::columns(["name", "ofport", "error"])
+                .with_conditions(vec![cond_eq("name", json!(name))]),
         )]
         .into();
-        let mut mon = tokio::time::timeout_at(deadline, self.client.monitor_cond(VSWITCH_DB, &reqs))
-            .await
-            .map_err(|_| timed_out())??;
+        let mut mon =
+            tokio::time::timeout_at(deadline, self.client.monitor_cond(VSWITCH_DB, &reqs))
+                .await
+                .map_err(|_| timed_out())??;
         let wait = async {
             let change = self.ensure_port(bridge, name, spec).await?;
-            let want = if change == Ensured::Updated { spec.ofport_request } else { None };
+            let want = if change == Ensured::Updated {
+                spec.ofport_request
+            } else {
+                None
+            };
             loop {
-                let found = self.select("Interface", where_name(name), &["ofport", "error"]).await?;
+                let found = self
+                    .select("Interface", where_name(name), &["ofport", "error"])
+                    .await?;
                 let Some(row) = found.first() else {
-                    return Err(OvsdbError::NotFound { table: "Interface", name: name.to_string() });
+                    return Err(OvsdbError::NotFound {
+                        table: "Interface",
+                        name: name.to_string(),
+                    });
                 };
                 match row_opt_i64(row, "ofport")? {
                     Some(-1) => {
@@ -498,19 +573,24 @@ impl Ovs {
                         })
                     }
                     Some(p) if p > 0 && want.is_none_or(|w| w == p) => {
-                        return u32::try_from(p).map_err(|_| OvsdbError::Protocol(format!("ofport {p} out of range")));
+                        return u32::try_from(p)
+                            .map_err(|_| OvsdbError::Protocol(format!("ofport {p} out of range")));
                     }
                     _ => {}
                 }
                 if mon.updates.recv().await.is_none() {
                     return Err(match mon.updates.end_reason() {
                         Some(super::MonitorEnd::Disconnected) | None => OvsdbError::Disconnected,
-                        Some(other) => OvsdbError::Protocol(format!("interface monitor ended: {other:?}")),
+                        Some(other) => {
+                            OvsdbError::Protocol(format!("interface monitor ended: {other:?}"))
+                        }
                     });
                 }
             }
         };
-        let result = tokio::time::timeout_at(deadline, wait).await.unwrap_or_else(|_| Err(timed_out()));
+        let result = tokio::time::timeout_at(deadline, wait)
+            .await
+            .unwrap_or_else(|_| Err(timed_out()));
         if !self.client.is_closed() {
             let _ = self.client.monitor_cancel(&mon.id).await;
         }
@@ -557,14 +637,7 @@ impl Ovs {
         match r {
             Ok(true) => Ok((watch.ofport(name, deadline).await?, true)),
             Ok(false) => {
-                let ofport = self
-                    .add_port_and_wait_ofport(
-                        bridge,
-                        name,
-                        spec,
-                        deadline.saturating_duration_since(tokio::time::Instant::now()),
-                    )
-                    .await?;
+                let ofport = self.add_port_and_wait_ofport(bridge, name, spec, deadline.saturating_duration_since(tokio::time::Instant::now())).await?;
                 for (k, v) in &spec.external_ids {
                     self.set_port_external_id(name, k, Some(v)).await?;
                 }
@@ -589,9 +662,7 @@ impl Ovs {
     fn group_commit<T: Send + 'static>(
         &self,
         cell: &std::sync::OnceLock<tokio::sync::mpsc::Sender<T>>,
-        commit: impl for<'a> Fn(&'a Ovs, Vec<T>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>
-            + Send
-            + 'static,
+        commit: impl for<'a> Fn(&'a Ovs, Vec<T>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> + Send + 'static,
     ) -> tokio::sync::mpsc::Sender<T> {
         cell.get_or_init(|| {
             let (tx, mut rx) = tokio::sync::mpsc::channel::<T>(1024);
@@ -650,11 +721,7 @@ impl Ovs {
     async fn insert_one(&self, p: &NewPort) -> Result<bool, OvsdbError> {
         let mut ops = vec![wait_absent("Port", &p.name)];
         ops.extend(new_port_ops(0, p));
-        ops.push(txn::mutate(
-            "Bridge",
-            where_name(&p.bridge),
-            vec![json!(["ports", "insert", set([named_uuid("port0")])])],
-        ));
+        ops.push(txn::mutate("Bridge", where_name(&p.bridge), vec![json!(["ports", "insert", set([named_uuid("port0")])])]));
         match self.transact(ops).await {
             Ok(r) if r.get(3).and_then(|r| r.count) == Some(1) => Ok(true),
             // The rows inserted are not referenced by any bridge: OVSDB collects them.
@@ -764,14 +831,9 @@ impl Ovs {
         }
         let mut out = Vec::new();
         for b in rows(res, 0)? {
-            let mut ports: Vec<String> =
-                row_uuid_set(&b, "ports")?.iter().filter_map(|u| names.get(u).cloned()).collect();
+            let mut ports: Vec<String> = row_uuid_set(&b, "ports")?.iter().filter_map(|u| names.get(u).cloned()).collect();
             ports.sort();
-            out.push(BridgeInfo {
-                name: row_string(&b, "name")?,
-                datapath_type: row_string(&b, "datapath_type")?,
-                ports,
-            });
+            out.push(BridgeInfo { name: row_string(&b, "name")?, datapath_type: row_string(&b, "datapath_type")?, ports });
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
@@ -786,7 +848,10 @@ impl Ovs {
             ])
             .await?;
         let br = rows(res.clone(), 0)?;
-        let br = br.first().ok_or_else(|| OvsdbError::NotFound { table: "Bridge", name: bridge.to_string() })?;
+        let br = br.first().ok_or_else(|| OvsdbError::NotFound {
+            table: "Bridge",
+            name: bridge.to_string(),
+        })?;
         let members = row_uuid_set(br, "ports")?;
         let mut names = Vec::new();
         for p in rows(res, 1)? {
@@ -803,30 +868,55 @@ impl Ovs {
     /// attach a new `linux-htb` QoS with `other_config:max-rate`; if
     /// `egress_bps > 0` set `Interface.ingress_policing_rate` (kbps).
     /// (Pod ingress is OVS egress and vice versa.)
-    pub async fn set_pod_bandwidth(&self, port: &str, ingress_bps: i64, egress_bps: i64) -> Result<(), OvsdbError> {
+    pub async fn set_pod_bandwidth(
+        &self,
+        port: &str,
+        ingress_bps: i64,
+        egress_bps: i64,
+    ) -> Result<(), OvsdbError> {
         self.retry("set_pod_bandwidth", || async {
-            let found = self.select("Port", where_name(port), &["_uuid", "qos"]).await?;
-            let row = found.first().ok_or_else(|| OvsdbError::NotFound { table: "Port", name: port.to_string() })?;
+            let found = self
+                .select("Port", where_name(port), &["_uuid", "qos"])
+                .await?;
+            let row = found.first().ok_or_else(|| OvsdbError::NotFound {
+                table: "Port",
+                name: port.to_string(),
+            })?;
             let port_uuid = row_uuid(row, "_uuid")?;
-            let qos_datum =
-                row.get("qos").cloned().ok_or_else(|| OvsdbError::Protocol("Port row has no qos column".into()))?;
+            let qos_datum = row
+                .get("qos")
+                .cloned()
+                .ok_or_else(|| OvsdbError::Protocol("Port row has no qos column".into()))?;
             let old_qos = row_opt_uuid(row, "qos")?;
-            let mut ops =
-                vec![txn::wait_eq("Port", where_uuid(&port_uuid), &["qos"], vec![json!({ "qos": qos_datum })])];
+            let mut ops = vec![txn::wait_eq(
+                "Port",
+                where_uuid(&port_uuid),
+                &["qos"],
+                vec![json!({ "qos": qos_datum })],
+            )];
             if let Some(q) = &old_qos {
                 if ingress_bps <= 0 {
-                    ops.push(txn::update("Port", where_uuid(&port_uuid), json!({"qos": empty_set()})));
+                    ops.push(txn::update(
+                        "Port",
+                        where_uuid(&port_uuid),
+                        json!({"qos": empty_set()}),
+                    ));
                 }
                 ops.push(txn::delete("QoS", where_uuid(q)));
             }
             if ingress_bps > 0 {
-                let cfg: BTreeMap<String, String> = [("max-rate".to_string(), ingress_bps.to_string())].into();
+                let cfg: BTreeMap<String, String> =
+                    [("max-rate".to_string(), ingress_bps.to_string())].into();
                 ops.push(txn::insert(
                     "QoS",
                     json!({"type": "linux-htb", "other_config": string_map(&cfg)}),
                     Some("qos"),
                 ));
-                ops.push(txn::update("Port", where_uuid(&port_uuid), json!({"qos": named_uuid("qos")})));
+                ops.push(txn::update(
+                    "Port",
+                    where_uuid(&port_uuid),
+                    json!({"qos": named_uuid("qos")}),
+                ));
             }
             if egress_bps > 0 {
                 ops.push(txn::update(
@@ -851,7 +941,10 @@ impl Ovs {
         col: &str,
     ) -> Result<BTreeMap<String, String>, OvsdbError> {
         let found = self.select(table, where_, &[col]).await?;
-        let row = found.first().ok_or_else(|| OvsdbError::NotFound { table, name: name.to_string() })?;
+        let row = found.first().ok_or_else(|| OvsdbError::NotFound {
+            table,
+            name: name.to_string(),
+        })?;
         row_string_map(row, col)
     }
 
@@ -884,9 +977,14 @@ impl Ovs {
         if let Some((key, v)) = set_kv {
             mutations.push(json!([col, "insert", ["map", [[key, v]]]]));
         }
-        let res = self.transact(vec![txn::mutate(table, where_, mutations)]).await?;
+        let res = self
+            .transact(vec![txn::mutate(table, where_, mutations)])
+            .await?;
         if res.first().and_then(|r| r.count) == Some(0) {
-            return Err(OvsdbError::NotFound { table, name: name.to_string() });
+            return Err(OvsdbError::NotFound {
+                table,
+                name: name.to_string(),
+            });
         }
         Ok(())
     }
@@ -898,13 +996,7 @@ impl Ovs {
 
     /// In one transaction, removes key `old` of `Port.external_ids` and sets `key` to `value`;
     /// a missing port is [`OvsdbError::NotFound`].
-    pub async fn replace_port_external_id(
-        &self,
-        port: &str,
-        old: &str,
-        key: &str,
-        value: &str,
-    ) -> Result<(), OvsdbError> {
+    pub async fn replace_port_external_id(&self, port: &str, old: &str, key: &str, value: &str) -> Result<(), OvsdbError> {
         self.mutate_map("Port", where_name(port), port, "external_ids", &[old, key], Some((key, value))).await
     }
 
@@ -921,40 +1013,84 @@ impl Ovs {
     }
 
     /// `Bridge.external_ids`.
-    pub async fn bridge_external_ids(&self, bridge: &str) -> Result<BTreeMap<String, String>, OvsdbError> {
-        self.string_map_of("Bridge", where_name(bridge), bridge, "external_ids").await
+    pub async fn bridge_external_ids(
+        &self,
+        bridge: &str,
+    ) -> Result<BTreeMap<String, String>, OvsdbError> {
+        self.string_map_of("Bridge", where_name(bridge), bridge, "external_ids")
+            .await
     }
 
     /// Sets one key of `Bridge.external_ids` (e.g. the flow generation).
-    pub async fn set_bridge_external_id(&self, bridge: &str, key: &str, value: &str) -> Result<(), OvsdbError> {
-        self.mutate_map_key("Bridge", where_name(bridge), bridge, "external_ids", key, Some(value)).await
+    pub async fn set_bridge_external_id(
+        &self,
+        bridge: &str,
+        key: &str,
+        value: &str,
+    ) -> Result<(), OvsdbError> {
+        self.mutate_map_key(
+            "Bridge",
+            where_name(bridge),
+            bridge,
+            "external_ids",
+            key,
+            Some(value),
+        )
+        .await
     }
 
     /// Removes one key of `Bridge.external_ids`.
-    pub async fn remove_bridge_external_id(&self, bridge: &str, key: &str) -> Result<(), OvsdbError> {
-        self.mutate_map_key("Bridge", where_name(bridge), bridge, "external_ids", key, None).await
+    pub async fn remove_bridge_external_id(
+        &self,
+        bridge: &str,
+        key: &str,
+    ) -> Result<(), OvsdbError> {
+        self.mutate_map_key(
+            "Bridge",
+            where_name(bridge),
+            bridge,
+            "external_ids",
+            key,
+            None,
+        )
+        .await
     }
 
     /// `Open_vSwitch.other_config`.
     pub async fn other_config(&self) -> Result<BTreeMap<String, String>, OvsdbError> {
-        self.string_map_of("Open_vSwitch", vec![], "Open_vSwitch", "other_config").await
+        self.string_map_of("Open_vSwitch", vec![], "Open_vSwitch", "other_config")
+            .await
     }
 
     /// Sets (`Some`) or removes (`None`) a key of `Open_vSwitch.other_config`.
     pub async fn set_other_config(&self, key: &str, value: Option<&str>) -> Result<(), OvsdbError> {
-        self.mutate_map_key("Open_vSwitch", vec![], "Open_vSwitch", "other_config", key, value).await
+        self.mutate_map_key(
+            "Open_vSwitch",
+            vec![],
+            "Open_vSwitch",
+            "other_config",
+            key,
+            value,
+        )
+        .await
     }
 
     /// Whether `other_config:flow-restore-wait=true` is set: while it is,
     /// ovs-vswitchd keeps the datapath flows it has and does not flush them,
     /// so traffic keeps flowing while the agent re-installs its OpenFlow rules.
     pub async fn flow_restore_wait(&self) -> Result<bool, OvsdbError> {
-        Ok(self.other_config().await?.get("flow-restore-wait").map(String::as_str) == Some("true"))
+        Ok(self
+            .other_config()
+            .await?
+            .get("flow-restore-wait")
+            .map(String::as_str)
+            == Some("true"))
     }
 
     /// Sets `other_config:flow-restore-wait=true`.
     pub async fn set_flow_restore_wait(&self) -> Result<(), OvsdbError> {
-        self.set_other_config("flow-restore-wait", Some("true")).await
+        self.set_other_config("flow-restore-wait", Some("true"))
+            .await
     }
 
     /// Removes `other_config:flow-restore-wait`.
@@ -965,7 +1101,9 @@ impl Ovs {
     /// The interface's current ofport: `None` if the interface does not exist
     /// or vswitchd has not assigned one yet; `Some(-1)` if it failed.
     pub async fn interface_ofport(&self, name: &str) -> Result<Option<i64>, OvsdbError> {
-        let found = self.select("Interface", where_name(name), &["ofport"]).await?;
+        let found = self
+            .select("Interface", where_name(name), &["ofport"])
+            .await?;
         match found.first() {
             Some(r) => row_opt_i64(r, "ofport"),
             None => Ok(None),
@@ -974,7 +1112,9 @@ impl Ovs {
 
     /// The interface's `error` column (why vswitchd could not open it).
     pub async fn interface_error(&self, name: &str) -> Result<Option<String>, OvsdbError> {
-        let found = self.select("Interface", where_name(name), &["error"]).await?;
+        let found = self
+            .select("Interface", where_name(name), &["error"])
+            .await?;
         match found.first() {
             Some(r) => row_opt_string(r, "error"),
             None => Ok(None),

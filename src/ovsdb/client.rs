@@ -102,12 +102,14 @@ fn parse_table_map<R>(
     what: &str,
     mut f: impl FnMut(&str, &str, &Value) -> Result<R, OvsdbError>,
 ) -> Result<BTreeMap<String, BTreeMap<String, R>>, OvsdbError> {
-    let tables = v.as_object().ok_or_else(|| OvsdbError::Protocol(format!("{what} is not an object: {}", brief(v))))?;
+    let tables = v
+        .as_object()
+        .ok_or_else(|| OvsdbError::Protocol(format!("{what} is not an object: {}", brief(v))))?;
     let mut out = BTreeMap::new();
     for (table, rows) in tables {
-        let rows = rows
-            .as_object()
-            .ok_or_else(|| OvsdbError::Protocol(format!("{what}: table {table:?} is not an object")))?;
+        let rows = rows.as_object().ok_or_else(|| {
+            OvsdbError::Protocol(format!("{what}: table {table:?} is not an object"))
+        })?;
         let mut t = BTreeMap::new();
         for (uuid, upd) in rows {
             t.insert(uuid.clone(), f(table, uuid, upd)?);
@@ -128,7 +130,10 @@ impl ParseUpdates for TableUpdates {
                     Some(r) => Ok(Some(as_row(r, &format!("{what} {k:?}"))?.clone())),
                 }
             };
-            Ok(RowUpdate { old: get("old")?, new: get("new")? })
+            Ok(RowUpdate {
+                old: get("old")?,
+                new: get("new")?,
+            })
         })
     }
 }
@@ -156,7 +161,9 @@ impl ParseUpdates for TableUpdates2 {
                     Value::Null => Ok(RowUpdate2::Delete(None)),
                     r => Ok(RowUpdate2::Delete(Some(row_of(r)?))),
                 },
-                other => Err(OvsdbError::Protocol(format!("{what}: unknown update kind {other:?}"))),
+                other => Err(OvsdbError::Protocol(format!(
+                    "{what}: unknown update kind {other:?}"
+                ))),
             }
         })
     }
@@ -173,7 +180,12 @@ pub struct MonitorSelect {
 
 impl Default for MonitorSelect {
     fn default() -> Self {
-        MonitorSelect { initial: true, insert: true, delete: true, modify: true }
+        MonitorSelect {
+            initial: true,
+            insert: true,
+            delete: true,
+            modify: true,
+        }
     }
 }
 
@@ -190,7 +202,10 @@ pub struct MonitorRequest {
 
 impl MonitorRequest {
     pub fn columns<I: IntoIterator<Item = S>, S: Into<String>>(cols: I) -> Self {
-        MonitorRequest { columns: Some(cols.into_iter().map(Into::into).collect()), ..Default::default() }
+        MonitorRequest {
+            columns: Some(cols.into_iter().map(Into::into).collect()),
+            ..Default::default()
+        }
     }
 
     pub fn with_conditions(mut self, conditions: Vec<Value>) -> Self {
@@ -331,7 +346,10 @@ impl Inner {
         let (pending, monitors) = {
             let mut st = lock(&self.state);
             st.closed = true;
-            (std::mem::take(&mut st.pending), std::mem::take(&mut st.monitors))
+            (
+                std::mem::take(&mut st.pending),
+                std::mem::take(&mut st.monitors),
+            )
         };
         for (_, m) in monitors {
             set_end(&m.end, MonitorEnd::Disconnected);
@@ -354,7 +372,9 @@ pub struct OvsdbClient {
 
 impl std::fmt::Debug for OvsdbClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OvsdbClient").field("closed", &self.is_closed()).finish()
+        f.debug_struct("OvsdbClient")
+            .field("closed", &self.is_closed())
+            .finish()
     }
 }
 
@@ -377,18 +397,28 @@ impl OvsdbClient {
     }
 
     pub async fn connect_with(address: &str, options: ClientOptions) -> Result<Self, OvsdbError> {
-        let conn_err = |source| OvsdbError::Connect { address: address.to_string(), source };
+        let conn_err = |source| OvsdbError::Connect {
+            address: address.to_string(),
+            source,
+        };
         if let Some(path) = address.strip_prefix("unix:") {
             if path.is_empty() {
                 return Err(OvsdbError::InvalidAddress(address.to_string()));
             }
-            let s = tokio::net::UnixStream::connect(path).await.map_err(conn_err)?;
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(conn_err)?;
             Ok(Self::from_stream(s, options))
         } else if let Some(hostport) = address.strip_prefix("tcp:") {
-            if hostport.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) {
+            if hostport
+                .rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
                 return Err(OvsdbError::InvalidAddress(address.to_string()));
             }
-            let s = tokio::net::TcpStream::connect(hostport).await.map_err(conn_err)?;
+            let s = tokio::net::TcpStream::connect(hostport)
+                .await
+                .map_err(conn_err)?;
             s.set_nodelay(true).map_err(conn_err)?;
             Ok(Self::from_stream(s, options))
         } else {
@@ -464,7 +494,10 @@ impl OvsdbClient {
             }
             st.pending.insert(id, tx);
         }
-        let _guard = PendingGuard { inner: &self.inner, id };
+        let _guard = PendingGuard {
+            inner: &self.inner,
+            id,
+        };
         trace!(method, id, "ovsdb request");
         let msg = json!({"method": method, "params": params, "id": id});
         let exchange = async {
@@ -481,7 +514,10 @@ impl OvsdbClient {
         };
         match reply {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(OvsdbError::Rpc { error, .. })) => Err(OvsdbError::Rpc { method: method.to_string(), error }),
+            Ok(Err(OvsdbError::Rpc { error, .. })) => Err(OvsdbError::Rpc {
+                method: method.to_string(),
+                error,
+            }),
             Ok(Err(e)) => Err(e),
             Err(e) => Err(e),
         }
@@ -490,14 +526,14 @@ impl OvsdbClient {
     /// `list_dbs`
     pub async fn list_dbs(&self) -> Result<Vec<String>, OvsdbError> {
         let v = self.call("list_dbs", json!([])).await?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| OvsdbError::Protocol(format!("list_dbs result is not an array: {}", brief(&v))))?;
+        let arr = v.as_array().ok_or_else(|| {
+            OvsdbError::Protocol(format!("list_dbs result is not an array: {}", brief(&v)))
+        })?;
         arr.iter()
             .map(|d| {
-                d.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| OvsdbError::Protocol(format!("list_dbs: non-string entry {}", brief(d))))
+                d.as_str().map(str::to_string).ok_or_else(|| {
+                    OvsdbError::Protocol(format!("list_dbs: non-string entry {}", brief(d)))
+                })
             })
             .collect()
     }
@@ -506,7 +542,10 @@ impl OvsdbClient {
     pub async fn get_schema(&self, db: &str) -> Result<Value, OvsdbError> {
         let v = self.call("get_schema", json!([db])).await?;
         if !v.is_object() {
-            return Err(OvsdbError::Protocol(format!("get_schema result is not an object: {}", brief(&v))));
+            return Err(OvsdbError::Protocol(format!(
+                "get_schema result is not an object: {}",
+                brief(&v)
+            )));
         }
         Ok(v)
     }
@@ -518,7 +557,11 @@ impl OvsdbClient {
 
     /// `transact`: runs `ops` atomically. A failed transaction becomes
     /// [`OvsdbError::TransactionFailed`] naming the failing operation.
-    pub async fn transact(&self, db: &str, ops: Vec<Value>) -> Result<Vec<OperationResult>, OvsdbError> {
+    pub async fn transact(
+        &self,
+        db: &str,
+        ops: Vec<Value>,
+    ) -> Result<Vec<OperationResult>, OvsdbError> {
         let mut params = Vec::with_capacity(ops.len() + 1);
         params.push(json!(db));
         params.extend(ops.iter().cloned());
@@ -536,9 +579,12 @@ impl OvsdbClient {
         db: &str,
         requests: &BTreeMap<String, MonitorRequest>,
     ) -> Result<Monitor<TableUpdates>, OvsdbError> {
-        let reqs: serde_json::Map<String, Value> =
-            requests.iter().map(|(t, r)| (t.clone(), r.to_json(false))).collect();
-        self.start_monitor("monitor", "update", db, Value::Object(reqs)).await
+        let reqs: serde_json::Map<String, Value> = requests
+            .iter()
+            .map(|(t, r)| (t.clone(), r.to_json(false)))
+            .collect();
+        self.start_monitor("monitor", "update", db, Value::Object(reqs))
+            .await
     }
 
     /// `monitor_cond`: server-side filtering by `conditions`, diffs on modify.
@@ -547,8 +593,12 @@ impl OvsdbClient {
         db: &str,
         requests: &BTreeMap<String, MonitorRequest>,
     ) -> Result<Monitor<TableUpdates2>, OvsdbError> {
-        let reqs: serde_json::Map<String, Value> = requests.iter().map(|(t, r)| (t.clone(), r.to_json(true))).collect();
-        self.start_monitor("monitor_cond", "update2", db, Value::Object(reqs)).await
+        let reqs: serde_json::Map<String, Value> = requests
+            .iter()
+            .map(|(t, r)| (t.clone(), r.to_json(true)))
+            .collect();
+        self.start_monitor("monitor_cond", "update2", db, Value::Object(reqs))
+            .await
     }
 
     async fn start_monitor<T: ParseUpdates>(
@@ -576,11 +626,25 @@ impl OvsdbClient {
             if st.closed {
                 return Err(OvsdbError::Disconnected);
             }
-            st.monitors.insert(id.clone(), MonitorSlot { method: notification, deliver, end: end.clone() });
+            st.monitors.insert(
+                id.clone(),
+                MonitorSlot {
+                    method: notification,
+                    deliver,
+                    end: end.clone(),
+                },
+            );
         }
-        let res = self.call(method, json!([db, id, requests])).await.and_then(|v| T::parse_updates(&v));
+        let res = self
+            .call(method, json!([db, id, requests]))
+            .await
+            .and_then(|v| T::parse_updates(&v));
         match res {
-            Ok(initial) => Ok(Monitor { id, initial, updates: MonitorStream { rx, end } }),
+            Ok(initial) => Ok(Monitor {
+                id,
+                initial,
+                updates: MonitorStream { rx, end },
+            }),
             Err(e) => {
                 lock(&self.inner.state).monitors.remove(&id);
                 Err(e)
@@ -598,8 +662,11 @@ impl OvsdbClient {
     }
 }
 
-async fn writer_loop<W>(inner: Arc<Inner>, mut rx: mpsc::Receiver<Value>, mut sink: FramedWrite<W, JsonCodec>)
-where
+async fn writer_loop<W>(
+    inner: Arc<Inner>,
+    mut rx: mpsc::Receiver<Value>,
+    mut sink: FramedWrite<W, JsonCodec>,
+) where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     loop {
@@ -658,8 +725,11 @@ async fn probe_loop(inner: Arc<Inner>, tx: mpsc::WeakSender<Value>, interval: Du
     }
 }
 
-async fn reader_loop<R>(inner: Arc<Inner>, mut frames: FramedRead<R, JsonCodec>, tx: mpsc::WeakSender<Value>)
-where
+async fn reader_loop<R>(
+    inner: Arc<Inner>,
+    mut frames: FramedRead<R, JsonCodec>,
+    tx: mpsc::WeakSender<Value>,
+) where
     R: AsyncRead + Unpin + Send + 'static,
 {
     loop {
@@ -708,10 +778,12 @@ async fn handle_message(inner: &Inner, tx: &mpsc::WeakSender<Value>, msg: Value)
                 }
                 "update" | "update2" => dispatch_update(inner, tx, method, &params),
                 other => {
-                    debug!(method = other, "ignoring unsupported ovsdb request/notification");
+                    debug!(
+                        method = other,
+                        "ignoring unsupported ovsdb request/notification"
+                    );
                     if !id.is_null() {
-                        send_reply(tx, json!({"result": null, "error": format!("unknown method {other}"), "id": id}))
-                            .await;
+                        send_reply(tx, json!({"result": null, "error": format!("unknown method {other}"), "id": id})).await;
                     }
                 }
             }
@@ -731,13 +803,21 @@ fn handle_response(inner: &Inner, obj: &serde_json::Map<String, Value>) {
         return;
     };
     let Some(waiter) = lock(&inner.state).pending.remove(&id) else {
-        debug!(id, "response for no pending request (abandoned or fire-and-forget)");
+        debug!(
+            id,
+            "response for no pending request (abandoned or fire-and-forget)"
+        );
         return;
     };
     let reply = match (obj.get("error"), obj.get("result")) {
-        (Some(e), _) if !e.is_null() => Err(OvsdbError::Rpc { method: String::new(), error: e.clone() }),
+        (Some(e), _) if !e.is_null() => Err(OvsdbError::Rpc {
+            method: String::new(),
+            error: e.clone(),
+        }),
         (_, Some(r)) => Ok(r.clone()),
-        _ => Err(OvsdbError::Protocol(format!("response {id} has neither result nor error"))),
+        _ => Err(OvsdbError::Protocol(format!(
+            "response {id} has neither result nor error"
+        ))),
     };
     let _ = waiter.send(reply);
 }
@@ -756,7 +836,10 @@ fn dispatch_update(inner: &Inner, tx: &mpsc::WeakSender<Value>, method: &str, pa
         return;
     };
     if slot.method != method {
-        warn!(monitor = mon_id, method, "unexpected notification type for monitor");
+        warn!(
+            monitor = mon_id,
+            method, "unexpected notification type for monitor"
+        );
         return;
     }
     let end = match (slot.deliver)(updates) {
@@ -810,7 +893,13 @@ mod tests {
         let (a, b) = tokio::io::duplex(1 << 16);
         let client = OvsdbClient::from_stream(a, opts);
         let (rd, wr) = tokio::io::split(b);
-        (client, Peer { frames: FramedRead::new(rd, JsonCodec::default()), wr })
+        (
+            client,
+            Peer {
+                frames: FramedRead::new(rd, JsonCodec::default()),
+                wr,
+            },
+        )
     }
 
     const T: Duration = Duration::from_secs(5);
@@ -827,7 +916,8 @@ mod tests {
         // Answer in reverse order.
         for r in [&r2, &r1] {
             let m = r["method"].as_str().unwrap();
-            p.send(json!({"id": r["id"], "result": m, "error": null})).await;
+            p.send(json!({"id": r["id"], "result": m, "error": null}))
+                .await;
         }
         assert_eq!(a.await.unwrap().unwrap(), json!("list_dbs"));
         assert_eq!(b.await.unwrap().unwrap(), json!("get_schema"));
@@ -836,7 +926,8 @@ mod tests {
     #[tokio::test]
     async fn answers_echo() {
         let (c, mut p) = pair(ClientOptions::default());
-        p.send(json!({"method": "echo", "params": ["hi"], "id": "echo"})).await;
+        p.send(json!({"method": "echo", "params": ["hi"], "id": "echo"}))
+            .await;
         let r = p.recv().await;
         assert_eq!(r, json!({"result": ["hi"], "error": null, "id": "echo"}));
         assert_eq!(c.echoes_answered(), 1);
@@ -848,7 +939,8 @@ mod tests {
         let c2 = c.clone();
         let h = tokio::spawn(async move { c2.get_schema("nope").await });
         let r = p.recv().await;
-        p.send(json!({"id": r["id"], "result": null, "error": {"error": "unknown database"}})).await;
+        p.send(json!({"id": r["id"], "result": null, "error": {"error": "unknown database"}}))
+            .await;
         match h.await.unwrap() {
             Err(OvsdbError::Rpc { method, error }) => {
                 assert_eq!(method, "get_schema");
@@ -858,16 +950,22 @@ mod tests {
         }
         let c2 = c.clone();
         let h = tokio::spawn(async move {
-            c2.transact("Open_vSwitch", vec![json!({"op": "insert", "table": "Port", "row": {}})]).await
+            c2.transact(
+                "Open_vSwitch",
+                vec![json!({"op": "insert", "table": "Port", "row": {}})],
+            )
+            .await
         });
         let r = p.recv().await;
         assert_eq!(r["params"][0], "Open_vSwitch");
-        p.send(
-            json!({"id": r["id"], "error": null, "result": [{"error": "constraint violation", "details": "bad name"}]}),
-        )
-        .await;
+        p.send(json!({"id": r["id"], "error": null, "result": [{"error": "constraint violation", "details": "bad name"}]})).await;
         match h.await.unwrap() {
-            Err(OvsdbError::TransactionFailed { index: 0, op, error, details }) => {
+            Err(OvsdbError::TransactionFailed {
+                index: 0,
+                op,
+                error,
+                details,
+            }) => {
                 assert_eq!(op, "insert");
                 assert_eq!(error, "constraint violation");
                 assert_eq!(details.as_deref(), Some("bad name"));
@@ -887,9 +985,11 @@ mod tests {
         p.send(json!({"method": 5})).await;
         p.send(json!({"id": "zzz", "result": 1})).await;
         p.send(json!({"method": "update", "params": "x"})).await;
-        p.send(json!({"method": "update", "params": ["mon99", {}]})).await;
+        p.send(json!({"method": "update", "params": ["mon99", {}]}))
+            .await;
         // A result of the wrong shape is a typed protocol error.
-        p.send(json!({"id": r["id"], "result": {"not": "a list"}, "error": null})).await;
+        p.send(json!({"id": r["id"], "result": {"not": "a list"}, "error": null}))
+            .await;
         assert!(matches!(h.await.unwrap(), Err(OvsdbError::Protocol(_))));
         // A response with neither result nor error.
         let c2 = c.clone();
@@ -903,20 +1003,30 @@ mod tests {
         let h = tokio::spawn(async move { c2.list_dbs().await });
         let _ = p.recv().await;
         p.send_raw(b"garbage").await;
-        assert!(matches!(timeout(T, h).await.unwrap().unwrap(), Err(OvsdbError::Disconnected)));
+        assert!(matches!(
+            timeout(T, h).await.unwrap().unwrap(),
+            Err(OvsdbError::Disconnected)
+        ));
         timeout(T, c.closed()).await.unwrap();
         assert!(matches!(c.list_dbs().await, Err(OvsdbError::Disconnected)));
     }
 
     #[tokio::test]
     async fn oversize_message_closes_connection() {
-        let (c, mut p) = pair(ClientOptions { max_message_size: 1024, ..Default::default() });
+        let (c, mut p) = pair(ClientOptions {
+            max_message_size: 1024,
+            ..Default::default()
+        });
         let c2 = c.clone();
         let h = tokio::spawn(async move { c2.list_dbs().await });
         let r = p.recv().await;
         let big = "x".repeat(4096);
-        p.send(json!({"id": r["id"], "result": [big], "error": null})).await;
-        assert!(matches!(timeout(T, h).await.unwrap().unwrap(), Err(OvsdbError::Disconnected)));
+        p.send(json!({"id": r["id"], "result": [big], "error": null}))
+            .await;
+        assert!(matches!(
+            timeout(T, h).await.unwrap().unwrap(),
+            Err(OvsdbError::Disconnected)
+        ));
         assert!(c.is_closed());
     }
 
@@ -926,20 +1036,28 @@ mod tests {
         let c2 = c.clone();
         let h = tokio::spawn(async move {
             let mut reqs = BTreeMap::new();
-            reqs.insert("Interface".to_string(), MonitorRequest::columns(["name", "ofport"]));
+            reqs.insert(
+                "Interface".to_string(),
+                MonitorRequest::columns(["name", "ofport"]),
+            );
             c2.monitor("Open_vSwitch", &reqs).await
         });
         let r = p.recv().await;
         assert_eq!(r["method"], "monitor");
-        assert_eq!(r["params"][2]["Interface"]["columns"], json!(["name", "ofport"]));
+        assert_eq!(
+            r["params"][2]["Interface"]["columns"],
+            json!(["name", "ofport"])
+        );
         let mon_id = r["params"][1].clone();
         // Reply, immediately followed by an update in the same write.
-        let reply =
-            json!({"id": r["id"], "error": null, "result": {"Interface": {"u1": {"new": {"name": "a", "ofport": 1}}}}});
+        let reply = json!({"id": r["id"], "error": null, "result": {"Interface": {"u1": {"new": {"name": "a", "ofport": 1}}}}});
         let upd = json!({"method": "update", "id": null, "params": [mon_id, {"Interface": {"u1": {"old": {"ofport": 1}, "new": {"name": "a", "ofport": 2}}}}]});
         p.send_raw(format!("{reply}{upd}").as_bytes()).await;
         let mut m = h.await.unwrap().unwrap();
-        assert_eq!(m.initial["Interface"]["u1"].new.as_ref().unwrap()["ofport"], 1);
+        assert_eq!(
+            m.initial["Interface"]["u1"].new.as_ref().unwrap()["ofport"],
+            1
+        );
         let u = timeout(T, m.updates.recv()).await.unwrap().unwrap();
         assert_eq!(u["Interface"]["u1"].old.as_ref().unwrap()["ofport"], 1);
         assert_eq!(u["Interface"]["u1"].new.as_ref().unwrap()["ofport"], 2);
@@ -952,7 +1070,10 @@ mod tests {
 
     #[tokio::test]
     async fn monitor_overflow_and_bad_update_end_stream() {
-        let (c, mut p) = pair(ClientOptions { monitor_buffer: 2, ..Default::default() });
+        let (c, mut p) = pair(ClientOptions {
+            monitor_buffer: 2,
+            ..Default::default()
+        });
         let c2 = c.clone();
         let h = tokio::spawn(async move {
             let reqs: BTreeMap<_, _> = [("Bridge".to_string(), MonitorRequest::default())].into();
@@ -960,7 +1081,8 @@ mod tests {
         });
         let r = p.recv().await;
         let id = r["params"][1].clone();
-        p.send(json!({"id": r["id"], "error": null, "result": {}})).await;
+        p.send(json!({"id": r["id"], "error": null, "result": {}}))
+            .await;
         let mut m = h.await.unwrap().unwrap();
         for i in 0..3 {
             p.send(json!({"method": "update2", "params": [id, {"Bridge": {"u": {"modify": {"n": i}}}}]})).await;
@@ -986,10 +1108,17 @@ mod tests {
         let id = r["params"][1].clone();
         p.send(json!({"id": r["id"], "error": null, "result": {"Bridge": {"u": {"initial": {"name": "br0"}}}}})).await;
         let mut m = h.await.unwrap().unwrap();
-        assert_eq!(m.initial["Bridge"]["u"], RowUpdate2::Initial(json!({"name": "br0"}).as_object().unwrap().clone()));
-        p.send(json!({"method": "update2", "params": [id, {"Bridge": {"u": {"frobnicate": {}}}}]})).await;
+        assert_eq!(
+            m.initial["Bridge"]["u"],
+            RowUpdate2::Initial(json!({"name": "br0"}).as_object().unwrap().clone())
+        );
+        p.send(json!({"method": "update2", "params": [id, {"Bridge": {"u": {"frobnicate": {}}}}]}))
+            .await;
         assert!(timeout(T, m.updates.recv()).await.unwrap().is_none());
-        assert!(matches!(m.updates.end_reason(), Some(MonitorEnd::Protocol(_))));
+        assert!(matches!(
+            m.updates.end_reason(),
+            Some(MonitorEnd::Protocol(_))
+        ));
         assert!(!c.is_closed());
     }
 
@@ -1005,9 +1134,25 @@ mod tests {
 
     #[tokio::test]
     async fn bad_addresses() {
-        for a in ["", "unix:", "tcp:", "tcp:host", "tcp:host:notaport", "ssl:1.2.3.4:6640"] {
-            assert!(matches!(OvsdbClient::connect(a).await, Err(OvsdbError::InvalidAddress(_))), "{a}");
+        for a in [
+            "",
+            "unix:",
+            "tcp:",
+            "tcp:host",
+            "tcp:host:notaport",
+            "ssl:1.2.3.4:6640",
+        ] {
+            assert!(
+                matches!(
+                    OvsdbClient::connect(a).await,
+                    Err(OvsdbError::InvalidAddress(_))
+                ),
+                "{a}"
+            );
         }
-        assert!(matches!(OvsdbClient::connect("unix:/nonexistent/db.sock").await, Err(OvsdbError::Connect { .. })));
+        assert!(matches!(
+            OvsdbClient::connect("unix:/nonexistent/db.sock").await,
+            Err(OvsdbError::Connect { .. })
+        ));
     }
 }

@@ -55,7 +55,14 @@ impl Default for JsonCodec {
 
 impl JsonCodec {
     pub fn new(max_message_size: usize) -> Self {
-        JsonCodec { max_message_size, scanned: 0, start: None, depth: 0, in_string: false, escaped: false }
+        JsonCodec {
+            max_message_size,
+            scanned: 0,
+            start: None,
+            depth: 0,
+            in_string: false,
+            escaped: false,
+        }
     }
 
     pub fn max_message_size(&self) -> usize {
@@ -85,8 +92,8 @@ impl JsonCodec {
                     other => {
                         self.scanned = i;
                         return Err(FramingError::Malformed(format!(
-                            "expected '{{' or '[' at the start of a message, found byte 0x{other:02x}"
-                        )));
+                                "expected '{{' or '[' at the start of a message, found byte 0x{other:02x}"
+                            )));
                     }
                 },
                 Some(start) => {
@@ -107,7 +114,9 @@ impl JsonCodec {
                                 if self.depth == 0 {
                                     let end = i + 1;
                                     if end - start > self.max_message_size {
-                                        return Err(FramingError::TooLarge { limit: self.max_message_size });
+                                        return Err(FramingError::TooLarge {
+                                            limit: self.max_message_size,
+                                        });
                                     }
                                     return Ok(Some(end));
                                 }
@@ -116,7 +125,9 @@ impl JsonCodec {
                         }
                     }
                     if i + 1 - start > self.max_message_size {
-                        return Err(FramingError::TooLarge { limit: self.max_message_size });
+                        return Err(FramingError::TooLarge {
+                            limit: self.max_message_size,
+                        });
                     }
                 }
             }
@@ -155,7 +166,9 @@ impl Decoder for JsonCodec {
         let result = serde_json::from_slice::<Value>(&src[start..end]);
         src.advance(end);
         self.reset();
-        result.map(Some).map_err(|e| FramingError::Malformed(e.to_string()))
+        result
+            .map(Some)
+            .map_err(|e| FramingError::Malformed(e.to_string()))
     }
 
     fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<Value>, FramingError> {
@@ -200,7 +213,10 @@ mod tests {
         let mut c = JsonCodec::default();
         let mut b = BytesMut::from(&br#"{"a":1}{"b":[1,2,{"c":"}"}]} ["x"]  "#[..]);
         let v = decode_all(&mut c, &mut b);
-        assert_eq!(v, vec![json!({"a":1}), json!({"b":[1,2,{"c":"}"}]}), json!(["x"])]);
+        assert_eq!(
+            v,
+            vec![json!({"a":1}), json!({"b":[1,2,{"c":"}"}]}), json!(["x"])]
+        );
         assert!(b.is_empty());
     }
 
@@ -254,11 +270,17 @@ mod tests {
         let mut b = BytesMut::from(&b"{\"a\":\"0123456789"[..]);
         assert!(c.decode(&mut b).unwrap().is_none());
         b.extend_from_slice(b"0123456789");
-        assert!(matches!(c.decode(&mut b), Err(FramingError::TooLarge { limit: 16 })));
+        assert!(matches!(
+            c.decode(&mut b),
+            Err(FramingError::TooLarge { limit: 16 })
+        ));
         // A complete but too large message is rejected too.
         let mut c = JsonCodec::new(4);
         let mut b = BytesMut::from(&b"{\"a\":1}"[..]);
-        assert!(matches!(c.decode(&mut b), Err(FramingError::TooLarge { .. })));
+        assert!(matches!(
+            c.decode(&mut b),
+            Err(FramingError::TooLarge { .. })
+        ));
         // Exactly at the limit is fine.
         let mut c = JsonCodec::new(7);
         let mut b = BytesMut::from(&b"{\"a\":1}"[..]);
@@ -289,7 +311,10 @@ mod tests {
         let mut c = JsonCodec::default();
         let mut b = BytesMut::from(&b"{\"a\":1}{\"b\""[..]);
         assert_eq!(c.decode_eof(&mut b).unwrap(), Some(json!({"a":1})));
-        assert!(matches!(c.decode_eof(&mut b), Err(FramingError::TruncatedAtEof { .. })));
+        assert!(matches!(
+            c.decode_eof(&mut b),
+            Err(FramingError::TruncatedAtEof { .. })
+        ));
         let mut c = JsonCodec::default();
         let mut b = BytesMut::from(&b" \n "[..]);
         assert_eq!(c.decode_eof(&mut b).unwrap(), None);

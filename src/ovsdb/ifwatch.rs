@@ -92,11 +92,12 @@ impl Mirror for State {
 impl InterfaceWatch {
     /// Starts the monitor (its initial contents are applied before this returns).
     pub async fn start(client: &OvsdbClient) -> Result<InterfaceWatch, OvsdbError> {
-        let reqs: BTreeMap<String, MonitorRequest> = [
-            ("Interface".to_string(), MonitorRequest::columns(["name", "ofport", "error"])),
-            ("Port".to_string(), MonitorRequest::columns(["name", "qos"])),
-        ]
-        .into();
+        let reqs: BTreeMap<String, MonitorRequest> =
+            [
+                ("Interface".to_string(), MonitorRequest::columns(["name", "ofport", "error"])),
+                ("Port".to_string(), MonitorRequest::columns(["name", "qos"])),
+            ]
+            .into();
         let state = Arc::new(Mutex::new(State::default()));
         let changed = mirror::start(client, &reqs, state.clone(), "interface watch").await?;
         Ok(InterfaceWatch { state, changed })
@@ -134,8 +135,7 @@ impl InterfaceWatch {
                             })
                         }
                         Some(p) if p > 0 => {
-                            return u32::try_from(p)
-                                .map_err(|_| OvsdbError::Protocol(format!("ofport {p} out of range")));
+                            return u32::try_from(p).map_err(|_| OvsdbError::Protocol(format!("ofport {p} out of range")));
                         }
                         _ => {}
                     }

@@ -14,17 +14,17 @@
 
 pub mod bridge;
 pub mod client;
-pub mod framing;
 pub mod ifwatch;
 mod mirror;
 pub mod sentinel;
+pub mod framing;
 pub mod txn;
 pub mod types;
 
 pub use bridge::{BridgeInfo, BridgeOptions, Ovs, PortSpec};
 pub use client::{
-    ClientOptions, Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, OvsdbClient, RowUpdate,
-    RowUpdate2, TableUpdates, TableUpdates2,
+    ClientOptions, Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, OvsdbClient,
+    RowUpdate, RowUpdate2, TableUpdates, TableUpdates2,
 };
 pub use framing::{FramingError, JsonCodec};
 pub use txn::OperationResult;
@@ -60,7 +60,12 @@ pub enum OvsdbError {
     /// equal to the number of operations means the commit itself failed, e.g.
     /// a constraint or referential-integrity violation).
     #[error("transaction failed at operation {index} ({op}): {error}{}", details.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
-    TransactionFailed { index: usize, op: String, error: String, details: Option<String> },
+    TransactionFailed {
+        index: usize,
+        op: String,
+        error: String,
+        details: Option<String>,
+    },
     /// Optimistic concurrency gave up after repeated `wait` conflicts.
     #[error("{what}: database kept changing, gave up after {attempts} attempts")]
     Conflict { what: String, attempts: u32 },

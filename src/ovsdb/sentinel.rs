@@ -13,9 +13,7 @@ use tokio::sync::watch;
 
 use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
 use super::mirror::{self, lock, Mirror};
-use super::types::{
-    row_opt_i64, row_opt_string, row_opt_uuid, row_string, row_string_map, row_string_set, row_uuid_set, Row,
-};
+use super::types::{row_opt_i64, row_opt_string, row_opt_uuid, row_string, row_string_map, row_string_set, row_uuid_set, Row};
 use super::OvsdbError;
 
 /// A `Bridge` row, with its ports by name.
@@ -137,11 +135,7 @@ impl Rows {
                 continue;
             }
             let Ok(name) = row_string(r, "name") else { continue };
-            let ports = row_uuid_set(r, "ports")
-                .unwrap_or_default()
-                .iter()
-                .filter_map(|u| port_names.get(u.as_str()).cloned())
-                .collect();
+            let ports = row_uuid_set(r, "ports").unwrap_or_default().iter().filter_map(|u| port_names.get(u.as_str()).cloned()).collect();
             s.bridges.insert(
                 name,
                 BridgeRow {
@@ -209,33 +203,13 @@ mod tests {
     fn snapshot_resolves_references_and_skips_garbage() {
         let mut rows = Rows::default();
         insert(&mut rows, "Open_vSwitch", "root", json!({"bridges": ["set", [["uuid", "b1"]]]}));
-        insert(
-            &mut rows,
-            "Bridge",
-            "b1",
-            json!({"name": "br0", "fail_mode": "secure", "protocols": "OpenFlow13", "datapath_type": "netdev", "external_ids": ["map", [["k", "v"]]], "ports": ["set", [["uuid", "p1"], ["uuid", "p2"]]]}),
-        );
+        insert(&mut rows, "Bridge", "b1", json!({"name": "br0", "fail_mode": "secure", "protocols": "OpenFlow13", "datapath_type": "netdev", "external_ids": ["map", [["k", "v"]]], "ports": ["set", [["uuid", "p1"], ["uuid", "p2"]]]}));
         // Not referenced by the root row: garbage, left out.
-        insert(
-            &mut rows,
-            "Bridge",
-            "b2",
-            json!({"name": "old", "fail_mode": ["set", []], "protocols": ["set", []], "datapath_type": "", "external_ids": ["map", []], "ports": ["set", []]}),
-        );
+        insert(&mut rows, "Bridge", "b2", json!({"name": "old", "fail_mode": ["set", []], "protocols": ["set", []], "datapath_type": "", "external_ids": ["map", []], "ports": ["set", []]}));
         insert(&mut rows, "Port", "p1", json!({"name": "tun0", "external_ids": ["map", []], "qos": ["set", []]}));
-        insert(
-            &mut rows,
-            "Port",
-            "p2",
-            json!({"name": "veth1", "external_ids": ["map", [["sdn-node-pod", "{}"]]], "qos": ["uuid", "q1"]}),
-        );
+        insert(&mut rows, "Port", "p2", json!({"name": "veth1", "external_ids": ["map", [["sdn-node-pod", "{}"]]], "qos": ["uuid", "q1"]}));
         insert(&mut rows, "QoS", "q1", json!({"type": "linux-htb"}));
-        insert(
-            &mut rows,
-            "Interface",
-            "i1",
-            json!({"name": "tun0", "type": "internal", "options": ["map", []], "ofport_request": 2, "mac": "0a:58:0a:80:02:01", "ingress_policing_rate": 0}),
-        );
+        insert(&mut rows, "Interface", "i1", json!({"name": "tun0", "type": "internal", "options": ["map", []], "ofport_request": 2, "mac": "0a:58:0a:80:02:01", "ingress_policing_rate": 0}));
         // Malformed server data: left out, never a panic.
         insert(&mut rows, "Interface", "i2", json!({"name": 7}));
         let s = rows.snapshot();

@@ -64,21 +64,32 @@ pub struct OperationResult {
 impl OperationResult {
     /// The rows of a `select` result, or a protocol error.
     pub fn into_rows(self) -> Result<Vec<Row>, OvsdbError> {
-        self.rows.ok_or_else(|| OvsdbError::Protocol("expected a select result with \"rows\"".into()))
+        self.rows
+            .ok_or_else(|| OvsdbError::Protocol("expected a select result with \"rows\"".into()))
     }
 }
 
 /// Parses the `result` of a `transact` call for a request of `ops`.
-pub fn parse_transact_result(ops: &[Value], result: &Value) -> Result<Vec<OperationResult>, OvsdbError> {
-    let items = result
-        .as_array()
-        .ok_or_else(|| OvsdbError::Protocol(format!("transact result is not an array: {}", brief(result))))?;
+pub fn parse_transact_result(
+    ops: &[Value],
+    result: &Value,
+) -> Result<Vec<OperationResult>, OvsdbError> {
+    let items = result.as_array().ok_or_else(|| {
+        OvsdbError::Protocol(format!(
+            "transact result is not an array: {}",
+            brief(result)
+        ))
+    })?;
     // First report the first error: ops after a failed one have `null` results.
     for (index, item) in items.iter().enumerate() {
         if let Some(obj) = item.as_object() {
             if let Some(err) = obj.get("error") {
                 let op = match ops.get(index) {
-                    Some(op) => op.get("op").and_then(Value::as_str).unwrap_or("?").to_string(),
+                    Some(op) => op
+                        .get("op")
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                        .to_string(),
                     None => "commit".to_string(),
                 };
                 let error = match err {
@@ -89,7 +100,12 @@ pub fn parse_transact_result(ops: &[Value], result: &Value) -> Result<Vec<Operat
                     Value::String(s) => s.clone(),
                     other => brief(other),
                 });
-                return Err(OvsdbError::TransactionFailed { index, op, error, details });
+                return Err(OvsdbError::TransactionFailed {
+                    index,
+                    op,
+                    error,
+                    details,
+                });
             }
         }
     }
@@ -106,16 +122,23 @@ pub fn parse_transact_result(ops: &[Value], result: &Value) -> Result<Vec<Operat
         .enumerate()
         .map(|(i, item)| {
             let obj = item.as_object().ok_or_else(|| {
-                OvsdbError::Protocol(format!("result of operation {i} is not an object: {}", brief(item)))
+                OvsdbError::Protocol(format!(
+                    "result of operation {i} is not an object: {}",
+                    brief(item)
+                ))
             })?;
             let mut r = OperationResult::default();
             if let Some(u) = obj.get("uuid") {
                 r.uuid =
-                    Some(datum_uuid(u).map_err(|e| OvsdbError::Protocol(format!("result of operation {i}: {e}")))?);
+                    Some(datum_uuid(u).map_err(|e| {
+                        OvsdbError::Protocol(format!("result of operation {i}: {e}"))
+                    })?);
             }
             if let Some(rows) = obj.get("rows") {
                 let rows = rows.as_array().ok_or_else(|| {
-                    OvsdbError::Protocol(format!("result of operation {i}: \"rows\" is not an array"))
+                    OvsdbError::Protocol(format!(
+                        "result of operation {i}: \"rows\" is not an array"
+                    ))
                 })?;
                 r.rows = Some(
                     rows.iter()
@@ -124,10 +147,9 @@ pub fn parse_transact_result(ops: &[Value], result: &Value) -> Result<Vec<Operat
                 );
             }
             if let Some(c) = obj.get("count") {
-                r.count =
-                    Some(c.as_u64().ok_or_else(|| {
-                        OvsdbError::Protocol(format!("result of operation {i}: bad count {}", brief(c)))
-                    })?);
+                r.count = Some(c.as_u64().ok_or_else(|| {
+                    OvsdbError::Protocol(format!("result of operation {i}: bad count {}", brief(c)))
+                })?);
             }
             Ok(r)
         })
@@ -149,8 +171,16 @@ mod tests {
         let e = parse_transact_result(&ops, &res).unwrap_err();
         assert!(e.is_wait_conflict());
         match e {
-            OvsdbError::TransactionFailed { index, op, error, details } => {
-                assert_eq!((index, op.as_str(), error.as_str(), details), (1, "wait", "timed out", None));
+            OvsdbError::TransactionFailed {
+                index,
+                op,
+                error,
+                details,
+            } => {
+                assert_eq!(
+                    (index, op.as_str(), error.as_str(), details),
+                    (1, "wait", "timed out", None)
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -159,20 +189,24 @@ mod tests {
     #[test]
     fn commit_error_is_reported_after_ops() {
         let ops = vec![insert("Port", json!({"name": "x"}), None)];
-        let res =
-            json!([{"uuid": ["uuid", "u"]}, {"error": "referential integrity violation", "details": "cannot delete"}]);
+        let res = json!([{"uuid": ["uuid", "u"]}, {"error": "referential integrity violation", "details": "cannot delete"}]);
         let e = parse_transact_result(&ops, &res).unwrap_err();
         let msg = e.to_string();
         assert!(
-            msg.contains("operation 1 (commit)") && msg.contains("referential") && msg.contains("cannot delete"),
+            msg.contains("operation 1 (commit)")
+                && msg.contains("referential")
+                && msg.contains("cannot delete"),
             "{msg}"
         );
     }
 
     #[test]
     fn results_parsed() {
-        let ops =
-            vec![insert("QoS", json!({}), None), select("Bridge", vec![], &["name"]), mutate("Bridge", vec![], vec![])];
+        let ops = vec![
+            insert("QoS", json!({}), None),
+            select("Bridge", vec![], &["name"]),
+            mutate("Bridge", vec![], vec![]),
+        ];
         let res = json!([{"uuid": ["uuid", "u1"]}, {"rows": [{"name": "br0"}]}, {"count": 1}]);
         let r = parse_transact_result(&ops, &res).unwrap();
         assert_eq!(r[0].uuid.as_deref(), Some("u1"));

@@ -108,7 +108,13 @@ pub fn string_map<'a, I>(pairs: I) -> Value
 where
     I: IntoIterator<Item = (&'a String, &'a String)>,
 {
-    json!(["map", pairs.into_iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>()])
+    json!([
+        "map",
+        pairs
+            .into_iter()
+            .map(|(k, v)| json!([k, v]))
+            .collect::<Vec<_>>()
+    ])
 }
 
 /// Optional (set of zero or one) integer.
@@ -132,10 +138,12 @@ pub fn cond_eq(column: &str, value: Value) -> Value {
 /// Elements of a set datum (a bare atom is a set of one).
 pub fn datum_set(v: &Value) -> Result<Vec<&Value>, OvsdbError> {
     match v {
-        Value::Array(a) if a.first().and_then(Value::as_str) == Some("set") => match (a.get(1), a.len()) {
-            (Some(Value::Array(items)), 2) => Ok(items.iter().collect()),
-            _ => Err(proto(format!("malformed set {}", brief(v)))),
-        },
+        Value::Array(a) if a.first().and_then(Value::as_str) == Some("set") => {
+            match (a.get(1), a.len()) {
+                (Some(Value::Array(items)), 2) => Ok(items.iter().collect()),
+                _ => Err(proto(format!("malformed set {}", brief(v)))),
+            }
+        }
         Value::Array(a) if a.first().and_then(Value::as_str) == Some("map") => {
             Err(proto(format!("expected a set, found a map {}", brief(v))))
         }
@@ -166,7 +174,11 @@ pub fn datum_string_map(v: &Value) -> Result<BTreeMap<String, String>, OvsdbErro
         .into_iter()
         .map(|(k, val)| match (k.as_str(), val.as_str()) {
             (Some(k), Some(val)) => Ok((k.to_string(), val.to_string())),
-            _ => Err(proto(format!("expected map<string,string>, found pair {} -> {}", brief(k), brief(val)))),
+            _ => Err(proto(format!(
+                "expected map<string,string>, found pair {} -> {}",
+                brief(k),
+                brief(val)
+            ))),
         })
         .collect()
 }
@@ -180,7 +192,8 @@ pub fn datum_uuid(v: &Value) -> Result<String, OvsdbError> {
 }
 
 fn column<'a>(row: &'a Row, col: &str) -> Result<&'a Value, OvsdbError> {
-    row.get(col).ok_or_else(|| proto(format!("row has no column {col:?}")))
+    row.get(col)
+        .ok_or_else(|| proto(format!("row has no column {col:?}")))
 }
 
 fn ctx(col: &str, e: OvsdbError) -> OvsdbError {
@@ -193,15 +206,23 @@ fn ctx(col: &str, e: OvsdbError) -> OvsdbError {
 /// Reads a string column.
 pub fn row_string(row: &Row, col: &str) -> Result<String, OvsdbError> {
     let v = column(row, col)?;
-    v.as_str()
-        .map(str::to_string)
-        .ok_or_else(|| proto(format!("column {col:?}: expected a string, found {}", brief(v))))
+    v.as_str().map(str::to_string).ok_or_else(|| {
+        proto(format!(
+            "column {col:?}: expected a string, found {}",
+            brief(v)
+        ))
+    })
 }
 
 /// Reads an integer column.
 pub fn row_i64(row: &Row, col: &str) -> Result<i64, OvsdbError> {
     let v = column(row, col)?;
-    v.as_i64().ok_or_else(|| proto(format!("column {col:?}: expected an integer, found {}", brief(v))))
+    v.as_i64().ok_or_else(|| {
+        proto(format!(
+            "column {col:?}: expected an integer, found {}",
+            brief(v)
+        ))
+    })
 }
 
 /// Reads an optional (set of 0 or 1) integer column.
@@ -209,11 +230,16 @@ pub fn row_opt_i64(row: &Row, col: &str) -> Result<Option<i64>, OvsdbError> {
     let items = datum_set(column(row, col)?).map_err(|e| ctx(col, e))?;
     match items.as_slice() {
         [] => Ok(None),
-        [v] => v
-            .as_i64()
-            .map(Some)
-            .ok_or_else(|| proto(format!("column {col:?}: expected an integer, found {}", brief(v)))),
-        _ => Err(proto(format!("column {col:?}: expected at most one value, found {}", items.len()))),
+        [v] => v.as_i64().map(Some).ok_or_else(|| {
+            proto(format!(
+                "column {col:?}: expected an integer, found {}",
+                brief(v)
+            ))
+        }),
+        _ => Err(proto(format!(
+            "column {col:?}: expected at most one value, found {}",
+            items.len()
+        ))),
     }
 }
 
@@ -222,11 +248,16 @@ pub fn row_opt_string(row: &Row, col: &str) -> Result<Option<String>, OvsdbError
     let items = datum_set(column(row, col)?).map_err(|e| ctx(col, e))?;
     match items.as_slice() {
         [] => Ok(None),
-        [v] => v
-            .as_str()
-            .map(|s| Some(s.to_string()))
-            .ok_or_else(|| proto(format!("column {col:?}: expected a string, found {}", brief(v)))),
-        _ => Err(proto(format!("column {col:?}: expected at most one value, found {}", items.len()))),
+        [v] => v.as_str().map(|s| Some(s.to_string())).ok_or_else(|| {
+            proto(format!(
+                "column {col:?}: expected a string, found {}",
+                brief(v)
+            ))
+        }),
+        _ => Err(proto(format!(
+            "column {col:?}: expected at most one value, found {}",
+            items.len()
+        ))),
     }
 }
 
@@ -236,9 +267,12 @@ pub fn row_string_set(row: &Row, col: &str) -> Result<Vec<String>, OvsdbError> {
         .map_err(|e| ctx(col, e))?
         .into_iter()
         .map(|v| {
-            v.as_str()
-                .map(str::to_string)
-                .ok_or_else(|| proto(format!("column {col:?}: expected a string, found {}", brief(v))))
+            v.as_str().map(str::to_string).ok_or_else(|| {
+                proto(format!(
+                    "column {col:?}: expected a string, found {}",
+                    brief(v)
+                ))
+            })
         })
         .collect()
 }
@@ -254,7 +288,9 @@ pub fn row_opt_uuid(row: &Row, col: &str) -> Result<Option<String>, OvsdbError> 
     match items.len() {
         0 => Ok(None),
         1 => Ok(items.pop()),
-        n => Err(proto(format!("column {col:?}: expected at most one uuid, found {n}"))),
+        n => Err(proto(format!(
+            "column {col:?}: expected at most one uuid, found {n}"
+        ))),
     }
 }
 
@@ -274,7 +310,8 @@ pub fn row_string_map(row: &Row, col: &str) -> Result<BTreeMap<String, String>, 
 
 /// Interprets a JSON value as a row object.
 pub fn as_row<'a>(v: &'a Value, what: &str) -> Result<&'a Row, OvsdbError> {
-    v.as_object().ok_or_else(|| proto(format!("{what}: expected a row object, found {}", brief(v))))
+    v.as_object()
+        .ok_or_else(|| proto(format!("{what}: expected a row object, found {}", brief(v))))
 }
 
 #[cfg(test)]
@@ -324,9 +361,18 @@ mod tests {
         assert_eq!(row_opt_i64(&r, "ofport").unwrap(), None);
         assert_eq!(row_opt_i64(&r, "ofport2").unwrap(), Some(5));
         assert_eq!(row_opt_i64(&r, "ofport3").unwrap(), Some(7));
-        assert_eq!(row_opt_string(&r, "fail_mode").unwrap(), Some("secure".into()));
-        assert_eq!(row_string_set(&r, "protocols").unwrap(), vec!["OpenFlow13", "OpenFlow10"]);
-        assert_eq!(row_string_set(&r, "protocols1").unwrap(), vec!["OpenFlow13"]);
+        assert_eq!(
+            row_opt_string(&r, "fail_mode").unwrap(),
+            Some("secure".into())
+        );
+        assert_eq!(
+            row_string_set(&r, "protocols").unwrap(),
+            vec!["OpenFlow13", "OpenFlow10"]
+        );
+        assert_eq!(
+            row_string_set(&r, "protocols1").unwrap(),
+            vec!["OpenFlow13"]
+        );
         assert_eq!(row_uuid_set(&r, "ports").unwrap(), vec!["a", "b"]);
         assert_eq!(row_opt_uuid(&r, "qos").unwrap(), None);
         let m = row_string_map(&r, "external_ids").unwrap();

@@ -106,19 +106,14 @@ async fn read(sw: &Switch, deadline: Duration) -> Result<Vec<(FlowKey, u64, Samp
     let kind = u64::from(Owner::NetworkPolicy { namespace: String::new() }.kind()) << 56;
     let mut out = Vec::new();
     for table in [Table::Policy, Table::PolicyEgress] {
-        let req =
-            FlowStatsRequest { table_id: table.id(), cookie: kind, cookie_mask: 0xff << 56, ..Default::default() };
+        let req = FlowStatsRequest { table_id: table.id(), cookie: kind, cookie_mask: 0xff << 56, ..Default::default() };
         let flows = tokio::time::timeout(deadline, sw.dump_flows(req))
             .await
             .map_err(|_| format!("dumping table {}: no answer within {deadline:?}", table.id()))?
             .map_err(|e| format!("dumping table {}: {e}", table.id()))?;
         out.extend(flows.into_iter().map(|f| {
             let age = Duration::from_secs(u64::from(f.duration_sec)) + Duration::from_nanos(u64::from(f.duration_nsec));
-            (
-                FlowKey::new(f.table_id, f.priority, &f.match_),
-                f.cookie,
-                Sample { packets: f.packet_count, bytes: f.byte_count, age },
-            )
+            (FlowKey::new(f.table_id, f.priority, &f.match_), f.cookie, Sample { packets: f.packet_count, bytes: f.byte_count, age })
         }));
     }
     Ok(out)
@@ -178,10 +173,7 @@ fn report(node: &Node, t: &Totals, into: &mut PolicyCounters) {
             bytes: d.bytes,
             pods: t
                 .dropped_pods
-                .range(
-                    (namespace.clone(), *side, std::net::Ipv4Addr::UNSPECIFIED)
-                        ..=(namespace.clone(), *side, std::net::Ipv4Addr::BROADCAST),
-                )
+                .range((namespace.clone(), *side, std::net::Ipv4Addr::UNSPECIFIED)..=(namespace.clone(), *side, std::net::Ipv4Addr::BROADCAST))
                 .map(|((_, _, ip), c)| PodDrops {
                     pod: m.pod_at(*ip).unwrap_or_else(|| ip.to_string()),
                     ip: ip.to_string(),
@@ -203,12 +195,8 @@ async fn follow_removed(sw: Option<Switch>, deadline: Duration) -> Option<Remove
     let rx = sw.subscribe_flow_removed();
     match tokio::time::timeout(deadline, sw.enable_flow_removed()).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            warn!(error = %e, "policy counters: cannot ask the switch for flow-removed messages; counts of replaced flows may be lost")
-        }
-        Err(_) => {
-            warn!("policy counters: no answer to the flow-removed settings; counts of replaced flows may be lost")
-        }
+        Ok(Err(e)) => warn!(error = %e, "policy counters: cannot ask the switch for flow-removed messages; counts of replaced flows may be lost"),
+        Err(_) => warn!("policy counters: no answer to the flow-removed settings; counts of replaced flows may be lost"),
     }
     Some(rx)
 }
@@ -235,9 +223,7 @@ fn drain_removed(rx: &mut Option<Removed>, acc: &mut Accumulator, totals: &mut T
     while let Some(r) = rx.as_mut() {
         match r.try_recv() {
             Ok(f) => apply_removed(&f, acc, totals, cache),
-            Err(TryRecvError::Lagged(n)) => {
-                warn!(lost = n, "policy counters: flow-removed messages lost (too many at once)")
-            }
+            Err(TryRecvError::Lagged(n)) => warn!(lost = n, "policy counters: flow-removed messages lost (too many at once)"),
             Err(TryRecvError::Empty) => break,
             Err(TryRecvError::Closed) => *rx = None,
         }
@@ -245,18 +231,12 @@ fn drain_removed(rx: &mut Option<Removed>, acc: &mut Accumulator, totals: &mut T
 }
 
 /// Reads the counters every `opts.interval` until `cancel`.
-pub async fn run(
-    node: Arc<Node>,
-    mut switch: watch::Receiver<Option<Switch>>,
-    opts: StatsOptions,
-    cancel: CancellationToken,
-) {
+pub async fn run(node: Arc<Node>, mut switch: watch::Receiver<Option<Switch>>, opts: StatsOptions, cancel: CancellationToken) {
     let metrics = node.telemetry.metrics.clone();
     metrics.policy_counters.lock().interval_seconds = opts.interval.as_secs_f64();
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut cache, mut acc, mut totals, mut exported) =
-        (Cache::default(), Accumulator::default(), Totals::default(), Exported::default());
+    let (mut cache, mut acc, mut totals, mut exported) = (Cache::default(), Accumulator::default(), Totals::default(), Exported::default());
     let mut failures = 0u32;
     let current = switch.borrow_and_update().clone();
     let mut removed = follow_removed(current, opts.deadline).await;

@@ -91,15 +91,7 @@ impl PolicyCounters {
         }
         for a in &self.allowed {
             let rules: Vec<String> = a.rules.iter().map(|(r, n)| format!("rule {r}: {n}")).collect();
-            let _ = writeln!(
-                s,
-                "    {}/{}  {} {} ({})",
-                a.namespace,
-                a.policy,
-                a.direction,
-                a.connections,
-                rules.join(", ")
-            );
+            let _ = writeln!(s, "    {}/{}  {} {} ({})", a.namespace, a.policy, a.direction, a.connections, rules.join(", "));
         }
         if !self.dropped.is_empty() {
             let _ = writeln!(s, "  dropped (packets):");
@@ -111,14 +103,11 @@ impl PolicyCounters {
             }
         }
         if self.unattributed_packets > 0 {
-            let _ = writeln!(
-                s,
-                "  unattributed: {} packets (flows the model did not name when read)",
-                self.unattributed_packets
-            );
+            let _ = writeln!(s, "  unattributed: {} packets (flows the model did not name when read)", self.unattributed_packets);
         }
     }
 }
+
 
 /// The counters as status shows them, shared between the task and the API. (Here, with the
 /// data it holds, so that `metrics`, which keeps it, does not import the task.)
@@ -145,13 +134,7 @@ mod tests {
             interval_seconds: 10.0,
             last_read_unix_ms: Some(unix_ms(SystemTime::now())),
             flows_read: 7,
-            allowed: vec![AllowedCount {
-                namespace: "a".into(),
-                policy: "web".into(),
-                direction: "ingress".into(),
-                connections: 3,
-                rules: BTreeMap::from([(0, 3)]),
-            }],
+            allowed: vec![AllowedCount { namespace: "a".into(), policy: "web".into(), direction: "ingress".into(), connections: 3, rules: BTreeMap::from([(0, 3)]) }],
             dropped: vec![DroppedCount {
                 namespace: "a".into(),
                 direction: "ingress".into(),
@@ -164,11 +147,7 @@ mod tests {
         let mut s = String::new();
         c.write_text(&mut s);
         assert!(s.starts_with("policy counters: read 0.0s ago (every 10s), 7 flows\n"), "{s}");
-        assert!(
-            s.contains("    a/web  ingress 3 (rule 0: 3)\n")
-                && s.contains("    a  ingress 4 (240 bytes)\n      a/s1 (10.128.0.3) 4\n"),
-            "{s}"
-        );
+        assert!(s.contains("    a/web  ingress 3 (rule 0: 3)\n") && s.contains("    a  ingress 4 (240 bytes)\n      a/s1 (10.128.0.3) 4\n"), "{s}");
         c.last_error = Some("the switch is not connected".into());
         c.last_error_unix_ms = c.last_read_unix_ms;
         let mut s = String::new();

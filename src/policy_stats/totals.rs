@@ -180,11 +180,7 @@ mod tests {
         let attr = Attribution::new([&a]);
         let mut t = Totals::default();
         t.retain_known(&attr);
-        assert_eq!(
-            t.allowed[&("a".into(), "web".into(), Side::Ingress)],
-            Allowed::default(),
-            "known series start at zero"
-        );
+        assert_eq!(t.allowed[&("a".into(), "web".into(), Side::Ingress)], Allowed::default(), "known series start at zero");
         let d = |p| Delta { packets: p, bytes: p * 60 };
         let mut deltas = Vec::new();
         for (k, c) in a.iter() {

@@ -42,10 +42,11 @@ use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::record::PodRecord;
 use super::Node;
+use super::record::PodRecord;
 use super::PodError;
 use crate::cluster::PodKey;
+
 
 /// The checkpoint's file name in the state directory.
 pub const FILE: &str = "pods.json";

@@ -25,10 +25,10 @@ use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
 use super::pods::ready;
-use super::record::{CniRecord, PodRecord, SandboxId};
 use super::teardown::finish_teardown;
 use super::undo::{Step, Undo};
 use super::Node;
+use super::record::{CniRecord, PodRecord, SandboxId};
 use super::PodError;
 use crate::cluster::validate::{dns1123_label, dns1123_subdomain};
 use crate::cluster::Problem;
@@ -55,6 +55,7 @@ pub fn host_veth_name(container_id: &str) -> String {
     let hex: String = container_id.chars().filter(|c| c.is_ascii_hexdigit()).take(11).collect();
     format!("veth{hex}")
 }
+
 
 fn obj(r: &CniRequest) -> String {
     format!("pod {}/{}", r.namespace, r.name)
@@ -85,9 +86,7 @@ pub async fn handle(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Res
         "ADD" => add(node, req, deadline).await.map(Some),
         "DEL" => del(node, req, deadline).await.map(|_| None),
         "CHECK" => check(node, req).await.map(|_| None),
-        other => {
-            Err(PodError::Invalid(Problem::new(obj(&req), "command", format!("{other:?} is not ADD, DEL or CHECK"))))
-        }
+        other => Err(PodError::Invalid(Problem::new(obj(&req), "command", format!("{other:?} is not ADD, DEL or CHECK")))),
     }
 }
 
@@ -114,8 +113,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
     let pod_ns = open_sandbox(node, &obj(&req), &req.netns).await?;
     let sandbox: SandboxId =
         pod_ns.id().map_err(|e| PodError::Failed(format!("{}: the identity of its sandbox: {e}", obj(&req))))?.into();
-    let host_ns =
-        hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
+    let host_ns = hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
     ready(node)?;
     // One pod per sandbox: records of pods in it whose sandbox is gone (its inode reused) do
     // not count.
@@ -132,20 +130,12 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
         let Some(st) = m.effective() else { return Err(PodError::NotReady("no cluster state yet".into())) };
         let cluster = st.cluster_network;
         let mtu = st.mtu;
-        let Some(local) = st.local_subnet().cloned() else {
-            return Err(PodError::NotReady("no HostSubnet for this node".into()));
-        };
+        let Some(local) = st.local_subnet().cloned() else { return Err(PodError::NotReady("no HostSubnet for this node".into())) };
         // A repeated ADD of the same container answers what the first one did.
         if let Some((p, r)) = m.api_pod(&key) {
             return match &r.cni {
-                Some(rec) if r.container_id == req.container_id => {
-                    Ok(reply_of(rec, &p.host_veth, &p.mac.to_string(), cluster))
-                }
-                _ => Err(PodError::Conflict(Problem::new(
-                    obj(&req),
-                    "containerID",
-                    "the pod is set up with another container; DEL it first",
-                ))),
+                Some(rec) if r.container_id == req.container_id => Ok(reply_of(rec, &p.host_veth, &p.mac.to_string(), cluster)),
+                _ => Err(PodError::Conflict(Problem::new(obj(&req), "containerID", "the pod is set up with another container; DEL it first"))),
             };
         }
         let (reserved, recorded) = m.sandbox_holders(sandbox, &req.netns);
@@ -156,8 +146,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
         let host_veth = match &taken.spare {
             Some((s, _, _)) => s.name.clone(),
             None if derived_free && !m.host_veth_taken(&derived) => derived.clone(),
-            None => hostnet::pod::random_veth_name()
-                .map_err(|e| PodError::Failed(format!("a name for the pod's interface: {e}")))?,
+            None => hostnet::pod::random_veth_name().map_err(|e| PodError::Failed(format!("a name for the pod's interface: {e}")))?,
         };
         let ip = m.allocate_ip().map_err(PodError::from)?;
         let gateway = Ipv4Addr::from(u32::from(local.subnet.network()) + 1);
@@ -257,12 +246,7 @@ async fn fresh_interface<'a>(
     drop(tokio::time::timeout_at(deadline, node.locks.lock(&pod.host_veth)).await);
     // setup_pod undoes its own steps, but a timeout may leave the veth (an interface that had
     // the name already is someone else's, and is not paired into this sandbox: left alone).
-    undo.done(Step::MaybeInterface {
-        host: host_ns,
-        name: pod.host_veth.clone(),
-        sandbox: pod_ns,
-        ifname: cfg.ifname.clone(),
-    });
+    undo.done(Step::MaybeInterface { host: host_ns, name: pod.host_veth.clone(), sandbox: pod_ns, ifname: cfg.ifname.clone() });
     let iface = IfaceError::made(tokio::time::timeout_at(deadline, hostnet::setup_pod(host_ns, pod_ns, cfg)).await)?;
     match hostnet::veth_state(host_ns, &iface.host_veth, None, pod_ns, &cfg.ifname).await {
         Ok(hostnet::VethState::Paired { host_index }) => {
@@ -271,11 +255,7 @@ async fn fresh_interface<'a>(
             }
             undo.interface_made(record.clone());
         }
-        other => {
-            return Err(IfaceError::Pod(PodError::Failed(format!(
-                "the interface just made is not there as made: {other:?}"
-            ))))
-        }
+        other => return Err(IfaceError::Pod(PodError::Failed(format!("the interface just made is not there as made: {other:?}")))),
     }
     // The host end is a switch port, not an IP interface: it must never answer ARP for the
     // node's addresses (on the userspace datapath the kernel sees its packets too, and would
@@ -296,9 +276,7 @@ enum IfaceError {
 
 impl IfaceError {
     /// The interface, or why it was not made in time.
-    fn made(
-        r: Result<hostnet::Result<hostnet::PodInterface>, tokio::time::error::Elapsed>,
-    ) -> Result<hostnet::PodInterface, IfaceError> {
+    fn made(r: Result<hostnet::Result<hostnet::PodInterface>, tokio::time::error::Elapsed>) -> Result<hostnet::PodInterface, IfaceError> {
         match r {
             Ok(Ok(i)) => Ok(i),
             Ok(Err(e)) => Err(IfaceError::Iface(e)),
@@ -308,9 +286,7 @@ impl IfaceError {
 
     fn into_pod(self, req: &CniRequest) -> PodError {
         match self {
-            IfaceError::Iface(e @ hostnet::Error::Exists { .. }) => {
-                PodError::Conflict(Problem::new(obj(req), "ifName", e.to_string()))
-            }
+            IfaceError::Iface(e @ hostnet::Error::Exists { .. }) => PodError::Conflict(Problem::new(obj(req), "ifName", e.to_string())),
             IfaceError::Iface(e) => PodError::Failed(format!("{}: pod interface: {e}", obj(req))),
             IfaceError::Timeout => PodError::Deadline("creating the pod interface took too long".into()),
             IfaceError::Pod(PodError::Failed(m)) => PodError::Failed(format!("{}: {m}", obj(req))),
@@ -368,10 +344,9 @@ async fn del(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<(),
     // The pod this DEL is for: the one whose record has this full container ID and interface
     // name; the pod's namespace and name, when the request gives them (CNI_ARGS), must match.
     let unnamed = req.namespace.is_empty() && req.name.is_empty();
-    let target = node
-        .model()
-        .cni_pod_of_container(&req.container_id)
-        .filter(|(k, r)| (unnamed || *k == key) && r.cni.as_ref().is_some_and(|c| c.if_name == req.if_name));
+    let target = node.model().cni_pod_of_container(&req.container_id).filter(|(k, r)| {
+        (unnamed || *k == key) && r.cni.as_ref().is_some_and(|c| c.if_name == req.if_name)
+    });
     if let Some((k, _)) = target {
         {
             let mut m = node.model();
@@ -401,8 +376,7 @@ async fn remove_unrecorded(node: &Arc<Node>, req: &CniRequest) -> Result<(), Pod
     }
     // A sandbox that is gone (or not a sandbox) took whatever was paired into it with it.
     let Ok(sandbox) = open_sandbox(node, &obj(req), &req.netns).await else { return Ok(()) };
-    let host =
-        hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
+    let host = hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
     let failed = |e: hostnet::Error| PodError::Failed(format!("{}: pod interface {name}: {e}", obj(req)));
     match hostnet::veth_state(&host, &name, None, &sandbox, &req.if_name).await.map_err(failed)? {
         hostnet::VethState::Paired { host_index } => {
@@ -442,9 +416,7 @@ async fn stale_holders(
         }
         let want = c.sandbox.unwrap_or(sandbox);
         let path = c.netns.clone();
-        let look = tokio::task::spawn_blocking(move || {
-            std::fs::metadata(&path).map(|m| SandboxId { dev: m.dev(), ino: m.ino() })
-        });
+        let look = tokio::task::spawn_blocking(move || std::fs::metadata(&path).map(|m| SandboxId { dev: m.dev(), ino: m.ino() }));
         match tokio::time::timeout(std::time::Duration::from_secs(2), look).await {
             Ok(Ok(Ok(id))) if id != want => {}
             Ok(Ok(Err(e))) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -462,21 +434,12 @@ async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), PodError> {
     let (pod, rec) = {
         let m = node.model();
         match m.api_pod(&key) {
-            Some((p, r)) if r.container_id == req.container_id && r.cni.is_some() => {
-                (p.clone(), r.cni.clone().unwrap_or_default())
-            }
-            _ => {
-                return Err(PodError::NotFound(format!(
-                    "{} is not set up with container {}",
-                    obj(&req),
-                    req.container_id
-                )))
-            }
+            Some((p, r)) if r.container_id == req.container_id && r.cni.is_some() => (p.clone(), r.cni.clone().unwrap_or_default()),
+            _ => return Err(PodError::NotFound(format!("{} is not set up with container {}", obj(&req), req.container_id))),
         }
     };
     let ofport_known = node.model().ports().contains_key(&key);
-    let engine =
-        node.engine_ready().ok_or_else(|| PodError::NotReady("the switch is not connected or not synced".into()))?;
+    let engine = node.engine_ready().ok_or_else(|| PodError::NotReady("the switch is not connected or not synced".into()))?;
     let owner = crate::store::Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() };
     let (desired, installed, dirty) = engine.snapshot().await.map_err(|e| PodError::NotReady(e.to_string()))?;
     let flows = desired.flows_of(&owner);

@@ -64,11 +64,8 @@ impl Dns {
             group.merge(NameServerConfigGroup::from_ips_clear(&[s.ip()], s.port(), true));
         }
         let config = ResolverConfig::from_parts(None, vec![], group);
-        let resolver = TokioResolver::builder_with_config(
-            config,
-            hickory_resolver::name_server::TokioConnectionProvider::default(),
-        )
-        .build();
+        let resolver =
+            TokioResolver::builder_with_config(config, hickory_resolver::name_server::TokioConnectionProvider::default()).build();
         Dns { resolver: Some(resolver), cache: BTreeMap::new(), timeout }
     }
 
@@ -93,13 +90,10 @@ impl Dns {
         // A trailing dot: the name is absolute (no search domains).
         let fqdn = format!("{}.", name.trim_end_matches('.'));
         match tokio::time::timeout(self.timeout, r.ipv4_lookup(fqdn.as_str())).await {
-            Err(_) => {
-                Entry { answer: Err(format!("no answer within {:?}", self.timeout)), expires: now + NEGATIVE_TTL }
-            }
+            Err(_) => Entry { answer: Err(format!("no answer within {:?}", self.timeout)), expires: now + NEGATIVE_TTL },
             Ok(Err(e)) => Entry { answer: Err(e.to_string()), expires: now + NEGATIVE_TTL },
             Ok(Ok(lookup)) => {
-                let ttl =
-                    lookup.valid_until().saturating_duration_since(std::time::Instant::now()).clamp(MIN_TTL, MAX_TTL);
+                let ttl = lookup.valid_until().saturating_duration_since(std::time::Instant::now()).clamp(MIN_TTL, MAX_TTL);
                 let answer = non_empty(lookup.iter().map(|a| a.0).collect());
                 Entry { answer, expires: now + ttl }
             }
@@ -123,8 +117,7 @@ impl Dns {
     pub async fn answers(&mut self, names: &BTreeSet<String>) -> DnsAnswers {
         self.cache.retain(|n, _| names.contains(n));
         let now = Instant::now();
-        let due: Vec<String> =
-            names.iter().filter(|n| self.cache.get(*n).is_none_or(|e| e.expires <= now)).cloned().collect();
+        let due: Vec<String> = names.iter().filter(|n| self.cache.get(*n).is_none_or(|e| e.expires <= now)).cloned().collect();
         for (n, e) in self.lookup_all(due).await {
             self.cache.insert(n, e);
         }
@@ -151,11 +144,7 @@ impl Dns {
 
     /// Runs the resolver as a task: `names` says which names are in use; every change of the
     /// answers is sent on the returned channel (bounded; only the latest answers matter).
-    pub fn spawn(
-        mut self,
-        mut names: watch::Receiver<BTreeSet<String>>,
-        cancel: CancellationToken,
-    ) -> mpsc::Receiver<DnsAnswers> {
+    pub fn spawn(mut self, mut names: watch::Receiver<BTreeSet<String>>, cancel: CancellationToken) -> mpsc::Receiver<DnsAnswers> {
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             let mut last = DnsAnswers::new();

@@ -72,18 +72,12 @@ pub struct Pacing {
 /// Runs the host executor until `cancel`: applies the latest plan from `plans` when it changes,
 /// when `kick` fires (tun0 was just recreated), on every `verify_every` and, after a failure,
 /// with capped backoff.
-pub async fn run(
-    node: Arc<Node>,
-    mut plans: watch::Receiver<Option<HostPlan>>,
-    pacing: Pacing,
-    cancel: CancellationToken,
-) {
+pub async fn run(node: Arc<Node>, mut plans: watch::Receiver<Option<HostPlan>>, pacing: Pacing, cancel: CancellationToken) {
     let telemetry = node.telemetry.clone();
     let mut failures = 0u32;
     let mut applied: Option<HostPlan> = None;
     loop {
-        let wait =
-            if failures > 0 { retry_delay(failures, pacing.retry_base, pacing.retry_cap) } else { pacing.verify_every };
+        let wait = if failures > 0 { retry_delay(failures, pacing.retry_base, pacing.retry_cap) } else { pacing.verify_every };
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = plans.changed() => if r.is_err() { return },

@@ -37,15 +37,15 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
 
+pub use error::PodError;
+use record::PodRecord;
 use crate::cluster::Problem;
 use crate::engine::{Engine, EngineError, Outcome};
 use crate::metrics::{Executor, Telemetry};
 use crate::options::{self, Bridge};
 use crate::ovsdb::{Ovs, OvsdbError};
 use crate::switch::Switch;
-pub use error::PodError;
 use model::{Model, PortState};
-use record::PodRecord;
 
 /// Bridge `external_ids` key holding the flow generation written into cookies.
 pub const GENERATION_KEY: &str = "sdn-node-generation";
@@ -423,22 +423,13 @@ impl Reconciler {
             return;
         }
         self.node.telemetry.metrics.repaired("flows");
-        warn!(
-            switch = agg.flow_count,
-            installed = after.installed_flows,
-            "the switch's flows changed behind the agent's back; resyncing from a dump"
-        );
+        warn!(switch = agg.flow_count, installed = after.installed_flows, "the switch's flows changed behind the agent's back; resyncing from a dump");
         self.resync_from_dump(&engine).await;
         self.node.kick();
     }
 
     fn telemetry_reconnect(&self, target: &str) {
-        self.node
-            .telemetry
-            .metrics
-            .reconnects
-            .get_or_create(&crate::metrics::TargetLabel { target: target.into() })
-            .inc();
+        self.node.telemetry.metrics.reconnects.get_or_create(&crate::metrics::TargetLabel { target: target.into() }).inc();
     }
 
     /// A new OpenFlow connection: read its port numbers, then resync on the next pass.
@@ -559,12 +550,7 @@ impl Reconciler {
         let cfg = self.node.cfg.clone();
         let base = self.node.model().effective().map(base_spec).unwrap_or_default();
         if !self.base_ready || base != self.base {
-            let pod_ports = self
-                .node
-                .model()
-                .effective()
-                .map(|s| s.pods.iter().map(|p| p.host_veth.clone()).collect())
-                .unwrap_or_default();
+            let pod_ports = self.node.model().effective().map(|s| s.pods.iter().map(|p| p.host_veth.clone()).collect()).unwrap_or_default();
             let takeover = match &self.datapath {
                 // The first time: what the flags allow.
                 None => ports::Takeover {
@@ -574,12 +560,7 @@ impl Reconciler {
                     pod_ports,
                 },
                 // Later (a new connection, a repair): the bridge as this run found or made it.
-                Some(d) => ports::Takeover {
-                    datapath: Some(d.clone()),
-                    change_datapath: true,
-                    take_ports: cfg.bridge.take_ports_from_other_bridges,
-                    pod_ports,
-                },
+                Some(d) => ports::Takeover { datapath: Some(d.clone()), change_datapath: true, take_ports: cfg.bridge.take_ports_from_other_bridges, pod_ports },
             };
             let datapath = ports::ensure_base(ovs, cfg.bridge.name(), &takeover, base, cfg.bridge.port_timeout).await?;
             self.datapath = Some(datapath);
@@ -588,12 +569,7 @@ impl Reconciler {
             // tun0 may have been created just now (a new or repaired bridge): its address,
             // routes and the rest are the host executor's, which looks again at once.
             self.node.host_kick();
-            if let Some(g) = ovs
-                .bridge_external_ids(cfg.bridge.name())
-                .await?
-                .get(GENERATION_KEY)
-                .and_then(|g| g.parse::<u32>().ok())
-            {
+            if let Some(g) = ovs.bridge_external_ids(cfg.bridge.name()).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
                 if self.stored_generation.is_none() {
                     self.generation = g & 0xff_ffff;
                 }
@@ -633,8 +609,8 @@ impl Reconciler {
     async fn recover_api_pods(&mut self, ovs: &Ovs) -> Result<(), ConvergeError> {
         let mut pods = Vec::new();
         for (port, json) in ovs.ports_with_external_id(POD_KEY).await? {
-            let parsed =
-                PodRecord::from_json(&json).and_then(|r| r.to_pod().map(|p| (p, r)).map_err(|p| p.to_string()));
+            let parsed = PodRecord::from_json(&json)
+                .and_then(|r| r.to_pod().map(|p| (p, r)).map_err(|p| p.to_string()));
             match parsed {
                 Ok(pr) => pods.push(pr),
                 Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
@@ -715,8 +691,7 @@ impl Reconciler {
                 if !node.model().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
                     return (p, None);
                 }
-                let r =
-                    ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout, take).await;
+                let r = ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout, take).await;
                 (p, Some(r))
             })
             .collect();
@@ -730,22 +705,13 @@ impl Reconciler {
                     }
                     self.node.model().set_port(
                         p.key(),
-                        PortState {
-                            host_veth: p.host_veth.clone(),
-                            internal: p.internal,
-                            ofport,
-                            bandwidth: (p.ingress_bps, p.egress_bps),
-                        },
+                        PortState { host_veth: p.host_veth.clone(), internal: p.internal, ofport, bandwidth: (p.ingress_bps, p.egress_bps) },
                     );
                 }
                 Some(Err(e)) if e.is_disconnect() || matches!(e, OvsdbError::Timeout(_)) => return Err(e.into()),
                 Some(Err(e)) => {
                     self.node.model().forget_port(&p.key());
-                    let pr = Problem::new(
-                        format!("pod {}/{}", p.namespace, p.name),
-                        "hostVeth",
-                        format!("{:?}: {e}", p.host_veth),
-                    );
+                    let pr = Problem::new(format!("pod {}/{}", p.namespace, p.name), "hostVeth", format!("{:?}: {e}", p.host_veth));
                     warn!("rejected: {pr}");
                     pass.problems.push(pr);
                 }
@@ -784,13 +750,7 @@ impl Reconciler {
             Ok(Ok(o)) => {
                 realization.realized(ticket);
                 if o.flow_mods() > 0 {
-                    info!(
-                        owners = owners.len(),
-                        adds = o.adds,
-                        modifies = o.modifies,
-                        deletes = o.deletes,
-                        "flows converged (incremental)"
-                    );
+                    info!(owners = owners.len(), adds = o.adds, modifies = o.modifies, deletes = o.deletes, "flows converged (incremental)");
                 }
                 true
             }
@@ -829,14 +789,7 @@ impl Reconciler {
             self.write_conflist();
         }
         if outcome.flow_mods() > 0 || resync {
-            info!(
-                adds = outcome.adds,
-                modifies = outcome.modifies,
-                deletes = outcome.deletes,
-                full_replay = outcome.full_replay,
-                resync,
-                "flows converged"
-            );
+            info!(adds = outcome.adds, modifies = outcome.modifies, deletes = outcome.deletes, full_replay = outcome.full_replay, resync, "flows converged");
         }
         if outcome.full_replay {
             self.persist_generation(&engine).await;
@@ -862,10 +815,7 @@ impl Reconciler {
             self.restore_generation = true;
             return;
         };
-        if let Err(e) = ovs
-            .set_bridge_external_id(self.node.cfg.bridge.name(), GENERATION_KEY, &status.generation.to_string())
-            .await
-        {
+        if let Err(e) = ovs.set_bridge_external_id(self.node.cfg.bridge.name(), GENERATION_KEY, &status.generation.to_string()).await {
             self.restore_generation = true;
             warn!(error = %e, "could not store the flow generation; will retry");
         }
@@ -876,13 +826,7 @@ impl Reconciler {
     /// container without a DEL; it is torn down like a DEL would (flows, port, veth, address).
     /// True if any was found (the caller converges).
     pub fn collect_dead_sandboxes(&mut self) -> bool {
-        let dead: Vec<_> = self
-            .node
-            .model()
-            .cni_sandboxes()
-            .into_iter()
-            .filter(|(_, ns)| !std::path::Path::new(ns).exists())
-            .collect();
+        let dead: Vec<_> = self.node.model().cni_sandboxes().into_iter().filter(|(_, ns)| !std::path::Path::new(ns).exists()).collect();
         let mut m = self.node.model();
         for (k, ns) in &dead {
             if m.tear_down(k).is_some() {
@@ -908,13 +852,7 @@ impl Reconciler {
         self.node.not_converged();
         match engine.resync(None).await {
             Ok(o) => {
-                info!(
-                    adds = o.adds,
-                    modifies = o.modifies,
-                    deletes = o.deletes,
-                    full_replay = o.full_replay,
-                    "repaired from a dump"
-                );
+                info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "repaired from a dump");
                 if o.full_replay {
                     self.persist_generation(engine).await;
                 }
@@ -937,9 +875,7 @@ impl Reconciler {
                 info!(path = %path.display(), "CNI network configuration written");
                 self.conflist_written = true;
             }
-            Err(e) => {
-                warn!(dir = %dir.display(), error = %e, "could not write the CNI network configuration; will retry")
-            }
+            Err(e) => warn!(dir = %dir.display(), error = %e, "could not write the CNI network configuration; will retry"),
         }
     }
 

@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use super::record::{PodRecord, SandboxId};
 use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
-use crate::cluster::Loaded;
 use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Update;
 use crate::model::OfPort;
 use crate::pipeline::egress::{dns_names, DnsAnswers};
+use crate::cluster::Loaded;
 use crate::store::{DesiredState, Owner};
 
 /// A pod's port as OVSDB last confirmed it.
@@ -123,9 +123,7 @@ impl Model {
     pub fn set_source_change(&mut self, loaded: Arc<Loaded>) -> (Vec<PodKey>, SourceChange) {
         let prev_seq = self.source.as_ref().map(|l| l.seq);
         let incremental = match (&loaded.touched, prev_seq) {
-            (Some(t), Some(prev))
-                if loaded.seq != 0 && loaded.seq == prev + 1 && !t.iter().any(|o| matches!(o, Owner::Pod { .. })) =>
-            {
+            (Some(t), Some(prev)) if loaded.seq != 0 && loaded.seq == prev + 1 && !t.iter().any(|o| matches!(o, Owner::Pod { .. })) => {
                 Some(t.clone())
             }
             _ => None,
@@ -215,48 +213,27 @@ impl Model {
         }
         let key = pod.key();
         if state.pods.iter().any(|p| p.key() == key && !self.api_pods.contains_key(&key)) {
-            return Err(Refusal::Conflict(Problem::new(
-                obj,
-                "name",
-                "the pod comes from the cluster state, not from the pod API",
-            )));
+            return Err(Refusal::Conflict(Problem::new(obj, "name", "the pod comes from the cluster state, not from the pod API")));
         }
         if self.reserved.contains_key(&key) {
             return Err(Refusal::Conflict(Problem::new(obj, "name", "a setup of this pod is in progress")));
         }
         if self.doomed.contains_key(&key) {
-            return Err(Refusal::Conflict(Problem::new(
-                obj,
-                "name",
-                "a teardown of this pod is not finished; retry the delete first",
-            )));
+            return Err(Refusal::Conflict(Problem::new(obj, "name", "a teardown of this pod is not finished; retry the delete first")));
         }
         if let Some((old, _)) = self.api_pods.get(&key) {
             if old != pod {
-                return Err(Refusal::Conflict(Problem::new(
-                    obj,
-                    "name",
-                    "the pod is already set up with other parameters; delete it first",
-                )));
+                return Err(Refusal::Conflict(Problem::new(obj, "name", "the pod is already set up with other parameters; delete it first")));
             }
         }
-        state.check_pod(pod).map_err(|p| {
-            if p.message.contains("already used") {
-                Refusal::Conflict(p)
-            } else {
-                Refusal::Invalid(p)
-            }
-        })?;
+        state.check_pod(pod).map_err(|p| if p.message.contains("already used") { Refusal::Conflict(p) } else { Refusal::Invalid(p) })?;
         for other in self.reserved.values().chain(self.doomed.values().map(|(p, _)| p)) {
             let conflict = if other.ip == pod.ip {
                 Some(("ip", format!("{} is already used by pod {}/{}", pod.ip, other.namespace, other.name)))
             } else if other.mac == pod.mac {
                 Some(("mac", format!("{} is already used by pod {}/{}", pod.mac, other.namespace, other.name)))
             } else if other.host_veth == pod.host_veth {
-                Some((
-                    "hostVeth",
-                    format!("{:?} is already used by pod {}/{}", pod.host_veth, other.namespace, other.name),
-                ))
+                Some(("hostVeth", format!("{:?} is already used by pod {}/{}", pod.host_veth, other.namespace, other.name)))
             } else {
                 None
             };
@@ -285,11 +262,7 @@ impl Model {
     /// predate sandbox identities): one being set up (`true`: certain), or set up or not torn
     /// down yet, with their record (which may be stale: a namespace's inode can be reused once
     /// it is gone, so the caller checks the record's path still leads to `id`).
-    pub fn sandbox_holders(
-        &self,
-        id: SandboxId,
-        path: &str,
-    ) -> (Option<PodKey>, Vec<(PodKey, super::record::CniRecord)>) {
+    pub fn sandbox_holders(&self, id: SandboxId, path: &str) -> (Option<PodKey>, Vec<(PodKey, super::record::CniRecord)>) {
         let reserved = self.reserved_sandboxes.iter().find(|(_, s)| **s == id).map(|(k, _)| k.clone());
         let recorded = self
             .api_pods
@@ -330,12 +303,7 @@ impl Model {
         self.reserved_sandboxes.remove(&key);
         self.ports.insert(
             key.clone(),
-            PortState {
-                host_veth: pod.host_veth.clone(),
-                internal: pod.internal,
-                ofport,
-                bandwidth: (pod.ingress_bps, pod.egress_bps),
-            },
+            PortState { host_veth: pod.host_veth.clone(), internal: pod.internal, ofport, bandwidth: (pod.ingress_bps, pod.egress_bps) },
         );
         if let Some(st) = &mut self.effective {
             st.pods.retain(|p| p.key() != key);
@@ -383,11 +351,7 @@ impl Model {
         let first = u32::from(net.network()) + 2; // after the gateway
         let last = u32::from(net.broadcast()).saturating_sub(1);
         if first > last {
-            return Err(Refusal::Invalid(Problem::new(
-                format!("hostsubnet {}", local.host),
-                "subnet",
-                "has no room for pods",
-            )));
+            return Err(Refusal::Invalid(Problem::new(format!("hostsubnet {}", local.host), "subnet", "has no room for pods")));
         }
         // API pods the effective state rejected (their namespace went, say) still hold their
         // address while they are known: their sandboxes may be live.
@@ -400,8 +364,7 @@ impl Model {
             .chain(self.doomed.values().map(|(p, _)| p.ip))
             .collect();
         let size = last - first + 1;
-        let start =
-            self.last_ip.map(u32::from).filter(|a| (first..=last).contains(a)).map(|a| a - first + 1).unwrap_or(0);
+        let start = self.last_ip.map(u32::from).filter(|a| (first..=last).contains(a)).map(|a| a - first + 1).unwrap_or(0);
         for i in 0..size {
             let a = Ipv4Addr::from(first + (start + i) % size);
             if !used.contains(&a) {
@@ -409,11 +372,7 @@ impl Model {
                 return Ok(a);
             }
         }
-        Err(Refusal::Conflict(Problem::new(
-            format!("hostsubnet {}", local.host),
-            "subnet",
-            format!("no free address left in {net}"),
-        )))
+        Err(Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnet", format!("no free address left in {net}"))))
     }
 
     /// What the agent's checkpoint keeps ([`super::checkpoint`]): the records of the API pods,
@@ -422,10 +381,7 @@ impl Model {
         let mut pods: Vec<(&PodKey, &PodRecord)> =
             self.api_pods.iter().chain(self.doomed.iter()).map(|(k, (_, r))| (k, r)).collect();
         pods.sort_by(|a, b| a.0.cmp(b.0));
-        super::checkpoint::Saved {
-            pods: pods.into_iter().map(|(_, r)| r.clone()).collect(),
-            last_address: self.last_ip,
-        }
+        super::checkpoint::Saved { pods: pods.into_iter().map(|(_, r)| r.clone()).collect(), last_address: self.last_ip }
     }
 
     /// IPAM's position as a checkpoint kept it (only where this run has none yet).
@@ -580,15 +536,7 @@ mod tests {
     fn model() -> Model {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let mut m = Model::new("br0");
-        m.set_source(Arc::new(Loaded {
-            state,
-            problems,
-            live_pods: None,
-            touched: None,
-            seq: 0,
-            pod_annotations: Default::default(),
-            policies_seen: Default::default(),
-        }));
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         m
     }
 
@@ -609,17 +557,7 @@ mod tests {
         let (state, _) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
         let ns = state.network_policies[0].namespace.clone();
         let owner = Owner::NetworkPolicy { namespace: ns.clone() };
-        let loaded = |state, seq, touched| {
-            Arc::new(Loaded {
-                state,
-                problems: vec![],
-                live_pods: None,
-                touched,
-                seq,
-                pod_annotations: Default::default(),
-                policies_seen: Default::default(),
-            })
-        };
+        let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default(), policies_seen: Default::default() });
         let mut m = Model::new("br0");
         m.set_source(loaded(state.clone(), 1, None));
         let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
@@ -640,23 +578,12 @@ mod tests {
     fn a_pods_flows_and_its_isolation_are_one_update() {
         let (state, problems) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
         let mut m = Model::new("br0");
-        m.set_source(Arc::new(Loaded {
-            state,
-            problems,
-            live_pods: None,
-            touched: None,
-            seq: 0,
-            pod_annotations: Default::default(),
-            policies_seen: Default::default(),
-        }));
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         // A copy of team-a/db (app: db, which db-from-web selects).
         let p = pod(&m, "new", "10.128.2.200", "vnew");
         let netpol = Owner::NetworkPolicy { namespace: p.namespace.clone() };
         let drop_flow = |flows: &[crate::pipeline::Flow]| {
-            flows
-                .iter()
-                .map(|f| f.to_string())
-                .any(|t| t.starts_with("table=80,") && t.contains("nw_dst=10.128.2.200") && t.ends_with("actions=drop"))
+            flows.iter().map(|f| f.to_string()).any(|t| t.starts_with("table=80,") && t.contains("nw_dst=10.128.2.200") && t.ends_with("actions=drop"))
         };
         let (before, _, _) = m.owners_update(std::slice::from_ref(&netpol)).unwrap();
         assert!(!drop_flow(&before[0].1), "no drop for the pod before it is set up");

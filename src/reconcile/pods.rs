@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use tokio::time::{timeout_at, Instant};
 
-use super::error::{committed, engine_error, ovsdb_error};
 use super::record::PodRecord;
+use super::error::{committed, engine_error, ovsdb_error};
 use super::undo::{Step, Undo};
 use super::{ports, Node, PodError, POD_KEY};
 use crate::cluster::{Pod, Problem};
@@ -31,11 +31,7 @@ pub async fn setup(node: &Arc<Node>, req: PodRecord, deadline: Instant) -> Resul
     ready(node)?;
     if node.spares.owns(&pod.host_veth) {
         let obj = format!("pod {}/{}", pod.namespace, pod.name);
-        return Err(PodError::Conflict(Problem::new(
-            obj,
-            "hostVeth",
-            format!("{:?} is one of the agent's warm ports", pod.host_veth),
-        )));
+        return Err(PodError::Conflict(Problem::new(obj, "hostVeth", format!("{:?} is one of the agent's warm ports", pod.host_veth))));
     }
     let mut undo = Undo::new(node, pod.key());
     let r = async {
@@ -91,18 +87,7 @@ pub(super) async fn port_and_flows<'a>(
     undo.done(Step::Port(pod.clone()));
     let added = match spare {
         None => {
-            let r = timeout_at(
-                deadline,
-                ports::add_pod_port(
-                    &ovs,
-                    node.cfg.bridge.name(),
-                    &pod,
-                    Some((POD_KEY, &record)),
-                    node.cfg.bridge.port_timeout,
-                    node.cfg.bridge.take_ports_from_other_bridges,
-                ),
-            )
-            .await;
+            let r = timeout_at(deadline, ports::add_pod_port(&ovs, node.cfg.bridge.name(), &pod, Some((POD_KEY, &record)), node.cfg.bridge.port_timeout, node.cfg.bridge.take_ports_from_other_bridges)).await;
             if matches!(r, Ok(Ok(_))) {
                 node.spares.port_added(t_port.elapsed());
             }
@@ -128,11 +113,7 @@ pub(super) async fn port_and_flows<'a>(
                 let u = m.pod_update(&pod);
                 // The pod's update recomputes the NetworkPolicy owners that see it: committed,
                 // it realizes their policies too (see `crate::realize`).
-                let ticket = node
-                    .telemetry
-                    .metrics
-                    .realization
-                    .ticket(Some(&crate::realize::policy_namespaces(u.iter().map(|(o, _)| o))));
+                let ticket = node.telemetry.metrics.realization.ticket(Some(&crate::realize::policy_namespaces(u.iter().map(|(o, _)| o))));
                 engine.submit_update(u, OnFailure::Revert).map_err(engine_error).map(|rx| (rx, ticket))
             }
         }

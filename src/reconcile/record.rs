@@ -84,6 +84,7 @@ impl From<hostnet::NsId> for SandboxId {
     }
 }
 
+
 impl PodRecord {
     /// Validates the record into the model's pod (fields named as in the record).
     pub fn to_pod(&self) -> Result<Pod, Problem> {
@@ -91,8 +92,7 @@ impl PodRecord {
         let bw = |key: &str| -> Result<i64, Problem> {
             match self.annotations.get(key) {
                 None => Ok(0),
-                Some(v) => crate::cluster::quantity::bandwidth(v)
-                    .map_err(|e| Problem::new(obj.clone(), format!("annotations[{key}]"), e)),
+                Some(v) => crate::cluster::quantity::bandwidth(v).map_err(|e| Problem::new(obj.clone(), format!("annotations[{key}]"), e)),
             }
         };
         crate::cluster::validate::pod(crate::cluster::validate::RawPod {
@@ -117,13 +117,9 @@ impl PodRecord {
     /// Reads a stored record; the error says which field is wrong.
     pub fn from_json(json: &str) -> Result<PodRecord, String> {
         let mut de = serde_json::Deserializer::from_str(json);
-        let r: PodRecord =
-            serde_path_to_error::deserialize(&mut de).map_err(|e| format!("{}: {}", e.path(), e.inner()))?;
+        let r: PodRecord = serde_path_to_error::deserialize(&mut de).map_err(|e| format!("{}: {}", e.path(), e.inner()))?;
         if r.version > VERSION {
-            return Err(format!(
-                "version {} was written by a newer sdn-node; this one reads version {VERSION}",
-                r.version
-            ));
+            return Err(format!("version {} was written by a newer sdn-node; this one reads version {VERSION}", r.version));
         }
         Ok(r)
     }

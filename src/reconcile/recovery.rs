@@ -32,8 +32,8 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::checkpoint;
-use super::record::PodRecord;
 use super::Node;
+use super::record::PodRecord;
 use crate::cluster::{Pod, PodKey};
 
 /// Where a candidate's record came from.

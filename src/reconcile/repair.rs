@@ -38,34 +38,14 @@ pub enum Finding {
     EmptyDatabase,
     BridgeMissing,
     /// A bridge column differs (`fail_mode`, `protocols`, `datapath_type`).
-    BridgeSetting {
-        column: &'static str,
-        want: String,
-        have: String,
-    },
+    BridgeSetting { column: &'static str, want: String, have: String },
     /// vxlan0 or tun0 is missing or differs (`what`: which column).
-    BasePort {
-        port: &'static str,
-        what: String,
-    },
+    BasePort { port: &'static str, what: String },
     /// The flow generation key is missing or differs.
-    Generation {
-        want: u32,
-        have: Option<String>,
-    },
-    PodPort {
-        pod: PodKey,
-        port: String,
-    },
-    PodRecord {
-        pod: PodKey,
-        port: String,
-    },
-    PodQos {
-        pod: PodKey,
-        port: String,
-        what: &'static str,
-    },
+    Generation { want: u32, have: Option<String> },
+    PodPort { pod: PodKey, port: String },
+    PodRecord { pod: PodKey, port: String },
+    PodQos { pod: PodKey, port: String, what: &'static str },
 }
 
 impl Finding {
@@ -98,15 +78,9 @@ impl fmt::Display for Finding {
             Finding::BridgeMissing => write!(f, "the bridge is gone"),
             Finding::BridgeSetting { column, want, have } => write!(f, "bridge {column} is {have:?}, not {want:?}"),
             Finding::BasePort { port, what } => write!(f, "{port}: {what}"),
-            Finding::Generation { want, have } => {
-                write!(f, "bridge external_ids:{GENERATION_KEY} is {have:?}, not {want}")
-            }
-            Finding::PodPort { pod, port } => {
-                write!(f, "pod {}/{}: port {port:?} is gone from the bridge", pod.0, pod.1)
-            }
-            Finding::PodRecord { pod, port } => {
-                write!(f, "pod {}/{}: port {port:?} lost its record (external_ids:{POD_KEY})", pod.0, pod.1)
-            }
+            Finding::Generation { want, have } => write!(f, "bridge external_ids:{GENERATION_KEY} is {have:?}, not {want}"),
+            Finding::PodPort { pod, port } => write!(f, "pod {}/{}: port {port:?} is gone from the bridge", pod.0, pod.1),
+            Finding::PodRecord { pod, port } => write!(f, "pod {}/{}: port {port:?} lost its record (external_ids:{POD_KEY})", pod.0, pod.1),
             Finding::PodQos { pod, port, what } => write!(f, "pod {}/{}: port {port:?} lost its {what}", pod.0, pod.1),
         }
     }
@@ -123,11 +97,7 @@ pub fn inspect(snap: &Snapshot, want: &Expected) -> Vec<Finding> {
     let opts = crate::ovsdb::BridgeOptions::default();
     let want_protocols: std::collections::BTreeSet<String> = opts.protocols.iter().cloned().collect();
     if br.fail_mode != opts.fail_mode {
-        out.push(Finding::BridgeSetting {
-            column: "fail_mode",
-            want: opts.fail_mode.unwrap_or_default(),
-            have: br.fail_mode.clone().unwrap_or_default(),
-        });
+        out.push(Finding::BridgeSetting { column: "fail_mode", want: opts.fail_mode.unwrap_or_default(), have: br.fail_mode.clone().unwrap_or_default() });
     }
     if br.protocols != want_protocols {
         out.push(Finding::BridgeSetting {
@@ -136,9 +106,7 @@ pub fn inspect(snap: &Snapshot, want: &Expected) -> Vec<Finding> {
             have: br.protocols.iter().cloned().collect::<Vec<_>>().join(","),
         });
     }
-    if let Some(dp) =
-        want.datapath_type.as_ref().filter(|dp| !crate::options::DatapathType::same(dp, &br.datapath_type))
-    {
+    if let Some(dp) = want.datapath_type.as_ref().filter(|dp| !crate::options::DatapathType::same(dp, &br.datapath_type)) {
         out.push(Finding::BridgeSetting { column: "datapath_type", want: dp.clone(), have: br.datapath_type.clone() });
     }
     if let Some(g) = want.generation {
@@ -148,8 +116,7 @@ pub fn inspect(snap: &Snapshot, want: &Expected) -> Vec<Finding> {
         }
     }
     out.extend(base_port(snap, &br.ports, "vxlan0", |i| {
-        let mut options: BTreeMap<String, String> =
-            [("remote_ip", "flow"), ("key", "flow")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let mut options: BTreeMap<String, String> = [("remote_ip", "flow"), ("key", "flow")].into_iter().map(|(k, v)| (k.into(), v.into())).collect();
         if want.base.vxlan_port != 4789 {
             options.insert("dst_port".into(), want.base.vxlan_port.to_string());
         }
@@ -191,11 +158,7 @@ pub fn inspect(snap: &Snapshot, want: &Expected) -> Vec<Finding> {
             out.push(Finding::PodQos { pod: pod.clone(), port: name.clone(), what: "QoS (ingress limit)" });
         }
         if egress > 0 && snap.interfaces.get(name).and_then(|i| i.ingress_policing_rate) != Some(egress / 1024) {
-            out.push(Finding::PodQos {
-                pod: pod.clone(),
-                port: name.clone(),
-                what: "ingress_policing_rate (egress limit)",
-            });
+            out.push(Finding::PodQos { pod: pod.clone(), port: name.clone(), what: "ingress_policing_rate (egress limit)" });
         }
     }
     out
@@ -233,27 +196,11 @@ mod tests {
         for (name, t, req) in [("vxlan0", "vxlan", 1), ("tun0", "internal", 2)] {
             br.ports.insert(name.into());
             s.ports.insert(name.into(), PortRow::default());
-            let options = if t == "vxlan" {
-                [("remote_ip", "flow"), ("key", "flow")].into_iter().map(|(k, v)| (k.into(), v.into())).collect()
-            } else {
-                BTreeMap::new()
-            };
-            s.interfaces.insert(
-                name.into(),
-                InterfaceRow {
-                    iface_type: t.into(),
-                    options,
-                    ofport_request: Some(req),
-                    mac: None,
-                    ingress_policing_rate: Some(0),
-                },
-            );
+            let options = if t == "vxlan" { [("remote_ip", "flow"), ("key", "flow")].into_iter().map(|(k, v)| (k.into(), v.into())).collect() } else { BTreeMap::new() };
+            s.interfaces.insert(name.into(), InterfaceRow { iface_type: t.into(), options, ofport_request: Some(req), mac: None, ingress_policing_rate: Some(0) });
         }
         br.ports.insert("veth1".into());
-        s.ports.insert(
-            "veth1".into(),
-            PortRow { external_ids: [(POD_KEY.to_string(), "{\"r\":1}".to_string())].into(), has_qos: true },
-        );
+        s.ports.insert("veth1".into(), PortRow { external_ids: [(POD_KEY.to_string(), "{\"r\":1}".to_string())].into(), has_qos: true });
         s.interfaces.insert("veth1".into(), InterfaceRow { ingress_policing_rate: Some(2), ..Default::default() });
         s.bridges.insert("br0".into(), br);
         let pod = ("ns".to_string(), "a".to_string());

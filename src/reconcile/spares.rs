@@ -34,6 +34,7 @@ use super::ports::SPARE_KEY;
 use super::Node;
 use crate::ovsdb::PortSpec;
 
+
 /// How long the pool waits after the last take before refilling.
 const QUIET: Duration = Duration::from_millis(150);
 /// How long the pool waits after a failed refill.

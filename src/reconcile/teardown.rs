@@ -8,8 +8,8 @@ use std::sync::Arc;
 use tokio::time::{timeout_at, Instant};
 use tracing::{info, warn};
 
-use super::error::{committed, engine_error, ovsdb_error};
 use super::record::PodRecord;
+use super::error::{committed, engine_error, ovsdb_error};
 use super::{ports, Node, PodError};
 use crate::cluster::{Pod, Problem};
 use crate::engine::OnFailure;
@@ -67,11 +67,7 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadlin
             return Err(if m.is_reserved(&key) {
                 PodError::Conflict(Problem::new(obj, "name", "a setup of this pod is in progress"))
             } else if m.in_source(&key) {
-                PodError::Conflict(Problem::new(
-                    obj,
-                    "name",
-                    "the pod comes from the cluster state, not from the pod API",
-                ))
+                PodError::Conflict(Problem::new(obj, "name", "the pod comes from the cluster state, not from the pod API"))
             } else {
                 PodError::NotFound(format!("{obj} was not set up through the pod API"))
             });
@@ -90,11 +86,7 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadlin
 /// veth vanishing under one of its ports (measured with `sdn-bench pods`: overlapping the
 /// three made DEL slower, not faster). The port removal answers as soon as ovsdb-server has
 /// committed it, and the kernel's veth deletion then overlaps ovs-vswitchd's reconfiguration.
-pub(super) async fn finish_teardown(
-    node: &Arc<Node>,
-    key: &crate::cluster::PodKey,
-    deadline: Instant,
-) -> Result<(), PodError> {
+pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
     let Some((pod, req)) = node.model().doomed(key).cloned() else { return Ok(()) };
     // Flows: the pod's owner is empty in the model now; its VNID's flows are recomputed.
     let queued = {
@@ -113,12 +105,10 @@ pub(super) async fn finish_teardown(
         None => Err(PodError::NotReady("ovsdb-server is not connected".into())),
         Some(ovs) => match timeout_at(deadline, node.locks.lock(&pod.host_veth)).await {
             Err(_) => Err(PodError::Deadline(format!("port {:?} stayed busy", pod.host_veth))),
-            Ok(_g) => {
-                match timeout_at(deadline, ports::remove_port(&ovs, node.cfg.bridge.name(), &pod.host_veth)).await {
-                    Err(_) => Err(PodError::Deadline("ovsdb-server did not remove the port in time".into())),
-                    Ok(r) => r.map_err(|e| ovsdb_error(&pod, e)),
-                }
-            }
+            Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, node.cfg.bridge.name(), &pod.host_veth)).await {
+                Err(_) => Err(PodError::Deadline("ovsdb-server did not remove the port in time".into())),
+                Ok(r) => r.map_err(|e| ovsdb_error(&pod, e)),
+            },
         },
     };
     // The interface the agent created for a CNI pod: deleted right after the answer, in the

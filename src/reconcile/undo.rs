@@ -117,8 +117,7 @@ impl<'a> Undo<'a> {
 
 /// Deletes `name` in the host namespace if it is paired with `ifname` in `sandbox`.
 async fn undo_made(host: &hostnet::Netns, name: &str, sandbox: &hostnet::Netns, ifname: &str) {
-    if let Ok(hostnet::VethState::Paired { host_index }) = hostnet::veth_state(host, name, None, sandbox, ifname).await
-    {
+    if let Ok(hostnet::VethState::Paired { host_index }) = hostnet::veth_state(host, name, None, sandbox, ifname).await {
         if let Err(e) = hostnet::delete_owned(host, name, Some(host_index)).await {
             warn!(veth = %name, error = %e, "could not remove a failed ADD's interface; a DEL of the container removes it");
         }

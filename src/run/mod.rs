@@ -26,17 +26,12 @@ use crate::ovsdb::sentinel::Sentinel;
 use crate::ovsdb::{ClientOptions, Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
 use crate::reconcile::{Node, Reconciler};
-use crate::switch::{Backoff, Supervisor, SwitchEvent};
+use crate::switch::{Backoff, SwitchEvent, Supervisor};
 pub use options::RunOptions;
 use source::Loaded;
 
 /// Keeps an OVSDB connection up; publishes the live one (`None` while down).
-fn ovsdb_link(
-    address: String,
-    options: ClientOptions,
-    backoff: Backoff,
-    cancel: CancellationToken,
-) -> watch::Receiver<Option<Ovs>> {
+fn ovsdb_link(address: String, options: ClientOptions, backoff: Backoff, cancel: CancellationToken) -> watch::Receiver<Option<Ovs>> {
     let (tx, rx) = watch::channel(None);
     tokio::spawn(async move {
         let mut failures = 0u32;
@@ -160,8 +155,7 @@ pub async fn run_with(
         servers => Dns::with_servers(opts.dns_timeout, servers),
     };
     let mut dns_rx = dns.spawn(names_rx, cancel.clone());
-    let mut ovs_rx =
-        ovsdb_link(opts.node.bridge.ovs.db_socket(), opts.peers.ovsdb(), opts.peers.backoff(), cancel.clone());
+    let mut ovs_rx = ovsdb_link(opts.node.bridge.ovs.db_socket(), opts.peers.ovsdb(), opts.peers.backoff(), cancel.clone());
     // The audit log: its meter and packet-in settings on every connection (set up before the
     // connection is published, so before any resync installs flows naming the meter), lines
     // to the sink.
@@ -174,25 +168,16 @@ pub async fn run_with(
         }
         None => (None, None),
     };
-    let sup = Supervisor::spawn_with(
-        &opts.node.bridge.ovs.mgmt_socket(),
-        opts.peers.switch(),
-        opts.peers.backoff(),
-        on_connect,
-    )?;
+    let sup = Supervisor::spawn_with(&opts.node.bridge.ovs.mgmt_socket(), opts.peers.switch(), opts.peers.backoff(), on_connect)?;
     let mut events = sup.subscribe();
     // The per-policy counters: a task of its own, so a slow switch delays only its reads; one
     // dump never takes longer than the interval or a switch request's deadline.
     if let Some(interval) = opts.policy_stats_interval.filter(|d| !d.is_zero()) {
-        let o =
-            crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.peers.switch_request_timeout) };
+        let o = crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.peers.switch_request_timeout) };
         // Counts exact across policy changes: the datapath's counts pushed into the flows
         // before a change removes one (one revalidation round, 500 ms by default; bounded).
         let ctl = crate::switch::VswitchdCtl::new(&opts.node.bridge.ovs.ovs_rundir);
-        let _ = node.count_flush.set(crate::engine::CountFlush {
-            ctl,
-            deadline: opts.peers.switch_request_timeout.min(COUNT_FLUSH_DEADLINE),
-        });
+        let _ = node.count_flush.set(crate::engine::CountFlush { ctl, deadline: opts.peers.switch_request_timeout.min(COUNT_FLUSH_DEADLINE) });
         tokio::spawn(crate::policy_stats::run(node.clone(), sup.watch_current(), o, cancel.clone()));
     }
     tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
@@ -385,17 +370,11 @@ pub async fn run_with(
                 Err(e) => {
                     // Retried on the next event, or with capped backoff (`dirty` stays set).
                     failures = failures.saturating_add(1);
-                    retry_at = Some(
-                        tokio::time::Instant::now() + crate::metrics::retry_delay(failures, RETRY_BASE, RETRY_CAP),
-                    );
+                    retry_at = Some(tokio::time::Instant::now() + crate::metrics::retry_delay(failures, RETRY_BASE, RETRY_CAP));
                     match e {
                         crate::reconcile::ConvergeError::NotReady(_) => {}
-                        crate::reconcile::ConvergeError::Engine(_) => {
-                            warn!(error = %e, attempts = failures, "flows not converged; will repair")
-                        }
-                        crate::reconcile::ConvergeError::Refused(_) => {
-                            error!(error = %e, attempts = failures, "refused; will retry")
-                        }
+                        crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                        crate::reconcile::ConvergeError::Refused(_) => error!(error = %e, attempts = failures, "refused; will retry"),
                         _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                     }
                 }
@@ -449,15 +428,7 @@ mod tests {
 
     fn loaded(text: &str) -> Loaded {
         let (state, problems) = parse(text).unwrap();
-        Loaded {
-            state,
-            problems,
-            live_pods: None,
-            touched: None,
-            seq: 0,
-            pod_annotations: Default::default(),
-            policies_seen: Default::default(),
-        }
+        Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }
     }
 
     const HEADER: &str = "node: node-a\nplugin: networkpolicy\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\nhostSubnets:\n  - {host: node-a, hostIP: 172.17.0.2, subnet: 10.128.2.0/23}\nnetNamespaces:\n  - {name: a, netid: 11}\n";

@@ -112,21 +112,12 @@ pub struct Peers {
 impl Peers {
     /// The OpenFlow connection's tunables.
     pub fn switch(&self) -> SwitchOptions {
-        SwitchOptions {
-            echo_interval: Some(self.echo_interval),
-            echo_timeout: self.echo_timeout,
-            request_timeout: self.switch_request_timeout,
-            ..SwitchOptions::default()
-        }
+        SwitchOptions { echo_interval: Some(self.echo_interval), echo_timeout: self.echo_timeout, request_timeout: self.switch_request_timeout, ..SwitchOptions::default() }
     }
 
     /// The OVSDB connection's tunables.
     pub fn ovsdb(&self) -> ClientOptions {
-        ClientOptions {
-            request_timeout: Some(self.ovsdb_timeout),
-            probe_interval: Some(self.ovsdb_probe),
-            ..ClientOptions::default()
-        }
+        ClientOptions { request_timeout: Some(self.ovsdb_timeout), probe_interval: Some(self.ovsdb_probe), ..ClientOptions::default() }
     }
 
     /// Reconnection delays, for both peers.
@@ -203,52 +194,15 @@ mod tests {
         assert!(cli.node.host_network && cli.audit.log.is_none());
 
         let args = [
-            "x",
-            "--bridge",
-            "br1",
-            "--ovs-rundir",
-            "/o",
-            "--datapath-type",
-            "netdev",
-            "--port-timeout",
-            "2.5",
-            "--no-host-network",
-            "--pod-api-socket",
-            "none",
-            "--metrics-addr",
-            "none",
-            "--cni-conf-dir",
-            "/c",
-            "--echo-interval",
-            "1",
-            "--ovsdb-timeout",
-            "3",
-            "--max-backoff",
-            "0.5",
-            "--dns-server",
-            "10.0.0.1:53",
-            "--dns-server",
-            "10.0.0.2:53",
-            "--state-dir",
-            "none",
-            "--audit-log",
-            "-",
-            "--audit-rate",
-            "7",
-            "--audit-all-policies",
-            "--policy-stats-interval",
-            "0",
-            "--warm-ports",
-            "4",
-            "--node",
-            "n1",
+            "x", "--bridge", "br1", "--ovs-rundir", "/o", "--datapath-type", "netdev", "--port-timeout", "2.5",
+            "--no-host-network", "--pod-api-socket", "none", "--metrics-addr", "none", "--cni-conf-dir", "/c",
+            "--echo-interval", "1", "--ovsdb-timeout", "3", "--max-backoff", "0.5", "--dns-server", "10.0.0.1:53",
+            "--dns-server", "10.0.0.2:53", "--state-dir", "none", "--audit-log", "-", "--audit-rate", "7",
+            "--audit-all-policies", "--policy-stats-interval", "0", "--warm-ports", "4", "--node", "n1",
         ];
         let o = Cli::try_parse_from(args).unwrap().run;
         assert_eq!(o.node.bridge.ovs.mgmt_socket(), "unix:/o/br1.mgmt");
-        assert_eq!(
-            (o.node.bridge.datapath_type, o.node.bridge.port_timeout),
-            (Some(crate::options::DatapathType::Netdev), Duration::from_millis(2500))
-        );
+        assert_eq!((o.node.bridge.datapath_type, o.node.bridge.port_timeout), (Some(crate::options::DatapathType::Netdev), Duration::from_millis(2500)));
         assert!(!o.node.host_network);
         assert_eq!((&o.node.api_socket, o.metrics_addr, &o.state_dir), (&None, None, &None));
         assert_eq!(o.node.cni_conf_dir, Some(PathBuf::from("/c")));

@@ -25,16 +25,12 @@ pub fn watch_file(path: PathBuf) -> watch::Receiver<Option<Arc<Loaded>>> {
         // timed from there (the debounce and the parse are part of what it waits for).
         let (ev_tx, mut ev_rx) = mpsc::channel::<Instant>(16);
         // Watch the directory: editors and `kubectl cp` replace the file rather than write it.
-        let dir =
-            path.parent().map(Path::to_path_buf).filter(|d| !d.as_os_str().is_empty()).unwrap_or_else(|| ".".into());
+        let dir = path.parent().map(Path::to_path_buf).filter(|d| !d.as_os_str().is_empty()).unwrap_or_else(|| ".".into());
         let name = path.file_name().map(|n| n.to_owned());
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             if let Ok(ev) = res {
                 // Reads (ours included) are not changes.
-                let change = matches!(
-                    ev.kind,
-                    notify::EventKind::Create(_) | notify::EventKind::Modify(_) | notify::EventKind::Remove(_)
-                );
+                let change = matches!(ev.kind, notify::EventKind::Create(_) | notify::EventKind::Modify(_) | notify::EventKind::Remove(_));
                 if change && ev.paths.iter().any(|p| p.file_name() == name.as_deref()) {
                     let _ = ev_tx.try_send(Instant::now());
                 }
@@ -71,13 +67,7 @@ pub fn watch_file(path: PathBuf) -> watch::Receiver<Option<Arc<Loaded>>> {
 
 /// Loads the file unless its content is what was loaded last; `at` is when the change was
 /// detected.
-fn load_into(
-    path: &Path,
-    tx: &watch::Sender<Option<Arc<Loaded>>>,
-    last: &mut Option<String>,
-    policies: &mut Policies,
-    at: Instant,
-) {
+fn load_into(path: &Path, tx: &watch::Sender<Option<Arc<Loaded>>>, last: &mut Option<String>, policies: &mut Policies, at: Instant) {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
@@ -101,15 +91,7 @@ fn load_into(
             }
             info!(path = %path.display(), pods = state.pods.len(), rejected = problems.len(), "state loaded");
             let policies_seen = policies.stamp(&state, at);
-            tx.send_replace(Some(Arc::new(Loaded {
-                state,
-                problems,
-                live_pods: None,
-                touched: None,
-                seq: 0,
-                pod_annotations: Default::default(),
-                policies_seen,
-            })));
+            tx.send_replace(Some(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen })));
         }
         Err(e) => {
             let kept = if tx.borrow().is_some() { "keeping the last good state" } else { "no state applied yet" };
@@ -165,8 +147,7 @@ mod tests {
     #[test]
     fn generations_count_changes_of_each_policy() {
         let (deny, open) = ("{podSelector: {}}", "{podSelector: {}, ingress: [{}]}");
-        let (t0, t1, t2) =
-            (Instant::now(), Instant::now() + Duration::from_secs(1), Instant::now() + Duration::from_secs(2));
+        let (t0, t1, t2) = (Instant::now(), Instant::now() + Duration::from_secs(1), Instant::now() + Duration::from_secs(2));
         let key = |n: &str| ("a".to_string(), n.to_string());
         let mut p = Policies::default();
         let s = p.stamp(&state(&[("px", deny)]), t0);

@@ -140,11 +140,8 @@ impl Bundle {
 }
 
 async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Result<(), SwitchError> {
-    let n = u32::try_from(bodies.len()).map_err(|_| openflow::EncodeError::TooLong {
-        what: "bundle",
-        len: bodies.len(),
-        max: u32::MAX as usize,
-    })?;
+    let n = u32::try_from(bodies.len())
+        .map_err(|_| openflow::EncodeError::TooLong { what: "bundle", len: bodies.len(), max: u32::MAX as usize })?;
     let bundle_id = switch.alloc_bundle_id();
     // xids: OPEN, n ADDs, BARRIER.
     let open = switch.alloc_xids(n + 2);
@@ -154,8 +151,10 @@ async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Re
         open,
         Box::new(Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::OpenRequest, flags))),
     ));
-    let add_msgs =
-        bodies.iter().enumerate().map(|(i, body)| Item::Bundled { xid: open + 1 + i as u32, bundle_id, flags, body });
+    let add_msgs = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| Item::Bundled { xid: open + 1 + i as u32, bundle_id, flags, body });
 
     // OPEN's own outcome is covered too: an error for it lands in the barrier's list.
     let mut guard = DiscardGuard { switch, bundle_id, flags, armed: true };
@@ -170,12 +169,7 @@ async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Re
     }
     let commit = switch.alloc_xids(1);
     let res = switch
-        .round_trip(
-            Outgoing::Msg(Box::new(ctrl(commit, bundle_id, BundleCtrlType::CommitRequest, flags))),
-            commit,
-            Some(adds),
-            "a bundle commit",
-        )
+        .round_trip(Outgoing::Msg(Box::new(ctrl(commit, bundle_id, BundleCtrlType::CommitRequest, flags))), commit, Some(adds), "a bundle commit")
         .await;
     // After a COMMIT attempt OVS has discarded the bundle whatever the outcome.
     guard.armed = !matches!(res, Ok(_) | Err(SwitchError::Disconnected(_)));
@@ -195,19 +189,18 @@ async fn commit_one(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Re
 }
 
 async fn commit_one_trip(switch: &Switch, flags: BundleFlags, bodies: &[Bytes]) -> Result<(), SwitchError> {
-    let n = u32::try_from(bodies.len()).map_err(|_| openflow::EncodeError::TooLong {
-        what: "bundle",
-        len: bodies.len(),
-        max: u32::MAX as usize,
-    })?;
+    let n = u32::try_from(bodies.len())
+        .map_err(|_| openflow::EncodeError::TooLong { what: "bundle", len: bodies.len(), max: u32::MAX as usize })?;
     let bundle_id = switch.alloc_bundle_id();
     // No OPEN: the first ADD opens the bundle with its flags (OVS's ofp_bundle_add_message,
     // wire reference §9.4 D), which spares the switch a message and a reply, and us a read.
     // xids: n ADDs, COMMIT.
     let first = switch.alloc_xids(n + 1);
     let commit = first + n;
-    let add_msgs =
-        bodies.iter().enumerate().map(|(i, body)| Item::Bundled { xid: first + i as u32, bundle_id, flags, body });
+    let add_msgs = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, body)| Item::Bundled { xid: first + i as u32, bundle_id, flags, body });
     let commit_msg = Message::BundleControl(BundleControl::new(bundle_id, BundleCtrlType::CommitRequest, flags));
     // Dropped before the COMMIT went out, the bundle would stay open: discard it then.
     let mut guard = DiscardGuard { switch, bundle_id, flags, armed: true };

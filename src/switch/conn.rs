@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use openflow::{codec::OfCodec, ErrorCode, ErrorMsg, FeaturesReply, Hello, Message, OfMessage, OFP_VERSION};
+use openflow::{
+    codec::OfCodec, ErrorCode, ErrorMsg, FeaturesReply, Hello, Message, OfMessage, OFP_VERSION,
+};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{Encoder, FramedRead};
@@ -104,8 +106,10 @@ pub(crate) async fn establish(
     queue: usize,
     handshake_timeout: Duration,
 ) -> Result<Established, SwitchError> {
-    let (r, mut w) =
-        target.connect().await.map_err(|source| SwitchError::Connect { target: target.to_string(), source })?;
+    let (r, mut w) = target
+        .connect()
+        .await
+        .map_err(|source| SwitchError::Connect { target: target.to_string(), source })?;
     let mut reader = FramedRead::new(r, OfCodec::default());
     let hs = async {
         write_msg(&mut w, &OfMessage::new(1, Message::Hello(Hello::of13()))).await?;
@@ -126,10 +130,7 @@ pub(crate) async fn establish(
                 }
             }
             Message::Error(e) => {
-                return Err(SwitchError::Handshake {
-                    target: target.to_string(),
-                    detail: format!("switch refused HELLO: {e}"),
-                })
+                return Err(SwitchError::Handshake { target: target.to_string(), detail: format!("switch refused HELLO: {e}") })
             }
             other => {
                 return Err(SwitchError::Handshake {

@@ -17,7 +17,7 @@ pub mod unixctl;
 pub use bundle::Bundle;
 pub use error::{CloseReason, Rejection, SwitchError};
 pub use packet_in::{packet_in_channel, PacketInCounters, PacketInMsg, PacketInSink, PacketIns};
-pub use supervisor::{Backoff, OnConnect, Supervisor, SwitchEvent, ON_CONNECT_DEADLINE};
+pub use supervisor::{Backoff, OnConnect, SwitchEvent, Supervisor, ON_CONNECT_DEADLINE};
 pub use transport::Target;
 pub use unixctl::{CtlError, VswitchdCtl};
 
@@ -367,8 +367,7 @@ impl Switch {
         let xid = self.alloc_xids(1);
         let (tx, rx) = oneshot::channel();
         self.register(xid, Waiter::Multipart(MultipartAssembler::default(), tx), None)?;
-        if let Err(e) = self.enqueue(Outgoing::Msg(Box::new(OfMessage::new(xid, Message::MultipartRequest(req))))).await
-        {
+        if let Err(e) = self.enqueue(Outgoing::Msg(Box::new(OfMessage::new(xid, Message::MultipartRequest(req))))).await {
             self.inner.shared.table().forget(xid);
             return Err(e);
         }

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openflow::{
-    AsyncConfig, Message, MeterFeatures, MeterMod, MultipartReplyBody, MultipartRequest, PacketIn, PacketIn2,
+    AsyncConfig, MeterFeatures, MeterMod, Message, MultipartReplyBody, MultipartRequest, PacketIn, PacketIn2,
     NXPIF_NXT_PACKET_IN2,
 };
 use tokio::sync::mpsc;
@@ -169,8 +169,7 @@ impl Switch {
 /// flow-removed messages of deleted and timed-out flows (only the NetworkPolicy counting flows
 /// set `send_flow_rem`).
 fn async_base() -> AsyncConfig {
-    let removed =
-        (1 << openflow::OFPRR_IDLE_TIMEOUT) | (1 << openflow::OFPRR_HARD_TIMEOUT) | (1 << openflow::OFPRR_DELETE);
+    let removed = (1 << openflow::OFPRR_IDLE_TIMEOUT) | (1 << openflow::OFPRR_HARD_TIMEOUT) | (1 << openflow::OFPRR_DELETE);
     AsyncConfig { flow_removed: [removed, removed], ..AsyncConfig::default() }
 }
 

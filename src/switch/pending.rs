@@ -123,8 +123,7 @@ impl Table {
             }
             Waiter::Multipart(mut asm, tx) => {
                 let openflow::Message::MultipartReply(part) = msg.msg else {
-                    let _ = tx
-                        .send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
+                    let _ = tx.send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
                     return true;
                 };
                 match asm.push(part) {
@@ -147,10 +146,7 @@ impl Table {
             }
             Waiter::Parts(tx) => {
                 let openflow::Message::MultipartReply(part) = msg.msg else {
-                    let _ = tx.try_send(Err(SwitchError::UnexpectedReply {
-                        request: "MULTIPART_REQUEST",
-                        got: msg.msg.name(),
-                    }));
+                    let _ = tx.try_send(Err(SwitchError::UnexpectedReply { request: "MULTIPART_REQUEST", got: msg.msg.name() }));
                     return true;
                 };
                 let more = part.more();
@@ -159,10 +155,7 @@ impl Table {
                     return true;
                 }
                 if more {
-                    self.pending.insert(
-                        xid,
-                        Pending { waiter: Waiter::Parts(tx), covered: std::mem::take(&mut p.covered), cover },
-                    );
+                    self.pending.insert(xid, Pending { waiter: Waiter::Parts(tx), covered: std::mem::take(&mut p.covered), cover });
                 }
             }
         }

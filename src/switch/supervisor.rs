@@ -77,12 +77,7 @@ impl Supervisor {
 
     /// Starts connecting in the background; `on_connect` runs on every new connection before
     /// it is published.
-    pub fn spawn_with(
-        target: &str,
-        opts: SwitchOptions,
-        backoff: Backoff,
-        on_connect: Option<OnConnect>,
-    ) -> Result<Supervisor, SwitchError> {
+    pub fn spawn_with(target: &str, opts: SwitchOptions, backoff: Backoff, on_connect: Option<OnConnect>) -> Result<Supervisor, SwitchError> {
         let target = Target::parse(target)?;
         let (cur_tx, current) = watch::channel(None);
         let (events, _) = broadcast::channel(64);

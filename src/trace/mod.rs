@@ -122,11 +122,7 @@ pub struct Inventory {
 impl Inventory {
     /// Builds the inventory from `state`, the agent's pod requests and OVSDB's ports (whose pod
     /// records name the API pods when the agent is not running).
-    pub fn new(
-        state: Option<ClusterState>,
-        api_pods: Vec<crate::reconcile::record::PodRecord>,
-        ports: Ports,
-    ) -> Inventory {
+    pub fn new(state: Option<ClusterState>, api_pods: Vec<crate::reconcile::record::PodRecord>, ports: Ports) -> Inventory {
         let Ports { ofports, macs, records } = ports;
         let mut pods: Vec<PodInfo> = Vec::new();
         let vnid_of = |ns: &str| state.as_ref().and_then(|s| s.vnid_of(ns)).map(|v| v.get());
