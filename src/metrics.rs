@@ -426,6 +426,10 @@ pub struct Health {
     watchdog_ms: std::sync::atomic::AtomicU64,
     /// Each executor's last result.
     executors: Mutex<[ExecutorHealth; 3]>,
+    /// What the source waits for before it can deliver a state (Kubernetes: a ClusterNetwork,
+    /// this node's HostSubnet, the first lists), or, after one, before it can deliver the next
+    /// (the last good state stays applied meanwhile).
+    waiting: Mutex<Option<String>>,
 }
 
 impl Default for Health {
@@ -439,6 +443,7 @@ impl Default for Health {
             epoch: std::time::Instant::now(),
             watchdog_ms: std::sync::atomic::AtomicU64::new(120_000),
             executors: Mutex::default(),
+            waiting: Mutex::default(),
         }
     }
 }
@@ -483,14 +488,16 @@ impl Health {
         if let Some(w) = self.unhealthy() {
             why.push(w);
         }
+        if !self.synced.load(Ordering::Relaxed) {
+            // What the source waits for, before the peers: without a state there is no bridge
+            // for the switch to connect to either.
+            why.push(self.waiting().unwrap_or_else(|| "state not synced".into()));
+        }
         if !self.switch.load(Ordering::Relaxed) {
             why.push("switch (OpenFlow) not connected".into());
         }
         if !self.ovsdb.load(Ordering::Relaxed) {
             why.push("ovsdb-server not connected".into());
-        }
-        if !self.synced.load(Ordering::Relaxed) {
-            why.push("state not synced".into());
         }
         for (e, h) in Executor::ALL.iter().zip(self.executors()) {
             if let Some(err) = &h.error {
@@ -508,6 +515,18 @@ impl Health {
             why.push("switch not converged to the latest state".into());
         }
         (!why.is_empty()).then(|| why.join("; "))
+    }
+
+    /// The source says what it waits for (`None`: nothing). Before the first state this is
+    /// why the node is not ready; after it, the last good state stays applied and this is
+    /// reported by `sdn-node status` only.
+    pub fn set_waiting(&self, what: Option<String>) {
+        *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = what;
+    }
+
+    /// What the source waits for, if anything (see [`Health::set_waiting`]).
+    pub fn waiting(&self) -> Option<String> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Every executor's health, in [`Executor::ALL`] order.
@@ -623,6 +642,21 @@ mod tests {
         t.executor_result::<String>(Executor::Host, &Ok(()));
         assert_eq!(t.health.not_ready(), None);
         assert!(t.health.executors()[0].last_ok.is_some());
+    }
+
+    #[test]
+    fn what_the_source_waits_for_is_why_not_ready_until_synced() {
+        let h = Health::default();
+        h.switch.store(true, Ordering::Relaxed);
+        h.ovsdb.store(true, Ordering::Relaxed);
+        assert!(h.not_ready().unwrap().starts_with("state not synced"), "{:?}", h.not_ready());
+        h.set_waiting(Some("no HostSubnet for node n yet".into()));
+        assert!(h.not_ready().unwrap().starts_with("no HostSubnet for node n yet"), "{:?}", h.not_ready());
+        // Synced: the last good state applies; the wait is status' to say, not readiness'.
+        h.synced.store(true, Ordering::Relaxed);
+        h.converged.store(true, Ordering::Relaxed);
+        assert_eq!(h.not_ready(), None);
+        assert_eq!(h.waiting().as_deref(), Some("no HostSubnet for node n yet"));
     }
 
     #[test]

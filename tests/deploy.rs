@@ -1072,10 +1072,11 @@ fn apparmor_profile_allows_what_the_agent_does() {
     assert!(out.status.success(), "apparmor_parser -Q: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// `nodes patch` is granted cluster-wide (RBAC cannot say "this pod's node"); the admission
-/// policy narrows the agent's Node writes to its own Node and the one label it sets.
+/// `nodes patch` and `nodes/status patch` are granted cluster-wide (RBAC cannot say "this pod's
+/// node"); the admission policy narrows the agent's Node writes to its own Node, the one label
+/// it sets and, in status, the one condition it sets (to False only).
 #[test]
-fn node_writes_are_limited_to_the_agents_own_label() {
+fn node_writes_are_limited_to_the_agents_own_label_and_condition() {
     let m = Manifests::load();
     let policy = &m.admission_policies[0];
     let binding = &m.admission_bindings[0];
@@ -1084,7 +1085,11 @@ fn node_writes_are_limited_to_the_agents_own_label() {
     let rules = spec.match_constraints.as_ref().and_then(|c| c.resource_rules.clone()).unwrap_or_default();
     assert_eq!(rules.len(), 1);
     assert_eq!(rules[0].api_groups.as_deref(), Some(&[String::new()][..]));
-    assert_eq!(rules[0].resources.as_deref(), Some(&["nodes".to_string()][..]), "the Node itself (the agent writes no status)");
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["nodes".to_string(), "nodes/status".to_string()][..]),
+        "the Node itself and its status subresource"
+    );
     assert_eq!(rules[0].operations.as_deref(), Some(&["UPDATE".to_string()][..]), "a PATCH is admitted as an UPDATE");
     // Only the agent's ServiceAccount, exactly.
     let sa = &m.service_accounts[0].metadata;
@@ -1106,13 +1111,75 @@ fn node_writes_are_limited_to_the_agents_own_label() {
     for part in ["object.spec == oldObject.spec", "annotations", "ownerReferences", "finalizers"] {
         assert!(all.iter().any(|e| e.contains(part)), "{part} unchanged");
     }
+    // The rules of the Node itself hold for both (the status subresource cannot be a way around
+    // them); those of its status only for the status subresource (the Node's own UPDATE keeps
+    // the status as it was anyway).
+    let status_only = |e: &&str| e.starts_with("request.subResource != 'status' || (");
+    for e in all.iter().filter(|e| !status_only(e)) {
+        assert!(!e.contains("subResource") && !e.contains("status"), "a rule of the Node itself: {e}");
+    }
+    let status_rules: Vec<&str> = all.iter().copied().filter(status_only).collect();
+    assert_eq!(status_rules.len(), 2, "{all:#?}");
+    for e in &status_rules {
+        let open = e.matches('(').count();
+        assert_eq!(open, e.matches(')').count(), "balanced: {e}");
+        assert!(e.trim_end().ends_with(')'), "the whole rule is under the subresource guard: {e}");
+    }
+    // The condition is the one the agent writes, and the only one it may change: the others
+    // compared, this one only to False, and not removed.
+    let condition = vars.iter().find(|v| v.name == "condition").expect("variable condition");
+    assert_eq!(condition.expression, format!("'{}'", sdn_node::kube::node_status::CONDITION));
+    for v in ["newConditions", "oldConditions"] {
+        let var = vars.iter().find(|x| x.name == v).unwrap_or_else(|| panic!("variable {v}"));
+        let of = if v == "newConditions" { "object" } else { "oldObject" };
+        assert_eq!(
+            var.expression,
+            format!("has({of}.status) && has({of}.status.conditions) ? {of}.status.conditions : []")
+        );
+    }
+    let conditions = status_rules.iter().find(|e| e.contains("variables.newConditions")).expect("the conditions rule");
+    for part in [
+        "variables.newConditions.filter(c, c.type != variables.condition) == variables.oldConditions.filter(c, c.type != variables.condition)",
+        "variables.newConditions.all(c, c.type != variables.condition || c.status == 'False')",
+        "variables.oldConditions.all(c, c.type != variables.condition) || variables.newConditions.exists(c, c.type == variables.condition)",
+    ] {
+        assert!(conditions.contains(part), "{part}: {conditions}");
+    }
+    // Every other status field the policy can name is compared, old to new.
+    let fields = status_rules.iter().find(|e| !e.contains("variables.newConditions")).unwrap();
+    assert!(fields.contains("has(object.status) == has(oldObject.status)"), "{fields}");
+    for f in [
+        "addresses",
+        "allocatable",
+        "capacity",
+        "images",
+        "volumesAttached",
+        "volumesInUse",
+        "phase",
+        "nodeInfo",
+        "daemonEndpoints",
+        "config",
+    ] {
+        let compared = fields.contains(&format!("(has(object.status.{f}) ? object.status.{f} :"))
+            && fields.contains(&format!("(has(oldObject.status.{f}) ? oldObject.status.{f} :"))
+            || fields.contains(&format!("object.status.{f} == oldObject.status.{f}"));
+        assert!(compared, "status.{f} unchanged: {fields}");
+    }
+    assert!(!fields.contains("conditions"), "{fields}");
     assert!(v.iter().all(|x| x.message.as_deref().is_some_and(|m| m.contains("sdn-node"))), "every refusal says why");
     let b = binding.spec.as_ref().unwrap();
     assert_eq!(b.policy_name, policy.metadata.name.clone());
     assert_eq!(b.validation_actions.as_deref(), Some(&["Deny".to_string()][..]));
     assert!(b.match_resources.is_none() && b.param_ref.is_none(), "cluster-wide, no parameters");
-    // RBAC still has to grant the write the policy narrows.
-    assert!(sdn_node::kube::rbac_rules().iter().any(|(g, r, verbs)| g.is_empty() && r == "nodes" && verbs.iter().any(|v| v == "patch")));
+    // RBAC still has to grant the writes the policy narrows.
+    for resource in ["nodes", "nodes/status"] {
+        assert!(
+            sdn_node::kube::rbac_rules()
+                .iter()
+                .any(|(g, r, verbs)| g.is_empty() && r == resource && verbs.iter().any(|v| v == "patch")),
+            "{resource} patch"
+        );
+    }
 }
 
 /// The metrics endpoint is unauthenticated: it listens on the node's loopback, and the README

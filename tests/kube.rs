@@ -30,10 +30,16 @@ struct Daemon {
 
 impl Daemon {
     async fn start(fake: &FakeKube) -> Daemon {
+        Daemon::start_with(fake, None).await
+    }
+
+    /// [`Daemon::start`], serving /metrics, /healthz and /readyz on `metrics`.
+    async fn start_with(fake: &FakeKube, metrics: Option<std::net::SocketAddr>) -> Daemon {
         let sb = support::sandbox_with_bridge().await;
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = fake.kubeconfig(dir.path());
         let mut opts = RunOptions::new(PathBuf::new(), sb.dir().to_path_buf());
+        opts.metrics_addr = metrics;
         opts.node.bridge.datapath_type = Some(sdn_node::options::DatapathType::Dummy);
         let api_socket = dir.path().join("api.sock");
         opts.node.api_socket = Some(api_socket.clone());
@@ -196,6 +202,11 @@ fn populate(fake: &FakeKube) {
     fake.put("pods", pod("team-a", "elsewhere", "node-b"));
 }
 
+/// The PATCHes of this Node itself (its labels; not its status, not Events).
+fn label_patches(fake: &FakeKube) -> Vec<(String, String, Value)> {
+    fake.patches().into_iter().filter(|(p, _, _)| *p == format!("/api/v1/nodes/{NODE}")).collect()
+}
+
 fn list_requests(fake: &FakeKube, path: &str) -> usize {
     fake.requests().iter().filter(|r| r.starts_with(&format!("GET {path}")) && !r.contains("watch=")).count()
 }
@@ -324,7 +335,7 @@ async fn cluster_objects_drive_the_flows() {
         fake.requests()
     );
     // Never forbidden: the label was never set.
-    assert!(fake.patches().is_empty(), "{:?}", fake.patches());
+    assert!(label_patches(&fake).is_empty(), "{:?}", fake.patches());
     d.ready_again("at the end of the test").await;
     d.stop().await;
 }
@@ -340,7 +351,7 @@ async fn forbidden_egress_policies_label_the_node() {
     d.until("service web (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.10", "tp_dst=80"])).await;
     assert!(!has(&d.table(100), &["1.2.3.0/24"]));
     let patches = poll("the node label PATCH", || {
-        let p = fake.patches();
+        let p = label_patches(&fake);
         async move {
             if p.is_empty() {
                 Err("no PATCH yet".into())
@@ -370,7 +381,7 @@ async fn forbidden_egress_policies_label_the_node() {
         }
     })
     .await;
-    assert_eq!(fake.patches().last().unwrap().2, json!({"metadata": {"labels": {LABEL: null}}}));
+    assert_eq!(label_patches(&fake).last().unwrap().2, json!({"metadata": {"labels": {LABEL: null}}}));
     d.ready_again("at the end of the test").await;
     d.stop().await;
 }
@@ -501,9 +512,16 @@ async fn network_policies_drive_table_80() {
     fake.put("networkpolicies", next);
     d.until("generation 2's port", 80, |f| has(f, &["nw_src=10.129.0.5", "tp_dst=5433"])).await;
     // The Recorder publishes a repeat as the first Event's series (a PATCH counting it).
-    let event_patches = || fake.patches().into_iter().filter(|(p, _, _)| p.starts_with("/apis/events.k8s.io/v1/namespaces/team-a/events/")).count();
+    let policy_posts =
+        || fake.posts().iter().filter(|(p, _)| p == "/apis/events.k8s.io/v1/namespaces/team-a/events").count();
+    let event_patches = || {
+        fake.patches()
+            .into_iter()
+            .filter(|(p, _, _)| p.starts_with("/apis/events.k8s.io/v1/namespaces/team-a/events/"))
+            .count()
+    };
     poll("the second Event", || {
-        let (posts, patches) = (fake.posts().len(), event_patches());
+        let (posts, patches) = (policy_posts(), event_patches());
         async move { if posts + patches == 2 { Ok(()) } else { Err(format!("{posts} POSTs, {patches} PATCHes")) } }
     })
     .await;
@@ -514,7 +532,7 @@ async fn network_policies_drive_table_80() {
         async move { if n == 0 { Ok(()) } else { Err(format!("{n}")) } }
     })
     .await;
-    assert_eq!(fake.posts().len() + event_patches(), 2, "{:#?} {:#?}", fake.posts(), fake.patches());
+    assert_eq!(policy_posts() + event_patches(), 2, "{:#?} {:#?}", fake.posts(), fake.patches());
     d.ready_again("at the end of the test").await;
     d.stop().await;
 }
@@ -616,5 +634,277 @@ async fn other_plugins_watch_only_their_node_pods() {
     })
     .await;
     d.ready_again("at the end of the test").await;
+    d.stop().await;
+}
+
+/// A free loopback address for the metrics endpoint (bound and released: the agent binds it
+/// again at once).
+fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// `GET path` on `addr`: (status, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("{addr}: {e}"))?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.map_err(|e| e.to_string())?;
+    let code =
+        text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| format!("no status line: {text}"))?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((code, body))
+}
+
+/// `sdn-node status` (a process of its own) against the agent's socket: (human, --json).
+async fn status_cli(d: &Daemon) -> (String, Value) {
+    let run = |json: bool| {
+        let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"));
+        c.arg("status").arg("--socket").arg(&d.api_socket);
+        if json {
+            c.arg("--json");
+        }
+        c.output()
+    };
+    let human = run(false).await.unwrap();
+    assert!(human.status.success(), "sdn-node status: {}", String::from_utf8_lossy(&human.stderr));
+    let json = run(true).await.unwrap();
+    assert!(json.status.success(), "sdn-node status --json: {}", String::from_utf8_lossy(&json.stderr));
+    (
+        String::from_utf8_lossy(&human.stdout).into_owned(),
+        serde_json::from_slice(&json.stdout).expect("status --json is JSON"),
+    )
+}
+
+/// The Events API writes regarding this Node: its POSTed Events, and the PATCHes of Events in
+/// "default" (where the Recorder files a cluster-scoped object's Events: a repeat is a PATCH of
+/// the first one's series).
+fn node_event_writes(fake: &FakeKube) -> (Vec<Value>, usize) {
+    let posts = fake
+        .posts()
+        .into_iter()
+        .filter(|(_, e)| e["regarding"]["kind"] == "Node" && e["regarding"]["name"] == NODE)
+        .map(|(_, e)| e)
+        .collect();
+    let patches = fake
+        .patches()
+        .iter()
+        .filter(|(p, _, _)| p.starts_with("/apis/events.k8s.io/v1/namespaces/default/events/"))
+        .count();
+    (posts, patches)
+}
+
+/// The PATCH requests of this Node's status so far (answered or not).
+fn status_patch_requests(fake: &FakeKube) -> usize {
+    fake.requests().iter().filter(|r| r.starts_with(&format!("PATCH /api/v1/nodes/{NODE}/status"))).count()
+}
+
+/// Until `what` holds: /readyz answers 503 with `reason` in its body, `sdn-node status` (human
+/// and --json) says the same, and a Warning Event regarding this Node has `event_reason` and
+/// `reason` as its note. Returns the Node's Events so far.
+async fn says_it_waits(
+    d: &Daemon,
+    fake: &FakeKube,
+    metrics: std::net::SocketAddr,
+    reason: &str,
+    event_reason: &str,
+) -> Vec<Value> {
+    poll(&format!("/readyz saying {reason:?}"), || async move {
+        match http_get(metrics, "/readyz").await? {
+            (503, body) if body.contains(reason) => Ok(()),
+            (code, body) => Err(format!("{code}: {body}")),
+        }
+    })
+    .await;
+    let (human, json) = status_cli(d).await;
+    assert!(json["not_ready"].as_str().is_some_and(|w| w.contains(reason)), "{json:#}");
+    assert_eq!(json["waiting"].as_str(), Some(reason), "{json:#}");
+    assert!(
+        human.contains(&format!("ready:      no: {reason}")) && human.contains(&format!("waiting:    {reason}\n")),
+        "{human}"
+    );
+    let events = poll(&format!("the {event_reason} Event on the Node"), || {
+        let (events, _) = node_event_writes(fake);
+        async move {
+            if events.iter().any(|e| e["reason"] == event_reason) {
+                Ok(events)
+            } else {
+                Err(format!("{events:#?}"))
+            }
+        }
+    })
+    .await;
+    let e = events.iter().find(|e| e["reason"] == event_reason).unwrap();
+    assert_eq!(e["type"], "Warning", "{e:#}");
+    assert_eq!(e["note"], reason, "{e:#}");
+    assert_eq!(e["regarding"]["apiVersion"], "v1", "{e:#}");
+    assert_eq!(e["regarding"]["uid"], NODE, "kubectl describe node finds a node's Events by its name as UID: {e:#}");
+    assert_eq!(e["reportingInstance"], NODE, "{e:#}");
+    assert_eq!(e["reportingController"], "sdn-node", "{e:#}");
+    events
+}
+
+/// Issue 33 item 5: on a cluster where nothing made ClusterNetwork "default" or this node's
+/// HostSubnet yet (no controller running), the agent says what it waits for and who makes it —
+/// /readyz (503), `sdn-node status` (human and --json), one Warning Event regarding the Node
+/// per wait (not one per pass) — sets no Node condition, and goes on with no restart when the
+/// objects arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_says_what_it_waits_for_and_goes_on_when_it_arrives() {
+    let fake = FakeKube::start().await;
+    fake.put("nodes", json!({"metadata": {"name": NODE}}));
+    fake.put("netnamespaces", net_namespace("default", 0));
+    fake.put("netnamespaces", net_namespace("team-a", 11));
+    fake.put("services", service("team-a", "web", "172.30.0.10", &[("TCP", 80)]));
+    let metrics = free_addr();
+    let d = Daemon::start_with(&fake, Some(metrics)).await;
+
+    // No ClusterNetwork.
+    let cn_wait = "waiting for ClusterNetwork \"default\" (created by openshift-sdn's master or sdn-node controller: is it running?)";
+    says_it_waits(&d, &fake, metrics, cn_wait, "WaitingForClusterNetwork").await;
+
+    // The ClusterNetwork, another node's HostSubnet, none for this node.
+    fake.put("clusternetworks", cluster_network());
+    fake.put("hostsubnets", host_subnet("node-b", "172.17.0.3", "10.129.0.0/23"));
+    let hs_wait =
+        "no HostSubnet for node node-a yet (created by sdn-node controller or openshift-sdn's master: is it running?)";
+    says_it_waits(&d, &fake, metrics, hs_wait, "WaitingForHostSubnet").await;
+
+    // More changes while it waits: each is a pass that cannot build a state, none a new Event.
+    // This node's HostSubnet, rejected (outside the cluster network), comes last on the same
+    // watch: once its Event is out, every change before it has been seen.
+    for i in 0..20u32 {
+        fake.put(
+            "hostsubnets",
+            host_subnet(&format!("node-x{i}"), &format!("172.17.1.{i}"), &format!("10.130.{}.0/23", i * 2)),
+        );
+    }
+    fake.put("hostsubnets", host_subnet(NODE, "172.17.0.2", "192.168.0.0/23"));
+    let bad = "waiting for a valid HostSubnet for node node-a: hostsubnet node-a: field subnet: 192.168.0.0/23 is outside the cluster network 10.128.0.0/14";
+    says_it_waits(&d, &fake, metrics, bad, "InvalidHostSubnet").await;
+    let (events, patches) = node_event_writes(&fake);
+    let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
+    assert_eq!(
+        reasons,
+        ["WaitingForClusterNetwork", "WaitingForHostSubnet", "InvalidHostSubnet"],
+        "one Event per wait: {events:#?}"
+    );
+    assert_eq!(patches, 0, "no repeat of a wait's Event: {:#?}", fake.patches());
+    // Not ready: the Node's conditions are left alone.
+    assert_eq!(status_patch_requests(&fake), 0, "{:#?}", fake.requests());
+
+    // The HostSubnet fixed: the agent goes on, same process, and says ready everywhere.
+    fake.put("hostsubnets", host_subnet(NODE, "172.17.0.2", "10.128.2.0/23"));
+    d.until("node-b's subnet (table 90)", 90, |f| has(f, &["nw_dst=10.129.0.0/23", "172.17.0.3"])).await;
+    d.ready_again("once this node's HostSubnet exists").await;
+    poll("/readyz 200", || async move {
+        match http_get(metrics, "/readyz").await? {
+            (200, _) => Ok(()),
+            (code, body) => Err(format!("{code}: {body}")),
+        }
+    })
+    .await;
+    let (human, json) = status_cli(&d).await;
+    assert!(json["not_ready"].is_null() && json["waiting"].is_null(), "{json:#}");
+    assert!(human.contains("ready:      yes") && !human.contains("waiting:"), "{human}");
+    // Ready: the Node's NetworkUnavailable condition is written (see the test below for what).
+    poll("the Node status PATCH once ready", || {
+        let n = status_patch_requests(&fake);
+        async move {
+            if n > 0 {
+                Ok(())
+            } else {
+                Err("none yet".to_string())
+            }
+        }
+    })
+    .await;
+    assert_eq!(node_event_writes(&fake).0.len(), 3, "no Event when the wait ends");
+    d.ready_again("at the end of the test").await;
+    d.stop().await;
+}
+
+/// Issue 33 item 5: once ready, the agent sets its own Node's NetworkUnavailable condition to
+/// False, as Calico and flannel do: one strategic merge patch of the Node's status subresource
+/// naming that one condition (the Node's other conditions stay), once per start. A patch that
+/// fails (here: the Node is not there yet) is retried with backoff and holds nothing back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_unavailable_is_set_false_once_ready() {
+    let fake = FakeKube::start().await;
+    populate(&fake);
+    let node = fake.object("nodes", "", NODE).unwrap();
+    fake.delete("nodes", "", NODE);
+    let d = Daemon::start(&fake).await;
+    d.ready_again("with the Node missing").await;
+    // The agent is ready and tries; the Node is not there (404): it retries.
+    poll("a failed status PATCH", || {
+        let n = status_patch_requests(&fake);
+        async move {
+            if n > 0 {
+                Ok(())
+            } else {
+                Err("none yet".to_string())
+            }
+        }
+    })
+    .await;
+    d.add_pod("team-a", "a1", "veth-a1", "10.128.2.5", "0a:58:0a:80:02:05").await;
+    d.until("pod a1 (table 70): pods are not held back", 70, |f| has(f, &["nw_dst=10.128.2.5"])).await;
+
+    // The Node appears, as a kubelet registers it: with its conditions (a cloud's route
+    // controller set NetworkUnavailable True).
+    let mut node = node;
+    node["status"] = json!({"conditions": [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastHeartbeatTime": "2025-01-01T00:00:00Z", "lastTransitionTime": "2025-01-01T00:00:00Z"},
+        {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "lastHeartbeatTime": "2025-01-01T00:00:00Z", "lastTransitionTime": "2025-01-01T00:00:00Z"},
+        {"type": "NetworkUnavailable", "status": "True", "reason": "NoRouteCreated", "lastHeartbeatTime": "2025-01-01T00:00:00Z", "lastTransitionTime": "2025-01-01T00:00:00Z"}]});
+    fake.put("nodes", node);
+    let conditions = poll("NetworkUnavailable False", || {
+        let n = fake.object("nodes", "", NODE).unwrap();
+        async move {
+            let c = n["status"]["conditions"].as_array().cloned().unwrap_or_default();
+            match c.iter().find(|c| c["type"] == "NetworkUnavailable") {
+                Some(nu) if nu["status"] == "False" => Ok(c),
+                _ => Err(format!("{n:#}")),
+            }
+        }
+    })
+    .await;
+    let nu = conditions.iter().find(|c| c["type"] == "NetworkUnavailable").unwrap();
+    assert_eq!(nu["reason"], sdn_node::kube::node_status::REASON, "{nu:#}");
+    assert_eq!(nu["message"], sdn_node::kube::node_status::MESSAGE, "{nu:#}");
+    for t in ["lastTransitionTime", "lastHeartbeatTime"] {
+        let at = nu[t].as_str().unwrap_or_default();
+        assert!(
+            at.parse::<jiff::Timestamp>().is_ok_and(|at| at > "2025-01-01T00:00:00Z".parse().unwrap()),
+            "{t}: {nu:#}"
+        );
+    }
+    // The other conditions as they were.
+    let types: Vec<&str> = conditions.iter().filter_map(|c| c["type"].as_str()).collect();
+    assert_eq!(types, ["Ready", "MemoryPressure", "NetworkUnavailable"], "{conditions:#?}");
+    for t in ["Ready", "MemoryPressure"] {
+        let c = conditions.iter().find(|c| c["type"] == t).unwrap();
+        assert_eq!(c["lastHeartbeatTime"], "2025-01-01T00:00:00Z", "{c:#}");
+    }
+    // How: a strategic merge patch of the status subresource, naming that one condition.
+    let status_patches: Vec<_> =
+        fake.patches().into_iter().filter(|(p, _, _)| *p == format!("/api/v1/nodes/{NODE}/status")).collect();
+    let (_, content_type, body) = status_patches.last().expect("the status PATCH is recorded");
+    assert_eq!(content_type, "application/strategic-merge-patch+json");
+    let patched = body["status"]["conditions"].as_array().unwrap();
+    assert_eq!(patched.len(), 1, "{body:#}");
+    assert_eq!(patched[0]["type"], "NetworkUnavailable");
+    assert_eq!(body.as_object().unwrap().len(), 1, "status alone: {body:#}");
+    assert!(label_patches(&fake).is_empty(), "the Node itself is not written: {:#?}", fake.patches());
+    // Once per start: written, not again.
+    let requests = status_patch_requests(&fake);
+    d.ready_again("at the end of the test").await;
+    fake.put("services", service("team-b", "db", "172.30.0.20", &[("TCP", 5432)]));
+    d.until("service db (table 60)", 60, |f| has(f, &["nw_dst=172.30.0.20"])).await;
+    d.ready_again("after one more change").await;
+    assert_eq!(status_patch_requests(&fake), requests, "written once");
     d.stop().await;
 }

@@ -150,6 +150,11 @@ pub struct Status {
     pub ovsdb: Connection,
     /// `None` when ready, else why not (as `/readyz` says).
     pub not_ready: Option<String>,
+    /// What the cluster-state source waits for (Kubernetes: ClusterNetwork "default", this
+    /// node's HostSubnet, the first lists), if anything. Before the first state this is also
+    /// why the node is not ready; after it the last good state stays applied.
+    #[serde(default)]
+    pub waiting: Option<String>,
     pub synced: bool,
     pub converged: bool,
     /// The pipeline's rule version (the table-253 note).
@@ -322,6 +327,7 @@ pub async fn status(node: &Node) -> Status {
             connects: counter("reconnects", "target=\"ovsdb\""),
         },
         not_ready: h.not_ready(),
+        waiting: h.waiting(),
         synced: h.synced.load(Ordering::Relaxed),
         converged: h.converged.load(Ordering::Relaxed),
         pipeline_version: crate::pipeline::VERSION,
@@ -375,6 +381,10 @@ impl std::fmt::Display for Status {
             "ready:      {}",
             self.not_ready.as_deref().map(|w| format!("no: {w}")).unwrap_or_else(|| "yes".into())
         );
+        if let Some(w) = &self.waiting {
+            let kept = if self.synced { " (the last good state stays applied)" } else { "" };
+            let _ = writeln!(s, "waiting:    {w}{kept}");
+        }
         let _ = writeln!(
             s,
             "pipeline:   version {} ({})",

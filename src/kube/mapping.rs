@@ -469,6 +469,19 @@ impl Objects {
         })
     }
 
+    /// The watched kinds that have not listed yet (what [`Objects::ready`] waits for).
+    pub fn unlisted(&self) -> Vec<Kind> {
+        Kind::ALL
+            .iter()
+            .copied()
+            .filter(|k| {
+                self.watched[k.slot()]
+                    && !self.ready[k.slot()]
+                    && !(self.egress_forbidden && *k == Kind::EgressNetworkPolicy)
+            })
+            .collect()
+    }
+
     /// A (new) watcher of `kind` starts: nothing is published until it has listed (its objects
     /// so far stay until the list replaces them).
     pub fn watch(&mut self, kind: Kind) {
@@ -740,9 +753,9 @@ impl Objects {
     }
 
     /// Assembles the state from the converted objects and validates it: `None` if nothing
-    /// changed since `last` (or not every kind has listed yet), an error if no state can be
-    /// built (the changes are kept for the next attempt).
-    pub fn publish(&mut self, last: Option<&Loaded>) -> Option<Result<Loaded, String>> {
+    /// changed since `last` (or not every kind has listed yet), what is missing if no state can
+    /// be built (the changes are kept for the next attempt).
+    pub fn publish(&mut self, last: Option<&Loaded>) -> Option<Result<Loaded, Unusable>> {
         if !self.ready() || (!self.changes.any && last.is_some()) {
             return None;
         }
@@ -769,15 +782,33 @@ impl Objects {
     }
 
     /// The state from the converted objects (every watched kind as listed), validated.
-    pub fn assemble(&self) -> Result<(ClusterState, Vec<Problem>), String> {
+    pub fn assemble(&self) -> Result<(ClusterState, Vec<Problem>), Unusable> {
         let m = &self.live;
         let cfg = match &m.cluster_network {
-            None => return Err("ClusterNetwork \"default\" does not exist".into()),
-            Some(Err(e)) => return Err(e.clone()),
+            None => return Err(Unusable::NoClusterNetwork),
+            Some(Err(e)) => return Err(Unusable::ClusterNetwork(e.clone())),
             Some(Ok(c)) => c,
         };
-        let header = validate::header(self.node.clone(), cfg.plugin, &cfg.cluster_network, &cfg.service_network, cfg.vxlan_port, cfg.mtu)
-            .map_err(|e| format!("ClusterNetwork \"default\": {e}"))?;
+        let header = validate::header(
+            self.node.clone(),
+            cfg.plugin,
+            &cfg.cluster_network,
+            &cfg.service_network,
+            cfg.vxlan_port,
+            cfg.mtu,
+        )
+        .map_err(|e| Unusable::ClusterNetwork(format!("ClusterNetwork \"default\": {e}")))?;
+        // This node's own HostSubnet, as converted: none at all is a wait for whoever creates
+        // HostSubnets; one rejected on its own names its fields.
+        let own = format!("hostsubnet {}", self.node);
+        let own_problems: Vec<String> =
+            m.host_subnets.problems().filter(|p| p.object == own).map(ToString::to_string).collect();
+        if !m.host_subnets.values().any(|h| h.host == self.node) {
+            return Err(match own_problems.is_empty() {
+                true => Unusable::NoHostSubnet { node: self.node.clone() },
+                false => Unusable::HostSubnet { node: self.node.clone(), why: own_problems.join("; ") },
+            });
+        }
         let empty = KindMap::default();
         let egress = if self.egress_forbidden { &empty } else { &m.egress_policies };
         // NetworkPolicy objects, namespace and pod labels and other nodes' pods only matter
@@ -815,7 +846,9 @@ impl Objects {
             (remote_pods, policies.values().cloned().collect()),
             problems,
         )
-        .map_err(|e| e.0)?;
+        // With a header that passed, the one fatal error left is this node's HostSubnet
+        // rejected across objects (outside the cluster network, overlapping another node's).
+        .map_err(|e| Unusable::HostSubnet { node: self.node.clone(), why: own_subnet_why(&e.0) })?;
         if netpol {
             state.pod_meta = m.pod_meta.clone();
         }
@@ -825,6 +858,60 @@ impl Objects {
     /// This node's pods, as listed.
     pub fn live_pods(&self) -> &BTreeSet<PodKey> {
         &self.live.pods
+    }
+}
+
+/// Why no state can be built from the cluster's objects: what the agent waits for (`/readyz`,
+/// `sdn-node status`, a Warning Event regarding this Node). Each names the object (and, when
+/// one is rejected, its fields).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unusable {
+    /// ClusterNetwork "default" does not exist.
+    NoClusterNetwork,
+    /// ClusterNetwork "default" cannot be used: why, naming its field.
+    ClusterNetwork(String),
+    /// No HostSubnet has this node as its host.
+    NoHostSubnet { node: String },
+    /// This node's HostSubnet is rejected: why, naming its fields.
+    HostSubnet { node: String, why: String },
+}
+
+impl Unusable {
+    /// The Event's reason (`kubectl describe node` shows it).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unusable::NoClusterNetwork => "WaitingForClusterNetwork",
+            Unusable::ClusterNetwork(_) => "InvalidClusterNetwork",
+            Unusable::NoHostSubnet { .. } => "WaitingForHostSubnet",
+            Unusable::HostSubnet { .. } => "InvalidHostSubnet",
+        }
+    }
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::NoClusterNetwork => f.write_str(
+                "waiting for ClusterNetwork \"default\" (created by openshift-sdn's master or sdn-node controller: is it running?)",
+            ),
+            Unusable::ClusterNetwork(why) => {
+                let why = why.strip_prefix("ClusterNetwork \"default\": ").unwrap_or(why);
+                write!(f, "waiting for a usable ClusterNetwork \"default\": {why}")
+            }
+            Unusable::NoHostSubnet { node } => write!(
+                f,
+                "no HostSubnet for node {node} yet (created by sdn-node controller or openshift-sdn's master: is it running?)"
+            ),
+            Unusable::HostSubnet { node, why } => write!(f, "waiting for a valid HostSubnet for node {node}: {why}"),
+        }
+    }
+}
+
+/// The part of the model's "no valid HostSubnet" error that says why (the rejected fields).
+fn own_subnet_why(fatal: &str) -> String {
+    match fatal.split_once("the local subnet is unknown: ") {
+        Some((_, why)) => why.to_string(),
+        None => fatal.to_string(),
     }
 }
 
@@ -948,7 +1035,57 @@ mod tests {
         let e = cluster_network(&cn("cni/other")).unwrap_err();
         assert!(e.contains("pluginName \"cni/other\""), "{e}");
         let mut o = listed("n", vec![]);
-        assert!(o.publish(None).unwrap().unwrap_err().contains("does not exist"));
+        assert_eq!(o.publish(None).unwrap().unwrap_err(), Unusable::NoClusterNetwork);
+    }
+
+    /// What is missing names the object and the node; a rejected HostSubnet names its field;
+    /// the kinds not listed yet are known.
+    #[test]
+    fn what_is_waited_for_is_named() {
+        let cnet =
+            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-multitenant"))));
+        let mut o = Objects::new("node-a");
+        assert_eq!(o.unlisted().len(), Kind::ALL.len());
+        assert!(o.publish(None).is_none());
+        let w = listed("node-a", vec![]).publish(None).unwrap().unwrap_err();
+        assert_eq!(w.reason(), "WaitingForClusterNetwork");
+        assert_eq!(w.to_string(), "waiting for ClusterNetwork \"default\" (created by openshift-sdn's master or sdn-node controller: is it running?)");
+        let other = (id("", "node-b"), Object::HostSubnet(host_subnet(&hs("node-b", "172.17.0.3", "10.129.0.0/23"))));
+        let w = listed("node-a", vec![cnet.clone(), other.clone()]).publish(None).unwrap().unwrap_err();
+        assert_eq!(w, Unusable::NoHostSubnet { node: "node-a".into() });
+        assert_eq!(w.reason(), "WaitingForHostSubnet");
+        assert_eq!(w.to_string(), "no HostSubnet for node node-a yet (created by sdn-node controller or openshift-sdn's master: is it running?)");
+        // Rejected on its own (a bad subnet), or across objects (outside the cluster network).
+        let bad = (id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/99"))));
+        let w = listed("node-a", vec![cnet.clone(), other.clone(), bad]).publish(None).unwrap().unwrap_err();
+        assert_eq!(w.reason(), "InvalidHostSubnet");
+        let text = w.to_string();
+        assert!(
+            text.starts_with("waiting for a valid HostSubnet for node node-a: hostsubnet node-a: field subnet"),
+            "{text}"
+        );
+        let outside =
+            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "192.168.0.0/23"))));
+        let w = listed("node-a", vec![cnet.clone(), other, outside]).publish(None).unwrap().unwrap_err();
+        let text = w.to_string();
+        assert!(
+            text.starts_with("waiting for a valid HostSubnet for node node-a: hostsubnet node-a: field subnet: 192.168.0.0/23 is outside the cluster network"),
+            "{text}"
+        );
+        let w = listed("node-a", vec![(id("", "default"), Object::ClusterNetwork(cluster_network(&cn("cni/other"))))])
+            .publish(None)
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(w.reason(), "InvalidClusterNetwork");
+        assert!(
+            w.to_string().starts_with(
+                "waiting for a usable ClusterNetwork \"default\": pluginName \"cni/other\" is not handled"
+            ),
+            "{w}"
+        );
+        // Listing: the kinds not listed yet.
+        o.apply(Update::ListDone(Kind::ClusterNetwork));
+        assert!(!o.unlisted().contains(&Kind::ClusterNetwork) && o.unlisted().contains(&Kind::HostSubnet));
     }
 
     fn kpod(ns: &str, name: &str, node: &str, ip: &str, labels: serde_json::Value) -> KubePod {

@@ -17,12 +17,19 @@
 //!   the networkpolicy plugin; otherwise this node's pods alone (`spec.nodeName`), so that
 //!   subnet and multitenant clusters need not grant those lists. NetworkPolicies of type
 //!   Egress get a Warning Event ([`events`]) once per generation.
+//! - No state can be built without ClusterNetwork "default" and a valid HostSubnet for this
+//!   node: until they exist the source says what it waits for ([`mapping::Unusable`]: `/readyz`
+//!   and `sdn-node status` through [`crate::metrics::Health::set_waiting`], a log line and a
+//!   Warning Event regarding this Node once per wait) and goes on when they arrive.
+//! - Once the node is ready its Node's `NetworkUnavailable` condition is set to False
+//!   ([`node_status`]), once per start; never to True.
 //! - [`WATCHED`] lists every resource the daemon watches or changes, with the verbs it uses:
 //!   the single source for both the watchers and the RBAC rules (deploy/ checks its ClusterRole
 //!   against [`rbac_rules`]).
 
 pub mod events;
 pub mod mapping;
+pub mod node_status;
 pub mod types;
 pub mod watch;
 
@@ -53,9 +60,11 @@ pub const WATCHED: &[Watched] = &[
     Watched { group: "", resource: "namespaces", verbs: &["get", "list", "watch"] },
     // The egress-policy label: `network.openshift.io/not-enforcing-egress-network-policy`.
     Watched { group: "", resource: "nodes", verbs: &["get", "patch"] },
-    // Warning Events on NetworkPolicies with parts this node dropped (kube's Recorder
-    // creates events.k8s.io Events and patches their series; core Events are the same objects
-    // through the older API).
+    // This node's NetworkUnavailable condition, set to False once ready ([`node_status`]).
+    Watched { group: "", resource: "nodes/status", verbs: &["patch"] },
+    // Warning Events on NetworkPolicies with parts this node dropped, and on this Node about
+    // what it waits for (kube's Recorder creates events.k8s.io Events and patches their series;
+    // core Events are the same objects through the older API).
     Watched { group: "events.k8s.io", resource: "events", verbs: &["create", "patch"] },
     Watched { group: "", resource: "events", verbs: &["create", "patch"] },
 ];

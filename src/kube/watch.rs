@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use super::events;
-use super::mapping::{self, Object, Objects, Update};
+use super::mapping::{self, Object, Objects, Unusable, Update};
 use super::types::{ClusterNetwork, EgressNetworkPolicy, HostSubnet, NetNamespace};
 use super::KubeOptions;
 use crate::metrics::{TargetLabel, Telemetry};
@@ -204,15 +204,23 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
     tasks.spawn(follow(stream, Kind::Service, 0, |s| Object::Service(mapping::service(s)), up_tx.clone(), t.clone(), None, |_, _| {}));
 
     let (notices, notices_rx) = mpsc::unbounded_channel();
-    tasks.spawn(events::report(events::recorder(client.clone(), &opts.node), notices_rx));
+    tasks.spawn(events::report(events::recorder(client.clone(), &opts.node), opts.node.clone(), notices_rx));
+    // Once ready: this Node's NetworkUnavailable condition to False (once per start).
+    tasks.spawn(super::node_status::announce(
+        Api::<Node>::all(client.clone()),
+        opts.node.clone(),
+        telemetry.health.clone(),
+    ));
 
-    let ctx = Ctx { client, node: opts.node.clone(), telemetry: telemetry.clone(), tx: up_tx, notices };
+    let ctx =
+        Ctx { client, node: opts.node.clone(), telemetry: telemetry.clone(), tx: up_tx, notices: notices.clone() };
     let mut objects = Objects::new(&opts.node);
     let (mut scope, mut epoch) = (Scope::NodePods, 1u32);
     // Dropping the set (a scope change, or the publisher's end) aborts its watchers.
     let mut scoped = tokio::task::JoinSet::new();
     start_scoped(&ctx, scope, epoch, &mut scoped, &mut objects);
-    let mut last_error: Option<String> = None;
+    // What no state could be built for, until one is (logged and reported once per wait).
+    let mut waiting: Option<Unusable> = None;
     // Numbers each published state (see `Loaded::seq`).
     let mut seq: u64 = 0;
     loop {
@@ -245,9 +253,23 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
         }
         let last = tx.borrow().clone();
         match objects.publish(last.as_deref()) {
-            None => {}
+            None => {
+                // Before the first state: the first lists (the API server) are waited for.
+                let unlisted = objects.unlisted();
+                if last.is_none() && waiting.is_none() && !unlisted.is_empty() {
+                    let kinds: Vec<&str> = unlisted.iter().map(|k| k.resource().1).collect();
+                    telemetry
+                        .health
+                        .set_waiting(Some(format!("waiting for the API server's first list of {}", kinds.join(", "))));
+                }
+            }
             Some(Ok(mut loaded)) => {
-                last_error = None;
+                if let Some(w) = waiting.take() {
+                    info!(reason = w.reason(), "no longer waiting: the cluster state is complete");
+                    // The events task ends only with the publisher.
+                    let _ = notices.send(events::Notice::Proceeding);
+                }
+                telemetry.health.set_waiting(None);
                 seq += 1;
                 loaded.seq = seq;
                 for p in &loaded.problems {
@@ -266,9 +288,12 @@ async fn run(client: Client, opts: KubeOptions, telemetry: Telemetry, tx: watch:
                 );
                 tx.send_replace(Some(Arc::new(loaded)));
             }
-            Some(Err(e)) if last_error.as_ref() != Some(&e) => {
-                error!(error = %e, "cluster state rejected; keeping the last good state");
-                last_error = Some(e);
+            Some(Err(w)) if waiting.as_ref() != Some(&w) => {
+                let kept = if last.is_some() { "; the last good state stays applied" } else { "" };
+                warn!(reason = w.reason(), "{w}{kept}");
+                telemetry.health.set_waiting(Some(w.to_string()));
+                let _ = notices.send(events::Notice::Waiting(w.clone()));
+                waiting = Some(w);
             }
             Some(Err(_)) => {}
         }

@@ -40,6 +40,7 @@ impl From<super::model::Refusal> for PodError {
             super::model::Refusal::Invalid(p) => PodError::Invalid(p),
             super::model::Refusal::Conflict(p) => PodError::Conflict(p),
             super::model::Refusal::NoState => PodError::NotReady("no cluster state yet".into()),
+            super::model::Refusal::NotYet(m) => PodError::NotReady(m),
         }
     }
 }

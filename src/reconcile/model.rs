@@ -38,6 +38,16 @@ pub enum Refusal {
     Conflict(Problem),
     /// No cluster state yet (503).
     NoState,
+    /// What the pod needs is not in the cluster yet (503): why, naming it and who makes it.
+    NotYet(String),
+}
+
+/// A pod's namespace without a NetNamespace, in a cluster: the controller (sdn-node
+/// controller, or openshift-sdn's master) has not made it yet.
+pub fn no_net_namespace(namespace: &str, name: &str) -> String {
+    format!(
+        "pod {namespace}/{name}: no NetNamespace {namespace} yet (created for each Namespace by sdn-node controller or openshift-sdn's master: is it running?)"
+    )
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +214,12 @@ impl Model {
     pub fn reserve(&mut self, pod: &Pod) -> Result<(), Refusal> {
         let obj = format!("pod {}/{}", pod.namespace, pod.name);
         let Some(state) = &self.effective else { return Err(Refusal::NoState) };
+        // From a cluster (the source lists this node's pods: Kubernetes), a namespace without
+        // a NetNamespace is one the controller has not got to yet: a wait, not a bad request.
+        let from_cluster = self.source.as_ref().is_some_and(|l| l.live_pods.is_some());
+        if from_cluster && !state.net_namespaces.iter().any(|n| n.name == pod.namespace) {
+            return Err(Refusal::NotYet(no_net_namespace(&pod.namespace, &pod.name)));
+        }
         if reserved_port_names(&self.bridge).contains(&pod.host_veth.as_str()) {
             return Err(Refusal::Invalid(Problem::new(
                 obj,
@@ -595,6 +611,33 @@ mod tests {
         assert!(!own.is_empty(), "the pod's flows");
         let isolation = of(&netpol).expect("its namespace's NetworkPolicy owner is in the same update");
         assert!(drop_flow(isolation), "the pod's table-80 drop: {isolation:#?}");
+    }
+
+    /// A pod in a namespace without a NetNamespace: from a state file a bad request; from a
+    /// cluster a wait for the controller, which the refusal names.
+    #[test]
+    fn a_namespace_without_a_netnamespace_is_waited_for_in_a_cluster() {
+        let mut m = model();
+        let mut p = pod(&m, "x", "10.128.3.200", "vx");
+        p.namespace = "nowhere".into();
+        assert!(matches!(m.reserve(&p), Err(Refusal::Invalid(pr)) if pr.field == "namespace"));
+        let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
+        let live_pods = Some(state.pods.iter().map(|p| p.key()).collect());
+        m.set_source(Arc::new(Loaded {
+            state,
+            problems,
+            live_pods,
+            touched: None,
+            seq: 0,
+            pod_annotations: Default::default(),
+            policies_seen: Default::default(),
+        }));
+        match m.reserve(&p) {
+            Err(Refusal::NotYet(why)) => assert_eq!(why, no_net_namespace("nowhere", "x")),
+            other => panic!("{other:?}"),
+        }
+        assert!(no_net_namespace("nowhere", "x")
+            .contains("no NetNamespace nowhere yet (created for each Namespace by sdn-node controller"));
     }
 
     #[test]
