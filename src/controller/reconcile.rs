@@ -154,11 +154,11 @@ pub async fn run(
     recorder: kube::runtime::events::Recorder,
 ) {
     let (tx, mut rx) = mpsc::channel::<Input>(4096);
-    watch(Api::<Node>::all(client.clone()), watcher::Config::default(), |n| NodeInfo::from(n), Input::Node, tx.clone());
+    watch(Api::<Node>::all(client.clone()), watcher::Config::default(), NodeInfo::from, Input::Node, tx.clone());
     watch(
         Api::<Namespace>::all(client.clone()),
         watcher::Config::default(),
-        |n| NamespaceInfo::from(n),
+        NamespaceInfo::from,
         Input::Namespace,
         tx.clone(),
     );
@@ -769,9 +769,7 @@ impl Controller {
             self.problem(&key, None, None);
             return Some(Action::CreateNetNamespace(objects::net_namespace(name, vnid)));
         };
-        let Some(value) = annotations(&netns.metadata).get(vnids::CHANGE_NETWORK_ANNOTATION).cloned() else {
-            return None;
-        };
+        let value = annotations(&netns.metadata).get(vnids::CHANGE_NETWORK_ANNOTATION).cloned()?;
         let mut new = netns.clone();
         if let Some(a) = new.metadata.annotations.as_mut() {
             a.remove(vnids::CHANGE_NETWORK_ANNOTATION);

@@ -77,7 +77,7 @@ impl Vnids {
         self.unmark(name);
         self.ids.insert(name.to_string(), vnid);
         *self.counts.entry(vnid).or_default() += 1;
-        if vnid >= MIN && vnid <= MAX && vnid > self.last {
+        if (MIN..=MAX).contains(&vnid) && vnid > self.last {
             self.last = vnid;
         }
     }

@@ -359,13 +359,13 @@ impl Target {
     }
 }
 
-/// The target of an API path, or the 404 of a path the fake does not serve.
-fn target(path: &str) -> Result<Target, Response> {
+/// The target of an API path (`None`: a path the fake does not serve, 404).
+fn target(path: &str) -> Option<Target> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let (group, rest): (&str, &[&str]) = match segs.as_slice() {
         ["api", "v1", rest @ ..] => ("", rest),
         ["apis", group, "v1", rest @ ..] => (group, rest),
-        _ => return Err(not_found_path()),
+        _ => return None,
     };
     match rest {
         ["namespaces", ns, res, rest @ ..] if *res != "status" && *res != "finalize" => {
@@ -377,27 +377,27 @@ fn target(path: &str) -> Result<Target, Response> {
     }
 }
 
-fn target_in(group: &str, ns: Option<String>, rest: &[&str]) -> Result<Target, Response> {
+fn target_in(group: &str, ns: Option<String>, rest: &[&str]) -> Option<Target> {
     let (plural, name, sub) = match rest {
         [res] => (*res, None, None),
         [res, name] => (*res, Some(name.to_string()), None),
         [res, name, sub] => (*res, Some(name.to_string()), Some(*sub)),
-        _ => return Err(not_found_path()),
+        _ => return None,
     };
-    let Some(res) = res_info(plural) else { return Err(not_found_path()) };
-    let Some(group) = res.groups.iter().find(|g| **g == group) else { return Err(not_found_path()) };
+    let res = res_info(plural)?;
+    let group = res.groups.iter().find(|g| **g == group)?;
     if ns.is_some() && !res.namespaced || name.as_ref().is_some_and(|n| n.is_empty()) {
-        return Err(not_found_path());
+        return None;
     }
     if res.namespaced && ns.is_none() && name.is_some() {
-        return Err(not_found_path());
+        return None;
     }
     let status = match sub {
         None => false,
         Some("status") if res.status => true,
-        Some(_) => return Err(not_found_path()),
+        Some(_) => return None,
     };
-    Ok(Target { res, group, ns, name, status })
+    Some(Target { res, group, ns, name, status })
 }
 
 fn pct_decode(s: &str) -> String {
@@ -814,8 +814,9 @@ impl FakeKube {
         self.lock().failures.push(Failure { method: method.into(), resource: resource.into(), left: n, code });
     }
 
-    /// Every request on `resource` (see [`FakeKube::count`]) waits `by` before it is served
-    /// (a watch: before its response starts). `Duration::ZERO` ends the delay.
+    /// Every request on `resource` (`"nodes"`: the object and its subresources, `"nodes/status"`,
+    /// or `"*"`) waits `by` before it is served (a watch: before its response starts).
+    /// `Duration::ZERO` ends the delay.
     pub fn delay(&self, resource: &str, by: Duration) {
         check_spec("GET", resource);
         let mut g = self.lock();
@@ -873,10 +874,7 @@ impl FakeKube {
                 return r;
             }
         }
-        let t = match target(&path) {
-            Ok(t) => t,
-            Err(r) => return r,
-        };
+        let Some(t) = target(&path) else { return not_found_path() };
         let q = query(&uri);
         let verb = match (&method, &t.name) {
             (&Method::GET, Some(_)) => "get",
@@ -902,7 +900,11 @@ impl FakeKube {
                 });
             g.failures.retain(|f| f.left > 0);
             g.calls.push(call);
-            let delay = g.delays.get(t.res.plural).or_else(|| g.delays.get("*")).copied();
+            let sub = format!("{}/status", t.res.plural);
+            let delay = (t.status.then(|| g.delays.get(&sub)).flatten())
+                .or_else(|| g.delays.get(t.res.plural))
+                .or_else(|| g.delays.get("*"))
+                .copied();
             let parsed =
                 || serde_json::from_slice::<Value>(&body).unwrap_or_else(|_| json!(String::from_utf8_lossy(&body)));
             if verb == "create" {
