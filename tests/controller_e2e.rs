@@ -5,6 +5,9 @@
 //! NetworkPolicy). Every ClusterNetwork, HostSubnet and NetNamespace is the controller's.
 //! Pods are set up through libcni calling `sdn-node-cni`; real packets decide.
 //!
+//! The runtime has threads of its own for the fake API server: libcni and ping are blocking
+//! calls of the test, and the agents call the API server meanwhile.
+//!
 //! The agents reach the API server through the underlay: the fake serves a second listener
 //! bound inside the underlay namespace (172.17.0.1), besides the one the controller and the
 //! test use on the host's loopback.
@@ -57,6 +60,14 @@ async fn setup(test: &str, plugin: &str) -> Option<Setup> {
     // listener made inside the underlay namespace.
     let ul = format!("{}-ul", cluster.prefix);
     ip_in(&ul, &format!("addr add {API_IP}/24 dev ul")).await;
+    // The netdev datapath forwards partial checksums unfixed: the API server's side computes
+    // its own (TX checksum offload off), as pods' interfaces do (docs/testing.md).
+    let (ok, out) = support::cninode::in_ns(&ul, &["ethtool", "-K", "ul", "tx", "off"]);
+    assert!(ok, "ethtool -K ul tx off: {out}");
+    for i in 0..3 {
+        let (ok, out) = support::cninode::in_ns(&ul, &["ethtool", "-K", &format!("n{i}"), "tx", "off"]);
+        assert!(ok, "ethtool -K n{i} tx off: {out}");
+    }
     let listener =
         in_netns(&ul, || std::net::TcpListener::bind(format!("{API_IP}:0")).expect("bind in the underlay")).await;
     let agent_api = fake.serve_also(listener).await;
@@ -72,6 +83,24 @@ async fn setup(test: &str, plugin: &str) -> Option<Setup> {
     let controller = Controller::spawn(&fake, dir.path(), "controller-0", &["--plugin", plugin]);
     controller.settled("the controller prepared the cluster").await;
 
+    // Each node reaches the API server over the underlay (else nothing below can work).
+    for short in ["a", "b", "c"] {
+        let answer = in_netns(&cluster.node(short).netns, move || {
+            use std::io::{Read, Write};
+            let mut s =
+                std::net::TcpStream::connect_timeout(&agent_api, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+            s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+            s.write_all(b"GET /version HTTP/1.0\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+            Ok::<String, String>(out)
+        })
+        .await;
+        assert!(
+            answer.as_ref().is_ok_and(|a| a.contains("gitVersion")),
+            "node {short} cannot reach the API server at {agent_api}: {answer:?}"
+        );
+    }
     let mut agents = BTreeMap::new();
     for (short, s) in [("a", &specs[0]), ("b", &specs[1]), ("c", &specs[2])] {
         let node = cluster.node(short);
@@ -133,7 +162,7 @@ impl Setup {
     }
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_prepared_by_the_controller_networks_pods_across_three_nodes() {
     let Some(mut s) = setup("controller_e2e_multitenant", "multitenant").await else { return };
     // The agents took the HostSubnets the controller wrote from the podCIDRs.
@@ -219,7 +248,7 @@ async fn a_cluster_prepared_by_the_controller_networks_pods_across_three_nodes()
     s.ready_again("after the Node was deleted").await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_network_policy_is_enforced_across_nodes_on_a_controller_prepared_cluster() {
     let Some(mut s) = setup("controller_e2e_netpol", "networkpolicy").await else { return };
     s.add_pod("db", "a", "team-a", json!({"app": "db"}), 710);
