@@ -17,9 +17,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sdn_harness::sandbox::OvsSandbox;
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
 use sdn_node::cluster::state_file;
+use sdn_harness::sandbox::OvsSandbox;
 use tokio::sync::watch;
 
 /// Bound for every wait on an agent's log line or on the switch.
@@ -165,8 +165,7 @@ pub struct Agent {
 
 impl Agent {
     pub fn spawn(o: &AgentOptions) -> Agent {
-        let metrics =
-            format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
+        let metrics = format!("127.0.0.1:{}", std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port());
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
             .args(["run", "--state"])
             .arg(&o.state)

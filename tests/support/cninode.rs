@@ -226,12 +226,13 @@ impl NodeAgent {
 
     /// `sdn-node run` inside the node's namespace, as [`NodeAgent::spawn`] starts it.
     fn command(&self) -> tokio::process::Command {
-        let metrics =
-            if self.args.iter().any(|a| a == "--metrics-addr") { &[][..] } else { &["--metrics-addr", "none"][..] };
+        let metrics = if self.args.iter().any(|a| a == "--metrics-addr") { &[][..] } else { &["--metrics-addr", "none"][..] };
         let mut command: Vec<&str> = self.wrapper.iter().map(String::as_str).collect();
         command.extend(["ip", "netns", "exec", &self.ns]);
         let mut c = tokio::process::Command::new(command[0]);
-        c.args(&command[1..]).arg(env!("CARGO_BIN_EXE_sdn-node")).arg("run");
+        c.args(&command[1..])
+            .arg(env!("CARGO_BIN_EXE_sdn-node"))
+            .arg("run");
         // Kubernetes mode (`--kubeconfig` among the extra arguments) has no state file.
         if !self.args.iter().any(|a| a == "--kubeconfig") {
             c.arg("--state").arg(&self.state);
@@ -326,8 +327,7 @@ impl NodeAgent {
             .output()
             .expect("run the libcni client");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let out_v = serde_json::from_str(stdout.trim())
-            .unwrap_or(Value::String(format!("{stdout} {}", String::from_utf8_lossy(&out.stderr))));
+        let out_v = serde_json::from_str(stdout.trim()).unwrap_or(Value::String(format!("{stdout} {}", String::from_utf8_lossy(&out.stderr))));
         CniRun { exit: out.status.code().unwrap_or(-1), out: out_v }
     }
 }
@@ -355,8 +355,7 @@ impl CniNode {
     pub async fn start_wrapped(state_yaml: &str, args: &[&str], wrapper: &[&str]) -> CniNode {
         static N: AtomicU32 = AtomicU32::new(0);
         let ns = format!("sdnn{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        let sb =
-            OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
+        let sb = OvsSandbox::start(SandboxOptions { netns: Some(ns.clone()), ..Default::default() }).await.expect("sandbox");
         if !wrapper.is_empty() || args.contains(&"--metrics-addr") {
             assert!(sh(&["ip", "-n", &ns, "link", "set", "lo", "up"]).status.success());
         }
@@ -400,11 +399,8 @@ impl CniNode {
     /// Host-side veths in the node's namespace.
     pub fn veths(&self) -> Vec<String> {
         let (_, out) = in_ns(&self.ns, &["ip", "-o", "link", "show", "type", "veth"]);
-        let mut v: Vec<String> = out
-            .lines()
-            .filter_map(|l| l.split(':').nth(1))
-            .map(|n| n.trim().split('@').next().unwrap_or("").to_string())
-            .collect();
+        let mut v: Vec<String> =
+            out.lines().filter_map(|l| l.split(':').nth(1)).map(|n| n.trim().split('@').next().unwrap_or("").to_string()).collect();
         v.sort();
         v
     }

@@ -90,8 +90,7 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let (mut s, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
-    let req =
-        hyper::Request::get(path).header("host", "x").body(http_body_util::Empty::<hyper::body::Bytes>::new()).unwrap();
+    let req = hyper::Request::get(path).header("host", "x").body(http_body_util::Empty::<hyper::body::Bytes>::new()).unwrap();
     let resp = s.send_request(req).await.unwrap();
     let code = resp.status().as_u16();
     let body = resp.into_body().collect().await.unwrap().to_bytes();

@@ -80,8 +80,7 @@ pub fn selects(sel: &Value, labels: &BTreeMap<String, String>) -> bool {
     }
     for e in sel.get("matchExpressions").and_then(Value::as_array).into_iter().flatten() {
         let key = e["key"].as_str().unwrap_or_default();
-        let values: Vec<&str> =
-            e.get("values").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+        let values: Vec<&str> = e.get("values").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
         let have = labels.get(key).map(String::as_str);
         let ok = match e["operator"].as_str().unwrap_or_default() {
             "In" => have.is_some_and(|h| values.contains(&h)),
@@ -135,8 +134,7 @@ impl Evaluator<'_> {
     fn peer_matches(&self, policy_ns: &str, peer: &Value, other: &EvalPod) -> bool {
         if let Some(b) = peer.get("ipBlock") {
             let cidr = b["cidr"].as_str().expect("ipBlock.cidr");
-            let excepts: Vec<&str> =
-                b.get("except").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+            let excepts: Vec<&str> = b.get("except").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
             return in_cidr(other.ip, cidr) && !excepts.iter().any(|e| in_cidr(other.ip, e));
         }
         let ns_ok = match peer.get("namespaceSelector") {
@@ -162,9 +160,7 @@ impl Evaluator<'_> {
                 let end = port.get("endPort").and_then(Value::as_u64).map(|e| e as u16).unwrap_or(start);
                 (start..=end).contains(&dport)
             }
-            Some(Value::String(name)) => {
-                dst.container_ports.iter().any(|(n, cp, cproto)| n == name && *cp == dport && cproto == p)
-            }
+            Some(Value::String(name)) => dst.container_ports.iter().any(|(n, cp, cproto)| n == name && *cp == dport && cproto == p),
             Some(other) => panic!("evaluator: port {other}"),
         }
     }
@@ -194,8 +190,7 @@ impl Evaluator<'_> {
             p["spec"].get(rules_key).and_then(Value::as_array).into_iter().flatten().any(|rule| {
                 let peers: Vec<&Value> = rule.get(peers_key).and_then(Value::as_array).into_iter().flatten().collect();
                 let ports: Vec<&Value> = rule.get("ports").and_then(Value::as_array).into_iter().flatten().collect();
-                let peer_ok =
-                    peers.is_empty() || peers.iter().any(|peer| self.peer_matches(&selected.namespace, peer, other));
+                let peer_ok = peers.is_empty() || peers.iter().any(|peer| self.peer_matches(&selected.namespace, peer, other));
                 let port_ok = ports.is_empty() || ports.iter().any(|port| Self::port_matches(port, dst, proto, dport));
                 peer_ok && port_ok
             })

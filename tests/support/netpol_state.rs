@@ -9,13 +9,7 @@ use super::netpol_eval::EvalPod;
 use super::nodes::{Cluster, Pod, CLUSTER_NETWORK, SERVICE_NETWORK};
 
 /// Node `node`'s state with `net_namespaces` (state-file entries) and `policies`.
-pub fn state_json(
-    c: &Cluster,
-    node: &str,
-    net_namespaces: Vec<Value>,
-    pods: &[(Pod, EvalPod)],
-    policies: &[Value],
-) -> String {
+pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(Pod, EvalPod)], policies: &[Value]) -> String {
     let host_subnets: Vec<Value> = c
         .nodes()
         .iter()
@@ -24,11 +18,8 @@ pub fn state_json(
     let mut local = Vec::new();
     let mut remote = Vec::new();
     for (p, e) in pods {
-        let ports: Vec<Value> = e
-            .container_ports
-            .iter()
-            .map(|(n, port, proto)| json!({"name": n, "containerPort": port, "protocol": proto}))
-            .collect();
+        let ports: Vec<Value> =
+            e.container_ports.iter().map(|(n, port, proto)| json!({"name": n, "containerPort": port, "protocol": proto})).collect();
         if p.node == node {
             local.push(json!({
                 "namespace": p.namespace, "name": p.name, "containerID": p.container_id, "hostVeth": p.host_veth,

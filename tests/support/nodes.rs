@@ -61,9 +61,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
-use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
 use sdn_node::cluster::state_file;
+use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 /// The cluster network of every state this harness writes (ClusterNetwork.network).
 pub const CLUSTER_NETWORK: &str = "10.128.0.0/14";

@@ -115,10 +115,7 @@ impl RawSctp {
             unsafe { OwnedFd::from_raw_fd(fd) }
         })
         .await;
-        let tv = libc::timeval {
-            tv_sec: poll.as_secs() as libc::time_t,
-            tv_usec: poll.subsec_micros() as libc::suseconds_t,
-        };
+        let tv = libc::timeval { tv_sec: poll.as_secs() as libc::time_t, tv_usec: poll.subsec_micros() as libc::suseconds_t };
         // SAFETY: setsockopt with a timeval of the right size on an open fd.
         let rc = unsafe {
             libc::setsockopt(
