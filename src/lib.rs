@@ -14,6 +14,7 @@ pub use sdn_model::{cluster, model, pipeline, store};
 
 pub mod api;
 pub mod audit;
+pub mod controller;
 pub mod apply;
 pub mod engine;
 pub mod kube;

@@ -87,6 +87,11 @@ enum Cmd {
     /// Follow one packet through the installed pipeline: every table hit with its flow and
     /// the object that owns it, and the verdict (delivered, tunnelled, dropped by whom).
     Trace(sdn_node::trace::TraceArgs),
+    /// The cluster side, for clusters without openshift-sdn's master: creates ClusterNetwork
+    /// "default", a HostSubnet per Node and a NetNamespace per Namespace; leader-elected
+    /// through a Lease (run two replicas). Checks its flags first (a bad one exits 1 with one
+    /// line).
+    Controller(Box<sdn_node::controller::ControllerArgs>),
     /// A running agent's status: connections, pipeline, flows per table and owner, last commit.
     Status {
         /// The agent's pod API socket.
@@ -253,6 +258,7 @@ fn print_result<T>(r: Result<T, String>, show: impl FnOnce(&T) -> String) -> Exi
 
 async fn run(cli: Cli) -> ExitCode {
     match cli.cmd {
+        Cmd::Controller(args) => sdn_node::controller::run(*args, terminated()).await,
         Cmd::Trace(args) => print_result(sdn_node::trace::run(&args).await, |r| if args.json { json(r) } else { r.text() }),
         Cmd::Status { socket, json: as_json } => {
             print_result(sdn_node::api::status::fetch(&socket).await, |s| if as_json { json(s) } else { s.to_string() })

@@ -143,6 +143,8 @@ struct Manifests {
     crds: Vec<CustomResourceDefinition>,
     admission_policies: Vec<ValidatingAdmissionPolicy>,
     admission_bindings: Vec<ValidatingAdmissionPolicyBinding>,
+    /// The documents of 07-controller.yaml, left to [`ControllerManifests`].
+    controller_docs: Vec<(String, Value)>,
 }
 
 impl Manifests {
@@ -183,6 +185,12 @@ impl Manifests {
                 serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{name}: not valid YAML: {e}"));
             let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
             assert!(!docs.is_empty(), "{name}: no objects");
+            if name == CONTROLLER_FILE {
+                m.controller_docs
+                    .extend(docs.into_iter().enumerate().map(|(i, d)| (format!("{name} document {}", i + 1), d)));
+                m.files.push(name);
+                continue;
+            }
             for (i, doc) in docs.iter().enumerate() {
                 if let Err(e) = m.add(&format!("{name} document {}", i + 1), doc) {
                     errors.push(e);
@@ -1196,4 +1204,1110 @@ fn metrics_stay_on_the_loopback() {
     for needed in ["kube-rbac-proxy", "--upstream=http://127.0.0.1:9101/", "SubjectAccessReview", "127.0.0.1:9101"] {
         assert!(section.contains(needed), "Metrics section: {needed}");
     }
+}
+
+// ---- the controller (07-controller.yaml) and the OpenShift overlay ----------------------------
+//
+// `sdn-node controller` as a Deployment: its RBAC is exactly `CLUSTER_RULES` (cluster-wide) and
+// `NAMESPACE_RULES` (a Role in its namespace: Leases nowhere else), its arguments are accepted by
+// the real binary, its ConfigMap passes `ControllerArgs::check` and agrees with the README's
+// `kubeadm init`, and the pod runs on the node's network without any privilege. Each check
+// collects problems instead of asserting, so that `controller_checks_catch_mistakes` can show
+// every one of them failing on a broken copy of the manifests.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PodSpec, Toleration};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, Subject};
+use sdn_node::controller::{ControllerArgs, Rule, CLUSTER_RULES, NAMESPACE_RULES};
+
+const CONTROLLER_FILE: &str = "07-controller.yaml";
+const CONTROLLER: &str = "sdn-node-controller";
+/// Where the Deployment mounts its ConfigMap, and the file `--config` names.
+const CONTROLLER_CONFIG: &str = "/etc/sdn-node-controller/controller.yaml";
+/// The controller's /healthz, /readyz and /status port (its `--health-addr` default).
+const CONTROLLER_HEALTH_PORT: u16 = 9103;
+/// kube-controller-manager's `--node-cidr-mask-size` for IPv4 when kubeadm does not set it.
+const KUBEADM_NODE_CIDR_MASK_SIZE: u8 = 24;
+/// The overlay for clusters that run openshift-sdn's master.
+const OPENSHIFT_OVERLAY: &str = "deploy/openshift";
+/// A pod name as the downward API gives it, for `$(POD_NAME)`.
+const SOME_POD_NAME: &str = "sdn-node-controller-5d8f7c9b4-x2x7q";
+
+/// The objects of 07-controller.yaml, decoded strictly.
+#[derive(Clone)]
+struct ControllerManifests {
+    service_account: ServiceAccount,
+    cluster_role: ClusterRole,
+    cluster_role_binding: ClusterRoleBinding,
+    role: Role,
+    role_binding: RoleBinding,
+    config_map: ConfigMap,
+    deployment: Deployment,
+}
+
+fn exactly_one<T>(mut items: Vec<T>, kind: &str, errors: &mut Vec<String>) -> Option<T> {
+    if items.len() != 1 {
+        errors.push(format!("expected exactly one {kind}, found {}", items.len()));
+        return None;
+    }
+    items.pop()
+}
+
+impl ControllerManifests {
+    /// deploy/kubernetes (the agent's objects) and the controller's.
+    fn load() -> (Manifests, ControllerManifests) {
+        let m = Manifests::load();
+        assert!(m.files.iter().any(|f| f == CONTROLLER_FILE), "deploy/kubernetes/{CONTROLLER_FILE} is missing");
+        let c = Self::decode(&m.controller_docs).unwrap_or_else(|e| panic!("{CONTROLLER_FILE}:\n{e}"));
+        (m, c)
+    }
+
+    fn decode(docs: &[(String, Value)]) -> Result<ControllerManifests, String> {
+        let mut errors = Vec::new();
+        let (mut sa, mut cr, mut crb, mut role, mut rb, mut cm, mut dep) =
+            (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+        for (what, doc) in docs {
+            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+            let what = format!("{what} ({api_version} {kind})");
+            let r = match (api_version, kind) {
+                ("v1", "ServiceAccount") => strict(&what, doc).map(|o| sa.push(o)),
+                ("rbac.authorization.k8s.io/v1", "ClusterRole") => strict(&what, doc).map(|o| cr.push(o)),
+                ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => strict(&what, doc).map(|o| crb.push(o)),
+                ("rbac.authorization.k8s.io/v1", "Role") => strict(&what, doc).map(|o| role.push(o)),
+                ("rbac.authorization.k8s.io/v1", "RoleBinding") => strict(&what, doc).map(|o| rb.push(o)),
+                ("v1", "ConfigMap") => strict(&what, doc).map(|o| cm.push(o)),
+                ("apps/v1", "Deployment") => strict(&what, doc).map(|o| dep.push(o)),
+                _ => Err(format!("{what}: unexpected kind (add it to tests/deploy.rs with its typed struct)")),
+            };
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        let c = (|| {
+            Some(ControllerManifests {
+                service_account: exactly_one(sa, "ServiceAccount", &mut errors)?,
+                cluster_role: exactly_one(cr, "ClusterRole", &mut errors)?,
+                cluster_role_binding: exactly_one(crb, "ClusterRoleBinding", &mut errors)?,
+                role: exactly_one(role, "Role", &mut errors)?,
+                role_binding: exactly_one(rb, "RoleBinding", &mut errors)?,
+                config_map: exactly_one(cm, "ConfigMap", &mut errors)?,
+                deployment: exactly_one(dep, "Deployment", &mut errors)?,
+            })
+        })();
+        match c {
+            Some(c) if errors.is_empty() => Ok(c),
+            _ => Err(errors.join("\n")),
+        }
+    }
+
+    fn pod(&self) -> &PodSpec {
+        self.deployment.spec.as_ref().expect("Deployment spec").template.spec.as_ref().expect("pod spec")
+    }
+
+    fn container(&self) -> &Container {
+        let pod = self.pod();
+        assert_eq!(pod.containers.len(), 1, "the controller's pod has one container");
+        &pod.containers[0]
+    }
+
+    fn container_mut(&mut self) -> &mut Container {
+        &mut self.deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0]
+    }
+
+    fn pod_mut(&mut self) -> &mut PodSpec {
+        self.deployment.spec.as_mut().unwrap().template.spec.as_mut().unwrap()
+    }
+
+    fn args(&self) -> Vec<String> {
+        self.container().args.clone().unwrap_or_default()
+    }
+}
+
+/// (group, resource, verb) triples a set of RBAC rules grants; wildcards, resourceNames and
+/// non-resource URLs are problems (the controller's rules have none).
+fn granted_by(what: &str, rules: &[PolicyRule], problems: &mut Vec<String>) -> BTreeSet<(String, String, String)> {
+    let mut granted = BTreeSet::new();
+    for (i, rule) in rules.iter().enumerate() {
+        if rule.resource_names.is_some() || rule.non_resource_urls.is_some() {
+            problems.push(format!("{what} rule {i}: only groups, resources and verbs"));
+        }
+        for g in rule.api_groups.clone().unwrap_or_default() {
+            for r in rule.resources.clone().unwrap_or_default() {
+                for v in &rule.verbs {
+                    if g == "*" || r == "*" || v == "*" {
+                        problems.push(format!("{what} rule {i}: wildcard in ({g:?}, {r}, {v})"));
+                    }
+                    if !granted.insert((g.clone(), r.clone(), v.clone())) {
+                        problems.push(format!("{what} rule {i}: ({g:?}, {r}, {v}) granted twice"));
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
+fn rules_set(rules: &[Rule]) -> BTreeSet<(String, String, String)> {
+    rules
+        .iter()
+        .flat_map(|(g, r, verbs)| verbs.iter().map(move |v| (g.to_string(), r.to_string(), v.to_string())))
+        .collect()
+}
+
+fn compare_rules(what: &str, rules: &[PolicyRule], needed: &[Rule], constant: &str, problems: &mut Vec<String>) {
+    let granted = granted_by(what, rules, problems);
+    let needed = rules_set(needed);
+    let extra: Vec<_> = granted.difference(&needed).collect();
+    let missing: Vec<_> = needed.difference(&granted).collect();
+    if !extra.is_empty() || !missing.is_empty() {
+        problems.push(format!(
+            "{what} differs from sdn_node::controller::{constant}: granted but not used {extra:?}, used but not granted {missing:?}"
+        ));
+    }
+}
+
+fn subject_is(what: &str, subjects: &Option<Vec<Subject>>, sa: &ServiceAccount, problems: &mut Vec<String>) {
+    let subjects = subjects.clone().unwrap_or_default();
+    let ok = subjects.len() == 1
+        && subjects[0].kind == "ServiceAccount"
+        && Some(&subjects[0].name) == sa.metadata.name.as_ref()
+        && subjects[0].namespace == sa.metadata.namespace;
+    if !ok {
+        problems.push(format!("{what}: the subject must be the controller's ServiceAccount alone, not {subjects:?}"));
+    }
+}
+
+/// The controller's RBAC; `cluster_roles`: every ClusterRole installed (none may grant Leases).
+fn controller_rbac_problems(c: &ControllerManifests, cluster_roles: &[ClusterRole]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let sa = &c.service_account;
+    if sa.metadata.name.as_deref() != Some(CONTROLLER) || sa.metadata.namespace.as_deref() != Some(NAMESPACE) {
+        problems.push(format!("ServiceAccount must be {NAMESPACE}/{CONTROLLER}"));
+    }
+    // Cluster-wide: exactly CLUSTER_RULES.
+    let cr = &c.cluster_role;
+    compare_rules(
+        "the controller's ClusterRole",
+        cr.rules.as_deref().unwrap_or_default(),
+        CLUSTER_RULES,
+        "CLUSTER_RULES",
+        &mut problems,
+    );
+    if cr.aggregation_rule.is_some() {
+        problems.push("the controller's ClusterRole must not aggregate others".into());
+    }
+    let crb = &c.cluster_role_binding;
+    if crb.role_ref.kind != "ClusterRole"
+        || crb.role_ref.api_group != "rbac.authorization.k8s.io"
+        || Some(&crb.role_ref.name) != cr.metadata.name.as_ref()
+    {
+        problems.push(format!("the ClusterRoleBinding must refer to ClusterRole {:?}", cr.metadata.name));
+    }
+    subject_is("the ClusterRoleBinding", &crb.subjects, sa, &mut problems);
+    // In its namespace only: exactly NAMESPACE_RULES.
+    let role = &c.role;
+    compare_rules(
+        "the controller's Role",
+        role.rules.as_deref().unwrap_or_default(),
+        NAMESPACE_RULES,
+        "NAMESPACE_RULES",
+        &mut problems,
+    );
+    if role.metadata.namespace.as_deref() != Some(NAMESPACE) {
+        problems.push(format!("the Role must be in namespace {NAMESPACE}, not {:?}", role.metadata.namespace));
+    }
+    let rb = &c.role_binding;
+    if rb.metadata.namespace.as_deref() != Some(NAMESPACE) {
+        problems.push(format!("the RoleBinding must be in namespace {NAMESPACE}, not {:?}", rb.metadata.namespace));
+    }
+    if rb.role_ref.kind != "Role" || Some(&rb.role_ref.name) != role.metadata.name.as_ref() {
+        problems.push(format!(
+            "the RoleBinding must refer to Role {:?} (a ClusterRole would grant its rules through this binding too)",
+            role.metadata.name
+        ));
+    }
+    subject_is("the RoleBinding", &rb.subjects, sa, &mut problems);
+    // Leases are granted in the controller's namespace only: by no ClusterRole.
+    for r in cluster_roles.iter().chain([cr]) {
+        for rule in r.rules.clone().unwrap_or_default() {
+            let groups = rule.api_groups.clone().unwrap_or_default();
+            let resources = rule.resources.clone().unwrap_or_default();
+            if groups.iter().any(|g| g == "coordination.k8s.io" || g == "*")
+                && resources.iter().any(|x| x == "leases" || x == "*")
+            {
+                problems
+                    .push(format!("ClusterRole {:?} grants leases: only the controller's Role may", r.metadata.name));
+            }
+        }
+    }
+    if c.pod().service_account_name.as_deref() != Some(CONTROLLER) {
+        problems.push(format!("the Deployment must run as ServiceAccount {CONTROLLER}"));
+    }
+    if c.pod().automount_service_account_token == Some(false) {
+        problems.push("the controller needs its ServiceAccount token (--in-cluster)".into());
+    }
+    problems
+}
+
+/// Whether `tolerations` tolerate taint `key` with `effect`.
+fn tolerates(tolerations: &[Toleration], key: &str, effect: &str) -> bool {
+    tolerations.iter().any(|t| {
+        t.key.as_deref() == Some(key)
+            && t.operator.as_deref() == Some("Exists")
+            && t.effect.as_deref().is_none_or(|e| e == effect)
+            && (effect != "NoExecute" || t.toleration_seconds.is_none())
+    })
+}
+
+/// The environment variable `var` of `c` comes from the downward API's `field`.
+fn env_from_field(c: &Container, var: &str, field: &str) -> bool {
+    c.env.clone().unwrap_or_default().iter().any(|e| {
+        e.name == var && e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).is_some_and(|f| f.field_path == field)
+    })
+}
+
+/// The Deployment: where and how the controller runs.
+fn controller_deployment_problems(c: &ControllerManifests, agent_image: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut need = |ok: bool, what: &str| {
+        if !ok {
+            problems.push(what.to_string());
+        }
+    };
+    let d = &c.deployment;
+    let spec = d.spec.as_ref().unwrap();
+    let pod = c.pod();
+    let ctr = c.container();
+    need(d.metadata.name.as_deref() == Some(CONTROLLER), "the Deployment is named sdn-node-controller");
+    need(d.metadata.namespace.as_deref() == Some(NAMESPACE), "the Deployment is in namespace sdn-node");
+    need(c.config_map.metadata.namespace.as_deref() == Some(NAMESPACE), "the ConfigMap is in namespace sdn-node");
+    need(spec.replicas == Some(2), "replicas: 2 (one leads, one stands by)");
+    let selector = spec.selector.match_labels.clone().unwrap_or_default();
+    let labels = spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default();
+    need(
+        !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        "the selector matches the template's labels",
+    );
+
+    // Rolling updates, one replica at a time, no surge (its host port would find no node).
+    let strategy = spec.strategy.clone().unwrap_or_default();
+    let rolling = strategy.rolling_update.clone().unwrap_or_default();
+    need(strategy.type_.as_deref() == Some("RollingUpdate"), "strategy RollingUpdate");
+    need(rolling.max_unavailable == Some(IntOrString::Int(1)), "maxUnavailable: 1");
+    need(rolling.max_surge == Some(IntOrString::Int(0)), "maxSurge: 0");
+
+    // The node's network: the pod network needs the HostSubnets it writes.
+    need(pod.host_network == Some(true), "hostNetwork: true (it runs before the pod network exists)");
+    need(pod.dns_policy.as_deref() == Some("Default"), "dnsPolicy Default: cluster DNS needs the pod network");
+    need(
+        pod.priority_class_name.as_deref() == Some("system-cluster-critical"),
+        "priorityClassName system-cluster-critical",
+    );
+    need(pod.host_pid != Some(true) && pod.host_ipc != Some(true), "no hostPID, no hostIPC");
+    let tolerations = pod.tolerations.clone().unwrap_or_default();
+    for (key, effect) in [
+        ("node.kubernetes.io/not-ready", "NoSchedule"),
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+        ("node.kubernetes.io/network-unavailable", "NoSchedule"),
+        ("node-role.kubernetes.io/control-plane", "NoSchedule"),
+    ] {
+        need(tolerates(&tolerations, key, effect), &format!("tolerates {key}:{effect}"));
+    }
+    let anti = pod.affinity.as_ref().and_then(|a| a.pod_anti_affinity.as_ref());
+    let preferred =
+        anti.and_then(|a| a.preferred_during_scheduling_ignored_during_execution.clone()).unwrap_or_default();
+    need(
+        preferred.iter().any(|w| {
+            let t = &w.pod_affinity_term;
+            let sel = t.label_selector.as_ref().and_then(|s| s.match_labels.clone()).unwrap_or_default();
+            t.topology_key == "kubernetes.io/hostname"
+                && !sel.is_empty()
+                && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+        }),
+        "preferred pod anti-affinity between the replicas by kubernetes.io/hostname",
+    );
+    need(
+        anti.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref()).is_none(),
+        "anti-affinity preferred, not required (a one-node cluster still runs)",
+    );
+
+    // The agent's image and binary.
+    need(ctr.image.as_deref() == Some(agent_image), &format!("the image is the DaemonSet's ({agent_image})"));
+    need(ctr.command == Some(vec![AGENT_BINARY.to_string()]), "command: the sdn-node binary itself");
+    let args = c.args();
+    let sub = args.iter().position(|a| a == "controller");
+    need(sub.is_some(), "args run the `controller` subcommand");
+    need(args.iter().any(|a| a == "--in-cluster") && arg_value(&args, "--kubeconfig").is_none(), "--in-cluster");
+    need(arg_value(&args, "--config") == Some(CONTROLLER_CONFIG), "--config /etc/sdn-node-controller/controller.yaml");
+    let identity = arg_value(&args, "--identity").and_then(var_ref);
+    need(
+        identity.is_some_and(|v| env_from_field(ctr, v, "metadata.name")),
+        "--identity $(VAR), VAR from the downward API's metadata.name",
+    );
+    need(env_from_field(ctr, "POD_NAMESPACE", "metadata.namespace"), "env POD_NAMESPACE from metadata.namespace");
+    for a in &args {
+        if let Some(v) = var_ref(a) {
+            need(ctr.env.clone().unwrap_or_default().iter().any(|e| e.name == v), &format!("$({v}) is defined in env"));
+        }
+    }
+    // The ConfigMap is mounted where --config reads it.
+    let dir = Path::new(CONTROLLER_CONFIG).parent().unwrap().to_str().unwrap();
+    let file = Path::new(CONTROLLER_CONFIG).file_name().unwrap().to_str().unwrap();
+    let mounts = ctr.volume_mounts.clone().unwrap_or_default();
+    let volumes = pod.volumes.clone().unwrap_or_default();
+    need(
+        mounts.iter().any(|m| {
+            m.mount_path == dir
+                && m.read_only == Some(true)
+                && volumes.iter().any(|v| {
+                    v.name == m.name && v.config_map.as_ref().map(|cm| &cm.name) == c.config_map.metadata.name.as_ref()
+                })
+        }),
+        "the ConfigMap is mounted read-only at /etc/sdn-node-controller",
+    );
+    need(c.config_map.data.as_ref().is_some_and(|d| d.contains_key(file)), "the ConfigMap has controller.yaml");
+    need(volumes.iter().all(|v| v.host_path.is_none()), "no hostPath volume");
+
+    // Probes on the health address, kept on the loopback, its port declared.
+    let health: Option<std::net::SocketAddr> = arg_value(&args, "--health-addr").and_then(|a| a.parse().ok());
+    need(
+        health.is_some_and(|h| h.ip().is_loopback() && h.port() == CONTROLLER_HEALTH_PORT),
+        "--health-addr 127.0.0.1:9103 (the node's loopback: /status is unauthenticated)",
+    );
+    for (probe, what, path) in
+        [(&ctr.liveness_probe, "livenessProbe", "/healthz"), (&ctr.readiness_probe, "readinessProbe", "/readyz")]
+    {
+        let ok = probe.as_ref().and_then(|p| p.http_get.as_ref()).is_some_and(|g| {
+            g.path.as_deref() == Some(path)
+                && g.port == IntOrString::Int(i32::from(CONTROLLER_HEALTH_PORT))
+                && g.host.as_deref() == Some("127.0.0.1")
+        });
+        need(ok, &format!("{what}: GET 127.0.0.1:9103{path}"));
+    }
+    let ports = ctr.ports.clone().unwrap_or_default();
+    need(
+        ports.iter().any(|p| {
+            p.container_port == i32::from(CONTROLLER_HEALTH_PORT)
+                && p.host_port == Some(i32::from(CONTROLLER_HEALTH_PORT))
+                && p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+        }),
+        "port 9103 declared as a host port (no two replicas on one node)",
+    );
+
+    // No privilege at all.
+    let sc = ctr.security_context.clone().unwrap_or_default();
+    need(sc.run_as_non_root == Some(true), "runAsNonRoot: true");
+    need(sc.run_as_user.is_some_and(|u| u != 0), "runAsUser: a non-root UID");
+    need(sc.privileged != Some(true), "not privileged");
+    need(sc.allow_privilege_escalation == Some(false), "allowPrivilegeEscalation: false");
+    need(sc.read_only_root_filesystem == Some(true), "readOnlyRootFilesystem: true");
+    let caps = sc.capabilities.clone().unwrap_or_default();
+    need(caps.drop == Some(vec!["ALL".to_string()]), "capabilities: drop ALL");
+    need(caps.add.clone().unwrap_or_default().is_empty(), "no capability added");
+    need(sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()) == Some("RuntimeDefault"), "seccomp RuntimeDefault");
+    let psc = pod.security_context.clone().unwrap_or_default();
+    need(
+        psc.run_as_user != Some(0) && psc.run_as_non_root != Some(false),
+        "the pod's securityContext does not make it root",
+    );
+
+    // Resources.
+    let res = ctr.resources.clone().unwrap_or_default();
+    let requests = res.requests.unwrap_or_default();
+    let limits = res.limits.unwrap_or_default();
+    need(requests.contains_key("cpu"), "a cpu request");
+    let req_mem = requests.get("memory").map(|q| quantity_mib(&q.0));
+    let lim_mem = limits.get("memory").map(|q| quantity_mib(&q.0));
+    need(req_mem.is_some_and(|r| lim_mem.is_some_and(|l| l >= r)), "memory request and a limit at least as high");
+    problems
+}
+
+/// `sdn-node controller --help`.
+fn controller_help() -> String {
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node")).args(["controller", "--help"]).output().unwrap();
+    assert!(out.status.success(), "sdn-node controller --help: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The Deployment's arguments as the kubelet expands them, with the ConfigMap's file at `config`
+/// for `--config` and no listener.
+fn controller_args_here(c: &ControllerManifests, config: &Path) -> Vec<String> {
+    let mut args: Vec<String> = c
+        .args()
+        .into_iter()
+        .map(|a| match var_ref(&a) {
+            Some(v) if env_from_field(c.container(), v, "metadata.name") => SOME_POD_NAME.to_string(),
+            _ => a,
+        })
+        .collect();
+    for (flag, value) in [("--config", config.to_str().unwrap()), ("--health-addr", "none")] {
+        if let Some(i) = args.iter().position(|a| a == flag) {
+            args[i + 1] = value.to_string();
+        }
+    }
+    args
+}
+
+/// The ConfigMap's controller.yaml in a temporary directory.
+fn controller_config_file(c: &ControllerManifests) -> Result<(tempfile::TempDir, PathBuf), String> {
+    let file = Path::new(CONTROLLER_CONFIG).file_name().unwrap().to_str().unwrap();
+    let text = c.config_map.data.as_ref().and_then(|d| d.get(file)).ok_or("the ConfigMap has no controller.yaml")?;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file);
+    std::fs::write(&path, text).unwrap();
+    Ok((dir, path))
+}
+
+/// The real binary and its clap parser: every flag is one `sdn-node controller --help` lists,
+/// and `sdn-node` run with the Deployment's arguments (no API server here) gets past parsing
+/// (clap exits 2 with a usage message) and the configuration check (exit 1 with the flag's or
+/// key's name): it stops only where it needs the API server (`--in-cluster: ...`).
+fn controller_args_problems(c: &ControllerManifests) -> Vec<String> {
+    let mut problems = Vec::new();
+    let help = controller_help();
+    let args = c.args();
+    for flag in args.iter().filter(|a| a.starts_with("--")).map(|a| a.split('=').next().unwrap()) {
+        if !help_has_flag(&help, flag) {
+            problems.push(format!("{flag} is not a flag of `sdn-node controller` (see its --help)"));
+        }
+    }
+    let (_dir, config) = match controller_config_file(c) {
+        Ok(x) => x,
+        Err(e) => return vec![e],
+    };
+    let args = controller_args_here(c, &config);
+    let stderr = tempfile::NamedTempFile::new().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+        .args(&args)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env_remove("KUBECONFIG")
+        .env("POD_NAMESPACE", c.deployment.metadata.namespace.clone().unwrap_or_default())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(stderr.path()).unwrap_or_default();
+    let reached_the_api =
+        status.and_then(|s| s.code()) == Some(1) && err.contains("sdn-node controller: --in-cluster:");
+    if !reached_the_api {
+        problems.push(format!(
+            "`sdn-node {}` did not get past its flags and configuration (status {status:?}):\n{err}",
+            args.join(" ")
+        ));
+    }
+    problems
+}
+
+/// `kubeadm init --pod-network-cidr A --service-cidr B` as README.md gives it.
+fn readme_kubeadm_cidrs() -> (String, String) {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let line = readme.lines().find(|l| l.contains("kubeadm init") && l.contains("--pod-network-cidr")).expect(
+        "README.md gives the `kubeadm init --pod-network-cidr ... --service-cidr ...` line of its install section",
+    );
+    let words: Vec<String> = line.split_whitespace().map(|w| w.trim_matches('`').to_string()).collect();
+    let value = |flag: &str| {
+        arg_value(&words, flag).unwrap_or_else(|| panic!("README's kubeadm line has no {flag}: {line}")).to_string()
+    };
+    (value("--pod-network-cidr"), value("--service-cidr"))
+}
+
+/// The ConfigMap through `ControllerArgs::check`, with the Deployment's other flags, in this
+/// process: the network it describes.
+fn controller_config_problems(c: &ControllerManifests) -> Vec<String> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+    let mut problems = Vec::new();
+    let (_dir, config) = match controller_config_file(c) {
+        Ok(x) => x,
+        Err(e) => return vec![e],
+    };
+    let data = c.config_map.data.clone().unwrap_or_default();
+    if data.len() != 1 {
+        problems.push(format!("the ConfigMap holds controller.yaml only, not {:?}", data.keys().collect::<Vec<_>>()));
+    }
+    // The subcommand's own arguments; --log-format is the binary's (checked by running it), and
+    // POD_NAMESPACE (the downward API) stands as --namespace.
+    let all = controller_args_here(c, &config);
+    let Some(sub) = all.iter().position(|a| a == "controller") else { return vec!["no `controller` in args".into()] };
+    let mut args = vec!["sdn-node-controller".to_string()];
+    let mut rest = all[sub + 1..].iter();
+    while let Some(a) = rest.next() {
+        if a == "--log-format" {
+            rest.next();
+        } else if !a.starts_with("--log-format=") {
+            args.push(a.clone());
+        }
+    }
+    args.extend(["--namespace".to_string(), NAMESPACE.to_string()]);
+    let cfg = match Cli::try_parse_from(&args).map_err(|e| e.to_string()).and_then(|cli| cli.args.check()) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            problems.push(format!("ControllerArgs::check refuses the ConfigMap's controller.yaml: {e}"));
+            return problems;
+        }
+    };
+    let n = &cfg.network;
+    let (pod_cidr, service_cidr) = readme_kubeadm_cidrs();
+    if n.cluster_network.to_string() != pod_cidr || n.service_network.to_string() != service_cidr {
+        problems.push(format!(
+            "clusterNetwork {} / serviceNetwork {} differ from README's `kubeadm init --pod-network-cidr {pod_cidr} --service-cidr {service_cidr}`",
+            n.cluster_network, n.service_network
+        ));
+    }
+    if n.subnet_prefix() != KUBEADM_NODE_CIDR_MASK_SIZE {
+        problems.push(format!(
+            "hostSubnetLength {} gives /{} node subnets; kubeadm's Nodes get /{KUBEADM_NODE_CIDR_MASK_SIZE} podCIDRs (hostSubnetLength {})",
+            n.host_subnet_length,
+            n.subnet_prefix(),
+            n.cluster_network.max_prefix_len() - KUBEADM_NODE_CIDR_MASK_SIZE
+        ));
+    }
+    if n.plugin != sdn_node::model::Plugin::NetworkPolicy {
+        problems.push(format!("plugin {:?}: the manifests' default is networkpolicy", n.plugin));
+    }
+    if (n.vxlan_port, n.mtu) != (4789, 1450) {
+        problems.push(format!("vxlanPort {} / mtu {}: the agent's defaults are 4789 / 1450", n.vxlan_port, n.mtu));
+    }
+    if cfg.identity != SOME_POD_NAME || cfg.namespace != NAMESPACE {
+        problems
+            .push(format!("identity {:?} in namespace {:?}: the pod's name, in sdn-node", cfg.identity, cfg.namespace));
+    }
+    if cfg.health_addr.is_some() {
+        problems.push("the test's --health-addr none was not applied".into());
+    }
+    problems
+}
+
+#[test]
+fn controller_rbac_is_exactly_cluster_and_namespace_rules() {
+    let (m, c) = ControllerManifests::load();
+    let problems = controller_rbac_problems(&c, &m.cluster_roles);
+    assert!(problems.is_empty(), "{CONTROLLER_FILE} RBAC:\n{}", problems.join("\n"));
+    assert!(!m.cluster_roles.is_empty(), "the agent's ClusterRole is checked for leases too");
+}
+
+#[test]
+fn controller_deployment_runs_unprivileged_on_the_node_network() {
+    let (m, c) = ControllerManifests::load();
+    let agent_image = m.container().image.clone().unwrap();
+    let problems = controller_deployment_problems(&c, &agent_image);
+    assert!(problems.is_empty(), "{CONTROLLER_FILE} Deployment:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn controller_args_are_accepted_by_sdn_node_controller() {
+    let (_, c) = ControllerManifests::load();
+    let problems = controller_args_problems(&c);
+    assert!(problems.is_empty(), "{CONTROLLER_FILE} args:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn controller_config_map_passes_the_controllers_check() {
+    let (_, c) = ControllerManifests::load();
+    let problems = controller_config_problems(&c);
+    assert!(problems.is_empty(), "{CONTROLLER_FILE} ConfigMap:\n{}", problems.join("\n"));
+}
+
+/// (apiVersion, kind, namespace, name) of a manifest.
+type ObjectId = (String, String, String, String);
+
+fn object_id(doc: &Value) -> ObjectId {
+    let s = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_string();
+    let meta = doc.get("metadata");
+    (
+        s(doc.get("apiVersion")),
+        s(doc.get("kind")),
+        s(meta.and_then(|m| m.get("namespace"))),
+        s(meta.and_then(|m| m.get("name"))),
+    )
+}
+
+fn file_objects(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes").join(name)).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    docs.into_iter().filter(|d| !d.is_null()).collect()
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)]
+struct Overlay {
+    api_version: String,
+    kind: String,
+    resources: Vec<String>,
+    #[serde(default)]
+    patches: Vec<OverlayPatch>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct OverlayPatch {
+    patch: String,
+}
+
+fn openshift_overlay() -> Overlay {
+    let text = std::fs::read_to_string(repo().join(OPENSHIFT_OVERLAY).join("kustomization.yaml")).unwrap();
+    serde_saphyr::from_str(&text).unwrap()
+}
+
+/// The overlay takes deploy/kubernetes whole and deletes exactly the objects of
+/// 07-controller.yaml and 00-crds.yaml: the same files minus those two.
+fn overlay_problems(o: &Overlay, files: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if (o.api_version.as_str(), o.kind.as_str()) != ("kustomize.config.k8s.io/v1beta1", "Kustomization") {
+        problems.push("the overlay is a kustomize.config.k8s.io/v1beta1 Kustomization".into());
+    }
+    if o.resources != ["../kubernetes"] {
+        problems.push(format!("the overlay's only resource is ../kubernetes, not {:?}", o.resources));
+    }
+    let mut deleted = BTreeSet::new();
+    for p in &o.patches {
+        let doc: Value = serde_saphyr::from_str(&p.patch).unwrap_or_default();
+        let keys: BTreeSet<&str> = doc.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
+        let meta_keys: BTreeSet<&str> = doc
+            .get("metadata")
+            .and_then(Value::as_object)
+            .map(|o| o.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        if doc.get("$patch").and_then(Value::as_str) != Some("delete")
+            || keys != BTreeSet::from(["$patch", "apiVersion", "kind", "metadata"])
+            || !meta_keys.iter().all(|k| ["name", "namespace"].contains(k))
+        {
+            problems.push(format!("an overlay patch that is not a plain deletion:\n{}", p.patch));
+        }
+        deleted.insert(object_id(&doc));
+    }
+    let left_out = [CONTROLLER_FILE, "00-crds.yaml"];
+    let expected: BTreeSet<ObjectId> = left_out.iter().flat_map(|f| file_objects(f)).map(|d| object_id(&d)).collect();
+    if deleted != expected {
+        problems.push(format!(
+            "the overlay must delete exactly the objects of {left_out:?}: deletes but should not {:?}, should delete {:?}",
+            deleted.difference(&expected).collect::<Vec<_>>(),
+            expected.difference(&deleted).collect::<Vec<_>>()
+        ));
+    }
+    // Every other file's objects stay.
+    for f in files.iter().filter(|f| !left_out.contains(&f.as_str())) {
+        for d in file_objects(f) {
+            if deleted.contains(&object_id(&d)) {
+                problems.push(format!("the overlay deletes {:?} of {f}", object_id(&d)));
+            }
+        }
+    }
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    if !readme.contains(&format!("kubectl apply -k {OPENSHIFT_OVERLAY}")) {
+        problems.push(format!("README.md does not say `kubectl apply -k {OPENSHIFT_OVERLAY}`"));
+    }
+    problems
+}
+
+/// `kubectl kustomize DIR`'s objects, by id.
+fn kustomize(dir: &str) -> Option<BTreeMap<ObjectId, Value>> {
+    let out = std::process::Command::new("kubectl").args(["kustomize", dir]).current_dir(repo()).output().ok()?;
+    assert!(out.status.success(), "kubectl kustomize {dir}: {}", String::from_utf8_lossy(&out.stderr));
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    Some(docs.into_iter().filter(|d| !d.is_null()).map(|d| (object_id(&d), d)).collect())
+}
+
+#[test]
+fn openshift_overlay_is_everything_but_the_controller_and_the_crds() {
+    let m = Manifests::load();
+    let problems = overlay_problems(&openshift_overlay(), &m.files);
+    assert!(problems.is_empty(), "{OPENSHIFT_OVERLAY}/kustomization.yaml:\n{}", problems.join("\n"));
+
+    // What kustomize renders, where kubectl is installed: the base is every file's objects, the
+    // overlay the same objects, unchanged, minus those of the two files.
+    let (Some(base), Some(overlay)) = (kustomize("deploy/kubernetes"), kustomize(OPENSHIFT_OVERLAY)) else {
+        eprintln!("SKIPPED: rendering with `kubectl kustomize` (no kubectl)");
+        return;
+    };
+    let all: BTreeSet<ObjectId> = m.files.iter().flat_map(|f| file_objects(f)).map(|d| object_id(&d)).collect();
+    assert_eq!(base.keys().cloned().collect::<BTreeSet<_>>(), all, "kubectl kustomize deploy/kubernetes");
+    let left_out: BTreeSet<ObjectId> =
+        [CONTROLLER_FILE, "00-crds.yaml"].iter().flat_map(|f| file_objects(f)).map(|d| object_id(&d)).collect();
+    let expected: BTreeSet<ObjectId> = all.difference(&left_out).cloned().collect();
+    assert_eq!(overlay.keys().cloned().collect::<BTreeSet<_>>(), expected, "kubectl kustomize {OPENSHIFT_OVERLAY}");
+    for (id, obj) in &overlay {
+        assert_eq!(Some(obj), base.get(id), "{id:?} is the base's, unchanged (image included)");
+    }
+}
+
+/// Every check above fails on a copy of the manifests broken in the way it looks for.
+#[test]
+fn controller_checks_catch_mistakes() {
+    let (m, good) = ControllerManifests::load();
+    let agent_image = m.container().image.clone().unwrap();
+    type Mutation = Box<dyn Fn(&mut ControllerManifests)>;
+    #[derive(Clone, Copy, Debug)]
+    enum Check {
+        Rbac,
+        Deployment,
+        Args,
+        Config,
+    }
+    let run = |check: Check, c: &ControllerManifests| -> Vec<String> {
+        match check {
+            Check::Rbac => controller_rbac_problems(c, &m.cluster_roles),
+            Check::Deployment => controller_deployment_problems(c, &agent_image),
+            Check::Args => controller_args_problems(c),
+            Check::Config => controller_config_problems(c),
+        }
+    };
+    fn rule(g: &str, r: &str, verbs: &[&str]) -> PolicyRule {
+        PolicyRule {
+            api_groups: Some(vec![g.into()]),
+            resources: Some(vec![r.into()]),
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+    fn set_arg(c: &mut ControllerManifests, flag: &str, value: &str) {
+        let args = c.container_mut().args.as_mut().unwrap();
+        let i = args.iter().position(|a| a == flag).unwrap();
+        args[i + 1] = value.into();
+    }
+    fn set_config(c: &mut ControllerManifests, from: &str, to: &str) {
+        let data = c.config_map.data.as_mut().unwrap();
+        let text = data.get_mut("controller.yaml").unwrap();
+        assert!(text.contains(from), "{from}");
+        *text = text.replace(from, to);
+    }
+    let cases: Vec<(Check, &str, &str, Mutation)> = vec![
+        (
+            Check::Rbac,
+            "leases in the ClusterRole",
+            "grants leases",
+            Box::new(|c| c.cluster_role.rules.as_mut().unwrap().push(rule("coordination.k8s.io", "leases", &["get"]))),
+        ),
+        (
+            Check::Rbac,
+            "an extra verb",
+            "granted but not used",
+            Box::new(|c| c.cluster_role.rules.as_mut().unwrap()[0].verbs.push("delete".into())),
+        ),
+        (
+            Check::Rbac,
+            "a missing verb",
+            "used but not granted",
+            Box::new(|c| {
+                c.cluster_role.rules.as_mut().unwrap().pop();
+            }),
+        ),
+        (
+            Check::Rbac,
+            "a wildcard",
+            "wildcard",
+            Box::new(|c| c.cluster_role.rules.as_mut().unwrap()[0].verbs = vec!["*".into()]),
+        ),
+        (
+            Check::Rbac,
+            "a Role in another namespace",
+            "the Role must be in namespace",
+            Box::new(|c| c.role.metadata.namespace = Some("kube-system".into())),
+        ),
+        (
+            Check::Rbac,
+            "a Role without update",
+            "NAMESPACE_RULES",
+            Box::new(|c| c.role.rules.as_mut().unwrap()[0].verbs.retain(|v| v != "update")),
+        ),
+        (
+            Check::Rbac,
+            "a RoleBinding to a ClusterRole",
+            "must refer to Role",
+            Box::new(|c| c.role_binding.role_ref.kind = "ClusterRole".into()),
+        ),
+        (
+            Check::Rbac,
+            "a binding to another account",
+            "subject must be",
+            Box::new(|c| c.cluster_role_binding.subjects.as_mut().unwrap()[0].name = "default".into()),
+        ),
+        (
+            Check::Rbac,
+            "another ServiceAccount",
+            "run as ServiceAccount",
+            Box::new(|c| c.pod_mut().service_account_name = Some("default".into())),
+        ),
+        (
+            Check::Deployment,
+            "one replica",
+            "replicas: 2",
+            Box::new(|c| c.deployment.spec.as_mut().unwrap().replicas = Some(1)),
+        ),
+        (Check::Deployment, "the pod network", "hostNetwork: true", Box::new(|c| c.pod_mut().host_network = None)),
+        (
+            Check::Deployment,
+            "cluster DNS",
+            "dnsPolicy Default",
+            Box::new(|c| c.pod_mut().dns_policy = Some("ClusterFirstWithHostNet".into())),
+        ),
+        (
+            Check::Deployment,
+            "no not-ready toleration",
+            "not-ready:NoSchedule",
+            Box::new(|c| {
+                c.pod_mut()
+                    .tolerations
+                    .as_mut()
+                    .unwrap()
+                    .retain(|t| t.key.as_deref() != Some("node.kubernetes.io/not-ready"))
+            }),
+        ),
+        (
+            Check::Deployment,
+            "evicted from not-ready nodes",
+            "not-ready:NoExecute",
+            Box::new(|c| c.pod_mut().tolerations.as_mut().unwrap()[0].effect = Some("NoSchedule".into())),
+        ),
+        (
+            Check::Deployment,
+            "no control-plane toleration",
+            "control-plane:NoSchedule",
+            Box::new(|c| {
+                c.pod_mut()
+                    .tolerations
+                    .as_mut()
+                    .unwrap()
+                    .retain(|t| t.key.as_deref() != Some("node-role.kubernetes.io/control-plane"))
+            }),
+        ),
+        (
+            Check::Deployment,
+            "no anti-affinity",
+            "preferred pod anti-affinity",
+            Box::new(|c| c.pod_mut().affinity = None),
+        ),
+        (
+            Check::Deployment,
+            "required anti-affinity",
+            "preferred, not required",
+            Box::new(|c| {
+                let a = c.pod_mut().affinity.as_mut().unwrap().pod_anti_affinity.as_mut().unwrap();
+                let term = a.preferred_during_scheduling_ignored_during_execution.as_ref().unwrap()[0]
+                    .pod_affinity_term
+                    .clone();
+                a.required_during_scheduling_ignored_during_execution = Some(vec![term]);
+            }),
+        ),
+        (
+            Check::Deployment,
+            "two at a time",
+            "maxUnavailable: 1",
+            Box::new(|c| {
+                c.deployment
+                    .spec
+                    .as_mut()
+                    .unwrap()
+                    .strategy
+                    .as_mut()
+                    .unwrap()
+                    .rolling_update
+                    .as_mut()
+                    .unwrap()
+                    .max_unavailable = Some(IntOrString::Int(2))
+            }),
+        ),
+        (
+            Check::Deployment,
+            "another image",
+            "the image is the DaemonSet's",
+            Box::new(|c| c.container_mut().image = Some("sdn-node:old".into())),
+        ),
+        (
+            Check::Deployment,
+            "the liveness probe elsewhere",
+            "livenessProbe",
+            Box::new(|c| {
+                c.container_mut().liveness_probe.as_mut().unwrap().http_get.as_mut().unwrap().port =
+                    IntOrString::Int(9104)
+            }),
+        ),
+        (
+            Check::Deployment,
+            "the readiness probe on /healthz",
+            "readinessProbe",
+            Box::new(|c| {
+                c.container_mut().readiness_probe.as_mut().unwrap().http_get.as_mut().unwrap().path =
+                    Some("/healthz".into())
+            }),
+        ),
+        (
+            Check::Deployment,
+            "the health port on every address",
+            "--health-addr 127.0.0.1:9103",
+            Box::new(|c| set_arg(c, "--health-addr", "0.0.0.0:9103")),
+        ),
+        (
+            Check::Deployment,
+            "the port undeclared",
+            "declared as a host port",
+            Box::new(|c| c.container_mut().ports = None),
+        ),
+        (
+            Check::Deployment,
+            "root",
+            "runAsNonRoot",
+            Box::new(|c| c.container_mut().security_context.as_mut().unwrap().run_as_non_root = Some(false)),
+        ),
+        (
+            Check::Deployment,
+            "UID 0",
+            "non-root UID",
+            Box::new(|c| c.container_mut().security_context.as_mut().unwrap().run_as_user = Some(0)),
+        ),
+        (
+            Check::Deployment,
+            "a capability",
+            "no capability added",
+            Box::new(|c| {
+                c.container_mut().security_context.as_mut().unwrap().capabilities.as_mut().unwrap().add =
+                    Some(vec!["NET_ADMIN".into()])
+            }),
+        ),
+        (
+            Check::Deployment,
+            "escalation",
+            "allowPrivilegeEscalation",
+            Box::new(|c| c.container_mut().security_context.as_mut().unwrap().allow_privilege_escalation = None),
+        ),
+        (
+            Check::Deployment,
+            "a writable root",
+            "readOnlyRootFilesystem",
+            Box::new(|c| c.container_mut().security_context.as_mut().unwrap().read_only_root_filesystem = Some(false)),
+        ),
+        (
+            Check::Deployment,
+            "unconfined seccomp",
+            "seccomp",
+            Box::new(|c| {
+                c.container_mut().security_context.as_mut().unwrap().seccomp_profile.as_mut().unwrap().type_ =
+                    "Unconfined".into()
+            }),
+        ),
+        (
+            Check::Deployment,
+            "no memory limit",
+            "memory request",
+            Box::new(|c| c.container_mut().resources.as_mut().unwrap().limits = None),
+        ),
+        (
+            Check::Deployment,
+            "the identity from the node",
+            "--identity",
+            Box::new(|c| {
+                let env = c.container_mut().env.as_mut().unwrap();
+                env[0].value_from.as_mut().unwrap().field_ref.as_mut().unwrap().field_path = "spec.nodeName".into();
+            }),
+        ),
+        (
+            Check::Deployment,
+            "the ConfigMap elsewhere",
+            "mounted read-only",
+            Box::new(|c| c.container_mut().volume_mounts.as_mut().unwrap()[0].mount_path = "/etc/other".into()),
+        ),
+        (
+            Check::Args,
+            "a misspelt flag",
+            "not a flag of `sdn-node controller`",
+            Box::new(|c| c.container_mut().args.as_mut().unwrap().push("--leader-elect".into())),
+        ),
+        (
+            Check::Args,
+            "a bad value",
+            "did not get past",
+            Box::new(|c| c.container_mut().args.as_mut().unwrap().extend(["--kube-api-qps".into(), "0".into()])),
+        ),
+        (
+            Check::Args,
+            "a misspelt key",
+            "did not get past",
+            Box::new(|c| set_config(c, "hostSubnetLength", "hostSubnetLen")),
+        ),
+        (
+            Check::Config,
+            "a misspelt key",
+            "refuses the ConfigMap",
+            Box::new(|c| set_config(c, "clusterNetwork", "clusterNetwrk")),
+        ),
+        (
+            Check::Config,
+            "overlapping networks",
+            "refuses the ConfigMap",
+            Box::new(|c| set_config(c, "172.30.0.0/16", "10.128.0.0/16")),
+        ),
+        (
+            Check::Config,
+            "openshift-sdn's /23",
+            "kubeadm's Nodes get /24",
+            Box::new(|c| set_config(c, "hostSubnetLength: 8", "hostSubnetLength: 9")),
+        ),
+        (
+            Check::Config,
+            "another cluster network",
+            "differ from README",
+            Box::new(|c| set_config(c, "10.128.0.0/14", "10.0.0.0/14")),
+        ),
+        (
+            Check::Config,
+            "multitenant",
+            "plugin",
+            Box::new(|c| set_config(c, "plugin: networkpolicy", "plugin: multitenant")),
+        ),
+        (Check::Config, "another MTU", "mtu", Box::new(|c| set_config(c, "mtu: 1450", "mtu: 1400"))),
+    ];
+    for check in [Check::Rbac, Check::Deployment, Check::Args, Check::Config] {
+        let problems = run(check, &good);
+        assert!(problems.is_empty(), "{check:?} fails on the real manifests: {problems:?}");
+    }
+    for (check, what, expected, mutate) in &cases {
+        let mut broken = good.clone();
+        mutate(&mut broken);
+        let problems = run(*check, &broken);
+        assert!(
+            problems.iter().any(|p| p.contains(expected)),
+            "{check:?} does not catch {what} (expected a problem containing {expected:?}): {problems:?}"
+        );
+    }
+    // The overlay's check: a deletion missing, or one too many.
+    let overlay = openshift_overlay();
+    let mut broken = overlay.clone();
+    broken.patches.retain(|p| !p.patch.contains("kind: Deployment"));
+    assert!(overlay_problems(&broken, &m.files).iter().any(|p| p.contains("should delete")), "a missing deletion");
+    let mut broken = overlay.clone();
+    broken.patches.push(OverlayPatch {
+        patch:
+            "$patch: delete\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: sdn-node, namespace: sdn-node}\n"
+                .into(),
+    });
+    assert!(
+        overlay_problems(&broken, &m.files).iter().any(|p| p.contains("deletes but should not")),
+        "an extra deletion"
+    );
+    let mut broken = overlay;
+    broken.resources = vec!["../kubernetes/04-daemonset.yaml".into()];
+    assert!(!overlay_problems(&broken, &m.files).is_empty(), "a file outside the overlay");
 }

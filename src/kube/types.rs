@@ -52,6 +52,9 @@ pub struct ClusterNetwork {
     /// The legacy single cluster network CIDR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// The legacy host bits of a node's subnet (with `network`).
+    #[serde(default, rename = "hostsubnetlength", skip_serializing_if = "Option::is_none")]
+    pub host_subnet_length: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_network: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -68,6 +71,9 @@ pub struct ClusterNetwork {
 pub struct ClusterNetworkEntry {
     #[serde(default, rename = "CIDR")]
     pub cidr: String,
+    /// Host bits of a node's subnet out of this network.
+    #[serde(default, rename = "hostSubnetLength", skip_serializing_if = "Option::is_none")]
+    pub host_subnet_length: Option<i64>,
 }
 
 /// A node's pod subnet.

@@ -153,7 +153,7 @@ impl AuditOptions {
     }
 }
 
-fn addr_or_none(s: &str) -> Result<Option<SocketAddr>, String> {
+pub(crate) fn addr_or_none(s: &str) -> Result<Option<SocketAddr>, String> {
     match s {
         "none" => Ok(None),
         a => a.parse().map(Some).map_err(|e| format!("{a:?} is not an IP:PORT ({e}); `none` turns it off")),

@@ -232,9 +232,12 @@ impl NodeAgent {
         let mut c = tokio::process::Command::new(command[0]);
         c.args(&command[1..])
             .arg(env!("CARGO_BIN_EXE_sdn-node"))
-            .args(["run", "--state"])
-            .arg(&self.state)
-            .arg("--ovs-rundir")
+            .arg("run");
+        // Kubernetes mode (`--kubeconfig` among the extra arguments) has no state file.
+        if !self.args.iter().any(|a| a == "--kubeconfig") {
+            c.arg("--state").arg(&self.state);
+        }
+        c.arg("--ovs-rundir")
             .arg(&self.rundir)
             .args(["--datapath-type", "netdev"])
             .args(metrics)

@@ -657,7 +657,12 @@ impl FakeKube {
         let seed = splitmix(nanos ^ (u64::from(addr.port()) << 48));
         let inner = Inner { rv: 100, seed, ..Default::default() };
         let fake = FakeKube { inner: Arc::new(Mutex::new(inner)), events: tx, addr };
-        let f = fake.clone();
+        fake.serve(listener);
+        fake
+    }
+
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let f = self.clone();
         let app = axum::Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
             let f = f.clone();
             async move { f.handle(method, uri, headers, body).await }
@@ -665,15 +670,29 @@ impl FakeKube {
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        fake
+    }
+
+    /// Serves the same objects on `listener` too (e.g. one bound inside another network
+    /// namespace, for processes there); returns its address.
+    pub async fn serve_also(&self, listener: std::net::TcpListener) -> SocketAddr {
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let addr = listener.local_addr().unwrap();
+        self.serve(listener);
+        addr
     }
 
     /// A kubeconfig (no auth) pointing at this server.
     pub fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
-        let path = dir.join("kubeconfig");
+        self.kubeconfig_for(dir, "kubeconfig", self.addr)
+    }
+
+    /// A kubeconfig file `dir/name` pointing at `addr` (one of [`FakeKube::serve_also`]'s).
+    pub fn kubeconfig_for(&self, dir: &std::path::Path, name: &str, addr: SocketAddr) -> std::path::PathBuf {
+        let path = dir.join(name);
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: u\ncurrent-context: fake\n",
-            self.addr
+            addr
         );
         std::fs::write(&path, text).unwrap();
         path

@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod cninode;
+pub mod controller;
 pub mod fake_kube;
 pub mod inproc;
 pub mod netpol_eval;

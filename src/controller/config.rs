@@ -1,0 +1,415 @@
+//! The controller's configuration: flags, or the same keys from a file (a mounted ConfigMap),
+//! flags winning. Checked once, before the controller talks to anyone: a bad value exits with
+//! one line naming the flag or key.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::model::Plugin;
+
+/// Where a Node's HostSubnet comes from.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeSubnets {
+    /// The Node's `spec.podCIDRs` entry of the cluster network's family when it has one; the
+    /// controller's own allocator for a Node without one, unless another Node has one (then
+    /// the cluster allocates them: wait for kube-controller-manager, with an Event).
+    Auto,
+    /// Only `spec.podCIDRs` (kube-controller-manager `--allocate-node-cidrs`): a Node without
+    /// one waits, with an Event.
+    PodCidrs,
+    /// Only the controller's allocator; `spec.podCIDRs` is ignored.
+    Allocate,
+}
+
+/// `sdn-node controller`'s flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ControllerArgs {
+    /// A kubeconfig file.
+    #[arg(long, conflicts_with = "in_cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Use the in-cluster service account.
+    #[arg(long)]
+    pub in_cluster: bool,
+    /// The namespace of the leader-election Lease (default: the pod's own namespace, from
+    /// POD_NAMESPACE or the service account, else sdn-node).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// A YAML file with the network keys (clusterNetwork, hostSubnetLength, serviceNetwork,
+    /// plugin, vxlanPort, mtu, nodeSubnets); a flag given on the command line wins.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The cluster network the pods' subnets are carved from (CIDR).
+    #[arg(long)]
+    pub cluster_network: Option<String>,
+    /// Host bits of each node's subnet (9: a /23 per node out of an IPv4 cluster network).
+    #[arg(long)]
+    pub host_subnet_length: Option<u8>,
+    /// The service network (CIDR).
+    #[arg(long)]
+    pub service_network: Option<String>,
+    /// The openshift-sdn plugin the cluster runs [default: networkpolicy].
+    #[arg(long)]
+    pub plugin: Option<PluginArg>,
+    /// VXLAN's UDP port [default: 4789].
+    #[arg(long)]
+    pub vxlan_port: Option<u16>,
+    /// The pod network's MTU [default: 1450].
+    #[arg(long)]
+    pub mtu: Option<u32>,
+    /// Where HostSubnets come from [default: auto].
+    #[arg(long)]
+    pub node_subnets: Option<NodeSubnets>,
+    /// Namespaces whose NetNamespace gets the global VNID 0 when it is created (openshift-sdn:
+    /// default only). Comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "default")]
+    pub global_namespaces: Vec<String>,
+    /// This replica's name in the Lease (default: hostname and process ID).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// The leader-election Lease's name.
+    #[arg(long, default_value = "sdn-node-controller")]
+    pub lease_name: String,
+    /// How long a Lease holds without renewal before another replica may take it (seconds).
+    #[arg(long, default_value = "15", value_parser = crate::options::seconds)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops writing (seconds; less than
+    /// the lease duration).
+    #[arg(long, default_value = "10", value_parser = crate::options::seconds)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often a replica tries to take or renew the Lease (seconds).
+    #[arg(long, default_value = "2", value_parser = crate::options::seconds)]
+    pub leader_elect_retry_period: Duration,
+    /// Writes per second to the API server (client-side rate limit).
+    #[arg(long, default_value = "300")]
+    pub kube_api_qps: u32,
+    /// Writes allowed in a burst above the rate.
+    #[arg(long, default_value = "600")]
+    pub kube_api_burst: u32,
+    /// Writes in flight at once.
+    #[arg(long, default_value = "32")]
+    pub concurrent_writes: usize,
+    /// Deadline of one API call (seconds).
+    #[arg(long, default_value = "10", value_parser = crate::options::seconds)]
+    pub api_timeout: Duration,
+    /// /healthz, /readyz and /status (JSON), or "none".
+    #[arg(long, default_value = "0.0.0.0:9103", value_parser = crate::run::options::addr_or_none)]
+    pub health_addr: std::option::Option<std::net::SocketAddr>,
+}
+
+/// `--plugin`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginArg {
+    Networkpolicy,
+    Multitenant,
+    Subnet,
+}
+
+impl From<PluginArg> for Plugin {
+    fn from(p: PluginArg) -> Plugin {
+        match p {
+            PluginArg::Networkpolicy => Plugin::NetworkPolicy,
+            PluginArg::Multitenant => Plugin::Multitenant,
+            PluginArg::Subnet => Plugin::Subnet,
+        }
+    }
+}
+
+/// The file's keys (the flags' names in camelCase).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct File {
+    cluster_network: Option<String>,
+    host_subnet_length: Option<u8>,
+    service_network: Option<String>,
+    plugin: Option<PluginArg>,
+    vxlan_port: Option<u16>,
+    mtu: Option<u32>,
+    node_subnets: Option<NodeSubnets>,
+}
+
+/// The network the controller writes into ClusterNetwork "default" and allocates from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Network {
+    pub cluster_network: IpNet,
+    pub host_subnet_length: u8,
+    pub service_network: IpNet,
+    pub plugin: Plugin,
+    pub vxlan_port: u16,
+    pub mtu: u32,
+}
+
+impl Network {
+    /// The prefix length of a node's subnet.
+    pub fn subnet_prefix(&self) -> u8 {
+        self.cluster_network.max_prefix_len() - self.host_subnet_length
+    }
+}
+
+/// The checked configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub network: Network,
+    pub node_subnets: NodeSubnets,
+    pub global_namespaces: Vec<String>,
+    pub namespace: String,
+    pub identity: String,
+    pub lease_name: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+    pub qps: u32,
+    pub burst: u32,
+    pub concurrent_writes: usize,
+    pub api_timeout: Duration,
+    pub health_addr: Option<std::net::SocketAddr>,
+    pub kubeconfig: Option<PathBuf>,
+}
+
+const SA_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+impl ControllerArgs {
+    /// Checks the flags and the file; an error is one line for the operator.
+    pub fn check(self) -> Result<Config, String> {
+        if self.kubeconfig.is_none() && !self.in_cluster {
+            return Err("sdn-node controller: give --kubeconfig FILE or --in-cluster".into());
+        }
+        let file: File = match &self.config {
+            None => File::default(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
+                if text.trim().is_empty() {
+                    File::default()
+                } else {
+                    serde_saphyr::from_str(&text)
+                        .map_err(|e| format!("--config {}: {}", path.display(), one_line(&e.to_string())))?
+                }
+            }
+        };
+        let cidr = |flag: &str, v: Option<String>| -> Result<IpNet, String> {
+            let v = v.ok_or_else(|| format!("--{flag} (or {} in --config) is required", camel(flag)))?;
+            let net: IpNet =
+                v.trim().parse().map_err(|_| format!("--{flag} {v:?} is not a CIDR (e.g. 10.128.0.0/14)"))?;
+            if net.network() != net.addr() {
+                return Err(format!("--{flag} {v}: host bits are set (the network is {})", net.trunc()));
+            }
+            Ok(net)
+        };
+        let cluster_network = cidr("cluster-network", self.cluster_network.or(file.cluster_network))?;
+        let service_network = cidr("service-network", self.service_network.or(file.service_network))?;
+        if let IpNet::V6(_) = cluster_network {
+            return Err(format!(
+                "--cluster-network {cluster_network}: HostSubnet holds an IPv4 subnet only; IPv6 pod networks come with dual-stack support"
+            ));
+        }
+        if cluster_network.contains(&service_network.network()) || service_network.contains(&cluster_network.network())
+        {
+            return Err(format!("--service-network {service_network} overlaps --cluster-network {cluster_network}"));
+        }
+        let host_subnet_length = self
+            .host_subnet_length
+            .or(file.host_subnet_length)
+            .ok_or("--host-subnet-length (or hostSubnetLength in --config) is required")?;
+        let free = cluster_network.max_prefix_len() - cluster_network.prefix_len();
+        if !(2..=free).contains(&host_subnet_length) {
+            return Err(format!(
+                "--host-subnet-length {host_subnet_length}: must be 2 to {free} for --cluster-network {cluster_network} (a node's subnet is at most the whole network and holds a gateway and a pod)"
+            ));
+        }
+        let vxlan_port = self.vxlan_port.or(file.vxlan_port).unwrap_or(4789);
+        if vxlan_port == 0 {
+            return Err("--vxlan-port 0 is not a UDP port".into());
+        }
+        let mtu = self.mtu.or(file.mtu).unwrap_or(1450);
+        if !(576..=65000).contains(&mtu) {
+            return Err(format!("--mtu {mtu}: must be 576 to 65000"));
+        }
+        let plugin = self.plugin.or(file.plugin).unwrap_or(PluginArg::Networkpolicy).into();
+        for ns in &self.global_namespaces {
+            if !dns_label(ns) {
+                return Err(format!("--global-namespaces: {ns:?} is not a namespace name (a DNS label)"));
+            }
+        }
+        let namespace = match self.namespace.filter(|n| !n.is_empty()) {
+            Some(ns) => ns,
+            None => std::fs::read_to_string(SA_NAMESPACE)
+                .map(|s| s.trim().to_string())
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "sdn-node".into()),
+        };
+        let identity = match self.identity.filter(|i| !i.is_empty()) {
+            Some(i) => i,
+            None => format!("{}_{}", hostname(), std::process::id()),
+        };
+        if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration {
+            return Err(format!(
+                "--leader-elect-renew-deadline ({:?}) must be less than --leader-elect-lease-duration ({:?}): a leader must stop writing before another may take the Lease",
+                self.leader_elect_renew_deadline, self.leader_elect_lease_duration
+            ));
+        }
+        if self.leader_elect_retry_period >= self.leader_elect_renew_deadline {
+            return Err(format!(
+                "--leader-elect-retry-period ({:?}) must be less than --leader-elect-renew-deadline ({:?})",
+                self.leader_elect_retry_period, self.leader_elect_renew_deadline
+            ));
+        }
+        if self.kube_api_qps == 0 || self.kube_api_burst == 0 || self.concurrent_writes == 0 {
+            return Err("--kube-api-qps, --kube-api-burst and --concurrent-writes must be 1 or more".into());
+        }
+        Ok(Config {
+            network: Network { cluster_network, host_subnet_length, service_network, plugin, vxlan_port, mtu },
+            node_subnets: self.node_subnets.or(file.node_subnets).unwrap_or(NodeSubnets::Auto),
+            global_namespaces: self.global_namespaces,
+            namespace,
+            identity,
+            lease_name: self.lease_name,
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+            qps: self.kube_api_qps,
+            burst: self.kube_api_burst.max(1),
+            concurrent_writes: self.concurrent_writes,
+            api_timeout: self.api_timeout,
+            health_addr: self.health_addr,
+            kubeconfig: self.kubeconfig,
+        })
+    }
+}
+
+/// A DNS-1123 label: what a namespace name is.
+pub(crate) fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn camel(flag: &str) -> String {
+    let mut out = String::new();
+    let mut up = false;
+    for c in flag.chars() {
+        if c == '-' {
+            up = true;
+        } else if up {
+            out.extend(c.to_uppercase());
+            up = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "sdn-node-controller".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    fn check(args: &[&str]) -> Result<Config, String> {
+        let mut all = vec!["x", "--kubeconfig", "/k"];
+        all.extend(args);
+        Cli::try_parse_from(all).map_err(|e| e.to_string())?.args.check()
+    }
+
+    const OK: [&str; 6] =
+        ["--cluster-network", "10.128.0.0/14", "--host-subnet-length", "9", "--service-network", "172.30.0.0/16"];
+
+    #[test]
+    fn defaults_and_flags() {
+        let c = check(&OK).unwrap();
+        assert_eq!(c.network.plugin, Plugin::NetworkPolicy);
+        assert_eq!(c.network.subnet_prefix(), 23);
+        assert_eq!((c.network.vxlan_port, c.network.mtu), (4789, 1450));
+        assert_eq!(c.node_subnets, NodeSubnets::Auto);
+        assert_eq!(c.global_namespaces, vec!["default".to_string()]);
+        assert_eq!(
+            (c.lease_duration, c.renew_deadline, c.retry_period),
+            (Duration::from_secs(15), Duration::from_secs(10), Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn refusals_name_the_flag() {
+        let with = |extra: &[&str]| {
+            let mut a = OK.to_vec();
+            a.extend(extra);
+            check(&a).unwrap_err()
+        };
+        assert!(check(&OK[2..]).unwrap_err().contains("--cluster-network (or clusterNetwork in --config) is required"));
+        assert!(check(&[
+            "--cluster-network",
+            "10.128.0.1/14",
+            "--host-subnet-length",
+            "9",
+            "--service-network",
+            "172.30.0.0/16"
+        ])
+        .unwrap_err()
+        .contains("host bits"));
+        assert!(check(&[
+            "--cluster-network",
+            "10.128.0.0/14",
+            "--host-subnet-length",
+            "19",
+            "--service-network",
+            "172.30.0.0/16"
+        ])
+        .unwrap_err()
+        .contains("2 to 18"));
+        assert!(check(&[
+            "--cluster-network",
+            "10.128.0.0/14",
+            "--host-subnet-length",
+            "9",
+            "--service-network",
+            "10.128.0.0/16"
+        ])
+        .unwrap_err()
+        .contains("overlaps"));
+        assert!(with(&["--plugin", "flannel"]).contains("flannel"));
+        assert!(with(&["--mtu", "100"]).contains("--mtu 100"));
+        assert!(with(&["--leader-elect-renew-deadline", "20"]).contains("less than --leader-elect-lease-duration"));
+        let e = Cli::try_parse_from(["x", "--cluster-network", "10.0.0.0/8"]).unwrap().args.check().unwrap_err();
+        assert!(e.contains("--kubeconfig FILE or --in-cluster"), "{e}");
+    }
+
+    #[test]
+    fn a_file_gives_the_keys_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.yaml");
+        std::fs::write(&f, "clusterNetwork: 10.0.0.0/16\nhostSubnetLength: 8\nserviceNetwork: 10.96.0.0/12\nplugin: multitenant\nnodeSubnets: allocate\n").unwrap();
+        let c = check(&["--config", f.to_str().unwrap(), "--mtu", "1400"]).unwrap();
+        assert_eq!(c.network.cluster_network.to_string(), "10.0.0.0/16");
+        assert_eq!(c.network.plugin, Plugin::Multitenant);
+        assert_eq!(c.network.mtu, 1400);
+        assert_eq!(c.node_subnets, NodeSubnets::Allocate);
+        let c = check(&["--config", f.to_str().unwrap(), "--plugin", "subnet"]).unwrap();
+        assert_eq!(c.network.plugin, Plugin::Subnet);
+        std::fs::write(&f, "clusterNetwrk: 10.0.0.0/16\n").unwrap();
+        let e = check(&["--config", f.to_str().unwrap()]).unwrap_err();
+        assert!(e.contains("clusterNetwrk") && e.contains("c.yaml"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+}

@@ -1,0 +1,317 @@
+//! What the controller keeps of the objects it watches: Nodes and Namespaces converted at once
+//! to the few fields it uses (a Node's image list is never kept), and the openshift-sdn objects
+//! it writes, whole (it replaces them with the resourceVersion they were read at).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::controller::config::Network;
+use crate::kube::types::{ClusterNetwork, ClusterNetworkEntry, HostSubnet, NetNamespace};
+
+/// The annotation on a Node that names the address other nodes reach it at (the VXLAN
+/// underlay), overriding its InternalIP and ExternalIP.
+pub const HOST_IP_ANNOTATION: &str = "sdn-node.openshift.io/host-ip";
+
+/// The label on the HostSubnets this controller creates: it deletes only those (a HostSubnet an
+/// operator made, e.g. for an F5 router, stays and keeps its subnet).
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "sdn-node-controller");
+
+/// The plugin names of ClusterNetwork.pluginName.
+pub fn plugin_name(p: crate::model::Plugin) -> &'static str {
+    match p {
+        crate::model::Plugin::Subnet => "redhat/openshift-ovs-subnet",
+        crate::model::Plugin::Multitenant => "redhat/openshift-ovs-multitenant",
+        crate::model::Plugin::NetworkPolicy => "redhat/openshift-ovs-networkpolicy",
+    }
+}
+
+/// What the controller uses of a Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    pub uid: Option<String>,
+    /// `spec.podCIDRs` (or the older `spec.podCIDR`), parsed; a value that is not a CIDR is in
+    /// `bad_pod_cidrs`.
+    pub pod_cidrs: Vec<IpNet>,
+    pub bad_pod_cidrs: Vec<String>,
+    /// InternalIPs, then ExternalIPs, in the Node's order.
+    pub internal: Vec<IpAddr>,
+    pub external: Vec<IpAddr>,
+    /// The host-IP annotation, raw.
+    pub host_ip_annotation: Option<String>,
+}
+
+impl NodeInfo {
+    pub fn from(n: &Node) -> Option<NodeInfo> {
+        let name = n.metadata.name.clone()?;
+        let spec = n.spec.as_ref();
+        let mut cidrs: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+        if cidrs.is_empty() {
+            cidrs.extend(spec.and_then(|s| s.pod_cidr.clone()));
+        }
+        let (mut pod_cidrs, mut bad_pod_cidrs) = (vec![], vec![]);
+        for c in cidrs.into_iter().filter(|c| !c.trim().is_empty()) {
+            match c.trim().parse::<IpNet>() {
+                Ok(net) => pod_cidrs.push(net),
+                Err(_) => bad_pod_cidrs.push(c),
+            }
+        }
+        let (mut internal, mut external) = (vec![], vec![]);
+        for a in n.status.as_ref().and_then(|s| s.addresses.as_ref()).into_iter().flatten() {
+            let Ok(ip) = a.address.trim().parse::<IpAddr>() else { continue };
+            match a.type_.as_str() {
+                "InternalIP" => internal.push(ip),
+                "ExternalIP" => external.push(ip),
+                _ => {}
+            }
+        }
+        let host_ip_annotation = n.metadata.annotations.as_ref().and_then(|a| a.get(HOST_IP_ANNOTATION)).cloned();
+        Some(NodeInfo {
+            name,
+            uid: n.metadata.uid.clone(),
+            pod_cidrs,
+            bad_pod_cidrs,
+            internal,
+            external,
+            host_ip_annotation,
+        })
+    }
+
+    /// The podCIDR of `family`'s network, if any.
+    pub fn pod_cidr(&self, like: &IpNet) -> Option<IpNet> {
+        self.pod_cidrs
+            .iter()
+            .find(|c| matches!((c, like), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))))
+            .copied()
+    }
+
+    /// The node's address for the underlay: the annotation, else the first InternalIP, else the
+    /// first ExternalIP, of the IPv4 family (VXLAN's underlay is IPv4 today); why not, if none.
+    pub fn host_ip(&self) -> Result<IpAddr, String> {
+        if let Some(a) = &self.host_ip_annotation {
+            return a
+                .trim()
+                .parse::<IpAddr>()
+                .map_err(|_| format!("annotation {HOST_IP_ANNOTATION}: {a:?} is not an IP address"));
+        }
+        let v4 = |v: &[IpAddr]| v.iter().find(|a| a.is_ipv4()).copied();
+        v4(&self.internal).or_else(|| v4(&self.external)).ok_or_else(|| {
+            format!("no IPv4 InternalIP or ExternalIP in status.addresses (set annotation {HOST_IP_ANNOTATION} to the address other nodes reach it at)")
+        })
+    }
+}
+
+/// What the controller uses of a Namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub uid: Option<String>,
+}
+
+impl NamespaceInfo {
+    pub fn from(n: &Namespace) -> Option<NamespaceInfo> {
+        Some(NamespaceInfo { name: n.metadata.name.clone()?, uid: n.metadata.uid.clone() })
+    }
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta { name: Some(name.to_string()), ..Default::default() }
+}
+
+/// ClusterNetwork "default" as the configuration says.
+pub fn cluster_network(n: &Network) -> ClusterNetwork {
+    ClusterNetwork {
+        metadata: meta("default"),
+        network: Some(n.cluster_network.to_string()),
+        host_subnet_length: Some(i64::from(n.host_subnet_length)),
+        service_network: Some(n.service_network.to_string()),
+        plugin_name: Some(plugin_name(n.plugin).into()),
+        vxlan_port: Some(i64::from(n.vxlan_port)),
+        mtu: Some(i64::from(n.mtu)),
+        cluster_networks: vec![ClusterNetworkEntry {
+            cidr: n.cluster_network.to_string(),
+            host_subnet_length: Some(i64::from(n.host_subnet_length)),
+        }],
+    }
+}
+
+/// The first field in which an existing ClusterNetwork differs from the configuration, as a
+/// sentence naming the field, the cluster's value and the configuration's.
+pub fn cluster_network_differs(existing: &ClusterNetwork, n: &Network) -> Option<String> {
+    let want = cluster_network(n);
+    let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(unset)".into());
+    let cidrs: Vec<(String, Option<i64>)> =
+        existing.cluster_networks.iter().map(|c| (c.cidr.clone(), c.host_subnet_length)).collect();
+    let (cn, hsl) = match cidrs.first() {
+        Some((c, h)) => (Some(c.clone()), h.or(existing.host_subnet_length)),
+        None => (existing.network.clone(), existing.host_subnet_length),
+    };
+    let same_net =
+        |a: &Option<String>, b: &str| a.as_deref().and_then(|a| a.parse::<IpNet>().ok()) == b.parse::<IpNet>().ok();
+    if cidrs.len() > 1 {
+        return Some(format!(
+            "clusterNetworks has {} entries in the cluster, 1 in this controller's configuration",
+            cidrs.len()
+        ));
+    }
+    if !same_net(&cn, &n.cluster_network.to_string()) {
+        return Some(format!(
+            "clusterNetworks[0].CIDR is {} in the cluster, {} in this controller's configuration",
+            show(&cn),
+            n.cluster_network
+        ));
+    }
+    if hsl.is_some_and(|h| h != i64::from(n.host_subnet_length)) {
+        return Some(format!(
+            "hostSubnetLength is {} in the cluster, {} in this controller's configuration",
+            hsl.unwrap_or_default(),
+            n.host_subnet_length
+        ));
+    }
+    if !same_net(&existing.service_network, &n.service_network.to_string()) {
+        return Some(format!(
+            "serviceNetwork is {} in the cluster, {} in this controller's configuration",
+            show(&existing.service_network),
+            n.service_network
+        ));
+    }
+    if existing.plugin_name != want.plugin_name {
+        return Some(format!(
+            "pluginName is {} in the cluster, {} in this controller's configuration",
+            show(&existing.plugin_name),
+            plugin_name(n.plugin)
+        ));
+    }
+    if existing.vxlan_port.unwrap_or(4789) != i64::from(n.vxlan_port) {
+        return Some(format!(
+            "vxlanPort is {} in the cluster, {} in this controller's configuration",
+            existing.vxlan_port.unwrap_or(4789),
+            n.vxlan_port
+        ));
+    }
+    if existing.mtu.unwrap_or(1450) != i64::from(n.mtu) {
+        return Some(format!(
+            "mtu is {} in the cluster, {} in this controller's configuration",
+            existing.mtu.unwrap_or(1450),
+            n.mtu
+        ));
+    }
+    None
+}
+
+/// A HostSubnet this controller creates for `node`.
+pub fn host_subnet(node: &str, host_ip: IpAddr, subnet: IpNet) -> HostSubnet {
+    let mut m = meta(node);
+    m.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]));
+    HostSubnet { metadata: m, host: node.to_string(), host_ip: host_ip.to_string(), subnet: subnet.to_string() }
+}
+
+/// Whether this controller created `h` (and may delete it).
+pub fn managed(h: &HostSubnet) -> bool {
+    h.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY.0)).is_some_and(|v| v == MANAGED_BY.1)
+}
+
+/// A NetNamespace for namespace `name`.
+pub fn net_namespace(name: &str, vnid: u32) -> NetNamespace {
+    NetNamespace { metadata: meta(name), netname: name.to_string(), netid: u64::from(vnid).into() }
+}
+
+/// A NetNamespace's VNID, if it holds a valid one.
+pub fn vnid_of(n: &NetNamespace) -> Option<u32> {
+    n.netid.0.as_ref().ok().and_then(|v| u32::try_from(*v).ok()).filter(|v| *v <= crate::controller::vnids::MAX)
+}
+
+/// The resourceVersion as a number where it is one (every API server's today): a watch event
+/// older than what a write answered is not let to replace it in the cache.
+pub fn rv(meta: &ObjectMeta) -> Option<u64> {
+    meta.resource_version.as_deref().and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Plugin;
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
+
+    fn node(cidrs: &[&str], addrs: &[(&str, &str)], ann: Option<&str>) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                annotations: ann.map(|a| BTreeMap::from([(HOST_IP_ANNOTATION.to_string(), a.to_string())])),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                pod_cidrs: Some(cidrs.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            }),
+            status: Some(NodeStatus {
+                addresses: Some(
+                    addrs.iter().map(|(t, a)| NodeAddress { type_: t.to_string(), address: a.to_string() }).collect(),
+                ),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn host_ip_order_and_family() {
+        let v4: IpNet = "10.0.0.0/8".parse().unwrap();
+        let n = NodeInfo::from(&node(
+            &["fd00::/64", "10.128.0.0/24"],
+            &[("ExternalIP", "1.2.3.4"), ("InternalIP", "fd00::1"), ("InternalIP", "192.168.1.5")],
+            None,
+        ))
+        .unwrap();
+        assert_eq!(n.host_ip().unwrap().to_string(), "192.168.1.5");
+        assert_eq!(n.pod_cidr(&v4).unwrap().to_string(), "10.128.0.0/24");
+        let n = NodeInfo::from(&node(&[], &[("ExternalIP", "1.2.3.4"), ("Hostname", "n1")], None)).unwrap();
+        assert_eq!(n.host_ip().unwrap().to_string(), "1.2.3.4");
+        assert_eq!(n.pod_cidr(&v4), None);
+        let n = NodeInfo::from(&node(&["nope"], &[("InternalIP", "10.1.1.1")], Some("172.16.0.9"))).unwrap();
+        assert_eq!(n.host_ip().unwrap().to_string(), "172.16.0.9");
+        assert_eq!(n.bad_pod_cidrs, vec!["nope".to_string()]);
+        let n = NodeInfo::from(&node(&[], &[], Some("x"))).unwrap();
+        assert!(n.host_ip().unwrap_err().contains(HOST_IP_ANNOTATION));
+        let n = NodeInfo::from(&node(&[], &[("InternalIP", "fd00::1")], None)).unwrap();
+        assert!(n.host_ip().unwrap_err().contains("no IPv4 InternalIP"));
+    }
+
+    #[test]
+    fn cluster_network_fields_are_compared_and_named() {
+        let n = Network {
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            host_subnet_length: 9,
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            plugin: Plugin::NetworkPolicy,
+            vxlan_port: 4789,
+            mtu: 1450,
+        };
+        let cn = cluster_network(&n);
+        assert_eq!(cluster_network_differs(&cn, &n), None);
+        // openshift-sdn's own object (legacy fields, defaults unset) is the same network.
+        let legacy = ClusterNetwork {
+            network: Some("10.128.0.0/14".into()),
+            host_subnet_length: Some(9),
+            service_network: Some("172.30.0.0/16".into()),
+            plugin_name: Some("redhat/openshift-ovs-networkpolicy".into()),
+            ..Default::default()
+        };
+        assert_eq!(cluster_network_differs(&legacy, &n), None);
+        let mut other = cn.clone();
+        other.service_network = Some("10.96.0.0/12".into());
+        assert_eq!(
+            cluster_network_differs(&other, &n).unwrap(),
+            "serviceNetwork is 10.96.0.0/12 in the cluster, 172.30.0.0/16 in this controller's configuration"
+        );
+        let mut other = cn.clone();
+        other.plugin_name = Some("redhat/openshift-ovs-multitenant".into());
+        assert!(cluster_network_differs(&other, &n).unwrap().starts_with("pluginName"));
+        let mut other = cn.clone();
+        other.cluster_networks[0].host_subnet_length = Some(8);
+        assert!(cluster_network_differs(&other, &n).unwrap().starts_with("hostSubnetLength is 8"));
+    }
+}

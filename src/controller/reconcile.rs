@@ -1,0 +1,962 @@
+//! The controller's loop: one task owns the caches of what it watches (Nodes, Namespaces,
+//! HostSubnets, NetNamespaces, ClusterNetwork "default") and the two allocators, decides per
+//! key (ClusterNetwork, one Node, one Namespace) what single write brings the cluster to what
+//! the configuration and the objects say, and hands that write to the [`Writer`] (rate limit,
+//! leadership, deadline). One event is at most one write: O(1) API calls per Node or
+//! Namespace event.
+//!
+//! - Only the leader decides and writes; a replica that gains the Lease starts with every key
+//!   dirty (its caches are warm: it watched while waiting), so a new leader changes nothing
+//!   that is already right.
+//! - A write's answer updates the cache at once (the next decision sees it, before the watch
+//!   event arrives); a watch event older than the cached object (by resourceVersion) is
+//!   ignored.
+//! - A subnet or VNID is taken in its allocator when the create is sent. A definite refusal
+//!   gives it back; an unknown outcome (timeout, 5xx) keeps it for that name until the caches
+//!   say what exists, so one subnet is never handed to two Nodes.
+//! - Problems (a Node without a podCIDR or host IP, a podCIDR outside the cluster network, a
+//!   ClusterNetwork that differs from the configuration) are Warning Events on the object,
+//!   once per problem, and entries of `/status`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::runtime::watcher;
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use super::config::{Config, NodeSubnets};
+use super::lease::Leader;
+use super::objects::{self, NamespaceInfo, NodeInfo};
+use super::status::{Problem, Status};
+use super::subnets::Subnets;
+use super::vnids::{self, Change, Vnids};
+use super::writer::{WriteError, Writer};
+use crate::kube::types::{annotations, ClusterNetwork, HostSubnet, NetNamespace};
+use crate::model::Plugin;
+
+/// What a watcher reports.
+enum Update<T> {
+    Apply(T),
+    Delete(T),
+    /// A complete list (after a start or a 410 Gone).
+    Relist(Vec<T>),
+}
+
+enum Input {
+    Node(Update<NodeInfo>),
+    Namespace(Update<NamespaceInfo>),
+    HostSubnet(Update<HostSubnet>),
+    NetNamespace(Update<NetNamespace>),
+    ClusterNetwork(Update<ClusterNetwork>),
+}
+
+/// What a decision is about.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Key {
+    ClusterNetwork,
+    Node(String),
+    Namespace(String),
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Key::ClusterNetwork => f.write_str("clusternetwork/default"),
+            Key::Node(n) => write!(f, "node/{n}"),
+            Key::Namespace(n) => write!(f, "namespace/{n}"),
+        }
+    }
+}
+
+/// One write.
+#[derive(Debug)]
+enum Action {
+    CreateClusterNetwork(ClusterNetwork),
+    CreateHostSubnet(HostSubnet),
+    ReplaceHostSubnet(HostSubnet),
+    DeleteHostSubnet { name: String, uid: Option<String>, rv: Option<String> },
+    CreateNetNamespace(NetNamespace),
+    ReplaceNetNamespace(NetNamespace),
+    DeleteNetNamespace { name: String, uid: Option<String>, rv: Option<String> },
+}
+
+/// What a write did.
+enum Written {
+    ClusterNetwork(ClusterNetwork),
+    HostSubnet(HostSubnet),
+    HostSubnetGone(String),
+    NetNamespace(NetNamespace),
+    NetNamespaceGone(String),
+}
+
+type Outcome = (Key, Result<Written, WriteError>);
+
+/// The watched kinds, for the synced flags.
+const KINDS: usize = 5;
+
+/// A Warning Event to publish.
+struct Notice {
+    reference: ObjectReference,
+    reason: String,
+    note: String,
+}
+
+pub struct Controller {
+    cfg: Config,
+    writer: Arc<Writer>,
+    apis: Apis,
+    nodes: HashMap<String, NodeInfo>,
+    namespaces: HashMap<String, NamespaceInfo>,
+    host_subnets: HashMap<String, HostSubnet>,
+    net_namespaces: HashMap<String, NetNamespace>,
+    cluster_network: Option<ClusterNetwork>,
+    synced: [bool; KINDS],
+    subnets: Subnets,
+    vnids: Vnids,
+    dirty: BTreeSet<Key>,
+    inflight: HashSet<Key>,
+    /// Keys to try again, and when; attempts per key (for the backoff).
+    retry: BTreeMap<Instant, Vec<Key>>,
+    attempts: HashMap<Key, u32>,
+    /// Problems by key: (reason, message); published once each.
+    problems: BTreeMap<Key, (String, String)>,
+    /// Whether ClusterNetwork "default" matches the configuration (None: not yet known).
+    network_ok: Option<Result<(), String>>,
+    notices: mpsc::UnboundedSender<Notice>,
+    status: Arc<Mutex<Status>>,
+    writes: u64,
+}
+
+#[derive(Clone)]
+struct Apis {
+    host_subnets: Api<HostSubnet>,
+    net_namespaces: Api<NetNamespace>,
+    cluster_networks: Api<ClusterNetwork>,
+}
+
+/// Starts the watchers and runs the loop until the process ends.
+pub async fn run(
+    cfg: Config,
+    client: Client,
+    leader: Leader,
+    writer: Arc<Writer>,
+    status: Arc<Mutex<Status>>,
+    recorder: kube::runtime::events::Recorder,
+) {
+    let (tx, mut rx) = mpsc::channel::<Input>(4096);
+    watch(Api::<Node>::all(client.clone()), watcher::Config::default(), NodeInfo::from, Input::Node, tx.clone());
+    watch(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+        NamespaceInfo::from,
+        Input::Namespace,
+        tx.clone(),
+    );
+    watch(
+        Api::<HostSubnet>::all(client.clone()),
+        watcher::Config::default(),
+        |h| Some(h.clone()),
+        Input::HostSubnet,
+        tx.clone(),
+    );
+    watch(
+        Api::<NetNamespace>::all(client.clone()),
+        watcher::Config::default(),
+        |h| Some(h.clone()),
+        Input::NetNamespace,
+        tx.clone(),
+    );
+    watch(
+        Api::<ClusterNetwork>::all(client.clone()),
+        watcher::Config::default().fields("metadata.name=default"),
+        |h| Some(h.clone()),
+        Input::ClusterNetwork,
+        tx.clone(),
+    );
+    drop(tx);
+    let (notices, notices_rx) = mpsc::unbounded_channel();
+    tokio::spawn(publish(recorder, writer.clone(), notices_rx));
+    let subnets = match Subnets::new(cfg.network.cluster_network, cfg.network.host_subnet_length) {
+        Ok(s) => s,
+        Err(e) => {
+            // Checked with the configuration; unreachable in practice.
+            error!(error = %e, "cannot cut the cluster network");
+            return;
+        }
+    };
+    let apis = Apis {
+        host_subnets: Api::all(client.clone()),
+        net_namespaces: Api::all(client.clone()),
+        cluster_networks: Api::all(client.clone()),
+    };
+    let mut c = Controller {
+        cfg,
+        writer,
+        apis,
+        nodes: HashMap::new(),
+        namespaces: HashMap::new(),
+        host_subnets: HashMap::new(),
+        net_namespaces: HashMap::new(),
+        cluster_network: None,
+        synced: [false; KINDS],
+        subnets,
+        vnids: Vnids::new(),
+        dirty: BTreeSet::new(),
+        inflight: HashSet::new(),
+        retry: BTreeMap::new(),
+        attempts: HashMap::new(),
+        problems: BTreeMap::new(),
+        network_ok: None,
+        notices,
+        status,
+        writes: 0,
+    };
+    let mut writes = FuturesUnordered::new();
+    let mut gained = leader.clone();
+    let mut lost = leader.clone();
+    let mut leading = false;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        if leading && c.all_synced() {
+            c.start_writes(&mut writes);
+        }
+        let next_retry = c.retry.keys().next().copied();
+        tokio::select! {
+            input = rx.recv() => match input {
+                Some(i) => c.apply(i),
+                None => return,
+            },
+            Some((key, result)) = writes.next(), if !writes.is_empty() => c.finish(key, result),
+            _ = gained.leading(), if !leading => {
+                leading = true;
+                c.report(leading, writes.len());
+                info!("leading: deciding every Node, Namespace and ClusterNetwork once the watches have listed");
+                c.dirty_all();
+            }
+            _ = lost.lost(), if leading => {
+                leading = false;
+                c.report(leading, writes.len());
+                warn!("not leading: writes stop");
+            }
+            _ = tokio::time::sleep_until(next_retry.unwrap_or_else(Instant::now).into()), if next_retry.is_some() => c.due(),
+            _ = tick.tick() => c.report(leading, writes.len()),
+        }
+    }
+}
+
+/// Starts a watcher of `api` that converts each object with `conv` and sends it wrapped by
+/// `wrap`; the initial list (and every relist) is sent whole, at its end.
+fn watch<K, T>(
+    api: Api<K>,
+    config: watcher::Config,
+    conv: fn(&K) -> Option<T>,
+    wrap: fn(Update<T>) -> Input,
+    tx: mpsc::Sender<Input>,
+) where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(async move {
+        let kind = K::kind(&()).to_string();
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut buf: Vec<T> = vec![];
+        let mut last_error: Option<Instant> = None;
+        while let Some(ev) = stream.next().await {
+            let update = match ev {
+                Ok(watcher::Event::Init) => {
+                    buf.clear();
+                    continue;
+                }
+                Ok(watcher::Event::InitApply(o)) => {
+                    buf.extend(conv(&o));
+                    continue;
+                }
+                Ok(watcher::Event::InitDone) => Update::Relist(std::mem::take(&mut buf)),
+                Ok(watcher::Event::Apply(o)) => match conv(&o) {
+                    Some(t) => Update::Apply(t),
+                    None => continue,
+                },
+                Ok(watcher::Event::Delete(o)) => match conv(&o) {
+                    Some(t) => Update::Delete(t),
+                    None => continue,
+                },
+                Err(e) => {
+                    if last_error.is_none_or(|t| t.elapsed() > Duration::from_secs(30)) {
+                        warn!(kind = %kind, error = %e, "watch failed; retrying");
+                        last_error = Some(Instant::now());
+                    }
+                    continue;
+                }
+            };
+            if tx.send(wrap(update)).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Publishes the Warning Events (leader only, through the rate limit).
+async fn publish(
+    recorder: kube::runtime::events::Recorder,
+    writer: Arc<Writer>,
+    mut rx: mpsc::UnboundedReceiver<Notice>,
+) {
+    while let Some(n) = rx.recv().await {
+        let ev = kube::runtime::events::Event {
+            type_: EventType::Warning,
+            reason: n.reason.clone(),
+            note: Some(n.note.chars().take(1000).collect()),
+            action: "Allocate".into(),
+            secondary: None,
+        };
+        match writer.send(recorder.publish(&ev, &n.reference)).await {
+            Ok(()) => {}
+            Err(WriteError::NotLeader) => {}
+            Err(e) => warn!(reason = %n.reason, error = %e, "cannot publish an Event"),
+        }
+    }
+}
+
+fn reference(kind: &str, api_version: &str, name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        kind: Some(kind.into()),
+        api_version: Some(api_version.into()),
+        name: Some(name.into()),
+        uid,
+        ..Default::default()
+    }
+}
+
+/// Replaces `old` by `new` in a cache unless `new` is older (by resourceVersion).
+fn newer(
+    old: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+    new: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    match (old.and_then(objects::rv), objects::rv(new)) {
+        (Some(o), Some(n)) => n >= o,
+        _ => true,
+    }
+}
+
+impl Controller {
+    fn all_synced(&self) -> bool {
+        self.synced.iter().all(|s| *s)
+    }
+
+    fn plugin(&self) -> Plugin {
+        self.cfg.network.plugin
+    }
+
+    fn dirty_all(&mut self) {
+        self.dirty.insert(Key::ClusterNetwork);
+        let nodes: Vec<Key> = self.nodes.keys().chain(self.host_subnets.keys()).map(|n| Key::Node(n.clone())).collect();
+        self.dirty.extend(nodes);
+        let nss: Vec<Key> =
+            self.namespaces.keys().chain(self.net_namespaces.keys()).map(|n| Key::Namespace(n.clone())).collect();
+        self.dirty.extend(nss);
+    }
+
+    /// A watch event into the caches (and allocators); dirties what it may change.
+    fn apply(&mut self, input: Input) {
+        match input {
+            Input::Node(u) => match u {
+                Update::Apply(n) => {
+                    if self.nodes.get(&n.name) != Some(&n) {
+                        self.dirty.insert(Key::Node(n.name.clone()));
+                        // A first podCIDR tells `auto` the cluster allocates them: Nodes
+                        // waiting for the allocator's decision are decided again.
+                        self.nodes.insert(n.name.clone(), n);
+                    }
+                }
+                Update::Delete(n) => {
+                    self.nodes.remove(&n.name);
+                    self.dirty.insert(Key::Node(n.name));
+                }
+                Update::Relist(list) => {
+                    let new: HashMap<String, NodeInfo> = list.into_iter().map(|n| (n.name.clone(), n)).collect();
+                    for name in self.nodes.keys().chain(new.keys()) {
+                        self.dirty.insert(Key::Node(name.clone()));
+                    }
+                    self.nodes = new;
+                    self.synced[0] = true;
+                }
+            },
+            Input::Namespace(u) => match u {
+                Update::Apply(n) => {
+                    if self.namespaces.get(&n.name) != Some(&n) {
+                        self.dirty.insert(Key::Namespace(n.name.clone()));
+                        self.namespaces.insert(n.name.clone(), n);
+                    }
+                }
+                Update::Delete(n) => {
+                    self.namespaces.remove(&n.name);
+                    self.dirty.insert(Key::Namespace(n.name));
+                }
+                Update::Relist(list) => {
+                    let new: HashMap<String, NamespaceInfo> = list.into_iter().map(|n| (n.name.clone(), n)).collect();
+                    for name in self.namespaces.keys().chain(new.keys()) {
+                        self.dirty.insert(Key::Namespace(name.clone()));
+                    }
+                    self.namespaces = new;
+                    self.synced[1] = true;
+                }
+            },
+            Input::HostSubnet(u) => match u {
+                Update::Apply(h) => self.put_host_subnet(h),
+                Update::Delete(h) => {
+                    let Some(name) = h.metadata.name.clone() else { return };
+                    let same = self
+                        .host_subnets
+                        .get(&name)
+                        .is_none_or(|c| c.metadata.uid.is_none() || c.metadata.uid == h.metadata.uid);
+                    if same {
+                        self.host_subnets.remove(&name);
+                        self.subnets.unmark(&name);
+                        self.dirty.insert(Key::Node(name));
+                    }
+                }
+                Update::Relist(list) => {
+                    let new: HashMap<String, HostSubnet> =
+                        list.into_iter().filter_map(|h| Some((h.metadata.name.clone()?, h))).collect();
+                    for name in self.host_subnets.keys().filter(|n| !new.contains_key(*n)).cloned().collect::<Vec<_>>()
+                    {
+                        self.subnets.unmark(&name);
+                        self.dirty.insert(Key::Node(name));
+                    }
+                    self.host_subnets.clear();
+                    for (_, h) in new {
+                        self.put_host_subnet(h);
+                    }
+                    self.synced[2] = true;
+                }
+            },
+            Input::NetNamespace(u) => match u {
+                Update::Apply(n) => self.put_net_namespace(n),
+                Update::Delete(n) => {
+                    let Some(name) = n.metadata.name.clone() else { return };
+                    let same = self
+                        .net_namespaces
+                        .get(&name)
+                        .is_none_or(|c| c.metadata.uid.is_none() || c.metadata.uid == n.metadata.uid);
+                    if same {
+                        self.net_namespaces.remove(&name);
+                        self.vnids.unmark(&name);
+                        self.dirty.insert(Key::Namespace(name));
+                    }
+                }
+                Update::Relist(list) => {
+                    let new: HashMap<String, NetNamespace> =
+                        list.into_iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
+                    for name in
+                        self.net_namespaces.keys().filter(|n| !new.contains_key(*n)).cloned().collect::<Vec<_>>()
+                    {
+                        self.vnids.unmark(&name);
+                        self.dirty.insert(Key::Namespace(name));
+                    }
+                    self.net_namespaces.clear();
+                    for (_, n) in new {
+                        self.put_net_namespace(n);
+                    }
+                    self.synced[3] = true;
+                }
+            },
+            Input::ClusterNetwork(u) => {
+                match u {
+                    Update::Apply(cn) => {
+                        if newer(self.cluster_network.as_ref().map(|c| &c.metadata), &cn.metadata) {
+                            self.cluster_network = Some(cn);
+                        }
+                    }
+                    Update::Delete(_) => self.cluster_network = None,
+                    Update::Relist(list) => {
+                        self.cluster_network = list.into_iter().find(|c| c.metadata.name.as_deref() == Some("default"));
+                        self.synced[4] = true;
+                    }
+                }
+                self.dirty.insert(Key::ClusterNetwork);
+            }
+        }
+    }
+
+    fn put_host_subnet(&mut self, h: HostSubnet) {
+        let Some(name) = h.metadata.name.clone() else { return };
+        if !newer(self.host_subnets.get(&name).map(|c| &c.metadata), &h.metadata) {
+            return;
+        }
+        match h.subnet.parse::<IpNet>() {
+            Ok(s) => self.subnets.mark(&name, s),
+            Err(_) => self.subnets.unmark(&name),
+        }
+        self.host_subnets.insert(name.clone(), h);
+        self.dirty.insert(Key::Node(name));
+    }
+
+    fn put_net_namespace(&mut self, n: NetNamespace) {
+        let Some(name) = n.metadata.name.clone() else { return };
+        if !newer(self.net_namespaces.get(&name).map(|c| &c.metadata), &n.metadata) {
+            return;
+        }
+        match objects::vnid_of(&n) {
+            Some(v) => self.vnids.mark(&name, v),
+            None => self.vnids.unmark(&name),
+        }
+        self.net_namespaces.insert(name.clone(), n);
+        self.dirty.insert(Key::Namespace(name));
+    }
+
+    /// Decides dirty keys and starts their writes, up to `--concurrent-writes` in flight.
+    /// Until ClusterNetwork "default" is known to match the configuration, only it is
+    /// decided: the other keys are dropped, and all are dirtied again when it matches.
+    fn start_writes(&mut self, writes: &mut FuturesUnordered<futures::future::BoxFuture<'static, Outcome>>) {
+        let mut busy = vec![];
+        while writes.len() < self.cfg.concurrent_writes {
+            let Some(key) = self.dirty.pop_first() else { break };
+            if self.inflight.contains(&key) {
+                busy.push(key);
+                continue;
+            }
+            if key != Key::ClusterNetwork && !matches!(self.network_ok, Some(Ok(()))) {
+                continue;
+            }
+            let action = match &key {
+                Key::ClusterNetwork => self.decide_cluster_network(),
+                Key::Node(n) => self.decide_node(&n.clone()),
+                Key::Namespace(n) => self.decide_namespace(&n.clone()),
+            };
+            if let Some(action) = action {
+                self.inflight.insert(key.clone());
+                writes.push(self.write(key, action));
+            }
+        }
+        // Decided again when their write is answered.
+        self.dirty.extend(busy);
+    }
+
+    /// Records (or clears) the problem of `key`; a new one is logged and published once.
+    fn problem(&mut self, key: &Key, reference: Option<ObjectReference>, p: Option<(&str, String)>) {
+        match p {
+            None => {
+                if self.problems.remove(key).is_some() {
+                    info!(object = %key, "resolved");
+                }
+            }
+            Some((reason, msg)) => {
+                let new = (reason.to_string(), msg.clone());
+                if self.problems.get(key) == Some(&new) {
+                    return;
+                }
+                warn!(object = %key, reason, "{msg}");
+                if let Some(r) = reference {
+                    let _ = self.notices.send(Notice { reference: r, reason: reason.into(), note: msg });
+                }
+                self.problems.insert(key.clone(), new);
+            }
+        }
+    }
+
+    fn decide_cluster_network(&mut self) -> Option<Action> {
+        let key = Key::ClusterNetwork;
+        let Some(existing) = &self.cluster_network else {
+            self.network_ok = None;
+            return Some(Action::CreateClusterNetwork(objects::cluster_network(&self.cfg.network)));
+        };
+        match objects::cluster_network_differs(existing, &self.cfg.network) {
+            None => {
+                if !matches!(self.network_ok, Some(Ok(()))) {
+                    info!(network = %self.cfg.network.cluster_network, plugin = objects::plugin_name(self.plugin()), "ClusterNetwork \"default\" matches the configuration");
+                    // Everything waited for it.
+                    self.dirty_all();
+                    self.dirty.remove(&Key::ClusterNetwork);
+                }
+                self.network_ok = Some(Ok(()));
+                self.problem(&key, None, None);
+            }
+            Some(field) => {
+                let msg = format!(
+                    "ClusterNetwork \"default\" differs from this controller's configuration and is not changed: {field}. Fix the configuration (or, on a new cluster, delete the ClusterNetwork to have it recreated); no HostSubnet or NetNamespace is written until then"
+                );
+                let r =
+                    reference("ClusterNetwork", "network.openshift.io/v1", "default", existing.metadata.uid.clone());
+                self.problem(&key, Some(r), Some(("ClusterNetworkConflict", msg.clone())));
+                self.network_ok = Some(Err(msg));
+            }
+        }
+        None
+    }
+
+    fn node_ref(&self, name: &str) -> ObjectReference {
+        reference("Node", "v1", name, self.nodes.get(name).and_then(|n| n.uid.clone()))
+    }
+
+    fn decide_node(&mut self, name: &str) -> Option<Action> {
+        let key = Key::Node(name.to_string());
+        let hs = self.host_subnets.get(name).cloned();
+        let Some(node) = self.nodes.get(name).cloned() else {
+            self.problem(&key, None, None);
+            return match hs {
+                Some(h) if objects::managed(&h) => Some(Action::DeleteHostSubnet {
+                    name: name.into(),
+                    uid: h.metadata.uid.clone(),
+                    rv: h.metadata.resource_version.clone(),
+                }),
+                Some(_) => None,
+                None => {
+                    // A reservation of an unknown outcome for a Node now gone.
+                    self.subnets.unmark(name);
+                    None
+                }
+            };
+        };
+        let host_ip = match node.host_ip() {
+            Ok(ip) => ip,
+            Err(e) => {
+                let r = self.node_ref(name);
+                self.problem(
+                    &key,
+                    Some(r),
+                    Some(("NoHostIP", format!("Node {name}: {e}; no HostSubnet until it has one"))),
+                );
+                return None;
+            }
+        };
+        let network = self.cfg.network.cluster_network;
+        let pod_cidr = node.pod_cidr(&network);
+        if let Some(h) = hs {
+            let mut problem = None;
+            if let (Some(p), Ok(s)) = (pod_cidr, h.subnet.parse::<IpNet>()) {
+                if p != s && self.cfg.node_subnets != NodeSubnets::Allocate {
+                    problem = Some(("PodCIDRMismatch", format!("Node {name}: spec.podCIDRs has {p} but its HostSubnet has {s}, which stays (pods use it); delete the HostSubnet to have it recreated")));
+                }
+            }
+            let r = self.node_ref(name);
+            self.problem(&key, Some(r), problem);
+            if h.host_ip != host_ip.to_string() && objects::managed(&h) {
+                let mut new = h.clone();
+                new.host_ip = host_ip.to_string();
+                return Some(Action::ReplaceHostSubnet(new));
+            }
+            return None;
+        }
+        // A reservation from a write of unknown outcome is used again.
+        let reserved = self.subnets.subnet_of(name);
+        let subnet = match (reserved, self.cfg.node_subnets, pod_cidr) {
+            (Some(s), _, _) => s,
+            (None, NodeSubnets::Allocate, _) | (None, NodeSubnets::Auto, None) if !self.cluster_allocates(name) => {
+                match self.subnets.allocate(name) {
+                    Some(s) => s,
+                    None => {
+                        let (used, all) = self.subnets.usage();
+                        let r = self.node_ref(name);
+                        self.problem(
+                            &key,
+                            Some(r),
+                            Some((
+                                "ClusterNetworkFull",
+                                format!("Node {name}: no free subnet left in {network} ({used} of {all} taken)"),
+                            )),
+                        );
+                        return None;
+                    }
+                }
+            }
+            (None, _, None) => {
+                let r = self.node_ref(name);
+                let bad = if node.bad_pod_cidrs.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (not CIDRs: {})", node.bad_pod_cidrs.join(", "))
+                };
+                self.problem(
+                    &key,
+                    Some(r),
+                    Some((
+                        "NoPodCIDR",
+                        format!("Node {name}: no podCIDR of the cluster network's family yet{bad}; the cluster allocates them (kube-controller-manager --allocate-node-cidrs, kubeadm init --pod-network-cidr): waiting"),
+                    )),
+                );
+                return None;
+            }
+            (None, _, Some(p)) => {
+                if !(network.contains(&p.network()) && network.contains(&p.broadcast())) {
+                    let r = self.node_ref(name);
+                    self.problem(&key, Some(r), Some(("PodCIDROutsideClusterNetwork", format!("Node {name}: podCIDR {p} is not inside the cluster network {network}; no HostSubnet (fix kube-controller-manager's --cluster-cidr or the controller's --cluster-network)"))));
+                    return None;
+                }
+                let others = self.subnets.overlapping(&p, name);
+                if !others.is_empty() {
+                    let r = self.node_ref(name);
+                    self.problem(
+                        &key,
+                        Some(r),
+                        Some((
+                            "SubnetConflict",
+                            format!(
+                                "Node {name}: podCIDR {p} overlaps the HostSubnet of {}; no HostSubnet",
+                                others.join(", ")
+                            ),
+                        )),
+                    );
+                    return None;
+                }
+                self.subnets.mark(name, p);
+                p
+            }
+        };
+        self.problem(&key, None, None);
+        Some(Action::CreateHostSubnet(objects::host_subnet(name, host_ip, subnet)))
+    }
+
+    /// `auto`: whether the cluster gives Nodes podCIDRs (some Node has one), so that a Node
+    /// without one waits rather than taking a subnet the cluster may hand out too.
+    fn cluster_allocates(&self, _name: &str) -> bool {
+        match self.cfg.node_subnets {
+            NodeSubnets::Allocate => false,
+            NodeSubnets::PodCidrs => true,
+            NodeSubnets::Auto => {
+                let network = self.cfg.network.cluster_network;
+                self.nodes.values().any(|n| n.pod_cidr(&network).is_some())
+            }
+        }
+    }
+
+    fn ns_ref(&self, name: &str) -> ObjectReference {
+        reference("Namespace", "v1", name, self.namespaces.get(name).and_then(|n| n.uid.clone()))
+    }
+
+    fn decide_namespace(&mut self, name: &str) -> Option<Action> {
+        if self.plugin() == Plugin::Subnet {
+            return None;
+        }
+        let key = Key::Namespace(name.to_string());
+        let netns = self.net_namespaces.get(name).cloned();
+        if !self.namespaces.contains_key(name) {
+            self.problem(&key, None, None);
+            return match netns {
+                Some(n) => Some(Action::DeleteNetNamespace {
+                    name: name.into(),
+                    uid: n.metadata.uid.clone(),
+                    rv: n.metadata.resource_version.clone(),
+                }),
+                None => {
+                    self.vnids.unmark(name);
+                    None
+                }
+            };
+        }
+        let Some(netns) = netns else {
+            let vnid = match self.vnids.get(name) {
+                Some(v) => v,
+                None => match self.vnids.for_new(name, &self.cfg.global_namespaces) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        let r = self.ns_ref(name);
+                        self.problem(&key, Some(r), Some(("NoFreeVNID", format!("Namespace {name}: {e}"))));
+                        return None;
+                    }
+                },
+            };
+            self.vnids.mark(name, vnid);
+            self.problem(&key, None, None);
+            return Some(Action::CreateNetNamespace(objects::net_namespace(name, vnid)));
+        };
+        let value = annotations(&netns.metadata).get(vnids::CHANGE_NETWORK_ANNOTATION).cloned()?;
+        let mut new = netns.clone();
+        if let Some(a) = new.metadata.annotations.as_mut() {
+            a.remove(vnids::CHANGE_NETWORK_ANNOTATION);
+        }
+        let r = self.ns_ref(name);
+        if self.plugin() != Plugin::Multitenant {
+            self.problem(&key, Some(r), Some(("ChangeNetworkRefused", format!("NetNamespace {name}: {}={value:?} ignored: the {} plugin does not allow NetNamespace renumbering (only multitenant does)", vnids::CHANGE_NETWORK_ANNOTATION, objects::plugin_name(self.plugin())))));
+            return Some(Action::ReplaceNetNamespace(new));
+        }
+        let change = Change::parse(&value).and_then(|c| self.vnids.change(name, &c, &self.cfg.global_namespaces));
+        match change {
+            Err(e) => {
+                self.problem(
+                    &key,
+                    Some(r),
+                    Some((
+                        "ChangeNetworkRefused",
+                        format!("NetNamespace {name}: {e}; the annotation is removed and the VNID kept"),
+                    )),
+                );
+            }
+            Ok(None) => self.problem(&key, None, None),
+            Ok(Some(vnid)) => {
+                info!(namespace = name, change = %value, vnid, "multitenant change-network");
+                self.vnids.mark(name, vnid);
+                new.netid = u64::from(vnid).into();
+                self.problem(&key, None, None);
+            }
+        }
+        Some(Action::ReplaceNetNamespace(new))
+    }
+
+    /// The write of `action`, as a future of its outcome.
+    fn write(&mut self, key: Key, action: Action) -> futures::future::BoxFuture<'static, Outcome> {
+        let w = self.writer.clone();
+        let apis = self.apis.clone();
+        self.writes += 1;
+        let pp = PostParams { field_manager: Some("sdn-node-controller".into()), ..Default::default() };
+        let dp = |uid: Option<String>, rv: Option<String>| DeleteParams {
+            preconditions: Some(Preconditions { uid, resource_version: rv }),
+            ..Default::default()
+        };
+        async move {
+            let r = match action {
+                Action::CreateClusterNetwork(cn) => {
+                    w.send(apis.cluster_networks.create(&pp, &cn)).await.map(Written::ClusterNetwork)
+                }
+                Action::CreateHostSubnet(h) => w.send(apis.host_subnets.create(&pp, &h)).await.map(Written::HostSubnet),
+                Action::ReplaceHostSubnet(h) => {
+                    let name = h.metadata.name.clone().unwrap_or_default();
+                    w.send(apis.host_subnets.replace(&name, &pp, &h)).await.map(Written::HostSubnet)
+                }
+                Action::DeleteHostSubnet { name, uid, rv } => {
+                    w.send(apis.host_subnets.delete(&name, &dp(uid, rv))).await.map(|_| Written::HostSubnetGone(name))
+                }
+                Action::CreateNetNamespace(n) => {
+                    w.send(apis.net_namespaces.create(&pp, &n)).await.map(Written::NetNamespace)
+                }
+                Action::ReplaceNetNamespace(n) => {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    w.send(apis.net_namespaces.replace(&name, &pp, &n)).await.map(Written::NetNamespace)
+                }
+                Action::DeleteNetNamespace { name, uid, rv } => w
+                    .send(apis.net_namespaces.delete(&name, &dp(uid, rv)))
+                    .await
+                    .map(|_| Written::NetNamespaceGone(name)),
+            };
+            (key, r)
+        }
+        .boxed()
+    }
+
+    /// A write's outcome into the caches; failures are retried with backoff.
+    fn finish(&mut self, key: Key, result: Result<Written, WriteError>) {
+        self.inflight.remove(&key);
+        match result {
+            Ok(w) => {
+                self.attempts.remove(&key);
+                match w {
+                    Written::ClusterNetwork(cn) => {
+                        info!("created ClusterNetwork \"default\"");
+                        self.cluster_network = Some(cn);
+                        self.dirty.insert(Key::ClusterNetwork);
+                    }
+                    Written::HostSubnet(h) => {
+                        info!(node = %h.host, subnet = %h.subnet, host_ip = %h.host_ip, "HostSubnet written");
+                        self.put_host_subnet(h);
+                        // Nothing more to do for this key unless something changes.
+                        self.dirty.remove(&key);
+                    }
+                    Written::HostSubnetGone(name) => {
+                        info!(node = %name, "HostSubnet of a deleted Node deleted");
+                        self.host_subnets.remove(&name);
+                        self.subnets.unmark(&name);
+                    }
+                    Written::NetNamespace(n) => {
+                        self.put_net_namespace(n);
+                        self.dirty.remove(&key);
+                    }
+                    Written::NetNamespaceGone(name) => {
+                        info!(namespace = %name, "NetNamespace of a deleted Namespace deleted");
+                        self.net_namespaces.remove(&name);
+                        self.vnids.unmark(&name);
+                    }
+                }
+            }
+            Err(WriteError::NotLeader) => {
+                self.resync(&key, false);
+                self.dirty.insert(key);
+            }
+            Err(e) => {
+                let code = e.code();
+                // 404 on a delete: already gone (the watch says so too). 409: the cache was
+                // behind (AlreadyExists, or a stale resourceVersion): decide again once the
+                // watch catches up. A timeout or 5xx: the outcome is unknown, the reservation
+                // is kept for this name.
+                let unknown = code.is_none_or(|c| c >= 500 || c == 429);
+                self.resync(&key, unknown);
+                let n = self.attempts.entry(key.clone()).or_default();
+                *n = n.saturating_add(1);
+                let delay = match code {
+                    Some(404) | Some(409) => Duration::from_millis(200),
+                    _ => Duration::from_millis(500u64.saturating_mul(1 << (*n).min(6))).min(Duration::from_secs(30)),
+                };
+                if code != Some(409) || *n > 3 {
+                    warn!(object = %key, error = %e, retry_in = ?delay, "write failed");
+                }
+                self.retry.entry(Instant::now() + delay).or_default().push(key);
+            }
+        }
+    }
+
+    /// After a failed write: the allocators hold what the caches say for this key's name
+    /// (a reservation of unknown outcome is kept when `keep`).
+    fn resync(&mut self, key: &Key, keep: bool) {
+        match key {
+            Key::Node(name) => match self.host_subnets.get(name).and_then(|h| h.subnet.parse::<IpNet>().ok()) {
+                Some(s) => self.subnets.mark(name, s),
+                None if !keep => self.subnets.unmark(name),
+                None => {}
+            },
+            Key::Namespace(name) => match self.net_namespaces.get(name).and_then(objects::vnid_of) {
+                Some(v) => self.vnids.mark(name, v),
+                None if !keep => self.vnids.unmark(name),
+                None => {}
+            },
+            Key::ClusterNetwork => {}
+        }
+    }
+
+    fn due(&mut self) {
+        let now = Instant::now();
+        let later = self.retry.split_off(&(now + Duration::from_nanos(1)));
+        let due = std::mem::replace(&mut self.retry, later);
+        for (_, keys) in due {
+            self.dirty.extend(keys);
+        }
+    }
+
+    fn report(&self, leading: bool, in_flight: usize) {
+        let Ok(mut s) = self.status.lock() else { return };
+        s.leading = leading;
+        s.synced = self.all_synced();
+        s.cluster_network = match &self.network_ok {
+            None => "not checked yet".into(),
+            Some(Ok(())) => "ok".into(),
+            Some(Err(e)) => e.clone(),
+        };
+        s.network_ok = matches!(self.network_ok, Some(Ok(())));
+        s.nodes = self.nodes.len();
+        s.host_subnets = self.host_subnets.len();
+        s.namespaces = self.namespaces.len();
+        s.net_namespaces = self.net_namespaces.len();
+        s.pending = self.dirty.len() + in_flight + self.retry.values().map(Vec::len).sum::<usize>();
+        s.writes = self.writes;
+        let (used, all) = self.subnets.usage();
+        s.subnets_used = used as u64;
+        s.subnets_total = u64::try_from(all).unwrap_or(u64::MAX);
+        s.problems = self
+            .problems
+            .iter()
+            .map(|(k, (reason, message))| Problem {
+                object: k.to_string(),
+                reason: reason.clone(),
+                message: message.clone(),
+            })
+            .collect();
+        s.updated = Some(Instant::now());
+    }
+}
