@@ -60,9 +60,10 @@ fn cluster() -> Cluster {
     let cn = ClusterNetwork {
         metadata: meta(None, "default"),
         network: None,
+        host_subnet_length: None,
         service_network: Some("172.30.0.0/16".into()),
         plugin_name: Some("redhat/openshift-ovs-multitenant".into()),
-        cluster_networks: vec![ClusterNetworkEntry { cidr: "10.0.0.0/8".into() }],
+        cluster_networks: vec![ClusterNetworkEntry { cidr: "10.0.0.0/8".into(), host_subnet_length: Some(9) }],
         vxlan_port: None,
         mtu: None,
     };
