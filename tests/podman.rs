@@ -253,6 +253,10 @@ async fn podman_containers_on_sdn_networks_reach_by_vnid_and_leave_nothing() {
     let e = pm.start(Some("x1"), "sdn-x").expect_err("a namespace without a NetNamespace");
     assert!(e.contains("unknown namespace \"nowhere\""), "{e}");
     let _ = pm.run(&["rm", "-f", "-t", "0", "x1"]);
+    // One pod per sandbox: a container on two sdn-node networks is refused on the second.
+    let e = pm.start(Some("ab"), "sdn-a,sdn-b").expect_err("a container on two sdn-node networks");
+    assert!(e.contains("one pod per sandbox"), "{e}");
+    let _ = pm.run(&["rm", "-f", "-t", "0", "ab"]);
 
     // `podman rm -f` tears each down: no port, no veth, no pod, no record.
     for c in [&a1, &a2, &b1, &d] {
