@@ -267,3 +267,66 @@ async fn a_sandbox_gone_without_del_is_collected() {
     assert!(node.cni("del", "team-a", "gc2", &container(302), &q.path()).ok());
     node.ready_again("after the collected sandbox and the next pod").await;
 }
+
+/// A runtime that is not Kubernetes (issue 34 item 4), through libcni against the real agent:
+/// CNI_ARGS as podman 4.3 sends them (`K8S_POD_NAME` the container's name, no namespace), or
+/// none at all. The pod's namespace is the conflist's (`default` for the agent's own conflist),
+/// its name the container's or its short ID; ADD, CHECK and DEL work, the pod has its
+/// namespace's VNID, a sandbox gone without a DEL is collected, and nothing is left.
+#[tokio::test]
+async fn runtimes_without_kubernetes_args_get_pods() {
+    if !can_run() {
+        return;
+    }
+    let node = CniNode::start(MULTITENANT).await;
+    let before = snapshot(&node);
+    let team_b = node.agent.conf_dir.join("50-sdn-b.conflist");
+    let socket = node.agent.socket.display().to_string();
+    std::fs::write(
+        &team_b,
+        serde_json::json!({"cniVersion": "1.0.0", "name": "sdn-b",
+            "plugins": [{"type": "sdn-node-cni", "agentSocket": socket, "namespace": "team-b"}]})
+        .to_string(),
+    )
+    .unwrap();
+    let own = node.agent.conflist();
+    let (c1, c2, c3) = (container(401), container(402), container(403));
+    let (p1, p2, p3) = (PodNs::new("rt1"), PodNs::new("rt2"), PodNs::new("rt3"));
+    // podman's arguments on the agent's own conflist: default/web1.
+    let named = "IgnoreUnknown=1;K8S_POD_NAME=web1";
+    let r = node.agent.cni_with(&own, "add", named, &c1, &p1.path());
+    assert!(r.ok(), "ADD: {:?}\n{}", r.out, node.log());
+    let d_ip = r.addr();
+    assert!(node.agent.cni_with(&own, "check", named, &c1, &p1.path()).ok(), "CHECK of default/web1");
+    // No arguments at all, on team-b's network: team-b/<short ID>.
+    let r = node.agent.cni_with(&team_b, "add", "", &c2, &p2.path());
+    assert!(r.ok(), "ADD: {:?}\n{}", r.out, node.log());
+    let b_ip = r.addr();
+    assert!(node.agent.cni_with(&team_b, "check", "", &c2, &p2.path()).ok(), "CHECK of team-b/<short ID>");
+    // A Kubernetes pod of team-a, for the VNIDs.
+    let r = node.cni("add", "team-a", "a1", &c3, &p3.path());
+    assert!(r.ok(), "{:?}", r.out);
+    let a_ip = r.addr();
+    let mut pods = Vec::new();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
+        .args(["pod", "list", "-o", "json", "--socket"])
+        .arg(&node.agent.socket)
+        .output()
+        .expect("sdn-node pod list");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("pod list -o json");
+    for p in list.as_array().expect("a list") {
+        pods.push(format!("{}/{}", p["namespace"].as_str().unwrap_or("?"), p["name"].as_str().unwrap_or("?")));
+    }
+    pods.sort();
+    assert_eq!(pods, vec!["default/web1".to_string(), "team-a/a1".to_string(), format!("team-b/{}", &c2[..12])]);
+    assert!(ping(&p1.name, &b_ip) && ping(&p1.name, &a_ip), "default (VNID 0) reaches both");
+    assert!(!ping(&p2.name, &a_ip), "team-b does not reach team-a");
+    assert!(ping(&p2.name, &d_ip), "team-b reaches default");
+    // DEL as podman sends it (unnamed to the agent: found by container ID).
+    assert!(node.agent.cni_with(&own, "del", named, &c1, &p1.path()).ok(), "DEL of default/web1");
+    assert!(node.agent.cni_with(&own, "del", named, &c1, &p1.path()).ok(), "a repeated DEL");
+    assert!(node.cni("del", "team-a", "a1", &c3, &p3.path()).ok());
+    // team-b/<short ID>'s sandbox goes without a DEL: collected as any pod's.
+    drop(p2);
+    back_to(&node, &before, "the runtimes' pods are gone").await;
+}

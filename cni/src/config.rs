@@ -34,7 +34,16 @@ pub struct NetConf {
     pub timeout: Duration,
     /// The previous result, given for CHECK and DEL (0.4.0 and later).
     pub prev_result: Option<Map<String, Value>>,
+    /// The namespace (VNID, policies) of containers whose runtime sends no
+    /// `K8S_POD_NAMESPACE` (podman, nerdctl): key `namespace`, [`DEFAULT_NAMESPACE`] when absent.
+    pub namespace: String,
 }
+
+/// The namespace of non-Kubernetes containers when the network config names none.
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// How many characters of a hex container ID make a pod name (as podman, Docker and nerdctl
+/// show IDs): 48 bits, and a clash is the agent's 409, never two containers sharing a pod.
+pub const SHORT_ID_LEN: usize = 12;
 
 /// The cniVersion the runtime asked for, read leniently (used to shape errors even when the
 /// rest of the config is broken); `None` when there is no usable string.
@@ -155,7 +164,82 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         Some(_) => return Err(decode_err("prevResult", "must be a JSON object (a CNI result)")),
     };
 
-    Ok(NetConf { cni_version, name, agent_socket, timeout: Duration::from_secs(timeout_seconds), prev_result })
+    let namespace = match string("namespace")? {
+        None => DEFAULT_NAMESPACE.to_owned(),
+        Some(n) if !dns1123_label(n) => {
+            return Err(invalid(
+                "namespace",
+                format!("{n:?} is not a namespace name (a DNS-1123 label: [a-z0-9-], at most 63, alphanumeric at both ends)"),
+            ))
+        }
+        Some(n) => n.to_owned(),
+    };
+
+    Ok(NetConf {
+        cni_version,
+        name,
+        agent_socket,
+        timeout: Duration::from_secs(timeout_seconds),
+        prev_result,
+        namespace,
+    })
+}
+
+/// A DNS-1123 label: what a namespace name is (the agent applies the same rule).
+pub fn dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain: what a pod name is (the agent applies the same rule).
+pub fn dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(dns1123_label)
+}
+
+/// Whose request this is: the pod's namespace and name as the agent keys it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    pub namespace: String,
+    pub name: String,
+    /// True when CNI_ARGS named no namespace (podman, nerdctl, any non-Kubernetes runtime).
+    pub standalone: bool,
+}
+
+/// The pod a request is for. Under Kubernetes (`K8S_POD_NAMESPACE` given) CNI_ARGS says it,
+/// as always; both keys are then needed for ADD and CHECK and go to the agent as they are.
+/// Otherwise (a runtime that is not Kubernetes) the namespace is the network config's
+/// (`namespace`, default `default`) and the name is `K8S_POD_NAME` when it is a DNS-1123
+/// subdomain (podman puts the container's name there), else the container ID: its first 12
+/// characters when it is longer and hexadecimal (podman's, Docker's and nerdctl's short ID),
+/// else the whole ID if it is a usable name. `command` only shapes the error.
+pub fn identity(pod: &PodArgs, conf: &NetConf, container_id: &str, command: &str) -> Result<Identity, CniError> {
+    let namespace = pod.namespace.clone().unwrap_or_default();
+    let name = pod.name.clone().unwrap_or_default();
+    if !namespace.is_empty() {
+        if name.is_empty() && command != "DEL" {
+            return Err(args_err(format!(
+                "env variable CNI_ARGS: container {container_id}: [K8S_POD_NAME] missing (the pod this sandbox is for; \
+                 K8S_POD_NAMESPACE={namespace} is given)"
+            )));
+        }
+        return Ok(Identity { namespace, name, standalone: false });
+    }
+    if dns1123_subdomain(&name) {
+        return Ok(Identity { namespace: conf.namespace.clone(), name, standalone: true });
+    }
+    let hex = container_id.len() > SHORT_ID_LEN && container_id.bytes().all(|b| b.is_ascii_hexdigit());
+    let from_id = if hex { &container_id[..SHORT_ID_LEN] } else { container_id };
+    if dns1123_subdomain(from_id) {
+        return Ok(Identity { namespace: conf.namespace.clone(), name: from_id.to_owned(), standalone: true });
+    }
+    let given = if name.is_empty() { "no K8S_POD_NAME".to_owned() } else { format!("K8S_POD_NAME {name:?} is not a DNS-1123 subdomain") };
+    Err(args_err(format!(
+        "env variable CNI_ARGS: container {container_id}: no pod name: [K8S_POD_NAMESPACE] missing, {given}, and \
+         CNI_CONTAINERID {container_id:?} is not one either (lowercase [a-z0-9.-], or hexadecimal)"
+    )))
 }
 
 /// The pod identity from CNI_ARGS (`K=V;K=V`), as Kubernetes runtimes set it.
@@ -303,6 +387,59 @@ mod tests {
         assert!(parse_cni_args("IgnoreUnknown=yes").unwrap_err().msg.contains("IgnoreUnknown"));
         assert!(parse_cni_args("novalue").unwrap_err().msg.contains("invalid pair"));
         assert!(parse_cni_args("a=b=c").unwrap_err().msg.contains("invalid pair"));
+    }
+
+    fn conf(extra: &str) -> Result<NetConf, CniError> {
+        parse(format!(r#"{{"cniVersion":"1.0.0","name":"n"{extra}}}"#).as_bytes())
+    }
+
+    #[test]
+    fn namespace_of_the_network() {
+        assert_eq!(conf("").unwrap().namespace, "default");
+        assert_eq!(conf(r#","namespace":"team-a""#).unwrap().namespace, "team-a");
+        assert_eq!(conf(r#","namespace":null"#).unwrap().namespace, "default");
+        for (bad, code) in [(r#","namespace":"Team_A""#, 7), (r#","namespace":"""#, 7), (r#","namespace":"-a""#, 7), (r#","namespace":3"#, 6)] {
+            let e = conf(bad).unwrap_err();
+            assert_eq!(e.code, code, "{bad}: {e}");
+            assert!(e.msg.contains("field namespace"), "{bad}: {e}");
+        }
+        let long = format!(r#","namespace":"{}""#, "a".repeat(64));
+        assert!(conf(&long).unwrap_err().msg.contains("namespace"));
+    }
+
+    fn who(args: &str, ns_conf: &str, id: &str, command: &str) -> Result<(String, String, bool), String> {
+        let c = conf(ns_conf).unwrap();
+        identity(&parse_cni_args(args).unwrap(), &c, id, command)
+            .map(|i| (i.namespace, i.name, i.standalone))
+            .map_err(|e| format!("{} {}", e.code, e.msg))
+    }
+
+    #[test]
+    fn identity_under_kubernetes_and_without() {
+        let id = "04e97267aae6c4fc012009f4bd6ac26a9d294567f1b731bc4571a461e2cd12c3";
+        let team_a = r#","namespace":"team-a""#;
+        let t = |a: &str, b: &str, s: bool| Ok((a.to_owned(), b.to_owned(), s));
+        // Kubernetes: CNI_ARGS wins over the config's namespace.
+        assert_eq!(who("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p", team_a, id, "ADD"), t("ns", "p", false));
+        // podman 4.3 sends exactly this: the container's name, no namespace.
+        assert_eq!(who("IgnoreUnknown=1;K8S_POD_NAME=web1", team_a, id, "ADD"), t("team-a", "web1", true));
+        assert_eq!(who("IgnoreUnknown=1;K8S_POD_NAME=web1", "", id, "CHECK"), t("default", "web1", true));
+        // A container name that is no pod name (podman's generated ones have '_'): the short ID.
+        assert_eq!(who("IgnoreUnknown=1;K8S_POD_NAME=Probe_1", team_a, id, "ADD"), t("team-a", "04e97267aae6", true));
+        // No CNI_ARGS at all (nerdctl-like).
+        assert_eq!(who("", "", id, "ADD"), t("default", "04e97267aae6", true));
+        // A short or non-hex ID that is a name is used whole.
+        assert_eq!(who("", "", "abc", "ADD"), t("default", "abc", true));
+        assert_eq!(who("", "", "ctr-7.x", "ADD"), t("default", "ctr-7.x", true));
+        // Neither usable: named.
+        let e = who("K8S_POD_NAME=A_b", "", "Ctr_1", "ADD").unwrap_err();
+        assert!(e.starts_with("4 ") && e.contains("\"A_b\"") && e.contains("CNI_CONTAINERID \"Ctr_1\""), "{e}");
+        let e = who("", "", &"A".repeat(70), "ADD").unwrap_err();
+        assert!(e.contains("no K8S_POD_NAME"), "{e}");
+        // A namespace without a name is still Kubernetes' and still an error for ADD.
+        let e = who("K8S_POD_NAMESPACE=ns", team_a, id, "ADD").unwrap_err();
+        assert!(e.contains("[K8S_POD_NAME] missing"), "{e}");
+        assert_eq!(who("K8S_POD_NAMESPACE=ns", team_a, id, "DEL"), t("ns", "", false));
     }
 
     #[test]

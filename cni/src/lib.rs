@@ -14,11 +14,19 @@
 //! - `VERSION`: prints `{"cniVersion":"1.0.0","supportedVersions":[...]}`; stdin is not read.
 //! - `ADD`, `CHECK`, `DEL`: read the network configuration on stdin (`cniVersion`, `name`,
 //!   `type`, `prevResult`, and ours: `agentSocket`, default `/var/run/sdn-node/cni.sock`;
-//!   `timeoutSeconds`, default 30, 1 to 3600) and the environment: `CNI_CONTAINERID`,
-//!   `CNI_IFNAME` and `CNI_PATH` are required, `CNI_NETNS` too except for DEL. `CNI_ARGS`
-//!   carries the pod (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`, both required for ADD and CHECK,
+//!   `timeoutSeconds`, default 30, 1 to 3600; `namespace`, default `default`, see below) and
+//!   the environment: `CNI_CONTAINERID`, `CNI_IFNAME` and `CNI_PATH` are required, `CNI_NETNS`
+//!   too except for DEL. `CNI_ARGS` carries the pod under Kubernetes (`K8S_POD_NAMESPACE`,
+//!   `K8S_POD_NAME`, both required for ADD and CHECK when the namespace is given,
 //!   `K8S_POD_INFRA_CONTAINER_ID`, `K8S_POD_UID`); any other key is an error unless
 //!   `IgnoreUnknown` is `1`/`true`, as in the reference library's argument parser.
+//! - Runtimes that are not Kubernetes (podman, nerdctl) send no `K8S_POD_NAMESPACE` (podman
+//!   4.3 sends `IgnoreUnknown=1;K8S_POD_NAME=<container name>`). The pod's namespace is then
+//!   the config's `namespace` (a DNS-1123 label; `default` when absent), its name
+//!   `K8S_POD_NAME` if that is a DNS-1123 subdomain, else the container ID's first 12
+//!   characters when the ID is longer and hexadecimal (the short ID runtimes show), else the
+//!   whole ID if it is a usable name (else error 4). Their DEL goes without a name: the agent
+//!   finds the pod by its container ID ([`config::identity`]).
 //! - ADD prints the result in the requested version's shape: interfaces
 //!   `[{"name":hostVeth}, {"name":ifName,"mac":..,"sandbox":..}]`, ips
 //!   `[{"address","gateway","interface":1}]` (0.3.x/0.4.0 add `"version":"4"` or `"6"`),
@@ -31,7 +39,7 @@
 //! write and read together: `POST /v1/cni` with
 //! `{"command":"ADD"|"DEL"|"CHECK","containerID","netns","ifName","namespace","name",
 //! "infraContainerID","cniVersion"}` (all strings; `netns` may be empty on DEL, `namespace`
-//! and `name` may be empty on DEL when the runtime gave no CNI_ARGS, `infraContainerID`
+//! and `name` are empty on DEL when the runtime gave no `K8S_POD_NAMESPACE`, `infraContainerID`
 //! defaults to `containerID`). The agent answers 200 with
 //! `{"hostVeth","ifName","mac","sandbox","ip":"10.128.0.5/23","gateway","routes":[{"dst","gw"}],"mtu"}`
 //! for ADD and `{}` for CHECK and DEL, or an error status with
@@ -46,10 +54,10 @@
 //! |------|------|
 //! | 1 | cniVersion missing or unsupported; CHECK with a 0.3.x config |
 //! | 3 | agent answered 404 to ADD or CHECK (pod unknown) — DEL's 404 is a success |
-//! | 4 | CNI_COMMAND unknown or missing; a required variable missing or not UTF-8; bad CNI_CONTAINERID or CNI_IFNAME; bad CNI_ARGS (syntax, unknown key without IgnoreUnknown, no pod name for ADD/CHECK) |
+//! | 4 | CNI_COMMAND unknown or missing; a required variable missing or not UTF-8; bad CNI_CONTAINERID or CNI_IFNAME; bad CNI_ARGS (syntax, unknown key without IgnoreUnknown, no pod name for ADD/CHECK: neither K8S_POD_NAME nor the container ID usable) |
 //! | 5 | stdin unreadable; socket permission denied; other I/O errors talking to the agent |
 //! | 6 | stdin not JSON or not an object; a known config field of the wrong JSON type |
-//! | 7 | config value invalid (name, relative agentSocket, timeoutSeconds); prevResult without our interface; agent answered 400 or 422; socket path unusable |
+//! | 7 | config value invalid (name, relative agentSocket, timeoutSeconds, namespace); prevResult without our interface; agent answered 400 or 422; socket path unusable |
 //! | 11 | agent unreachable (socket missing, connection refused or reset); no answer within timeoutSeconds; agent answered 429, 503 or 504 |
 //! | 100 | agent answered 409 (conflict with another pod or container) |
 //! | 101 | agent answered 500 (it failed the change) |

@@ -146,25 +146,17 @@ fn invoke(command: &str, var: &dyn Fn(&str) -> Result<String, CniError>, input: 
     config::check_ifname(&if_name).map_err(|e| env_err(format!("env variable CNI_IFNAME: {e}")))?;
     let pod = config::parse_cni_args(&cni_args)?;
 
-    // DEL carries on without a pod name (the agent can look the container up); ADD and CHECK
-    // cannot say which pod they are for without one.
-    let namespace = pod.namespace.unwrap_or_default();
-    let name = pod.name.unwrap_or_default();
-    if command != "DEL" {
-        let mut missing = Vec::new();
-        if namespace.is_empty() {
-            missing.push("K8S_POD_NAMESPACE");
-        }
-        if name.is_empty() {
-            missing.push("K8S_POD_NAME");
-        }
-        if !missing.is_empty() {
-            return Err(env_err(format!(
-                "env variable CNI_ARGS: container {container_id}: [{}] missing (the pod this sandbox is for)",
-                missing.join(",")
-            )));
-        }
-    }
+    // Whose pod: CNI_ARGS under Kubernetes; otherwise the network config's namespace and the
+    // container's name or ID (config::identity). A Kubernetes DEL may come without CNI_ARGS:
+    // the agent then finds the pod by its container ID. So does a non-Kubernetes DEL, sent
+    // without a name: the container's is the same as at ADD, but the config's namespace may
+    // have been edited since, and the container ID alone says which pod it was.
+    let (namespace, name) = if command == "DEL" && pod.namespace.as_deref().unwrap_or_default().is_empty() {
+        (String::new(), String::new())
+    } else {
+        let id = config::identity(&pod, &conf, &container_id, command)?;
+        (id.namespace, id.name)
+    };
     let object = if namespace.is_empty() && name.is_empty() {
         format!("container {container_id}")
     } else {
@@ -347,8 +339,23 @@ mod tests {
         assert_eq!((v["code"].clone(), v["cniVersion"].clone()), (json!(4), json!("0.4.0")));
         assert!(v["msg"].as_str().unwrap().contains("[CNI_NETNS]"), "{v}");
         assert!(v["details"].as_str().unwrap().contains("CNI plugin"), "{v}");
+        // No CNI_ARGS (a runtime that is not Kubernetes): the pod is default/<container ID>,
+        // and the request goes to the agent (absent here).
         let o = run_with(&env("ADD", "CNI_ARGS"), CONF);
-        assert!(parse(&o)["msg"].as_str().unwrap().contains("K8S_POD_NAMESPACE,K8S_POD_NAME"));
+        let v = parse(&o);
+        assert_eq!(v["code"], 11, "{v}");
+        assert!(v["msg"].as_str().unwrap().contains("ADD of pod default/abc"), "{v}");
+        // A container ID that cannot be a pod name, and no name: the error says so.
+        let mut e = env("ADD", "CNI_ARGS");
+        e.retain(|(k, _)| *k != "CNI_CONTAINERID");
+        e.push(("CNI_CONTAINERID", "Not_A_Name"));
+        let v = parse(&run_with(&e, CONF));
+        assert_eq!(v["code"], 4, "{v}");
+        let msg = v["msg"].as_str().unwrap();
+        assert!(msg.contains("no pod name") && msg.contains("CNI_CONTAINERID") && msg.contains("K8S_POD_NAME"), "{v}");
+        // DEL of such a container goes unnamed: the agent finds it by its container ID.
+        let o = run_with(&env("DEL", "CNI_ARGS"), CONF);
+        assert!(parse(&o)["msg"].as_str().unwrap().contains("DEL of container abc"), "{}", o.stdout);
         let mut e = env("ADD", "CNI_IFNAME");
         e.push(("CNI_IFNAME", "a/b"));
         assert!(parse(&run_with(&e, CONF))["msg"].as_str().unwrap().contains("CNI_IFNAME"));

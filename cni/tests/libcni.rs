@@ -282,3 +282,47 @@ fn config_errors() {
     assert_eq!(cni.run("add", &pod_flags()).code(), Some(1));
     assert!(agent.requests().is_empty());
 }
+
+/// A runtime that is not Kubernetes (podman 4.3 sends `IgnoreUnknown=1;K8S_POD_NAME=<container
+/// name>` and nothing else): the pod's namespace is the config's `namespace` (`default` when
+/// it has none), its name the container's or the short container ID; DEL goes by container ID.
+#[test]
+fn runtime_without_kubernetes_args() {
+    let client = client_or_skip!();
+    let tmp = TempDir::new("podman");
+    let agent = FakeAgent::start(tmp.path(), happy);
+    let id = "04e97267aae6c4fc012009f4bd6ac26a9d294567f1b731bc4571a461e2cd12c3";
+    let flags = |args: &'static str| vec!["-args", args, "-containerid", id, "-netns", "/var/run/netns/x", "-ifname", "eth0"];
+    let cni = Cni::new(client, &conflist("1.0.0", &agent.socket, r#","namespace":"team-a""#));
+    for (args, name) in [("IgnoreUnknown=1;K8S_POD_NAME=web1", "web1"), ("IgnoreUnknown=1;K8S_POD_NAME=Probe_1", "04e97267aae6")] {
+        let add = cni.run("add", &flags(args));
+        assert_eq!(add.exit, 0, "{:?}", add.out);
+        let check = cni.run("check", &flags(args));
+        assert_eq!(check.exit, 0, "{:?}", check.out);
+        let del = cni.run("del", &flags(args));
+        assert_eq!(del.exit, 0, "{:?}", del.out);
+        let reqs = agent.requests();
+        let last: Vec<_> = reqs[reqs.len() - 3..].iter().map(|r| (r.body["command"].clone(), r.body["namespace"].clone(), r.body["name"].clone())).collect();
+        assert_eq!(
+            last,
+            vec![(json!("ADD"), json!("team-a"), json!(name)), (json!("CHECK"), json!("team-a"), json!(name)), (json!("DEL"), json!(""), json!(""))]
+        );
+    }
+    // The conflist the agent writes (no namespace) puts them in `default`.
+    let cni = Cni::new(client, &sdn_node_cni::conflist(&agent.socket));
+    let add = cni.run("add", &flags(""));
+    assert_eq!(add.exit, 0, "{:?}", add.out);
+    let last = agent.requests().pop().unwrap();
+    assert_eq!((last.body["namespace"].clone(), last.body["name"].clone()), (json!("default"), json!("04e97267aae6")));
+    // Kubernetes' arguments still win over the config's namespace.
+    let cni = Cni::new(client, &conflist("1.0.0", &agent.socket, r#","namespace":"team-b""#));
+    let add = cni.run("add", &pod_flags());
+    assert_eq!(add.exit, 0, "{:?}", add.out);
+    let last = agent.requests().pop().unwrap();
+    assert_eq!((last.body["namespace"].clone(), last.body["name"].clone()), (json!("team-a"), json!("web-1")));
+    // A config namespace that is no namespace name is the config's error, named.
+    let cni = Cni::new(client, &conflist("1.0.0", &agent.socket, r#","namespace":"Team_A""#));
+    let add = cni.run("add", &flags(""));
+    assert_eq!(add.code(), Some(7), "{:?}", add.out);
+    assert!(add.msg().contains("field namespace"), "{}", add.msg());
+}

@@ -20,6 +20,11 @@ ensure_packages() {
   command -v go >/dev/null 2>&1 || missing+=(golang-go)
   [ -d /usr/share/gocode/src/github.com/containernetworking/cni/libcni ] || missing+=(golang-github-appc-cni-dev)
   [ -x /usr/lib/cni/loopback ] || missing+=(containernetworking-plugins)
+  # tests/podman.rs: containers on sdn-node networks run by Debian's podman (CNI backend) with
+  # runc (crun fails on hybrid cgroups), from an image of one static busybox built offline.
+  command -v podman >/dev/null 2>&1 || missing+=(podman)
+  command -v runc >/dev/null 2>&1 || missing+=(runc)
+  dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}" >&2
     export DEBIAN_FRONTEND=noninteractive

@@ -464,3 +464,35 @@ async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), PodError> {
         .await
         .map_err(|e| PodError::Failed(format!("{}: {e}", obj(&req))))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(namespace: &str, name: &str) -> CniRequest {
+        CniRequest {
+            command: "ADD".into(),
+            container_id: "04e97267aae6c4fc012009f4bd6ac26a9d294567f1b731bc4571a461e2cd12c3".into(),
+            netns: "/run/netns/x".into(),
+            if_name: "eth0".into(),
+            namespace: namespace.into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The names `sdn-node-cni` gives containers of runtimes that are not Kubernetes (the
+    /// container's name, or the short container ID) are pod names the agent takes.
+    #[test]
+    fn container_names_and_short_ids_are_pod_names() {
+        for name in ["04e97267aae6", "web1", "ctr-7.x"] {
+            assert!(validate(&req("default", name)).is_ok(), "{name}");
+        }
+        for (ns, name, field) in [("default", "Probe_1", "name"), ("Team_A", "web1", "namespace")] {
+            match validate(&req(ns, name)) {
+                Err(PodError::Invalid(p)) => assert_eq!(p.field, field, "{ns}/{name}: {p:?}"),
+                other => panic!("{ns}/{name}: {other:?}"),
+            }
+        }
+    }
+}

@@ -220,6 +220,20 @@ impl Model {
         if from_cluster && !state.net_namespaces.iter().any(|n| n.name == pod.namespace) {
             return Err(Refusal::NotYet(no_net_namespace(&pod.namespace, &pod.name)));
         }
+        // From a state file: a mistake the operator must fix (a CNI network's `namespace`, for
+        // a runtime that is not Kubernetes, names one the state does not have).
+        if !from_cluster && !state.net_namespaces.iter().any(|n| n.name == pod.namespace) {
+            return Err(Refusal::Invalid(Problem::new(
+                obj,
+                "namespace",
+                format!(
+                    "unknown namespace {:?}: the state has no NetNamespace of that name (add it to netNamespaces, \
+                     or, for podman and other runtimes that are not Kubernetes, name one it has in the CNI network's \
+                     \"namespace\")",
+                    pod.namespace
+                ),
+            )));
+        }
         if reserved_port_names(&self.bridge).contains(&pod.host_veth.as_str()) {
             return Err(Refusal::Invalid(Problem::new(
                 obj,
@@ -620,7 +634,8 @@ mod tests {
         let mut m = model();
         let mut p = pod(&m, "x", "10.128.3.200", "vx");
         p.namespace = "nowhere".into();
-        assert!(matches!(m.reserve(&p), Err(Refusal::Invalid(pr)) if pr.field == "namespace"));
+        assert!(matches!(m.reserve(&p), Err(Refusal::Invalid(pr))
+            if pr.field == "namespace" && pr.message.contains("unknown namespace \"nowhere\"") && pr.message.contains("netNamespaces")));
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let live_pods = Some(state.pods.iter().map(|p| p.key()).collect());
         m.set_source(Arc::new(Loaded {

@@ -314,15 +314,22 @@ impl NodeAgent {
 
     /// Runs the libcni client: `add`, `check` or `del` for pod `ns/name` in `netns`.
     pub fn cni(&self, command: &str, pod_ns: &str, name: &str, container: &str, netns: &str) -> CniRun {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container}");
+        self.cni_with(&self.conflist(), command, &args, container, netns)
+    }
+
+    /// Runs the libcni client with `conflist` and CNI_ARGS `args` as they are (a runtime that
+    /// is not Kubernetes sends no `K8S_POD_NAMESPACE`).
+    pub fn cni_with(&self, conflist: &Path, command: &str, args: &str, container: &str, netns: &str) -> CniRun {
         let out = Command::new(&self.client)
             .arg("-conflist")
-            .arg(self.conflist())
+            .arg(conflist)
             .arg("-bin")
             .arg(&self.bin)
             .arg("-cache")
             .arg(self.rundir.join("cni-cache"))
             .args(["-containerid", container, "-netns", netns, "-ifname", "eth0"])
-            .args(["-args", &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_ns};K8S_POD_NAME={name};K8S_POD_INFRA_CONTAINER_ID={container}")])
+            .args(["-args", args])
             .arg(command)
             .output()
             .expect("run the libcni client");
