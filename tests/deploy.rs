@@ -1992,6 +1992,40 @@ fn openshift_overlay_is_everything_but_the_controller_and_the_crds() {
     }
 }
 
+/// Every container's `image`, at any depth (containers and initContainers of any workload).
+fn images_in(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for key in ["containers", "initContainers"] {
+                for c in o.get(key).and_then(Value::as_array).into_iter().flatten() {
+                    out.push(c.get("image").and_then(Value::as_str).unwrap_or("<none>").to_string());
+                }
+            }
+            o.values().for_each(|x| images_in(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| images_in(x, out)),
+        _ => {}
+    }
+}
+
+/// What `kubectl kustomize deploy/kubernetes` renders (where kubectl is installed) names the
+/// image deploy/image/build.sh builds, in every container: the agent, its init container and
+/// the controller.
+#[test]
+fn kustomize_renders_the_built_image_everywhere() {
+    // (Skipped without kubectl, as the overlay's rendering above: the package script does not
+    // install it; every_manifest_decodes_strictly_and_is_installed checks the same references.)
+    let Some(base) = kustomize("deploy/kubernetes") else {
+        eprintln!("SKIPPED: rendering with `kubectl kustomize` (no kubectl)");
+        return;
+    };
+    let mut images = Vec::new();
+    base.values().for_each(|obj| images_in(obj, &mut images));
+    assert_eq!(images.len(), 3, "the agent, its init container, the controller: {images:?}");
+    let want = format!("{IMAGE_NAME}:{}", env!("CARGO_PKG_VERSION"));
+    assert!(images.iter().all(|i| *i == want), "every image is {want}: {images:?}");
+}
+
 /// Every check above fails on a copy of the manifests broken in the way it looks for.
 #[test]
 fn controller_checks_catch_mistakes() {
