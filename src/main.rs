@@ -12,6 +12,9 @@ use sdn_node::run::RunOptions;
 use sdn_node::store::Owner;
 use sdn_node::switch::{Switch, SwitchOptions};
 
+mod install_cni;
+mod proc_sys_net;
+
 #[derive(Parser)]
 #[command(name = "sdn-node", version, about = "Programs Open vSwitch for a Kubernetes pod network (openshift-sdn's pipeline) over OpenFlow 1.3 and OVSDB")]
 struct Cli {
@@ -35,6 +38,11 @@ struct RunArgs {
     /// Follow the Kubernetes API with the in-cluster service account.
     #[arg(long, requires = "node")]
     in_cluster: bool,
+    /// First make /proc/sys/net (only it) writable in the agent's mount namespace: bind-mount
+    /// it onto itself and remount that read-write (needs CAP_SYS_ADMIN). For a container whose
+    /// runtime mounts /proc/sys read-only (the DaemonSet); the image has no shell to do it.
+    #[arg(long)]
+    writable_proc_sys_net: bool,
     #[command(flatten)]
     opts: RunOptions,
 }
@@ -42,7 +50,7 @@ struct RunArgs {
 impl RunArgs {
     /// The agent's options, and the Kubernetes source's if it follows the API.
     fn options(self) -> (RunOptions, Option<sdn_node::kube::KubeOptions>) {
-        let RunArgs { state, kubeconfig, in_cluster, mut opts } = self;
+        let RunArgs { state, kubeconfig, in_cluster, writable_proc_sys_net: _, mut opts } = self;
         opts.state = state.unwrap_or_default();
         let kube = (kubeconfig.is_some() || in_cluster).then(|| sdn_node::kube::KubeOptions { kubeconfig, node: opts.node_name.clone().unwrap_or_default() });
         (opts, kube)
@@ -92,6 +100,11 @@ enum Cmd {
     /// through a Lease (run two replicas). Checks its flags first (a bad one exits 1 with one
     /// line).
     Controller(Box<sdn_node::controller::ControllerArgs>),
+    /// Install the CNI plugin (`sdn-node-cni`, beside this binary unless --from) into a
+    /// node's plugin directory atomically: a temporary file there, fsync, mode 0755, rename.
+    /// Prints what it installed; exits 1 with one line on an error. The DaemonSet's init
+    /// container.
+    InstallCni(install_cni::InstallCniArgs),
     /// A running agent's status: connections, pipeline, flows per table and owner, last commit.
     Status {
         /// The agent's pod API socket.
@@ -332,7 +345,23 @@ async fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Cmd::InstallCni(args) => match install_cni::run(&args) {
+            Ok(i) => {
+                outln!("installed {} as {} ({} bytes, mode 0755)", i.from.display(), i.to.display(), i.bytes);
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                errln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::Run(args) => {
+            if args.writable_proc_sys_net {
+                if let Err(e) = proc_sys_net::make_writable() {
+                    errln!("error: --writable-proc-sys-net: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
             let (opts, kube) = args.options();
             // One line and exit 1 on a bad configuration, before anything is logged or done.
             if let Err(e) = sdn_node::run::startup::check(&opts, kube.as_ref()).await {

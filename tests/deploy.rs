@@ -2,9 +2,9 @@
 //! no unknown field, the ClusterRole grants exactly `sdn_node::kube::rbac_rules()`, the
 //! DaemonSet has the properties the agent relies on (and passes only flags `sdn-node run`
 //! accepts; its capabilities, host paths and mount propagation; the init container that
-//! installs the CNI plugin, whose script is run here against a temporary directory), the CRDs
-//! describe the fields the daemon reads, the example state files load without problems, and
-//! the Dockerfile builds and ships both binaries.
+//! installs the CNI plugin with `sdn-node install-cni`, run here against a temporary
+//! directory), the CRDs describe the fields the daemon reads, the example state files load
+//! without problems, and the Dockerfile builds and ships both binaries.
 //!
 //! How unknown fields are found: k8s-openapi's structs skip fields they do not know, so decoding
 //! alone accepts a misspelt `hostNetwrok: true` (only an API server's strict field validation
@@ -41,7 +41,10 @@ const CNI_BIN_DIR: &str = "/opt/cni/bin";
 const STATE_DIR: &str = "/var/lib/sdn-node";
 /// Where containerd and CRI-O create pod network namespaces (CNI_NETNS).
 const NETNS_DIR: &str = "/var/run/netns";
-/// The binaries in the image (deploy/Dockerfile).
+/// The image the manifests run: what deploy/image/build.sh builds and tags (a `localhost/`
+/// name, the same in every runtime, never resolved to Docker Hub).
+const IMAGE_NAME: &str = "localhost/sdn-node";
+/// The binaries in the image (deploy/image/build.sh, deploy/Dockerfile).
 const AGENT_BINARY: &str = "/usr/local/bin/sdn-node";
 const PLUGIN_BINARY: &str = "/usr/local/bin/sdn-node-cni";
 /// The agent's AppArmor profile: deploy/apparmor/<name>, declaring `profile <name>`.
@@ -303,10 +306,16 @@ fn every_manifest_decodes_strictly_and_is_installed() {
     // The image is this version of sdn-node, and kustomize's `images` entry matches it.
     let version = env!("CARGO_PKG_VERSION");
     let image = m.container().image.clone().unwrap();
-    assert_eq!(image, format!("sdn-node:{version}"));
-    let entry = k.images.iter().find(|i| i.name == "sdn-node").expect("images: entry for sdn-node");
+    assert_eq!(image, format!("{IMAGE_NAME}:{version}"), "the reference deploy/image/build.sh prints");
+    let build = std::fs::read_to_string(repo().join("deploy/image/build.sh")).unwrap();
+    assert!(build.contains("image=${SDN_NODE_IMAGE:-localhost/sdn-node:$version}"), "build.sh's default reference");
+    assert_eq!(m.init_container().image.as_deref(), Some(image.as_str()));
+    for pull in [&m.container().image_pull_policy, &m.init_container().image_pull_policy] {
+        assert_eq!(pull.as_deref(), Some("IfNotPresent"), "a locally loaded image is used as it is");
+    }
+    let entry = k.images.iter().find(|i| i.name == IMAGE_NAME).expect("images: entry for the image");
     assert_eq!(entry.new_tag.as_deref(), Some(version));
-    assert!(entry.new_name.is_some());
+    assert_eq!(entry.new_name.as_deref(), Some(IMAGE_NAME));
 }
 
 // ---- RBAC -------------------------------------------------------------------------------------
@@ -375,7 +384,9 @@ fn run_help() -> String {
 fn assert_parses(args: &[String]) {
     let ovs = tempfile::tempdir().unwrap();
     let state = tempfile::tempdir().unwrap();
-    let mut args = args.to_vec();
+    // Not on this machine's own /proc/sys (agent_may_write_sysctls_under_net_only runs it in a
+    // mount namespace of its own).
+    let mut args: Vec<String> = args.iter().filter(|a| *a != "--writable-proc-sys-net").cloned().collect();
     for (flag, value) in [
         ("--pod-api-socket", "none"),
         ("--metrics-addr", "none"),
@@ -519,20 +530,15 @@ fn daemon_set_runs_the_agent_in_cluster_mode_on_every_node() {
     assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)), "never two agents on one node");
     assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
 
-    // The command: a shell that only makes /proc/sys/net writable, then execs the binary with
-    // the args (see agent_may_write_sysctls_under_net_only).
+    // The command: the agent itself (the image has no shell), which first makes /proc/sys/net
+    // writable (see agent_may_write_sysctls_under_net_only).
     let command = c.command.clone().expect("command");
-    assert_eq!(command.len(), 4, "sh -c SCRIPT NAME: {command:?}");
-    assert_eq!(&command[..2], ["/bin/sh", "-c"]);
-    assert!(
-        command[2].trim_end().ends_with(&format!("exec {AGENT_BINARY} \"$@\"")),
-        "the script ends by exec'ing the agent with the args: {}",
-        command[2]
-    );
+    assert_eq!(command, [AGENT_BINARY], "the binary, no shell");
 
     // Only flags `sdn-node run` accepts.
     let args = c.args.clone().unwrap_or_default();
     assert_eq!(args.first().map(String::as_str), Some("run"));
+    assert_eq!(args.get(1).map(String::as_str), Some("--writable-proc-sys-net"), "first of all");
     let help = run_help();
     let flags: Vec<&str> = args.iter().filter(|a| a.starts_with("--")).map(|a| a.split('=').next().unwrap()).collect();
     assert!(flags.len() >= 3);
@@ -683,51 +689,55 @@ fn host_path_mount(
     assert_eq!(hp.path, dir, "{dir}: the node's directory of the same name");
 }
 
-/// The agent's command makes /proc/sys/net, and only it, writable in its own mount namespace
-/// (the runtime mounts /proc/sys read-only and refuses volumes inside /proc), then runs the
-/// agent. The script is run here in a private mount namespace with /proc/sys made read-only
-/// the way runtimes do it, the agent replaced by a sysctl write and a write elsewhere.
+/// The agent makes /proc/sys/net, and only it, writable in its own mount namespace before
+/// anything else (`run --writable-proc-sys-net`: the runtime mounts /proc/sys read-only and
+/// refuses volumes inside /proc, and the image has no shell or mount(8) to do it). Run here in
+/// a private mount namespace with /proc/sys made read-only the way runtimes do it: the agent
+/// with a state file that does not exist does its two mounts, then exits 1 on the state file;
+/// the namespace keeps the mounts, so a write under net.* then works and one under kernel.*
+/// still fails.
 #[test]
 fn agent_may_write_sysctls_under_net_only() {
     let m = Manifests::load();
-    let script = m.container().command.clone().unwrap()[2].clone();
-    let lines: Vec<&str> = script.split(';').map(str::trim).collect();
-    assert_eq!(
-        lines,
-        [
-            "set -e",
-            "mount --bind /proc/sys/net /proc/sys/net",
-            "mount -o remount,bind,rw /proc/sys/net",
-            &format!("exec {AGENT_BINARY} \"$@\"") as &str
-        ],
-        "the script does nothing else"
-    );
+    assert_eq!(m.container().command.clone().unwrap(), [AGENT_BINARY]);
+    let args = m.container().args.clone().unwrap_or_default();
+    assert_eq!(args[..2], ["run", "--writable-proc-sys-net"]);
     if unsafe { libc::geteuid() } != 0 {
         assert!(std::env::var_os("CI").is_none_or(|v| v.is_empty()), "CI is set and this test needs root");
-        eprintln!("SKIPPED: running the script needs root (mount)");
+        eprintln!("SKIPPED: running the agent's mounts needs root");
         return;
     }
+    let ovs = tempfile::tempdir().unwrap();
+    let agent = format!(
+        "{} run --writable-proc-sys-net --state /nonexistent/state.yaml --no-host-network --pod-api-socket none \
+         --metrics-addr none --cni-conf-dir none --state-dir none --ovs-rundir {} 2>/dev/null; echo EXIT=$?",
+        env!("CARGO_BIN_EXE_sdn-node"),
+        ovs.path().display()
+    );
     // The write the agent does (same value: nothing changes on this machine), then one under
     // kernel.*, which must still fail.
-    let agent = "v=$(cat /proc/sys/net/ipv4/ip_forward); echo $v > /proc/sys/net/ipv4/ip_forward && echo NET-OK; \
+    let after = "v=$(cat /proc/sys/net/ipv4/ip_forward); echo $v > /proc/sys/net/ipv4/ip_forward && echo NET-OK; \
                  h=$(cat /proc/sys/kernel/hostname); (echo $h > /proc/sys/kernel/hostname) 2>/dev/null || echo KERNEL-RO";
-    let script = script.replace(&format!("exec {AGENT_BINARY} \"$@\""), agent);
     let runtime = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && \
                    v=$(cat /proc/sys/net/ipv4/ip_forward) && ! (echo $v > /proc/sys/net/ipv4/ip_forward) 2>/dev/null && \
                    echo RO-FIRST";
     let out = std::process::Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c"])
-        .arg(format!("{runtime} && sh -c '{}' sdn-node run", script.replace('\'', "'\\''")))
+        .arg(format!("{runtime} && {agent}; {after}"))
         .output()
         .expect("unshare");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(stdout.split_whitespace().collect::<Vec<_>>(), ["RO-FIRST", "NET-OK", "KERNEL-RO"]);
+    assert_eq!(stdout.split_whitespace().collect::<Vec<_>>(), ["RO-FIRST", "EXIT=1", "NET-OK", "KERNEL-RO"]);
 }
 
-/// The init container copies the plugin from the image to the node's plugin directory under a
+/// The init container runs `sdn-node install-cni` (no shell: the image has none), which
+/// copies the plugin beside the agent in the image to the node's plugin directory under a
 /// temporary name in that directory, then renames it: runtimes see the old or the new binary,
-/// never a partial one. Its script is run here against temporary directories.
+/// never a partial one (src/install_cni.rs's unit tests cover each step). Its command is run
+/// here as the container runs it: the built agent in a stand-in for the image's directory,
+/// with a stand-in plugin beside it, the node directory a temporary one holding an older
+/// plugin.
 #[test]
 fn init_container_installs_the_plugin_atomically() {
     let m = Manifests::load();
@@ -736,40 +746,48 @@ fn init_container_installs_the_plugin_atomically() {
     let mount = &init.volume_mounts.clone().unwrap_or_default()[0];
     assert_ne!(mount.read_only, Some(true));
     let command = init.command.clone().expect("command");
-    assert_eq!(&command[..2], ["/bin/sh", "-c"]);
-    assert_eq!(command.len(), 3);
     assert!(init.args.is_none());
-    let script = &command[2];
     let dir = mount.mount_path.trim_end_matches('/');
-    let steps: Vec<&str> = script.split(';').map(str::trim).filter(|s| !s.is_empty()).collect();
-    assert_eq!(steps.len(), 3, "set -e, copy, rename: {script}");
-    assert_eq!(steps[0], "set -e");
-    let copy: Vec<&str> = steps[1].split_whitespace().collect();
-    let rename: Vec<&str> = steps[2].split_whitespace().collect();
-    assert_eq!(copy[..copy.len() - 2], ["install", "-m", "0755"], "{}", steps[1]);
-    assert_eq!(copy[copy.len() - 2], PLUGIN_BINARY);
-    let tmp = copy[copy.len() - 1];
-    assert_eq!(Path::new(tmp).parent(), Some(Path::new(dir)), "the temporary file is in the same directory");
-    let tmp_name = Path::new(tmp).file_name().unwrap().to_str().unwrap();
-    assert!(tmp_name.starts_with('.') && !tmp_name.ends_with(".conf"), "hidden: not taken for a plugin");
-    assert_eq!(rename, ["mv", "-f", tmp, format!("{dir}/{}", sdn_node_cni::PLUGIN_TYPE).as_str()], "rename over the plugin's name");
+    assert_eq!(command, [AGENT_BINARY, "install-cni", "--cni-bin-dir", dir], "the subcommand, into the mounted directory");
+    assert_eq!(Path::new(PLUGIN_BINARY).parent(), Path::new(AGENT_BINARY).parent(), "the plugin is beside the agent");
+    assert_eq!(Path::new(PLUGIN_BINARY).file_name().unwrap(), sdn_node_cni::PLUGIN_TYPE);
 
-    // Run it: a stand-in for the image's plugin, a node directory holding an older plugin.
+    // Run it.
     let scratch = tempfile::tempdir().unwrap();
-    let src = scratch.path().join("image-sdn-node-cni");
+    let image_bin = scratch.path().join("usr-local-bin");
+    std::fs::create_dir(&image_bin).unwrap();
+    let agent = image_bin.join("sdn-node");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_sdn-node"), &agent).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_sdn-node"), &agent).unwrap();
+    }
+    let src = image_bin.join(sdn_node_cni::PLUGIN_TYPE);
     std::fs::write(&src, b"#!/bin/sh\necho new\n").unwrap();
     let node_dir = scratch.path().join("opt-cni-bin");
     std::fs::create_dir(&node_dir).unwrap();
     let installed = node_dir.join(sdn_node_cni::PLUGIN_TYPE);
     std::fs::write(&installed, b"old").unwrap();
-    let script = script.replace(PLUGIN_BINARY, src.to_str().unwrap()).replace(dir, node_dir.to_str().unwrap());
-    let out = std::process::Command::new("sh").args(["-c", &script]).output().unwrap();
+    let out = std::process::Command::new(&agent).args(["install-cni", "--cni-bin-dir"]).arg(&node_dir).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.trim(),
+        format!("installed {} as {} (19 bytes, mode 0755)", src.display(), installed.display()),
+        "one line saying what was installed"
+    );
     assert_eq!(std::fs::read(&installed).unwrap(), std::fs::read(&src).unwrap());
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777, 0o755);
     let names: Vec<String> = std::fs::read_dir(&node_dir).unwrap().map(|e| file_name(&e.unwrap().path())).collect();
     assert_eq!(names, [sdn_node_cni::PLUGIN_TYPE], "nothing else left in the directory");
+    // A missing directory: exit 1, one line naming it.
+    let out = std::process::Command::new(&agent)
+        .args(["install-cni", "--cni-bin-dir"])
+        .arg(scratch.path().join("missing"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("error: --cni-bin-dir ") && stderr.contains("missing") && stderr.lines().count() == 1, "{stderr}");
 
     // Root without capabilities: writing a root-owned directory needs none.
     let sc = init.security_context.as_ref().expect("securityContext");
@@ -963,23 +981,33 @@ fn dockerfile_builds_and_ships_both_binaries() {
     }
     let froms: Vec<&String> = instructions.iter().filter(|i| i.starts_with("FROM ")).collect();
     assert_eq!(froms.len(), 2, "two stages");
-    // Base images by digest only: given as build arguments (no default: no digest can be looked
-    // up here), each checked by its stage before anything else runs.
+    // Base images given as build arguments: by default the official tags, so that the header's
+    // one-liner builds where a registry is reachable; pinned by digest for a release. Each
+    // stage checks its argument before anything else runs: the default tag or that image by a
+    // well-formed digest, nothing else.
     assert_eq!(froms[0], "FROM ${BUILD_IMAGE} AS build");
     assert_eq!(froms[1], "FROM ${RUNTIME_IMAGE}");
-    for arg in ["ARG BUILD_IMAGE", "ARG RUNTIME_IMAGE"] {
-        assert_eq!(instructions.iter().filter(|i| **i == arg).count(), 2, "{arg} before the first FROM and in its stage");
+    for (var, image) in [("BUILD_IMAGE", "rust:1-bookworm"), ("RUNTIME_IMAGE", "debian:bookworm-slim")] {
+        let default = format!("ARG {var}={image}");
+        assert_eq!(instructions.iter().filter(|i| **i == default).count(), 1, "{default} before the first FROM");
+        assert_eq!(instructions.iter().filter(|i| **i == format!("ARG {var}")).count(), 1, "ARG {var} in its stage");
     }
-    assert!(!text.contains("ARG BUILD_IMAGE=") && !text.contains("ARG RUNTIME_IMAGE="), "no default image reference");
+    let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
+    assert!(
+        header.iter().any(|l| l.trim_start_matches('#').trim() == "docker build -f deploy/Dockerfile -t localhost/sdn-node:0.1.0 .      # from the repository root"),
+        "the header's one-liner needs no build argument"
+    );
     let digest = "0123456789abcdef".repeat(4);
     for (var, image) in [("BUILD_IMAGE", "rust:1-bookworm"), ("RUNTIME_IMAGE", "debian:bookworm-slim")] {
         let check = pin_check(&text, var);
         let accepts = |value: &str| {
             std::process::Command::new("sh").arg("-c").arg(&check).env(var, value).output().unwrap().status.success()
         };
+        assert!(accepts(image), "{var}: the default tag is accepted");
         assert!(accepts(&format!("{image}@sha256:{digest}")), "{var}: a pinned reference is accepted");
         for bad in [
-            image.to_string(),
+            format!("{image}-x"),
+            format!("{image}@sha256:"),
             format!("{image}@sha256:{}", &digest[1..]),
             format!("{image}@sha256:{}X", &digest[1..]),
             format!("{image}@sha256:{}", digest.to_uppercase()),
@@ -1014,6 +1042,12 @@ fn dockerfile_builds_and_ships_both_binaries() {
     assert_eq!(Path::new(PLUGIN_BINARY).parent().unwrap(), dir);
     assert!(text.contains("install -D -m 0755 target/release/sdn-node /out/sdn-node"));
     assert!(text.contains("install -D -m 0755 target/release/sdn-node-cni /out/sdn-node-cni"));
+    // The labels deploy/image/build.sh sets, the version Cargo.toml's.
+    assert!(instructions.iter().any(|i| *i == format!("ARG VERSION={}", env!("CARGO_PKG_VERSION"))), "ARG VERSION=<crate version>");
+    let label = instructions.iter().find(|i| i.starts_with("LABEL ")).expect("LABEL");
+    for l in ["org.opencontainers.image.version=$VERSION", "org.opencontainers.image.revision=$REVISION", "org.opencontainers.image.licenses=Apache-2.0"] {
+        assert!(text.contains(l), "label {l} (in {label})");
+    }
 }
 
 // ---- confinement, node writes, metrics --------------------------------------------------------
@@ -1041,8 +1075,12 @@ fn apparmor_profile_allows_what_the_agent_does() {
         "the bind mount of /proc/sys/net and its read-write remount, nothing else"
     );
     let m = Manifests::load();
-    let script = m.container().command.clone().unwrap()[2].clone();
-    assert!(script.contains("mount --bind /proc/sys/net /proc/sys/net") && script.contains("mount -o remount,bind,rw /proc/sys/net"));
+    let args = m.container().args.clone().unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--writable-proc-sys-net"), "the agent does these two mounts itself");
+    assert!(
+        !rules.iter().any(|r| r.contains("bin/sh") || r.contains("bin/dash") || r.contains("bin/mount")),
+        "no shell or mount(8) to run: the image has none"
+    );
     for needed in [
         "/proc/sys/net/** rw,",
         "deny /proc/sys/[^n]** w,",
@@ -1952,6 +1990,40 @@ fn openshift_overlay_is_everything_but_the_controller_and_the_crds() {
     for (id, obj) in &overlay {
         assert_eq!(Some(obj), base.get(id), "{id:?} is the base's, unchanged (image included)");
     }
+}
+
+/// Every container's `image`, at any depth (containers and initContainers of any workload).
+fn images_in(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(o) => {
+            for key in ["containers", "initContainers"] {
+                for c in o.get(key).and_then(Value::as_array).into_iter().flatten() {
+                    out.push(c.get("image").and_then(Value::as_str).unwrap_or("<none>").to_string());
+                }
+            }
+            o.values().for_each(|x| images_in(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| images_in(x, out)),
+        _ => {}
+    }
+}
+
+/// What `kubectl kustomize deploy/kubernetes` renders (where kubectl is installed) names the
+/// image deploy/image/build.sh builds, in every container: the agent, its init container and
+/// the controller.
+#[test]
+fn kustomize_renders_the_built_image_everywhere() {
+    // (Skipped without kubectl, as the overlay's rendering above: the package script does not
+    // install it; every_manifest_decodes_strictly_and_is_installed checks the same references.)
+    let Some(base) = kustomize("deploy/kubernetes") else {
+        eprintln!("SKIPPED: rendering with `kubectl kustomize` (no kubectl)");
+        return;
+    };
+    let mut images = Vec::new();
+    base.values().for_each(|obj| images_in(obj, &mut images));
+    assert_eq!(images.len(), 3, "the agent, its init container, the controller: {images:?}");
+    let want = format!("{IMAGE_NAME}:{}", env!("CARGO_PKG_VERSION"));
+    assert!(images.iter().all(|i| *i == want), "every image is {want}: {images:?}");
 }
 
 /// Every check above fails on a copy of the manifests broken in the way it looks for.

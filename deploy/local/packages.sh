@@ -15,6 +15,8 @@ ensure_packages() {
   command -v ethtool >/dev/null 2>&1 || missing+=(ethtool)
   # tests/deploy.rs compiles the DaemonSet's AppArmor profile (without loading it).
   command -v apparmor_parser >/dev/null 2>&1 || missing+=(apparmor)
+  # The image (deploy/image/build.sh, tests/image.rs): see image_packages_missing below.
+  missing+=($(image_packages_missing))
   # cni: the plugin's tests drive it through libcni, the reference Go library runtimes use
   # (built in GOPATH mode from Debian's sources); the reference plugins come along for demos.
   command -v go >/dev/null 2>&1 || missing+=(golang-go)
@@ -31,4 +33,17 @@ ensure_packages() {
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
   fi
+}
+
+# What deploy/image/build.sh and tests/image.rs need (issue 34): buildah builds the image
+# FROM scratch offline; podman runs it (Debian's podman 4.3 with conmon) and runc is the
+# runtime the tests' containers.conf names (crun fails on hybrid cgroups); ldd (libc-bin) lists
+# the libraries, strip (binutils) drops debug info, ca-certificates provides the CA bundle the
+# image ships. Prints the packages that are missing, one per line.
+image_packages_missing() {
+  command -v buildah >/dev/null 2>&1 || echo buildah
+  command -v podman >/dev/null 2>&1 || echo podman
+  command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || echo runc
+  command -v strip >/dev/null 2>&1 || echo binutils
+  [ -f /etc/ssl/certs/ca-certificates.crt ] || echo ca-certificates
 }
