@@ -52,6 +52,9 @@ async fn configures_tun_routes_and_forwarding_idempotently() {
     t.ip(&["addr", "add", "10.99.0.1/24", "dev", "tun0"]);
     t.ip(&["addr", "add", "10.128.2.1/23", "dev", "tun0"]);
     t.ip(&["link", "set", "tun0", "up"]);
+    // A new namespace inherits the host's IPv4 forwarding (on wherever Docker, podman's default
+    // network or a router runs): turn it off here, so that the test sees setup_host turn it on.
+    t.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=0"]);
     assert_eq!(sysctl(&t, "/proc/sys/net/ipv4/ip_forward"), "0");
 
     let changes = setup_host(&t.ns, &cfg()).await.unwrap();
