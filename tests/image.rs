@@ -199,7 +199,9 @@ fn the_image_is_built_from_scratch_with_the_binaries_their_libraries_and_labels(
     assert!(b.output.contains("image size: "), "the script says the image's size:\n{}", b.output);
 
     // The version from the image's own binary.
-    let o = b.containers.podman(&["run", "--rm", &b.image, "--version"]);
+    // `--network none`: podman's default network would make a bridge on the host and turn the
+    // host's IPv4 forwarding on (new namespaces inherit it: it broke a hostnet test once).
+    let o = b.containers.podman(&["run", "--rm", "--network", "none", &b.image, "--version"]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), format!("sdn-node {version}"));
 
@@ -298,6 +300,8 @@ fn install_cni_from_the_image_into_a_mounted_directory() {
     let o = b.containers.podman(&[
         "run",
         "--rm",
+        "--network",
+        "none",
         "--user",
         "0",
         "--read-only",
