@@ -7,7 +7,6 @@
 //! it, so the image needs no shell.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -87,18 +86,7 @@ fn write_then_rename(src: &mut File, expected: u64, tmp: &Path, to: &Path) -> Re
         .mode(0o700)
         .open(tmp)
         .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut bytes = 0u64;
-    loop {
-        let n = match src.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("reading the plugin: {e}")),
-        };
-        out.write_all(&buf[..n]).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
-        bytes += n as u64;
-    }
+    let bytes = std::io::copy(src, &mut out).map_err(|e| format!("copying the plugin to {}: {e}", tmp.display()))?;
     if bytes != expected {
         return Err(format!("the plugin changed while it was copied ({expected} bytes expected, {bytes} read)"));
     }
@@ -133,6 +121,7 @@ fn remove_stale_temp_files(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
 
     fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> =

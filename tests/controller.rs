@@ -447,43 +447,21 @@ async fn a_standby_takes_over_within_the_lease_duration_and_changes_nothing() {
     c.ready_again("takeover").await;
 }
 
+/// `sdn-node controller ARGS`: its exit code and stderr.
+fn controller_exit(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node")).arg("controller").args(args).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+}
+
 #[tokio::test]
 async fn bad_flags_exit_with_one_line() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
-        .args([
-            "controller",
-            "--kubeconfig",
-            "/nonexistent",
-            "--cluster-network",
-            "10.128.0.0/14",
-            "--host-subnet-length",
-            "9",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.trim(), "sdn-node controller: --service-network (or serviceNetwork in --config) is required");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
-        .args([
-            "controller",
-            "--kubeconfig",
-            "/nonexistent",
-            "--cluster-network",
-            "10.128.0.0/14",
-            "--host-subnet-length",
-            "9",
-            "--service-network",
-            "172.30.0.0/16",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.trim().starts_with("sdn-node controller: --kubeconfig /nonexistent:") && err.trim().lines().count() == 1,
-        "{err}"
-    );
+    let base = ["--kubeconfig", "/nonexistent", "--cluster-network", "10.128.0.0/14", "--host-subnet-length", "9"];
+    let (code, err) = controller_exit(&base);
+    assert_eq!(code, Some(1));
+    assert_eq!(err, "sdn-node controller: --service-network (or serviceNetwork in --config) is required");
+    let (code, err) = controller_exit(&[&base[..], &["--service-network", "172.30.0.0/16"]].concat());
+    assert_eq!(code, Some(1));
+    assert!(err.starts_with("sdn-node controller: --kubeconfig /nonexistent:") && err.lines().count() == 1, "{err}");
 }
 
 #[tokio::test]

@@ -230,7 +230,7 @@ impl ControllerArgs {
         }
         let plugin = self.plugin.or(file.plugin).unwrap_or(PluginArg::Networkpolicy).into();
         for ns in &self.global_namespaces {
-            if !dns_label(ns) {
+            if !crate::cluster::validate::dns1123_label(ns) {
                 return Err(format!("--global-namespaces: {ns:?} is not a namespace name (a DNS label)"));
             }
         }
@@ -279,15 +279,6 @@ impl ControllerArgs {
             kubeconfig: self.kubeconfig,
         })
     }
-}
-
-/// A DNS-1123 label: what a namespace name is.
-pub(crate) fn dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn camel(flag: &str) -> String {

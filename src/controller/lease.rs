@@ -77,14 +77,6 @@ impl Leader {
             }
         }
     }
-
-    /// A leader that always leads (tests of the reconciler without an election).
-    #[cfg(test)]
-    pub fn always() -> Leader {
-        let (tx, since) = watch::channel(Some(Instant::now() + Duration::from_secs(1 << 30)));
-        std::mem::forget(tx);
-        Leader { since, renew_deadline: Duration::from_secs(1 << 31) }
-    }
 }
 
 /// What a candidate last saw of the Lease.

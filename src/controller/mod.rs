@@ -119,15 +119,8 @@ pub async fn run(args: ControllerArgs, terminated: impl std::future::Future<Outp
 }
 
 async fn client(cfg: &config::Config) -> Result<kube::Client, String> {
-    let config = match &cfg.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::incluster().map_err(|e| format!("--in-cluster: {e}"))?,
-    };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    crate::kube::watch::client_for(cfg.kubeconfig.as_deref()).await.map_err(|e| match cfg.kubeconfig {
+        Some(_) => format!("--kubeconfig {e}"),
+        None => format!("--in-cluster: {e}"),
+    })
 }

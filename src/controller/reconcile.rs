@@ -26,6 +26,7 @@ use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::watcher;
@@ -338,13 +339,73 @@ fn reference(kind: &str, api_version: &str, name: &str, uid: Option<String>) -> 
 }
 
 /// Replaces `old` by `new` in a cache unless `new` is older (by resourceVersion).
-fn newer(
-    old: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-    new: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> bool {
+fn newer(old: Option<&ObjectMeta>, new: &ObjectMeta) -> bool {
     match (old.and_then(objects::rv), objects::rv(new)) {
         (Some(o), Some(n)) => n >= o,
         _ => true,
+    }
+}
+
+/// What is kept of Nodes and Namespaces, by name.
+trait Info: PartialEq + Sized {
+    fn name(&self) -> &str;
+    fn key(name: String) -> Key;
+    fn cache(c: &mut Controller) -> &mut HashMap<String, Self>;
+}
+
+impl Info for NodeInfo {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn key(name: String) -> Key {
+        Key::Node(name)
+    }
+    fn cache(c: &mut Controller) -> &mut HashMap<String, Self> {
+        &mut c.nodes
+    }
+}
+
+impl Info for NamespaceInfo {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn key(name: String) -> Key {
+        Key::Namespace(name)
+    }
+    fn cache(c: &mut Controller) -> &mut HashMap<String, Self> {
+        &mut c.namespaces
+    }
+}
+
+/// The objects the controller writes and keeps whole, by the name of the Node or Namespace
+/// they are for (their allocator is resynced from the cache: [`Controller::resync`]).
+trait Owned: Sized {
+    fn meta(&self) -> &ObjectMeta;
+    fn key(name: String) -> Key;
+    fn cache(c: &mut Controller) -> &mut HashMap<String, Self>;
+}
+
+impl Owned for HostSubnet {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn key(name: String) -> Key {
+        Key::Node(name)
+    }
+    fn cache(c: &mut Controller) -> &mut HashMap<String, Self> {
+        &mut c.host_subnets
+    }
+}
+
+impl Owned for NetNamespace {
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn key(name: String) -> Key {
+        Key::Namespace(name)
+    }
+    fn cache(c: &mut Controller) -> &mut HashMap<String, Self> {
+        &mut c.net_namespaces
     }
 }
 
@@ -369,107 +430,26 @@ impl Controller {
     /// A watch event into the caches (and allocators); dirties what it may change.
     fn apply(&mut self, input: Input) {
         match input {
-            Input::Node(u) => match u {
-                Update::Apply(n) => {
-                    if self.nodes.get(&n.name) != Some(&n) {
-                        self.dirty.insert(Key::Node(n.name.clone()));
-                        // A first podCIDR tells `auto` the cluster allocates them: Nodes
-                        // waiting for the allocator's decision are decided again.
-                        self.nodes.insert(n.name.clone(), n);
-                    }
-                }
-                Update::Delete(n) => {
-                    self.nodes.remove(&n.name);
-                    self.dirty.insert(Key::Node(n.name));
-                }
-                Update::Relist(list) => {
-                    let new: HashMap<String, NodeInfo> = list.into_iter().map(|n| (n.name.clone(), n)).collect();
-                    for name in self.nodes.keys().chain(new.keys()) {
-                        self.dirty.insert(Key::Node(name.clone()));
-                    }
-                    self.nodes = new;
+            Input::Node(u) => {
+                if self.update_info(u) {
                     self.synced[0] = true;
                 }
-            },
-            Input::Namespace(u) => match u {
-                Update::Apply(n) => {
-                    if self.namespaces.get(&n.name) != Some(&n) {
-                        self.dirty.insert(Key::Namespace(n.name.clone()));
-                        self.namespaces.insert(n.name.clone(), n);
-                    }
-                }
-                Update::Delete(n) => {
-                    self.namespaces.remove(&n.name);
-                    self.dirty.insert(Key::Namespace(n.name));
-                }
-                Update::Relist(list) => {
-                    let new: HashMap<String, NamespaceInfo> = list.into_iter().map(|n| (n.name.clone(), n)).collect();
-                    for name in self.namespaces.keys().chain(new.keys()) {
-                        self.dirty.insert(Key::Namespace(name.clone()));
-                    }
-                    self.namespaces = new;
+            }
+            Input::Namespace(u) => {
+                if self.update_info(u) {
                     self.synced[1] = true;
                 }
-            },
-            Input::HostSubnet(u) => match u {
-                Update::Apply(h) => self.put_host_subnet(h),
-                Update::Delete(h) => {
-                    let Some(name) = h.metadata.name.clone() else { return };
-                    let same = self
-                        .host_subnets
-                        .get(&name)
-                        .is_none_or(|c| c.metadata.uid.is_none() || c.metadata.uid == h.metadata.uid);
-                    if same {
-                        self.host_subnets.remove(&name);
-                        self.subnets.unmark(&name);
-                        self.dirty.insert(Key::Node(name));
-                    }
-                }
-                Update::Relist(list) => {
-                    let new: HashMap<String, HostSubnet> =
-                        list.into_iter().filter_map(|h| Some((h.metadata.name.clone()?, h))).collect();
-                    for name in self.host_subnets.keys().filter(|n| !new.contains_key(*n)).cloned().collect::<Vec<_>>()
-                    {
-                        self.subnets.unmark(&name);
-                        self.dirty.insert(Key::Node(name));
-                    }
-                    self.host_subnets.clear();
-                    for (_, h) in new {
-                        self.put_host_subnet(h);
-                    }
+            }
+            Input::HostSubnet(u) => {
+                if self.update_owned(u) {
                     self.synced[2] = true;
                 }
-            },
-            Input::NetNamespace(u) => match u {
-                Update::Apply(n) => self.put_net_namespace(n),
-                Update::Delete(n) => {
-                    let Some(name) = n.metadata.name.clone() else { return };
-                    let same = self
-                        .net_namespaces
-                        .get(&name)
-                        .is_none_or(|c| c.metadata.uid.is_none() || c.metadata.uid == n.metadata.uid);
-                    if same {
-                        self.net_namespaces.remove(&name);
-                        self.vnids.unmark(&name);
-                        self.dirty.insert(Key::Namespace(name));
-                    }
-                }
-                Update::Relist(list) => {
-                    let new: HashMap<String, NetNamespace> =
-                        list.into_iter().filter_map(|n| Some((n.metadata.name.clone()?, n))).collect();
-                    for name in
-                        self.net_namespaces.keys().filter(|n| !new.contains_key(*n)).cloned().collect::<Vec<_>>()
-                    {
-                        self.vnids.unmark(&name);
-                        self.dirty.insert(Key::Namespace(name));
-                    }
-                    self.net_namespaces.clear();
-                    for (_, n) in new {
-                        self.put_net_namespace(n);
-                    }
+            }
+            Input::NetNamespace(u) => {
+                if self.update_owned(u) {
                     self.synced[3] = true;
                 }
-            },
+            }
             Input::ClusterNetwork(u) => {
                 match u {
                     Update::Apply(cn) => {
@@ -488,30 +468,74 @@ impl Controller {
         }
     }
 
-    fn put_host_subnet(&mut self, h: HostSubnet) {
-        let Some(name) = h.metadata.name.clone() else { return };
-        if !newer(self.host_subnets.get(&name).map(|c| &c.metadata), &h.metadata) {
-            return;
+    /// A Node or Namespace event into its cache; dirties the keys whose object changed. True
+    /// when a list completed.
+    fn update_info<T: Info>(&mut self, u: Update<T>) -> bool {
+        match u {
+            Update::Apply(t) => {
+                if T::cache(self).get(t.name()) != Some(&t) {
+                    self.dirty.insert(T::key(t.name().to_string()));
+                    T::cache(self).insert(t.name().to_string(), t);
+                }
+                false
+            }
+            Update::Delete(t) => {
+                T::cache(self).remove(t.name());
+                self.dirty.insert(T::key(t.name().to_string()));
+                false
+            }
+            Update::Relist(list) => {
+                let new: HashMap<String, T> = list.into_iter().map(|t| (t.name().to_string(), t)).collect();
+                let keys: Vec<Key> = T::cache(self).keys().chain(new.keys()).map(|n| T::key(n.clone())).collect();
+                self.dirty.extend(keys);
+                *T::cache(self) = new;
+                true
+            }
         }
-        match h.subnet.parse::<IpNet>() {
-            Ok(s) => self.subnets.mark(&name, s),
-            Err(_) => self.subnets.unmark(&name),
-        }
-        self.host_subnets.insert(name.clone(), h);
-        self.dirty.insert(Key::Node(name));
     }
 
-    fn put_net_namespace(&mut self, n: NetNamespace) {
-        let Some(name) = n.metadata.name.clone() else { return };
-        if !newer(self.net_namespaces.get(&name).map(|c| &c.metadata), &n.metadata) {
+    /// A HostSubnet or NetNamespace event into its cache and allocator; dirties its key. True
+    /// when a list completed.
+    fn update_owned<T: Owned>(&mut self, u: Update<T>) -> bool {
+        match u {
+            Update::Apply(o) => self.put(o),
+            Update::Delete(o) => {
+                let Some(name) = o.meta().name.clone() else { return false };
+                let uid = &o.meta().uid;
+                let same = T::cache(self).get(&name).is_none_or(|c| c.meta().uid.is_none() || &c.meta().uid == uid);
+                if same {
+                    T::cache(self).remove(&name);
+                    self.resync(&T::key(name.clone()), false);
+                    self.dirty.insert(T::key(name));
+                }
+            }
+            Update::Relist(list) => {
+                let old: Vec<String> = T::cache(self).drain().map(|(n, _)| n).collect();
+                for o in list {
+                    self.put(o);
+                }
+                let gone: Vec<String> = old.into_iter().filter(|n| !T::cache(self).contains_key(n)).collect();
+                for name in gone {
+                    self.resync(&T::key(name.clone()), false);
+                    self.dirty.insert(T::key(name));
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A HostSubnet or NetNamespace (a watch event or a write's answer) into its cache, unless
+    /// the cache holds a newer one; its allocator follows.
+    fn put<T: Owned>(&mut self, o: T) {
+        let Some(name) = o.meta().name.clone() else { return };
+        if !newer(T::cache(self).get(&name).map(Owned::meta), o.meta()) {
             return;
         }
-        match objects::vnid_of(&n) {
-            Some(v) => self.vnids.mark(&name, v),
-            None => self.vnids.unmark(&name),
-        }
-        self.net_namespaces.insert(name.clone(), n);
-        self.dirty.insert(Key::Namespace(name));
+        T::cache(self).insert(name.clone(), o);
+        let key = T::key(name);
+        self.resync(&key, false);
+        self.dirty.insert(key);
     }
 
     /// Decides dirty keys and starts their writes, up to `--concurrent-writes` in flight.
@@ -651,7 +675,7 @@ impl Controller {
         let reserved = self.subnets.subnet_of(name);
         let subnet = match (reserved, self.cfg.node_subnets, pod_cidr) {
             (Some(s), _, _) => s,
-            (None, NodeSubnets::Allocate, _) | (None, NodeSubnets::Auto, None) if !self.cluster_allocates(name) => {
+            (None, NodeSubnets::Allocate, _) | (None, NodeSubnets::Auto, None) if !self.cluster_allocates() => {
                 match self.subnets.allocate(name) {
                     Some(s) => s,
                     None => {
@@ -718,7 +742,7 @@ impl Controller {
 
     /// `auto`: whether the cluster gives Nodes podCIDRs (some Node has one), so that a Node
     /// without one waits rather than taking a subnet the cluster may hand out too.
-    fn cluster_allocates(&self, _name: &str) -> bool {
+    fn cluster_allocates(&self) -> bool {
         match self.cfg.node_subnets {
             NodeSubnets::Allocate => false,
             NodeSubnets::PodCidrs => true,
@@ -856,7 +880,7 @@ impl Controller {
                     }
                     Written::HostSubnet(h) => {
                         info!(node = %h.host, subnet = %h.subnet, host_ip = %h.host_ip, "HostSubnet written");
-                        self.put_host_subnet(h);
+                        self.put(h);
                         // Nothing more to do for this key unless something changes.
                         self.dirty.remove(&key);
                     }
@@ -866,7 +890,7 @@ impl Controller {
                         self.subnets.unmark(&name);
                     }
                     Written::NetNamespace(n) => {
-                        self.put_net_namespace(n);
+                        self.put(n);
                         self.dirty.remove(&key);
                     }
                     Written::NetNamespaceGone(name) => {
@@ -938,7 +962,6 @@ impl Controller {
             Some(Ok(())) => "ok".into(),
             Some(Err(e)) => e.clone(),
         };
-        s.network_ok = matches!(self.network_ok, Some(Ok(())));
         s.nodes = self.nodes.len();
         s.host_subnets = self.host_subnets.len();
         s.namespaces = self.namespaces.len();

@@ -26,8 +26,6 @@ pub struct Status {
     pub synced: bool,
     /// "ok", "not checked yet", or why ClusterNetwork "default" is refused.
     pub cluster_network: String,
-    #[serde(skip)]
-    pub network_ok: bool,
     pub nodes: usize,
     pub host_subnets: usize,
     pub namespaces: usize,
@@ -45,12 +43,17 @@ pub struct Status {
 }
 
 impl Status {
+    /// Whether ClusterNetwork "default" matches the configuration.
+    pub fn network_ok(&self) -> bool {
+        self.cluster_network == "ok"
+    }
+
     /// Why this replica is not ready, if it is not.
     pub fn not_ready(&self) -> Option<String> {
         if !self.synced {
             return Some("the watches of Nodes, Namespaces, HostSubnets, NetNamespaces and ClusterNetwork have not listed yet (is the API server reachable, and does the ClusterRole allow list and watch?)".into());
         }
-        if self.leading && !self.network_ok {
+        if self.leading && !self.network_ok() {
             return Some(format!("ClusterNetwork \"default\": {}", self.cluster_network));
         }
         None
@@ -75,7 +78,7 @@ impl Status {
             &mut r,
             "cluster_network_ok",
             "1 while ClusterNetwork default matches the configuration",
-            i64::from(self.network_ok),
+            i64::from(self.network_ok()),
         );
         gauge(&mut r, "nodes", "Nodes watched", n(self.nodes));
         gauge(&mut r, "host_subnets", "HostSubnets in the cluster", n(self.host_subnets));

@@ -9,7 +9,7 @@
 //! reused only after its HostSubnet is gone. A restarted controller marks what exists and
 //! allocates nothing twice.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -160,11 +160,6 @@ impl Subnets {
     /// How many slots are taken, and how many there are.
     pub fn usage(&self) -> (u128, u128) {
         (self.taken.len() as u128, self.slots)
-    }
-
-    /// The named subnets (for status).
-    pub fn names(&self) -> BTreeSet<&str> {
-        self.by_name.keys().map(String::as_str).collect()
     }
 }
 

@@ -136,11 +136,6 @@ impl Vnids {
         };
         Ok((new != old).then_some(new))
     }
-
-    /// (NetNamespaces, distinct VNIDs).
-    pub fn usage(&self) -> (usize, usize) {
-        (self.ids.len(), self.counts.len())
-    }
 }
 
 #[cfg(test)]

@@ -70,8 +70,4 @@ impl Writer {
             Err(_) => Err(WriteError::Timeout(self.timeout)),
         }
     }
-
-    pub fn is_leading(&self) -> bool {
-        self.leader.is_leading()
-    }
 }

@@ -35,7 +35,13 @@ pub const DEBOUNCE: Duration = Duration::from_millis(50);
 pub use super::types::Kind;
 
 pub(super) async fn client(opts: &KubeOptions) -> Result<Client, String> {
-    let config = match &opts.kubeconfig {
+    client_for(opts.kubeconfig.as_deref()).await
+}
+
+/// A client from a kubeconfig file, or the in-cluster configuration (`None`); an error names
+/// the file (the agent's watchers and the controller both start here).
+pub(crate) async fn client_for(kubeconfig: Option<&std::path::Path>) -> Result<Client, String> {
+    let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())

@@ -77,21 +77,7 @@ impl Controller {
 
     /// GET on the health port: (code, body), or (0, why) when nothing answers yet.
     pub async fn get(&self, path: &str) -> (u16, String) {
-        use http_body_util::BodyExt;
-        let Ok(stream) = tokio::net::TcpStream::connect(&self.health).await else { return (0, "not listening".into()) };
-        let Ok((mut s, conn)) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await
-        else {
-            return (0, "handshake failed".into());
-        };
-        tokio::spawn(conn);
-        let req = hyper::Request::get(path)
-            .header("host", "x")
-            .body(http_body_util::Empty::<hyper::body::Bytes>::new())
-            .unwrap();
-        let Ok(resp) = s.send_request(req).await else { return (0, "no answer".into()) };
-        let code = resp.status().as_u16();
-        let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-        (code, String::from_utf8_lossy(&body).into_owned())
+        super::inproc::try_http_get(&self.health, path).await.unwrap_or_else(|e| (0, e))
     }
 
     pub async fn status(&self) -> Option<Value> {

@@ -86,15 +86,22 @@ pub async fn del(socket: &Path, ns: &str, name: &str) -> (u16, String) {
 }
 
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    try_http_get(addr, path).await.unwrap_or_else(|e| panic!("GET http://{addr}{path}: {e}"))
+}
+
+/// [`http_get`], or why nothing answered (a server not listening yet).
+pub async fn try_http_get(addr: &str, path: &str) -> Result<(u16, String), String> {
     use http_body_util::BodyExt;
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut s, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
+    let (mut s, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(conn);
     let req = hyper::Request::get(path).header("host", "x").body(http_body_util::Empty::<hyper::body::Bytes>::new()).unwrap();
-    let resp = s.send_request(req).await.unwrap();
+    let resp = s.send_request(req).await.map_err(|e| format!("request: {e}"))?;
     let code = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (code, String::from_utf8_lossy(&body).into_owned())
+    let body = resp.into_body().collect().await.map_err(|e| format!("body: {e}"))?.to_bytes();
+    Ok((code, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Polls `/readyz` (bounded: 800 polls 25 ms apart) until it answers 200 and health agrees;
