@@ -13,7 +13,8 @@ use crate::metrics::Telemetry;
 use crate::options::Bridge;
 use crate::ovsdb::{Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
-use crate::reconcile::{Config, ConvergeError, Node, Reconciler};
+use crate::node::Config;
+use crate::reconcile::{ConvergeError, Reconciler};
 
 use crate::run::source::Loaded;
 use crate::store::{diff, InstalledState};
@@ -89,13 +90,13 @@ pub async fn apply(opts: &ApplyOptions) -> Result<ApplyReport, ApplyError> {
 pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<ApplyReport, ApplyError> {
     // `apply` programs the switch only: the node's own networking belongs to `run`.
     let cfg = Config { bridge: opts.bridge.clone(), host_network: false, ..Config::default() };
-    let node = Node::new(cfg, Telemetry::default());
-    node.model().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
-    let names = node.model().dns_names();
+    let mut rec = Reconciler::standalone(cfg, Telemetry::default());
+    let model = rec.state().clone();
+    model.lock().set_source(Arc::new(Loaded { state: state.clone(), problems: vec![], live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
+    let names = model.lock().dns_names();
     let answers = Dns::new(opts.dns_timeout).answers(&names).await;
-    node.model().set_dns(answers);
+    model.lock().set_dns(answers);
 
-    let mut rec = Reconciler::new(node.clone());
     rec.ovsdb_changed(Some(Ovs::new(OvsdbClient::connect(&opts.bridge.ovs.db_socket()).await?)));
     // Ports first: ensuring tun0 also waits for ovs-vswitchd to have set the bridge up, with
     // its management socket (connecting before that fails on a bridge created just now).
@@ -114,10 +115,10 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     };
     report.problems.extend(ports.problems);
     report.problems.extend(pass.problems);
-    for p in std::mem::take(&mut node.model().rebuild_problems) {
+    for p in std::mem::take(&mut model.lock().rebuild_problems) {
         report.problems.push(p);
     }
-    let engine = node.engine().ok_or(ApplyError::NotConverged("the flow engine did not start".into()))?;
+    let engine = rec.conns().engine().ok_or(ApplyError::NotConverged("the flow engine did not start".into()))?;
     let (desired, _, _) = engine.snapshot().await.map_err(|e| ApplyError::NotConverged(e.to_string()))?;
     let after = InstalledState::from_dump(sw.dump_flows(FlowStatsRequest::default()).await?);
     let left = diff(&desired, &after, rec.generation());

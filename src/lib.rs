@@ -5,7 +5,7 @@
 //! [`cluster::desired`] turns it into flows built by [`pipeline`]; [`store`] diffs them against
 //! what the switch holds; [`switch`] commits the difference as one bundle; [`ovsdb`] manages the
 //! bridge and ports. [`apply`] runs that chain once. The entry points' options are clap-derived
-//! groups ([`options`], [`reconcile::Config`], [`run::options`]), flattened where shared.
+//! groups ([`options`], [`node::Config`], [`run::options`]), flattened where shared.
 //!
 //! The test sandbox (a private Open vSwitch) and the benchmarks are not here: they are the
 //! `sdn-harness` crate (`harness/`, binary `sdn-bench`), which depends on this library.
@@ -23,6 +23,8 @@ pub mod options;
 pub mod ovsdb;
 pub mod policy_stats;
 pub mod realize;
+pub mod node;
+pub mod pod;
 pub mod reconcile;
 pub mod rejections;
 pub mod rlimit;

@@ -166,7 +166,7 @@ enum PodListOutput {
 }
 
 /// The pods of `GET /v1/pods` as a table with a header, columns padded to their widest cell.
-fn pod_table(pods: &[sdn_node::reconcile::record::PodRecord], wide: bool) -> String {
+fn pod_table(pods: &[sdn_node::node::record::PodRecord], wide: bool) -> String {
     let mut rows: Vec<Vec<String>> = vec![];
     let mut header: Vec<String> = ["NAMESPACE", "NAME", "IP", "MAC", "HOST-VETH"].map(String::from).to_vec();
     if wide {
@@ -311,7 +311,7 @@ async fn run(cli: Cli) -> ExitCode {
             };
             match answer {
                 Ok((status, body)) if (200..300).contains(&status) && matches!(list_output, Some(None | Some(PodListOutput::Wide))) => {
-                    match serde_json::from_str::<Vec<sdn_node::reconcile::record::PodRecord>>(&body) {
+                    match serde_json::from_str::<Vec<sdn_node::node::record::PodRecord>>(&body) {
                         Ok(pods) if pods.is_empty() => {
                             errln!("No pods set up through the pod API at {}.", socket.display());
                         }

@@ -566,6 +566,12 @@ impl Health {
 }
 
 impl Telemetry {
+    /// The switch or OVSDB may no longer hold what the model says: not converged until a pass
+    /// confirms it.
+    pub fn not_converged(&self) {
+        self.health.converged.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Records one converge attempt of `e`: health (for `/readyz` and status) and, on failure,
     /// `sdn_node_converge_errors_total{executor}`. Logs the first failure and the recovery;
     /// repeated failures are logged at debug level (the metric counts them).

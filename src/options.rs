@@ -1,7 +1,7 @@
 //! The option groups the entry points share, clap-derived so that a flag, its default and its
 //! field are written once: [`OvsTarget`] (where Open vSwitch is: `dump-flows`, `apply`, `run`)
 //! inside [`Bridge`] (the bridge and how it is programmed: `apply`, `run` and the reconciler's
-//! [`crate::reconcile::Config`]). `run`'s own groups are in [`crate::run::options`].
+//! [`crate::node::Config`]). `run`'s own groups are in [`crate::run::options`].
 //!
 //! Every group has the command line's defaults as its `Default` ([`defaults`]), so a library
 //! user (a test, the harness) starts from what an operator gets and changes only what differs.

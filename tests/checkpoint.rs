@@ -87,7 +87,7 @@ async fn pods_outlive_the_database_and_a_vanished_sandbox_is_collected() {
     let veth_of: BTreeMap<&str, String> = pods
         .iter()
         .enumerate()
-        .map(|(i, (_, name))| (*name, sdn_node::reconcile::cni::host_veth_name(&container(i as u32 + 1))))
+        .map(|(i, (_, name))| (*name, sdn_node::pod::cni::host_veth_name(&container(i as u32 + 1))))
         .collect();
     let records_before: BTreeMap<&str, String> = veth_of.iter().map(|(n, v)| (*n, port_record(&node, v))).collect();
 

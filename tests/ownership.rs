@@ -17,7 +17,7 @@ mod support;
 
 use std::time::Duration;
 
-use sdn_node::reconcile::cni::host_veth_name;
+use sdn_node::pod::cni::host_veth_name;
 use serde_json::json;
 use support::agent::vsctl_status;
 use support::cninode::*;

@@ -157,10 +157,10 @@ fuzz_target!(|data: &[u8]| {
     assert!(first.starts_with("POST /v1/cni HTTP/1.1"), "{first}");
     let deadline = sdn_node::api::deadline::from_headers(&headers).expect("the agent accepts the plugin's deadline");
     assert!(deadline.is_some(), "the plugin always sends its deadline");
-    let r: sdn_node::reconcile::cni::CniRequest =
+    let r: sdn_node::pod::cni::CniRequest =
         serde_json::from_slice(&body).expect("the agent reads what the plugin sends");
-    if let Err(e) = sdn_node::reconcile::cni::validate(&r) {
-        let sdn_node::reconcile::PodError::Invalid(p) = &e else { panic!("validation is a 400: {e:?}") };
+    if let Err(e) = sdn_node::pod::cni::validate(&r) {
+        let sdn_node::pod::PodError::Invalid(p) = &e else { panic!("validation is a 400: {e:?}") };
         assert!(!p.field.is_empty(), "{p}");
     }
     if !r.netns.is_empty() {

@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::Problem;
 use crate::metrics::Telemetry;
-use crate::reconcile::record::PodRecord;
-use crate::reconcile::{Node, PodError};
+use crate::node::record::PodRecord;
+use crate::pod::{PodError, Pods};
 
 pub use crate::options::DEFAULT_SOCKET;
 
@@ -66,7 +66,7 @@ impl PodRequest {
             return Err(ApiError::Invalid(Problem::new(obj, "cni", "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here")));
         }
         Ok(PodRecord {
-            version: crate::reconcile::record::VERSION,
+            version: crate::node::record::VERSION,
             container_id: self.container_id.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
@@ -181,20 +181,20 @@ fn count(t: &Telemetry, op: &str, code: StatusCode) {
     t.metrics.pod_requests.get_or_create(&crate::metrics::RequestLabel { op: op.into(), code: code.as_u16().to_string() }).inc();
 }
 
-async fn setup(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Result<Json<SetupReply>, ApiError> {
+async fn setup(State(pods): State<Arc<Pods>>, headers: HeaderMap, body: axum::body::Body) -> Result<Json<SetupReply>, ApiError> {
     let t = Instant::now();
     let r = async {
-        let deadline = caller_deadline(&node, &headers)?;
+        let deadline = caller_deadline(&pods, &headers)?;
         let body = request_body(body).await?;
         let req = serde_json::from_slice::<PodRequest>(&body).map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
         let record = req.to_record()?;
-        let n = node.clone();
-        detached(async move { crate::reconcile::pods::setup(&n, record, deadline).await }).await
+        let n = pods.clone();
+        detached(async move { crate::pod::setup::setup(&n, record, deadline).await }).await
     }
     .await;
-    count(&node.telemetry, "setup", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
+    count(&pods.telemetry, "setup", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     if r.is_ok() {
-        node.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
+        pods.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
     }
     r.map(|ofport| Json(SetupReply { ofport }))
 }
@@ -202,12 +202,12 @@ async fn setup(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::bo
 /// The request's deadline: the caller's (see [`deadline`]) or the agent's own request timeout,
 /// whichever is earlier. A request whose caller has already given up is answered 504 before
 /// anything is done.
-fn caller_deadline(node: &Node, headers: &HeaderMap) -> Result<tokio::time::Instant, ApiError> {
+fn caller_deadline(pods: &Pods, headers: &HeaderMap) -> Result<tokio::time::Instant, ApiError> {
     let d = deadline::from_headers(headers).map_err(|m| ApiError::Invalid(Problem::new("request", deadline::HEADER, m)))?;
     if d.is_some_and(|d| d <= tokio::time::Instant::now()) {
         return Err(ApiError::Timeout("the caller's deadline passed before the request was started; nothing was done".into()));
     }
-    Ok(deadline::effective(d, node.cfg.request_timeout))
+    Ok(deadline::effective(d, pods.cfg.request_timeout))
 }
 
 async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiError> {
@@ -220,33 +220,33 @@ async fn request_body(body: axum::body::Body) -> Result<axum::body::Bytes, ApiEr
     })
 }
 
-async fn teardown(State(node): State<Arc<Node>>, headers: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
-    let r = match caller_deadline(&node, &headers) {
+async fn teardown(State(pods): State<Arc<Pods>>, headers: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Result<StatusCode, ApiError> {
+    let r = match caller_deadline(&pods, &headers) {
         Err(e) => Err(e),
         Ok(d) => {
-            let n = node.clone();
-            detached(async move { crate::reconcile::teardown::teardown(&n, ns, name, d).await }).await
+            let n = pods.clone();
+            detached(async move { crate::pod::teardown::teardown(&n, ns, name, d).await }).await
         }
     };
-    count(&node.telemetry, "teardown", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
+    count(&pods.telemetry, "teardown", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     r.map(|_| StatusCode::OK)
 }
 
-async fn cni(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body::Body) -> Response {
+async fn cni(State(pods): State<Arc<Pods>>, headers: HeaderMap, body: axum::body::Body) -> Response {
     let t = Instant::now();
     let r = async {
-        let deadline = caller_deadline(&node, &headers)?;
+        let deadline = caller_deadline(&pods, &headers)?;
         let body = request_body(body).await?;
         let req = serde_json::from_slice::<sdn_node_cni::wire::Request>(&body)
             .map_err(|e| ApiError::Invalid(Problem::new("pod", "", format!("request body: {e}"))))?;
-        let n = node.clone();
-        detached(async move { crate::reconcile::cni::handle(&n, req, deadline).await }).await
+        let n = pods.clone();
+        detached(async move { crate::pod::cni::handle(&n, req, deadline).await }).await
     }
     .await;
-    count(&node.telemetry, "cni", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
+    count(&pods.telemetry, "cni", r.as_ref().map(|_| StatusCode::OK).unwrap_or_else(ApiError::status));
     match r {
         Ok(Some(reply)) => {
-            node.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
+            pods.telemetry.metrics.pod_setup.observe(t.elapsed().as_secs_f64());
             Json(reply).into_response()
         }
         Ok(None) => Json(serde_json::Map::new()).into_response(),
@@ -255,8 +255,8 @@ async fn cni(State(node): State<Arc<Node>>, headers: HeaderMap, body: axum::body
 }
 
 /// The pods set up through the API and CNI, as their records.
-async fn list(State(node): State<Arc<Node>>) -> Json<Vec<PodRecord>> {
-    Json(node.model().api_records())
+async fn list(State(pods): State<Arc<Pods>>) -> Json<Vec<PodRecord>> {
+    Json(pods.state.lock().api_records())
 }
 
 /// One pod of the agent's model, as `GET /v1/model/pods` lists it.
@@ -275,8 +275,8 @@ pub struct ModelPod {
 
 /// Every pod of the model's effective state (state source and pod API), then the API pods
 /// the effective state does not hold yet.
-async fn model_pods(State(node): State<Arc<Node>>) -> Json<Vec<ModelPod>> {
-    let model = node.model();
+async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
+    let model = pods.state.lock();
     let st = model.effective();
     let vnid_of = |ns: &str| st.and_then(|s| s.vnid_of(ns)).map(|v| v.get());
     let mut pods: Vec<ModelPod> = st
@@ -310,11 +310,11 @@ async fn model_pods(State(node): State<Arc<Node>>) -> Json<Vec<ModelPod>> {
 /// `shutdown` resolves.
 pub async fn serve(
     socket: &Path,
-    node: Arc<Node>,
+    pods: Arc<Pods>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = serve::bind_private_unix(socket)?;
-    let metrics = node.telemetry.metrics.clone();
+    let metrics = pods.telemetry.metrics.clone();
     let app = Router::new()
         .route("/v1/pods", get(list).post(setup))
         .route("/v1/pods/{namespace}/{name}", delete(teardown))
@@ -322,7 +322,7 @@ pub async fn serve(
         .route("/v1/status", get(status::handler))
         .route("/v1/model/pods", get(model_pods))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
-        .with_state(node);
+        .with_state(pods);
     serve::serve(listener, app, serve::POD_API, "pod_api", metrics, shutdown).await
 }
 

@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use crate::reconcile::Node;
+use crate::pod;
 
 /// One peer connection.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -188,8 +188,8 @@ pub struct Status {
 }
 
 /// Builds the status from the node's state.
-pub async fn status(node: &Node) -> Status {
-    let t = &node.telemetry;
+pub async fn status(path: &pod::Pods) -> Status {
+    let t = &path.telemetry;
     let h = &t.health;
     let metrics_text = t.metrics.encode();
     let counter = |family: &str, label: &str| -> u64 {
@@ -206,7 +206,7 @@ pub async fn status(node: &Node) -> Status {
         rejected.insert(kind.to_string(), counter("objects_rejected", &format!("kind=\"{kind}\"")));
     }
     let (pods, plugin, model_version) = {
-        let m = node.model();
+        let m = path.state.lock();
         let api = m.api_records().len();
         let (names, plugin) = match m.effective() {
             Some(s) => {
@@ -218,7 +218,7 @@ pub async fn status(node: &Node) -> Status {
         };
         (Pods { total: names.len(), api, with_port: m.ofports().len(), names }, plugin, m.version)
     };
-    let flows = match node.engine() {
+    let flows = match path.conns.engine() {
         None => None,
         Some(e) => match (e.status().await, e.snapshot().await) {
             (Ok(st), Ok((desired, installed, dirty))) => {
@@ -262,8 +262,8 @@ pub async fn status(node: &Node) -> Status {
         .map(|(e, x)| ExecutorStatus {
             name: e.name().into(),
             off: match e {
-                crate::metrics::Executor::Host if !node.cfg.host_network => Some("off (--no-host-network)".into()),
-                crate::metrics::Executor::Host if !node.manages_host() => {
+                crate::metrics::Executor::Host if !path.cfg.host_network => Some("off (--no-host-network)".into()),
+                crate::metrics::Executor::Host if !path.cfg.manages_host() => {
                     Some("off (the dummy datapath: its ports are not devices)".into())
                 }
                 _ => None,
@@ -317,7 +317,7 @@ pub async fn status(node: &Node) -> Status {
         policies,
         policy_counters: t.metrics.policy_counters.report(),
         log_lines_dropped: crate::run::process::log_lines_dropped(),
-        bridge: node.cfg.bridge.name().to_string(),
+        bridge: path.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),
             connects: counter("reconnects", "target=\"openflow\""),
@@ -340,8 +340,8 @@ pub async fn status(node: &Node) -> Status {
 }
 
 /// The route's handler.
-pub async fn handler(State(node): State<Arc<Node>>) -> Json<Status> {
-    Json(status(&node).await)
+pub async fn handler(State(pods): State<Arc<pod::Pods>>) -> Json<Status> {
+    Json(status(&pods).await)
 }
 
 /// Asks a running agent for its status.

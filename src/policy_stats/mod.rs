@@ -35,7 +35,7 @@ use crate::metrics::{Metrics, NamespaceDirectionLabel, PolicyLabel, ResultLabel}
 use crate::pipeline::netpol::counted::{counting, Counting};
 use crate::pipeline::netpol::{NamespacePolicy, Side};
 use crate::pipeline::{FlowKey, Table};
-use crate::reconcile::Node;
+use crate::node::State;
 use crate::store::Owner;
 use crate::switch::Switch;
 
@@ -60,9 +60,9 @@ struct Cache {
 impl Cache {
     /// Brings the attribution up to the model (the isolation is taken under the model lock, as
     /// the reconciler computes flows; the flows' roles off the runtime).
-    async fn refresh(&mut self, node: &Node) -> Result<(), String> {
+    async fn refresh(&mut self, state: &State) -> Result<(), String> {
         let (version, inputs) = {
-            let m = node.model();
+            let m = state.lock();
             if self.version == Some(m.version) {
                 return Ok(());
             }
@@ -150,7 +150,7 @@ fn export(m: &Metrics, t: &Totals, exported: &mut Exported) {
 }
 
 /// The status form of the totals, pods named from the model.
-fn report(node: &Node, t: &Totals, into: &mut PolicyCounters) {
+fn report(state: &State, t: &Totals, into: &mut PolicyCounters) {
     into.allowed = t
         .allowed
         .iter()
@@ -162,7 +162,7 @@ fn report(node: &Node, t: &Totals, into: &mut PolicyCounters) {
             rules: a.rules.clone(),
         })
         .collect();
-    let m = node.model();
+    let m = state.lock();
     into.dropped = t
         .dropped
         .iter()
@@ -231,8 +231,7 @@ fn drain_removed(rx: &mut Option<Removed>, acc: &mut Accumulator, totals: &mut T
 }
 
 /// Reads the counters every `opts.interval` until `cancel`.
-pub async fn run(node: Arc<Node>, mut switch: watch::Receiver<Option<Switch>>, opts: StatsOptions, cancel: CancellationToken) {
-    let metrics = node.telemetry.metrics.clone();
+pub async fn run(state: State, metrics: Arc<crate::metrics::Metrics>, mut switch: watch::Receiver<Option<Switch>>, opts: StatsOptions, cancel: CancellationToken) {
     metrics.policy_counters.lock().interval_seconds = opts.interval.as_secs_f64();
     let mut tick = tokio::time::interval(opts.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -268,7 +267,7 @@ pub async fn run(node: Arc<Node>, mut switch: watch::Receiver<Option<Switch>>, o
             _ = tick.tick() => {}
         }
         let r = async {
-            cache.refresh(&node).await?;
+            cache.refresh(&state).await?;
             let attr = cache.attribution.clone();
             // Nothing of the model counts (no policy selects a local pod): the switch is not asked.
             let flows = if attr.is_empty() {
@@ -294,7 +293,7 @@ pub async fn run(node: Arc<Node>, mut switch: watch::Receiver<Option<Switch>>, o
                 export(&metrics, &totals, &mut exported);
                 // Built with the model's lock alone, then published.
                 let mut c = metrics.policy_counters.report();
-                report(&node, &totals, &mut c);
+                report(&state, &totals, &mut c);
                 c.last_read_unix_ms = Some(report::unix_ms(SystemTime::now()));
                 c.flows_read = n;
                 c.last_error = None;

@@ -10,7 +10,6 @@
 //! and writes only what differs; the nftables table is replaced in one atomic batch), and
 //! retries a failure with capped backoff. Its health is reported as executor `host`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -21,7 +20,6 @@ use crate::cluster::ClusterState;
 use crate::metrics::{retry_delay, Executor};
 use crate::model::Plugin;
 
-use super::Node;
 
 /// What the host must look like, from the model alone (pure).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,8 +70,7 @@ pub struct Pacing {
 /// Runs the host executor until `cancel`: applies the latest plan from `plans` when it changes,
 /// when `kick` fires (tun0 was just recreated), on every `verify_every` and, after a failure,
 /// with capped backoff.
-pub async fn run(node: Arc<Node>, mut plans: watch::Receiver<Option<HostPlan>>, pacing: Pacing, cancel: CancellationToken) {
-    let telemetry = node.telemetry.clone();
+pub async fn run(telemetry: crate::metrics::Telemetry, kick: crate::node::Kick, mut plans: watch::Receiver<Option<HostPlan>>, pacing: Pacing, cancel: CancellationToken) {
     let mut failures = 0u32;
     let mut applied: Option<HostPlan> = None;
     loop {
@@ -81,7 +78,7 @@ pub async fn run(node: Arc<Node>, mut plans: watch::Receiver<Option<HostPlan>>, 
         tokio::select! {
             _ = cancel.cancelled() => return,
             r = plans.changed() => if r.is_err() { return },
-            _ = node.host_kicked() => {}
+            _ = kick.kicked() => {}
             _ = tokio::time::sleep(wait) => {}
         }
         let Some(plan) = plans.borrow_and_update().clone() else { continue };

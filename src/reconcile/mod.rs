@@ -1,247 +1,42 @@
-//! The reconciler: one model, one converge path, for `run` (converge forever) and `apply`
+//! The converge loop: one model, one converge path, for `run` (converge forever) and `apply`
 //! (converge once).
 //!
 //! ```text
 //! source (file / kube) ─┐
-//! pod API / CNI ────────┼─► Model ──► desired flows ──► Engine (diff, one bundle) ──► switch
-//! DNS answers ──────────┘      └────► wanted ports ───► OVSDB ─────────────────────► ovsdb-server
+//! pod API / CNI ────────┼─► NodeState ─► desired flows ──► Engine (diff, one bundle) ──► switch
+//! DNS answers ──────────┘          └──► wanted ports ───► OVSDB ─────────────────────► ovsdb-server
 //! ```
 //!
 //! The model lives behind a lock that is never held across I/O. Desired flows are computed
 //! from it and queued to the engine *under that lock*, so the engine applies them in model
 //! order: a full replacement computed before a pod's setup can never land after it and undo
-//! it. Pod requests ([`pods`]) run concurrently with each other and with the reconcile loop;
+//! it. Pod requests ([`crate::pod`]) run concurrently with each other and with the reconcile loop;
 //! their flow changes are group-committed by the engine, their port operations serialised per
 //! port name ([`ports::PortLocks`]). Every peer call has a deadline.
 
-pub mod checkpoint;
-pub mod cni;
 pub mod dns;
-mod error;
 pub mod host;
-pub mod hostport;
-pub mod model;
-pub mod pods;
-pub mod ports;
-pub mod record;
-pub mod recovery;
 pub mod repair;
-pub mod spares;
-pub mod teardown;
-mod undo;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
-pub use error::PodError;
-use record::PodRecord;
 use crate::cluster::Problem;
-use crate::engine::{Engine, EngineError, Outcome};
+use crate::engine::{CountFlush, Engine, EngineError, Outcome};
 use crate::metrics::{Executor, Telemetry};
-use crate::options::{self, Bridge};
+use crate::node::ports::{self, PortLocks};
+use crate::node::record::{PodRecord, POD_KEY};
+use crate::node::state::PortState;
+use crate::node::{Config, Conns, Kick, State};
 use crate::ovsdb::{Ovs, OvsdbError};
+use crate::pod::spares::Spares;
+use crate::pod::Pods;
 use crate::switch::Switch;
-use model::{Model, PortState};
 
 /// Bridge `external_ids` key holding the flow generation written into cookies.
 pub const GENERATION_KEY: &str = "sdn-node-generation";
-
-/// The Port `external_ids` key holding the pod API request that created the port: the agent
-/// rebuilds its pod registry from it after a restart (as openshift-sdn recovers pods from the
-/// table-20 notes).
-pub const POD_KEY: &str = "sdn-node-pod";
-
-/// What the reconciler and the pod requests need to know of the node: the bridge, the pod
-/// path's deadlines and where the pod API is announced. One option group of `sdn-node run`
-/// (flattened into [`crate::run::RunOptions`]); `apply` sets the bridge only.
-#[derive(clap::Args, Clone, Debug)]
-pub struct Config {
-    #[command(flatten)]
-    pub bridge: Bridge,
-    /// Deadline of one pod API request, in seconds (answered 504 when it passes, with
-    /// nothing of the request left behind).
-    #[arg(long, default_value = "30", value_parser = options::seconds)]
-    pub request_timeout: Duration,
-    /// Leave the node's own networking alone (tun0 address and routes, sysctls, the
-    /// nftables NAT/filter table); the dummy datapath never touches it.
-    // `host_network`: configured, as openshift-sdn's SetupSDN does, unless the flag is given;
-    // never for the dummy datapath, whose ports are not real devices.
-    #[arg(long = "no-host-network", action = clap::ArgAction::SetFalse)]
-    pub host_network: bool,
-    /// Where the CNI network configuration (80-sdn-node.conflist) is written once the agent
-    /// serves pods; `none` disables it.
-    #[arg(long, default_value = "/etc/cni/net.d", value_parser = options::path_or_none)]
-    pub cni_conf_dir: std::option::Option<std::path::PathBuf>,
-    /// The pod API's unix socket (HTTP/JSON, mode 0600); `none` disables it.
-    // Also named in the CNI network configuration.
-    #[arg(long = "pod-api-socket", value_name = "POD_API_SOCKET", default_value = options::DEFAULT_SOCKET, value_parser = options::path_or_none)]
-    pub api_socket: std::option::Option<std::path::PathBuf>,
-    /// Pod interfaces kept ready on the bridge, so that a CNI ADD moves one into the pod
-    /// instead of waiting for ovs-vswitchd to add a port (the slow part of an ADD; see
-    /// docs/pods.md, "Warm ports"). Refilled in the background after ADDs; 0 disables them.
-    // See `spares`.
-    #[arg(long, default_value_t = 0)]
-    pub warm_ports: usize,
-    /// Take a warm port whenever one is ready, even while adding a port is measured to be
-    /// cheaper than moving one (for tests of the warm path on small bridges).
-    #[arg(long, hide = true)]
-    pub warm_ports_always: bool,
-    /// The NetworkPolicy audit log (off: no policy flow copies packets to the agent); set
-    /// from `run`'s audit options.
-    #[arg(skip)]
-    pub audit: crate::cluster::netpol::NodeAudit,
-}
-
-impl Default for Config {
-    /// The command line's defaults, without the host's paths: no pod API socket and no CNI
-    /// configuration written (a library user names its own).
-    fn default() -> Self {
-        Config { cni_conf_dir: None, api_socket: None, ..options::defaults() }
-    }
-}
-
-/// What the pod requests and the reconcile loop share.
-pub struct Node {
-    pub cfg: Config,
-    pub telemetry: Telemetry,
-    model: Mutex<Model>,
-    ovs: Mutex<Option<Ovs>>,
-    engine: Mutex<Option<Engine>>,
-    /// Pod flows may be committed incrementally: ports are known and the switch was resynced.
-    flows_ready: AtomicBool,
-    pub locks: ports::PortLocks,
-    /// Warm ports for CNI ADDs.
-    pub spares: spares::Spares,
-    /// Wakes the reconcile loop (something is left to clean up or converge).
-    kick: Notify,
-    /// The agent's own durable record of its pods (`--state-dir`).
-    pub checkpoint: checkpoint::Checkpoint,
-    /// What the host executor converges the node's own networking to ([`host`]).
-    host_plan: watch::Sender<Option<host::HostPlan>>,
-    /// Wakes the host executor (tun0 was just created again).
-    host_kick: Notify,
-    /// Set when the per-policy counters are on: engines started from then flush the datapath's
-    /// counts before a policy change removes counting flows.
-    pub count_flush: std::sync::OnceLock<crate::engine::CountFlush>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Node {
-    /// The pod at `ip` (`namespace/name`), for the audit log.
-    pub fn pod_at(&self, ip: std::net::Ipv4Addr) -> Option<String> {
-        lock(&self.model).pod_at(ip)
-    }
-
-    /// The node's name in the current cluster state (the state file's `node:`), if any.
-    pub fn node_name(&self) -> Option<String> {
-        lock(&self.model).effective().map(|s| s.node.clone())
-    }
-
-    pub fn new(cfg: Config, telemetry: Telemetry) -> Arc<Node> {
-        Node::with_checkpoint(cfg, telemetry, checkpoint::Checkpoint::none())
-    }
-
-    /// [`Node::new`] with a checkpoint (opened, and read, before the node serves anything).
-    pub fn with_checkpoint(cfg: Config, telemetry: Telemetry, checkpoint: checkpoint::Checkpoint) -> Arc<Node> {
-        Arc::new(Node {
-            checkpoint,
-            model: Mutex::new(Model::with_audit(cfg.bridge.name(), cfg.audit)),
-            spares: spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always),
-            cfg,
-            telemetry,
-            ovs: Mutex::new(None),
-            engine: Mutex::new(None),
-            flows_ready: AtomicBool::new(false),
-            locks: ports::PortLocks::default(),
-            kick: Notify::new(),
-            host_plan: watch::Sender::new(None),
-            host_kick: Notify::new(),
-            count_flush: std::sync::OnceLock::new(),
-        })
-    }
-
-    /// Whether this node configures its own networking (never on the dummy datapath, whose
-    /// ports are not devices).
-    pub fn manages_host(&self) -> bool {
-        self.cfg.host_network && self.cfg.bridge.datapath_type != Some(crate::options::DatapathType::Dummy)
-    }
-
-    /// The host executor's plans (see [`host::run`]).
-    pub fn host_plans(&self) -> watch::Receiver<Option<host::HostPlan>> {
-        self.host_plan.subscribe()
-    }
-
-    /// Publishes the model's host plan to the host executor (if it changed).
-    fn publish_host_plan(&self) {
-        if !self.manages_host() {
-            return;
-        }
-        let plan = self.model().effective().and_then(host::plan);
-        self.host_plan.send_if_modified(|p| {
-            let changed = *p != plan;
-            if changed {
-                *p = plan;
-            }
-            changed
-        });
-    }
-
-    pub fn host_kick(&self) {
-        self.host_kick.notify_one();
-    }
-
-    pub async fn host_kicked(&self) {
-        self.host_kick.notified().await
-    }
-
-    /// The model, for a short synchronous look or change (never across an await).
-    pub fn model(&self) -> MutexGuard<'_, Model> {
-        lock(&self.model)
-    }
-
-    /// The live OVSDB connection, if any.
-    pub fn ovs(&self) -> Option<Ovs> {
-        lock(&self.ovs).clone().filter(|o| !o.client().is_closed())
-    }
-
-    pub fn set_ovs(&self, ovs: Option<Ovs>) {
-        self.telemetry.health.ovsdb.store(ovs.is_some(), Ordering::Relaxed);
-        self.telemetry.metrics.set_connected("ovsdb", ovs.is_some());
-        *lock(&self.ovs) = ovs;
-    }
-
-    /// The engine, when pod flows can be committed incrementally.
-    pub fn engine_ready(&self) -> Option<Engine> {
-        if !self.flows_ready.load(Ordering::Acquire) {
-            return None;
-        }
-        lock(&self.engine).clone()
-    }
-
-    pub fn engine(&self) -> Option<Engine> {
-        lock(&self.engine).clone()
-    }
-
-    pub fn kick(&self) {
-        self.kick.notify_one();
-    }
-
-    /// Resolves when [`Node::kick`] was called.
-    pub async fn kicked(&self) {
-        self.kick.notified().await
-    }
-
-    pub fn not_converged(&self) {
-        self.telemetry.health.converged.store(false, Ordering::Relaxed);
-    }
-}
 
 /// Why a converge pass did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -295,9 +90,27 @@ pub fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
     ports::BaseSpec { vxlan_port: st.vxlan_port, tun_mac }
 }
 
-/// The converge loop's own state: what it has established on the current connections.
+/// The converge loop: the node's handles it shares with the pod path, and its own state (what
+/// it has established on the current connections).
 pub struct Reconciler {
-    pub node: Arc<Node>,
+    cfg: Config,
+    telemetry: Telemetry,
+    state: State,
+    conns: Arc<Conns>,
+    locks: PortLocks,
+    /// Warm ports: the loop never removes one from the bridge.
+    spares: Arc<Spares>,
+    /// The pod path, for the recovery of its pods at start and the interfaces of torn-down pods.
+    pods: Arc<Pods>,
+    /// Wakes this loop (something is left to clean up or converge).
+    pub kick: Kick,
+    /// What the host executor converges the node's own networking to ([`host`]).
+    host_plan: watch::Sender<Option<host::HostPlan>>,
+    /// Wakes the host executor (tun0 was just created again).
+    pub host_kick: Kick,
+    /// Set when the per-policy counters are on: engines started from then flush the datapath's
+    /// counts before a policy change removes counting flows.
+    pub count_flush: Arc<OnceLock<CountFlush>>,
     /// The bridge and base ports were ensured on the current OVSDB connection.
     base_ready: bool,
     /// Every pod port must be checked again (new OVSDB connection).
@@ -329,9 +142,20 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    pub fn new(node: Arc<Node>) -> Reconciler {
+    /// The converge loop of the node whose pod path is `pods` (it shares that path's handles).
+    pub fn new(pods: Arc<Pods>) -> Reconciler {
         Reconciler {
-            node,
+            cfg: pods.cfg.clone(),
+            telemetry: pods.telemetry.clone(),
+            state: pods.state.clone(),
+            conns: pods.conns.clone(),
+            locks: pods.locks.clone(),
+            spares: pods.spares.clone(),
+            kick: pods.kick.clone(),
+            pods,
+            host_plan: watch::Sender::new(None),
+            host_kick: Kick::default(),
+            count_flush: Arc::default(),
             base_ready: false,
             verify_ports: true,
             ports_ready: false,
@@ -348,26 +172,62 @@ impl Reconciler {
         }
     }
 
+    /// A node without a checkpoint, pod API or CNI configuration (`apply`, tests): its pod
+    /// path and its converge loop.
+    pub fn standalone(cfg: Config, telemetry: Telemetry) -> Reconciler {
+        Reconciler::new(Pods::new(cfg, telemetry, crate::pod::checkpoint::Checkpoint::none()))
+    }
+
+    /// The node's model.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The live connections.
+    pub fn conns(&self) -> &Arc<Conns> {
+        &self.conns
+    }
+
+    /// The host executor's plans (see [`host::run`]).
+    pub fn host_plans(&self) -> watch::Receiver<Option<host::HostPlan>> {
+        self.host_plan.subscribe()
+    }
+
+    /// Publishes the model's host plan to the host executor (if it changed).
+    fn publish_host_plan(&self) {
+        if !self.cfg.manages_host() {
+            return;
+        }
+        let plan = self.state.lock().effective().and_then(host::plan);
+        self.host_plan.send_if_modified(|p| {
+            let changed = *p != plan;
+            if changed {
+                *p = plan;
+            }
+            changed
+        });
+    }
+
     /// A new (or lost) OVSDB connection.
     pub fn ovsdb_changed(&mut self, ovs: Option<Ovs>) {
         if ovs.is_some() {
             self.telemetry_reconnect("ovsdb");
         }
-        self.node.set_ovs(ovs);
+        self.conns.set_ovs(ovs, &self.telemetry);
         self.base_ready = false;
         self.verify_ports = true;
     }
 
     /// What OVSDB must hold, from the model and what this run established.
     fn expected(&self) -> repair::Expected {
-        let m = self.node.model();
+        let m = self.state.lock();
         let pods = m
             .ports()
             .iter()
             .map(|(k, ps)| (k.clone(), (ps.clone(), m.api_pod(k).map(|(_, req)| req.to_json()))))
             .collect();
         repair::Expected {
-            bridge: self.node.cfg.bridge.name().to_string(),
+            bridge: self.cfg.bridge.name().to_string(),
             datapath_type: self.datapath.clone(),
             base: self.base,
             generation: self.stored_generation,
@@ -385,7 +245,7 @@ impl Reconciler {
         }
         let found = repair::inspect(snap, &self.expected());
         for f in &found {
-            self.node.telemetry.metrics.repaired(f.what());
+            self.telemetry.metrics.repaired(f.what());
             warn!(what = f.what(), "someone else changed OVSDB; repairing from the model: {f}");
             match f {
                 repair::Finding::EmptyDatabase | repair::Finding::BridgeMissing => {
@@ -402,7 +262,7 @@ impl Reconciler {
             }
         }
         if !found.is_empty() {
-            self.node.not_converged();
+            self.telemetry.not_converged();
         }
         !found.is_empty()
     }
@@ -412,7 +272,7 @@ impl Reconciler {
     /// count, and the engine then resyncs from a dump. The installed count is read before and
     /// after, so a commit landing in between is not taken for tampering.
     pub async fn check_flows(&mut self, sw: &Switch) {
-        let Some(engine) = self.node.engine_ready() else { return };
+        let Some(engine) = self.conns.engine_ready() else { return };
         let Ok(before) = engine.status().await else { return };
         if before.dirty {
             return;
@@ -422,14 +282,14 @@ impl Reconciler {
         if before.installed_flows != after.installed_flows || agg.flow_count as usize == after.installed_flows {
             return;
         }
-        self.node.telemetry.metrics.repaired("flows");
+        self.telemetry.metrics.repaired("flows");
         warn!(switch = agg.flow_count, installed = after.installed_flows, "the switch's flows changed behind the agent's back; resyncing from a dump");
         self.resync_from_dump(&engine).await;
-        self.node.kick();
+        self.kick.kick();
     }
 
     fn telemetry_reconnect(&self, target: &str) {
-        self.node.telemetry.metrics.reconnects.get_or_create(&crate::metrics::TargetLabel { target: target.into() }).inc();
+        self.telemetry.metrics.reconnects.get_or_create(&crate::metrics::TargetLabel { target: target.into() }).inc();
     }
 
     /// A new OpenFlow connection: read its port numbers, then resync on the next pass.
@@ -442,15 +302,15 @@ impl Reconciler {
         match sw.port_desc().await {
             Ok(ports) => {
                 let ports: Vec<(String, u32)> = ports.iter().map(|p| (p.name(), p.port_no.0)).collect();
-                self.node.model().refresh_ofports(&ports);
+                self.state.lock().refresh_ofports(&ports);
             }
             Err(e) => {
                 warn!(error = %e, "could not read the switch's ports; checking every pod port again");
                 self.verify_ports = true;
             }
         }
-        self.node.flows_ready.store(false, Ordering::Release);
-        let engine = self.node.engine();
+        self.conns.set_flows_ready(false);
+        let engine = self.conns.engine();
         match engine {
             Some(e) => {
                 let _ = e.set_switch(sw).await;
@@ -458,32 +318,32 @@ impl Reconciler {
             None => self.pending_switch = Some(sw),
         }
         self.resync_pending = true;
-        self.node.not_converged();
+        self.telemetry.not_converged();
     }
 
     pub fn switch_lost(&mut self) {
-        self.node.flows_ready.store(false, Ordering::Release);
-        self.node.not_converged();
+        self.conns.set_flows_ready(false);
+        self.telemetry.not_converged();
     }
 
     /// One pass: ports (if OVSDB is up), then flows (if the switch is up and ports are known).
     pub async fn converge(&mut self) -> Result<Pass, ConvergeError> {
         let mut pass = Pass::default();
-        if !self.node.model().has_state() {
+        if !self.state.lock().has_state() {
             return Err(ConvergeError::NotReady("no cluster state yet"));
         }
         let doomed: Vec<_> = {
-            let m = self.node.model();
+            let m = self.state.lock();
             m.doomed_pods().into_iter().filter_map(|p| m.doomed(&p.key()).cloned()).collect()
         };
-        self.node.publish_host_plan();
-        let ovs = self.node.ovs();
+        self.publish_host_plan();
+        let ovs = self.conns.ovs();
         let ports_result = match &ovs {
             Some(ovs) => self.converge_ports(ovs, &mut pass).await,
             None => Err(ConvergeError::NotReady("ovsdb-server is not connected")),
         };
         if !matches!(ports_result, Err(ConvergeError::NotReady(_))) {
-            self.node.telemetry.executor_result(Executor::Ovsdb, &ports_result);
+            self.telemetry.executor_result(Executor::Ovsdb, &ports_result);
         }
         if let Err(e) = &ports_result {
             // An OVSDB refusal on a live connection ("Bridge br0 not found": someone deleted
@@ -506,7 +366,7 @@ impl Reconciler {
         }
         let flows = self.converge_flows(&mut pass).await;
         if !matches!(flows, Err(ConvergeError::NotReady(_))) {
-            self.node.telemetry.executor_result(Executor::Flows, &flows.as_ref().map(|_| ()));
+            self.telemetry.executor_result(Executor::Flows, &flows.as_ref().map(|_| ()));
         }
         pass.outcome = flows?;
         ports_result?;
@@ -515,12 +375,12 @@ impl Reconciler {
         for (p, req) in doomed {
             // The interface the agent created for a CNI pod goes too.
             if req.cni.is_some() {
-                if let Err(e) = teardown::remove_pod_iface(&req).await {
+                if let Err(e) = crate::pod::teardown::remove_pod_iface(&req).await {
                     warn!(pod = %format!("{}/{}", p.namespace, p.name), error = %e, "could not remove a torn-down pod's interface; will retry");
                     continue;
                 }
             }
-            self.node.model().buried(&p.key());
+            self.state.lock().buried(&p.key());
         }
         // Converged if the switch holds the flows of the model as it is now. The pass itself
         // moves the model on (a port it added has its ofport now, a port it removed is
@@ -528,11 +388,11 @@ impl Reconciler {
         // model's as of when they were computed, after the ports. If the model moved past them,
         // one more pass commits the difference (usually nothing) and says converged then;
         // nothing else would start it.
-        if self.node.model().version == pass.flows_version {
-            self.node.telemetry.health.converged.store(true, Ordering::Relaxed);
+        if self.state.lock().version == pass.flows_version {
+            self.telemetry.health.converged.store(true, std::sync::atomic::Ordering::Relaxed);
         } else {
-            self.node.not_converged();
-            self.node.kick();
+            self.telemetry.not_converged();
+            self.kick.kick();
         }
         Ok(pass)
     }
@@ -541,16 +401,16 @@ impl Reconciler {
     /// bridge before it can connect to it).
     pub async fn prepare(&mut self) -> Result<Pass, ConvergeError> {
         let mut pass = Pass::default();
-        let ovs = self.node.ovs().ok_or(ConvergeError::NotReady("ovsdb-server is not connected"))?;
+        let ovs = self.conns.ovs().ok_or(ConvergeError::NotReady("ovsdb-server is not connected"))?;
         self.converge_ports(&ovs, &mut pass).await?;
         Ok(pass)
     }
 
     async fn converge_ports(&mut self, ovs: &Ovs, pass: &mut Pass) -> Result<(), ConvergeError> {
-        let cfg = self.node.cfg.clone();
-        let base = self.node.model().effective().map(base_spec).unwrap_or_default();
+        let cfg = self.cfg.clone();
+        let base = self.state.lock().effective().map(base_spec).unwrap_or_default();
         if !self.base_ready || base != self.base {
-            let pod_ports = self.node.model().effective().map(|s| s.pods.iter().map(|p| p.host_veth.clone()).collect()).unwrap_or_default();
+            let pod_ports = self.state.lock().effective().map(|s| s.pods.iter().map(|p| p.host_veth.clone()).collect()).unwrap_or_default();
             let takeover = match &self.datapath {
                 // The first time: what the flags allow.
                 None => ports::Takeover {
@@ -568,7 +428,7 @@ impl Reconciler {
             self.base_ready = true;
             // tun0 may have been created just now (a new or repaired bridge): its address,
             // routes and the rest are the host executor's, which looks again at once.
-            self.node.host_kick();
+            self.host_kick.kick();
             if let Some(g) = ovs.bridge_external_ids(cfg.bridge.name()).await?.get(GENERATION_KEY).and_then(|g| g.parse::<u32>().ok()) {
                 if self.stored_generation.is_none() {
                     self.generation = g & 0xff_ffff;
@@ -593,11 +453,11 @@ impl Reconciler {
             self.verify_ports = true;
         } else {
             self.ports_ready = true;
-            if self.node.engine().is_none() {
+            if self.conns.engine().is_none() {
                 if let Some(sw) = self.pending_switch.take() {
-                    let metrics = Some(self.node.telemetry.metrics.clone());
-                    let flush = self.node.count_flush.get().cloned();
-                    *lock(&self.node.engine) = Some(Engine::start_counting(sw, self.generation, metrics, flush));
+                    let metrics = Some(self.telemetry.metrics.clone());
+                    let flush = self.count_flush.get().cloned();
+                    self.conns.set_engine(Engine::start_counting(sw, self.generation, metrics, flush));
                 }
             }
         }
@@ -616,7 +476,7 @@ impl Reconciler {
                 Err(e) => warn!(%port, error = %e, "ignoring an unreadable pod record on a port"),
             }
         }
-        recovery::recover(&self.node, pods).await.map_err(ConvergeError::Recovery)?;
+        crate::pod::recovery::recover(&self.pods, pods).await.map_err(ConvergeError::Recovery)?;
         self.recovered = true;
         Ok(())
     }
@@ -627,17 +487,17 @@ impl Reconciler {
     /// whose port fails is reported and has no ofport (so no flows).
     async fn reconcile_pod_ports(&mut self, ovs: &Ovs, verify_all: bool, pass: &mut Pass) -> Result<(), ConvergeError> {
         use futures::StreamExt;
-        let bridge = self.node.cfg.bridge.name().to_string();
-        let timeout = self.node.cfg.bridge.port_timeout;
+        let bridge = self.cfg.bridge.name().to_string();
+        let timeout = self.cfg.bridge.port_timeout;
         // Ports on the bridge that nobody wants.
         let listed = ovs.list_ports(&bridge).await?;
-        let wanted = |port: &str| self.node.model().keep_ports().contains(port) || self.node.spares.owns(port);
+        let wanted = |port: &str| self.state.lock().keep_ports().contains(port) || self.spares.owns(port);
         for port in listed.iter() {
             if wanted(port) {
                 continue;
             }
             // Check again under the port's lock: a request may have claimed it meanwhile.
-            let _g = self.node.locks.lock(port).await;
+            let _g = self.locks.lock(port).await;
             if wanted(port) {
                 continue;
             }
@@ -647,7 +507,7 @@ impl Reconciler {
         }
         // Known ports of pods that are gone or whose port changed: forget them.
         let stale: Vec<_> = {
-            let m = self.node.model();
+            let m = self.state.lock();
             let wanted: std::collections::HashMap<_, _> = m.wanted_pods().into_iter().map(|p| (p.key(), p)).collect();
             m.ports()
                 .iter()
@@ -656,13 +516,13 @@ impl Reconciler {
                 .collect()
         };
         for k in stale {
-            self.node.model().forget_port(&k);
+            self.state.lock().forget_port(&k);
         }
         // Source pods (and recovered API pods) to add or check. Reserved pods belong to their
         // request.
         let repair = std::mem::take(&mut self.repair_pods);
         let todo: Vec<(crate::cluster::Pod, Option<String>)> = {
-            let m = self.node.model();
+            let m = self.state.lock();
             let st = m.effective().map(|s| s.pods.clone()).unwrap_or_default();
             st.into_iter()
                 .filter(|p| {
@@ -680,15 +540,15 @@ impl Reconciler {
                 })
                 .collect()
         };
-        let node = &self.node;
+        let (locks, state) = (&self.locks, &self.state);
         let bridge = bridge.as_str();
-        let take = node.cfg.bridge.take_ports_from_other_bridges;
+        let take = self.cfg.bridge.take_ports_from_other_bridges;
         let futs: Vec<_> = todo
             .into_iter()
             .map(|(p, record)| async move {
-                let _g = node.locks.lock(&p.host_veth).await;
+                let _g = locks.lock(&p.host_veth).await;
                 // Torn down meanwhile: leave it to the next pass.
-                if !node.model().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
+                if !state.lock().effective().is_some_and(|s| s.pods.iter().any(|q| q == &p)) {
                     return (p, None);
                 }
                 let r = ports::add_pod_port(ovs, bridge, &p, record.as_deref().map(|r| (POD_KEY, r)), timeout, take).await;
@@ -703,14 +563,14 @@ impl Reconciler {
                     if !listed.contains(&p.host_veth) {
                         pass.ports_added += 1;
                     }
-                    self.node.model().set_port(
+                    self.state.lock().set_port(
                         p.key(),
                         PortState { host_veth: p.host_veth.clone(), internal: p.internal, ofport, bandwidth: (p.ingress_bps, p.egress_bps) },
                     );
                 }
                 Some(Err(e)) if e.is_disconnect() || matches!(e, OvsdbError::Timeout(_)) => return Err(e.into()),
                 Some(Err(e)) => {
-                    self.node.model().forget_port(&p.key());
+                    self.state.lock().forget_port(&p.key());
                     let pr = Problem::new(format!("pod {}/{}", p.namespace, p.name), "hostVeth", format!("{:?}: {e}", p.host_veth));
                     warn!("rejected: {pr}");
                     pass.problems.push(pr);
@@ -725,17 +585,17 @@ impl Reconciler {
     /// False if that is not possible now (not synced, engine busy, commit failed): the caller
     /// then converges fully.
     pub async fn update_owners(&mut self, owners: &[crate::store::Owner]) -> bool {
-        let Some(engine) = self.node.engine_ready() else { return false };
+        let Some(engine) = self.conns.engine_ready() else { return false };
         if self.resync_pending {
             return false;
         }
-        let realization = &self.node.telemetry.metrics.realization;
+        let realization = &self.telemetry.metrics.realization;
         let (rx, ticket) = {
-            let m = self.node.model();
+            let m = self.state.lock();
             let Some((update, problems, warnings)) = m.owners_update(owners) else { return false };
             let ticket = realization.ticket(Some(&crate::realize::policy_namespaces(owners)));
             for p in &problems {
-                self.node.telemetry.metrics.reject(&p.object);
+                self.telemetry.metrics.reject(&p.object);
                 warn!("rejected: {p}");
             }
             for w in &warnings {
@@ -763,12 +623,12 @@ impl Reconciler {
         if !self.ports_ready {
             return Err(ConvergeError::NotReady("pod ports are not known yet"));
         }
-        let Some(engine) = self.node.engine() else {
+        let Some(engine) = self.conns.engine() else {
             return Err(ConvergeError::NotReady("the switch is not connected"));
         };
         let resync = self.resync_pending;
         let (rx, ticket) = {
-            let m = self.node.model();
+            let m = self.state.lock();
             let Some((desired, problems, warnings)) = m.desired() else {
                 return Err(ConvergeError::NotReady("no cluster state yet"));
             };
@@ -776,14 +636,14 @@ impl Reconciler {
             pass.warnings.extend(warnings);
             pass.flows_version = m.version;
             // Every policy's flows are in a full desired state.
-            let ticket = self.node.telemetry.metrics.realization.ticket(None);
+            let ticket = self.telemetry.metrics.realization.ticket(None);
             (engine.submit_replace(desired, resync)?, ticket)
         };
         let outcome = rx.await.map_err(|_| EngineError::Stopped)??;
-        self.node.telemetry.metrics.realization.realized(ticket);
+        self.telemetry.metrics.realization.realized(ticket);
         if resync {
             self.resync_pending = false;
-            self.node.flows_ready.store(true, Ordering::Release);
+            self.conns.set_flows_ready(true);
         }
         if !self.conflist_written {
             self.write_conflist();
@@ -794,12 +654,12 @@ impl Reconciler {
         if outcome.full_replay {
             self.persist_generation(&engine).await;
         } else if resync {
-            if let Some(ovs) = self.node.ovs() {
+            if let Some(ovs) = self.conns.ovs() {
                 end_flow_restore_wait(&ovs).await;
             }
         }
         if let Ok(s) = engine.status().await {
-            self.node.telemetry.metrics.set_flows_per_table(&s.flows_per_table);
+            self.telemetry.metrics.set_flows_per_table(&s.flows_per_table);
         }
         Ok(outcome)
     }
@@ -811,11 +671,11 @@ impl Reconciler {
         let Ok(status) = engine.status().await else { return };
         self.generation = status.generation;
         self.stored_generation = Some(status.generation);
-        let Some(ovs) = self.node.ovs() else {
+        let Some(ovs) = self.conns.ovs() else {
             self.restore_generation = true;
             return;
         };
-        if let Err(e) = ovs.set_bridge_external_id(self.node.cfg.bridge.name(), GENERATION_KEY, &status.generation.to_string()).await {
+        if let Err(e) = ovs.set_bridge_external_id(self.cfg.bridge.name(), GENERATION_KEY, &status.generation.to_string()).await {
             self.restore_generation = true;
             warn!(error = %e, "could not store the flow generation; will retry");
         }
@@ -826,8 +686,8 @@ impl Reconciler {
     /// container without a DEL; it is torn down like a DEL would (flows, port, veth, address).
     /// True if any was found (the caller converges).
     pub fn collect_dead_sandboxes(&mut self) -> bool {
-        let dead: Vec<_> = self.node.model().cni_sandboxes().into_iter().filter(|(_, ns)| !std::path::Path::new(ns).exists()).collect();
-        let mut m = self.node.model();
+        let dead: Vec<_> = self.state.lock().cni_sandboxes().into_iter().filter(|(_, ns)| !std::path::Path::new(ns).exists()).collect();
+        let mut m = self.state.lock();
         for (k, ns) in &dead {
             if m.tear_down(k).is_some() {
                 info!(pod = %format!("{}/{}", k.0, k.1), netns = %ns, "the pod's sandbox is gone without a DEL; releasing its address, port and flows");
@@ -838,7 +698,7 @@ impl Reconciler {
 
     /// Repairs a dirty engine (a failed commit left the switch's state unknown).
     pub async fn repair(&mut self) {
-        let Some(engine) = self.node.engine() else { return };
+        let Some(engine) = self.conns.engine() else { return };
         match engine.status().await {
             Ok(s) if s.dirty => self.resync_from_dump(&engine).await,
             _ => {}
@@ -849,7 +709,7 @@ impl Reconciler {
     /// (a failed commit, or flows changed behind the agent's back); a full replay stores the
     /// new generation.
     async fn resync_from_dump(&mut self, engine: &Engine) {
-        self.node.not_converged();
+        self.telemetry.not_converged();
         match engine.resync(None).await {
             Ok(o) => {
                 info!(adds = o.adds, modifies = o.modifies, deletes = o.deletes, full_replay = o.full_replay, "repaired from a dump");
@@ -860,13 +720,13 @@ impl Reconciler {
             Err(e) => warn!(error = %e, "repair failed; will retry"),
         }
         // A pass confirms (or completes) the repair and says converged again.
-        self.node.kick();
+        self.kick.kick();
     }
 
     /// Tells the kubelet the network is ready: writes `80-sdn-node.conflist` (naming the pod API
     /// socket) into the CNI configuration directory, once pods can be served.
     fn write_conflist(&mut self) {
-        let (Some(dir), Some(sock)) = (&self.node.cfg.cni_conf_dir, &self.node.cfg.api_socket) else {
+        let (Some(dir), Some(sock)) = (&self.cfg.cni_conf_dir, &self.cfg.api_socket) else {
             self.conflist_written = true;
             return;
         };

@@ -14,9 +14,10 @@ use std::fmt;
 use crate::cluster::PodKey;
 use crate::ovsdb::sentinel::Snapshot;
 
-use super::model::PortState;
-use super::ports::BaseSpec;
-use super::{GENERATION_KEY, POD_KEY};
+use super::GENERATION_KEY;
+use crate::node::ports::BaseSpec;
+use crate::node::record::POD_KEY;
+use crate::node::state::PortState;
 
 /// What must be in OVSDB.
 #[derive(Clone, Debug)]

@@ -3,7 +3,7 @@
 //! This module only wires things together: the sources (state file or Kubernetes), the OVSDB
 //! link and the OpenFlow supervisor, the DNS task, the pod API and the metrics endpoint all feed
 //! the one [`Reconciler`]; its loop converges the node after every change. Pod requests run on
-//! their own tasks against the shared model ([`crate::reconcile::pods`]): nothing they do waits
+//! their own tasks against the shared model ([`crate::pod::setup`]): nothing they do waits
 //! for this loop, and nothing this loop does waits for them.
 
 pub mod options;
@@ -25,7 +25,7 @@ use crate::metrics::Telemetry;
 use crate::ovsdb::sentinel::Sentinel;
 use crate::ovsdb::{ClientOptions, Ovs, OvsdbClient};
 use crate::reconcile::dns::Dns;
-use crate::reconcile::{Node, Reconciler};
+use crate::reconcile::Reconciler;
 use crate::switch::{Backoff, SwitchEvent, Supervisor};
 pub use options::RunOptions;
 use source::Loaded;
@@ -76,9 +76,9 @@ pub enum RunError {
     #[error(transparent)]
     Switch(#[from] crate::switch::SwitchError),
     /// The checkpoint cannot be used: the agent does not start (see
-    /// [`crate::reconcile::checkpoint::CheckpointError::Corrupt`]).
+    /// [`crate::pod::checkpoint::CheckpointError::Corrupt`]).
     #[error(transparent)]
-    Checkpoint(#[from] crate::reconcile::checkpoint::CheckpointError),
+    Checkpoint(#[from] crate::pod::checkpoint::CheckpointError),
     /// The audit log's sink cannot be opened.
     #[error("audit log: {0}")]
     Audit(String),
@@ -91,11 +91,11 @@ pub enum RunError {
     Startup(#[from] startup::StartupError),
 }
 
-pub use crate::reconcile::POD_KEY;
+pub use crate::node::record::POD_KEY;
 
 /// The audit log's view of the node: pods by address, and the node's name from the cluster
 /// state (the configured `--node`, else the bridge's name, only before a state is loaded).
-struct NodeLookup(Arc<Node>);
+struct NodeLookup(crate::node::State);
 
 impl crate::audit::PodLookup for NodeLookup {
     fn pod(&self, ip: std::net::Ipv4Addr) -> Option<String> {
@@ -128,13 +128,59 @@ pub async fn run_with(
     // Read before anything is served or changed: a checkpoint that cannot be read stops the
     // agent here, with nothing torn down.
     let checkpoint = match &opts.state_dir {
-        Some(dir) => crate::reconcile::checkpoint::Checkpoint::open(dir)?,
-        None => crate::reconcile::checkpoint::Checkpoint::none(),
+        Some(dir) => crate::pod::checkpoint::Checkpoint::open(dir)?,
+        None => crate::pod::checkpoint::Checkpoint::none(),
     };
-    let node = Node::with_checkpoint(opts.config(), telemetry.clone(), checkpoint);
-    let mut state_rx = source(opts.state.clone());
+    let pods = crate::pod::Pods::new(opts.config(), telemetry.clone(), checkpoint);
+    let rec = Reconciler::new(pods.clone());
+    let state_rx = source(opts.state.clone());
+    serve(&opts, &pods, &telemetry, &cancel);
+    let (names_tx, names_rx) = watch::channel(Default::default());
+    let dns = match opts.dns_servers.as_slice() {
+        [] => Dns::new(opts.dns_timeout),
+        servers => Dns::with_servers(opts.dns_timeout, servers),
+    };
+    let dns_rx = dns.spawn(names_rx, cancel.clone());
+    let ovs_rx = ovsdb_link(opts.node.bridge.ovs.db_socket(), opts.peers.ovsdb(), opts.peers.backoff(), cancel.clone());
+    // The audit log: its meter and packet-in settings on every connection (set up before the
+    // connection is published, so before any resync installs flows naming the meter), lines
+    // to the sink.
+    let (_audit, on_connect) = match opts.audit_config() {
+        Some(cfg) => {
+            let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(NodeLookup(pods.state.clone()));
+            let (h, hook) = crate::audit::start(cfg, lookup).await.map_err(|e| RunError::Audit(e.to_string()))?;
+            tokio::spawn(crate::metrics::follow_audit(telemetry.metrics.clone(), h.counters.clone(), cancel.clone()));
+            (Some(h), Some(hook))
+        }
+        None => (None, None),
+    };
+    let sup = Supervisor::spawn_with(&opts.node.bridge.ovs.mgmt_socket(), opts.peers.switch(), opts.peers.backoff(), on_connect)?;
+    let events = sup.subscribe();
+    spawn_executors(&opts, &pods, &rec, &sup, &cancel);
+    info!(state = %opts.state.display(), rundir = %opts.node.bridge.ovs.ovs_rundir.display(), bridge = %opts.node.bridge.name(), "sdn-node running");
+    let mut l = Loop {
+        tick: tokio::time::interval(opts.repair_interval),
+        port_timeout: opts.node.bridge.port_timeout,
+        state: pods.state.clone(),
+        kick: rec.kick.clone(),
+        rec,
+        telemetry,
+        names_tx,
+        sentinel: None,
+        failures: 0,
+        retry_at: None,
+        dirty: false,
+        last_problems: Vec::new(),
+        converged_once: false,
+    };
+    l.tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    l.run(Inputs { state_rx, ovs_rx, dns_rx, events, sup }, shutdown).await
+}
+
+/// The pod API and the metrics endpoint, each on its own task.
+fn serve(opts: &RunOptions, pods: &Arc<crate::pod::Pods>, telemetry: &Telemetry, cancel: &CancellationToken) {
     if let Some(sock) = opts.node.api_socket.clone() {
-        let (n, c) = (node.clone(), cancel.clone());
+        let (n, c) = (pods.clone(), cancel.clone());
         tokio::spawn(async move {
             if let Err(e) = api::serve(&sock, n, async move { c.cancelled().await }).await {
                 error!(socket = %sock.display(), error = %e, "pod API stopped");
@@ -149,40 +195,25 @@ pub async fn run_with(
             }
         });
     }
-    let (names_tx, names_rx) = watch::channel(Default::default());
-    let dns = match opts.dns_servers.as_slice() {
-        [] => Dns::new(opts.dns_timeout),
-        servers => Dns::with_servers(opts.dns_timeout, servers),
-    };
-    let mut dns_rx = dns.spawn(names_rx, cancel.clone());
-    let mut ovs_rx = ovsdb_link(opts.node.bridge.ovs.db_socket(), opts.peers.ovsdb(), opts.peers.backoff(), cancel.clone());
-    // The audit log: its meter and packet-in settings on every connection (set up before the
-    // connection is published, so before any resync installs flows naming the meter), lines
-    // to the sink.
-    let (_audit, on_connect) = match opts.audit_config() {
-        Some(cfg) => {
-            let lookup: Arc<dyn crate::audit::PodLookup> = Arc::new(NodeLookup(node.clone()));
-            let (h, hook) = crate::audit::start(cfg, lookup).await.map_err(|e| RunError::Audit(e.to_string()))?;
-            tokio::spawn(crate::metrics::follow_audit(telemetry.metrics.clone(), h.counters.clone(), cancel.clone()));
-            (Some(h), Some(hook))
-        }
-        None => (None, None),
-    };
-    let sup = Supervisor::spawn_with(&opts.node.bridge.ovs.mgmt_socket(), opts.peers.switch(), opts.peers.backoff(), on_connect)?;
-    let mut events = sup.subscribe();
-    // The per-policy counters: a task of its own, so a slow switch delays only its reads; one
-    // dump never takes longer than the interval or a switch request's deadline.
+}
+
+/// The executors beside the converge loop, each on its own task so that one slow peer delays
+/// only its own work: the per-policy counters, the warm-port refill, the checkpoint writer and
+/// the host network.
+fn spawn_executors(opts: &RunOptions, pods: &Arc<crate::pod::Pods>, rec: &Reconciler, sup: &Supervisor, cancel: &CancellationToken) {
+    let telemetry = &pods.telemetry;
+    // One dump never takes longer than the interval or a switch request's deadline.
     if let Some(interval) = opts.policy_stats_interval.filter(|d| !d.is_zero()) {
         let o = crate::policy_stats::StatsOptions { interval, deadline: interval.min(opts.peers.switch_request_timeout) };
         // Counts exact across policy changes: the datapath's counts pushed into the flows
         // before a change removes one (one revalidation round, 500 ms by default; bounded).
         let ctl = crate::switch::VswitchdCtl::new(&opts.node.bridge.ovs.ovs_rundir);
-        let _ = node.count_flush.set(crate::engine::CountFlush { ctl, deadline: opts.peers.switch_request_timeout.min(COUNT_FLUSH_DEADLINE) });
-        tokio::spawn(crate::policy_stats::run(node.clone(), sup.watch_current(), o, cancel.clone()));
+        let _ = rec.count_flush.set(crate::engine::CountFlush { ctl, deadline: opts.peers.switch_request_timeout.min(COUNT_FLUSH_DEADLINE) });
+        tokio::spawn(crate::policy_stats::run(pods.state.clone(), telemetry.metrics.clone(), sup.watch_current(), o, cancel.clone()));
     }
-    tokio::spawn(crate::reconcile::spares::Spares::keep_filled(node.clone(), cancel.clone()));
-    tokio::spawn(crate::reconcile::checkpoint::keep_written(node.clone(), cancel.clone()));
-    if node.manages_host() {
+    tokio::spawn(crate::pod::refill::keep_filled(pods.clone(), cancel.clone()));
+    tokio::spawn(crate::pod::checkpoint::keep_written(pods.clone(), cancel.clone()));
+    if pods.cfg.manages_host() {
         telemetry.health.executor_started(crate::metrics::Executor::Host);
         let pacing = crate::reconcile::host::Pacing {
             verify_every: opts.repair_interval,
@@ -190,197 +221,240 @@ pub async fn run_with(
             retry_cap: RETRY_CAP,
             deadline: opts.node.bridge.port_timeout,
         };
-        tokio::spawn(crate::reconcile::host::run(node.clone(), node.host_plans(), pacing, cancel.clone()));
+        tokio::spawn(crate::reconcile::host::run(telemetry.clone(), rec.host_kick.clone(), rec.host_plans(), pacing, cancel.clone()));
     }
-    let mut rec = Reconciler::new(node.clone());
-    // The OVSDB monitor of the current connection that notices what others change.
-    let mut sentinel: Option<Sentinel> = None;
-    // Consecutive failed passes, and when the next retry is due.
-    let mut failures = 0u32;
-    let mut retry_at: Option<tokio::time::Instant> = None;
-    let mut tick = tokio::time::interval(opts.repair_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
-    info!(state = %opts.state.display(), rundir = %opts.node.bridge.ovs.ovs_rundir.display(), bridge = %opts.node.bridge.name(), "sdn-node running");
-    // Something changed since the last successful pass.
-    let mut dirty = false;
-    let mut last_problems: Vec<String> = Vec::new();
-    // A refusal before the first successful pass is the configuration's fault: the agent stops.
-    let mut converged_once = false;
-    loop {
-        // A pass is due after any event; after a tick only once the backoff has passed.
-        let mut due = true;
-        tokio::select! {
-            _ = &mut shutdown => {
-                info!("shutting down; flows stay installed");
-                return Ok(());
-            }
-            r = state_rx.changed() => {
-                if r.is_err() {
-                    error!("state source ended");
+}
+
+/// What the converge loop listens to.
+struct Inputs {
+    state_rx: watch::Receiver<Option<Arc<Loaded>>>,
+    ovs_rx: watch::Receiver<Option<Ovs>>,
+    dns_rx: tokio::sync::mpsc::Receiver<crate::pipeline::egress::DnsAnswers>,
+    events: tokio::sync::broadcast::Receiver<SwitchEvent>,
+    sup: Supervisor,
+}
+
+/// The converge loop of `run`: one event at a time, then a pass if one is due.
+struct Loop {
+    rec: Reconciler,
+    state: crate::node::State,
+    kick: crate::node::Kick,
+    telemetry: Telemetry,
+    names_tx: watch::Sender<std::collections::BTreeSet<String>>,
+    tick: tokio::time::Interval,
+    port_timeout: Duration,
+    /// The OVSDB monitor of the current connection that notices what others change.
+    sentinel: Option<Sentinel>,
+    /// Consecutive failed passes, and when the next retry is due.
+    failures: u32,
+    retry_at: Option<tokio::time::Instant>,
+    /// Something changed since the last successful pass.
+    dirty: bool,
+    last_problems: Vec<String>,
+    /// A refusal before the first successful pass is the configuration's fault: the agent stops.
+    converged_once: bool,
+}
+
+impl Loop {
+    async fn run(&mut self, mut i: Inputs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), RunError> {
+        tokio::pin!(shutdown);
+        loop {
+            // A pass is due after any event; after a tick only once the backoff has passed.
+            let mut due = true;
+            let kick = self.kick.clone();
+            let (sentinel, retry_at, dirty) = (&mut self.sentinel, self.retry_at, self.dirty);
+            tokio::select! {
+                _ = &mut shutdown => {
+                    info!("shutting down; flows stay installed");
                     return Ok(());
                 }
-                let Some(loaded) = state_rx.borrow_and_update().clone() else { continue };
-                record_source(&telemetry.metrics, &loaded);
-                telemetry.health.synced.store(true, Ordering::Relaxed);
-                let (gone, change) = {
-                    let mut m = node.model();
-                    // Seen with the state, under the model lock: a commit's ticket names the
-                    // generations its flows were computed from (see `crate::realize`).
-                    telemetry.metrics.realization.seen(&loaded);
-                    let (gone, change) = m.set_source_change(loaded.clone());
-                    let rebuild = std::mem::take(&mut m.rebuild_problems);
-                    for p in &rebuild {
+                r = i.state_rx.changed() => {
+                    if r.is_err() {
+                        error!("state source ended");
+                        return Ok(());
+                    }
+                    let Some(loaded) = i.state_rx.borrow_and_update().clone() else { continue };
+                    self.on_state(loaded).await;
+                }
+                r = i.ovs_rx.changed() => {
+                    if r.is_err() {
+                        return Ok(());
+                    }
+                    let ovs = i.ovs_rx.borrow_and_update().clone();
+                    self.sentinel = None;
+                    self.rec.ovsdb_changed(ovs);
+                    self.changed();
+                }
+                ev = i.events.recv() => match ev {
+                    Ok(SwitchEvent::Connected(sw)) => {
+                        self.telemetry.metrics.set_connected("openflow", true);
+                        self.telemetry.health.switch.store(true, Ordering::Relaxed);
+                        self.rec.switch_connected(sw).await;
+                        self.dirty = true;
+                    }
+                    Ok(SwitchEvent::Disconnected(reason)) => {
+                        self.telemetry.metrics.set_connected("openflow", false);
+                        self.telemetry.health.switch.store(false, Ordering::Relaxed);
+                        self.rec.switch_lost();
+                        warn!(%reason, "switch disconnected")
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if let Some(sw) = i.sup.current() {
+                            self.rec.switch_connected(sw).await;
+                            self.dirty = true;
+                        }
+                    }
+                    Err(_) => return Ok(()),
+                },
+                Some(answers) = i.dns_rx.recv() => {
+                    if self.state.lock().set_dns(answers) {
+                        info!("egress DNS answers changed; re-converging");
+                        self.changed();
+                    }
+                }
+                _ = kick.kicked() => { self.dirty = true; }
+                _ = async { match sentinel { Some(s) => s.changed().await, None => std::future::pending().await } } => {
+                    // Let a burst of notifications (a transaction touches several tables) settle.
+                    tokio::time::sleep(SENTINEL_SETTLE).await;
+                    match self.sentinel.as_ref().and_then(Sentinel::snapshot) {
+                        Some(snap) => {
+                            if self.rec.inspect_ovsdb(&snap) {
+                                self.dirty = true;
+                            }
+                        }
+                        None => self.sentinel = None,
+                    }
+                }
+                _ = async { match retry_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } }, if dirty => {
+                    self.retry_at = None;
+                }
+                _ = self.tick.tick() => {
+                    due = self.retry_at.is_none();
+                    self.rec.repair().await;
+                    if let Some(sw) = i.sup.current() {
+                        self.rec.check_flows(&sw).await;
+                    }
+                    if self.rec.collect_dead_sandboxes() {
+                        self.changed();
+                        due = true;
+                    }
+                }
+            }
+            if self.dirty && due && self.state.lock().has_state() {
+                self.telemetry.health.busy();
+                let r = self.rec.converge().await;
+                self.after_pass(r).await?;
+                self.telemetry.health.idle();
+            }
+        }
+    }
+
+    /// Something the flows depend on changed: a full pass is due.
+    fn changed(&mut self) {
+        self.telemetry.not_converged();
+        self.dirty = true;
+    }
+
+    /// A new state from the source: into the model (its DNS names to the resolver), then
+    /// committed owner by owner if only some owners changed, else a full pass is due.
+    async fn on_state(&mut self, loaded: Arc<Loaded>) {
+        let telemetry = &self.telemetry;
+        record_source(&telemetry.metrics, &loaded);
+        telemetry.health.synced.store(true, Ordering::Relaxed);
+        let (gone, change) = {
+            let mut m = self.state.lock();
+            // Seen with the state, under the model lock: a commit's ticket names the
+            // generations its flows were computed from (see `crate::realize`).
+            telemetry.metrics.realization.seen(&loaded);
+            let (gone, change) = m.set_source_change(loaded.clone());
+            let rebuild = std::mem::take(&mut m.rebuild_problems);
+            for p in &rebuild {
+                telemetry.metrics.reject(&p.object);
+                warn!("rejected: {p}");
+            }
+            // What is rejected now, for status and the gauge.
+            let now: Vec<_> = loaded.problems.iter().cloned().chain(rebuild).collect();
+            telemetry.metrics.rejections.set(crate::rejections::Slot::Source, &now);
+            let names = m.dns_names();
+            self.names_tx.send_if_modified(|n| {
+                let changed = *n != names;
+                if changed {
+                    *n = names;
+                }
+                changed
+            });
+            (gone, change)
+        };
+        for k in gone {
+            info!(pod = %format!("{}/{}", k.0, k.1), "pod no longer exists; tearing it down");
+        }
+        // Only some owners changed and nothing else is pending: commit just those.
+        let incremental = match change {
+            crate::node::state::SourceChange::Owners(owners) if !self.dirty => self.rec.update_owners(&owners).await,
+            _ => false,
+        };
+        if !incremental {
+            self.changed();
+        }
+    }
+
+    /// What a pass says: problems reported once each, the sentinel started after the first
+    /// success, a failure retried with capped backoff (fatal if the configuration is refused
+    /// before the first success).
+    async fn after_pass(&mut self, r: Result<crate::reconcile::Pass, crate::reconcile::ConvergeError>) -> Result<(), RunError> {
+        let telemetry = &self.telemetry;
+        match r {
+            Ok(pass) => {
+                self.converged_once = true;
+                self.dirty = false;
+                self.failures = 0;
+                self.retry_at = None;
+                if self.sentinel.is_none() {
+                    self.sentinel = start_sentinel(self.rec.conns(), self.port_timeout).await;
+                    // What changed before the monitor started is compared now.
+                    if let Some(snap) = self.sentinel.as_ref().and_then(Sentinel::snapshot) {
+                        if self.rec.inspect_ovsdb(&snap) {
+                            self.dirty = true;
+                            self.retry_at = Some(tokio::time::Instant::now());
+                        }
+                    }
+                }
+                telemetry.metrics.rejections.set(crate::rejections::Slot::Pass, &pass.problems);
+                let mut now: Vec<String> = pass.problems.iter().map(|p| p.to_string()).collect();
+                now.extend(pass.warnings.iter().map(|w| format!("warning: {w}")));
+                if now != self.last_problems {
+                    for p in &pass.problems {
                         telemetry.metrics.reject(&p.object);
                         warn!("rejected: {p}");
                     }
-                    // What is rejected now, for status and the gauge.
-                    let now: Vec<_> = loaded.problems.iter().cloned().chain(rebuild).collect();
-                    telemetry.metrics.rejections.set(crate::rejections::Slot::Source, &now);
-                    let names = m.dns_names();
-                    names_tx.send_if_modified(|n| {
-                        let changed = *n != names;
-                        if changed {
-                            *n = names;
+                    for w in &pass.warnings {
+                        // A name not answered yet is pending, not failed.
+                        let pending = w.message.contains("not resolved yet");
+                        if (w.message.contains("DNS") || w.message.contains("resolve")) && !pending {
+                            telemetry.metrics.dns_failures.inc();
                         }
-                        changed
-                    });
-                    (gone, change)
-                };
-                for k in gone {
-                    info!(pod = %format!("{}/{}", k.0, k.1), "pod no longer exists; tearing it down");
-                }
-                // Only some owners changed and nothing else is pending: commit just those.
-                let incremental = match change {
-                    crate::reconcile::model::SourceChange::Owners(owners) if !dirty => rec.update_owners(&owners).await,
-                    _ => false,
-                };
-                if !incremental {
-                    node.not_converged();
-                    dirty = true;
-                }
-            }
-            r = ovs_rx.changed() => {
-                if r.is_err() {
-                    return Ok(());
-                }
-                let ovs = ovs_rx.borrow_and_update().clone();
-                sentinel = None;
-                rec.ovsdb_changed(ovs);
-                node.not_converged();
-                dirty = true;
-            }
-            ev = events.recv() => match ev {
-                Ok(SwitchEvent::Connected(sw)) => {
-                    telemetry.metrics.set_connected("openflow", true);
-                    telemetry.health.switch.store(true, Ordering::Relaxed);
-                    rec.switch_connected(sw).await;
-                    dirty = true;
-                }
-                Ok(SwitchEvent::Disconnected(reason)) => {
-                    telemetry.metrics.set_connected("openflow", false);
-                    telemetry.health.switch.store(false, Ordering::Relaxed);
-                    rec.switch_lost();
-                    warn!(%reason, "switch disconnected")
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    if let Some(sw) = sup.current() {
-                        rec.switch_connected(sw).await;
-                        dirty = true;
+                        warn!("{w}");
                     }
-                }
-                Err(_) => return Ok(()),
-            },
-            Some(answers) = dns_rx.recv() => {
-                if node.model().set_dns(answers) {
-                    info!("egress DNS answers changed; re-converging");
-                    node.not_converged();
-                    dirty = true;
+                    self.last_problems = now;
                 }
             }
-            _ = node.kicked() => { dirty = true; }
-            _ = async { match &mut sentinel { Some(s) => s.changed().await, None => std::future::pending().await } } => {
-                // Let a burst of notifications (a transaction touches several tables) settle.
-                tokio::time::sleep(SENTINEL_SETTLE).await;
-                match sentinel.as_ref().and_then(Sentinel::snapshot) {
-                    Some(snap) => {
-                        if rec.inspect_ovsdb(&snap) {
-                            dirty = true;
-                        }
-                    }
-                    None => sentinel = None,
-                }
+            Err(crate::reconcile::ConvergeError::Refused(m)) if !self.converged_once => {
+                return Err(RunError::Refused(m));
             }
-            _ = async { match retry_at { Some(t) => tokio::time::sleep_until(t).await, None => std::future::pending().await } }, if dirty => {
-                retry_at = None;
-            }
-            _ = tick.tick() => {
-                due = retry_at.is_none();
-                rec.repair().await;
-                if let Some(sw) = sup.current() {
-                    rec.check_flows(&sw).await;
-                }
-                if rec.collect_dead_sandboxes() {
-                    node.not_converged();
-                    dirty = true;
-                    due = true;
+            Err(e) => {
+                // Retried on the next event, or with capped backoff (`dirty` stays set).
+                self.failures = self.failures.saturating_add(1);
+                self.retry_at = Some(tokio::time::Instant::now() + crate::metrics::retry_delay(self.failures, RETRY_BASE, RETRY_CAP));
+                let failures = self.failures;
+                match e {
+                    crate::reconcile::ConvergeError::NotReady(_) => {}
+                    crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
+                    crate::reconcile::ConvergeError::Refused(_) => error!(error = %e, attempts = failures, "refused; will retry"),
+                    _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
                 }
             }
         }
-        if dirty && due && node.model().has_state() {
-            telemetry.health.busy();
-            match rec.converge().await {
-                Ok(pass) => {
-                    converged_once = true;
-                    dirty = false;
-                    failures = 0;
-                    retry_at = None;
-                    if sentinel.is_none() {
-                        sentinel = start_sentinel(&node, opts.node.bridge.port_timeout).await;
-                        // What changed before the monitor started is compared now.
-                        if let Some(snap) = sentinel.as_ref().and_then(Sentinel::snapshot) {
-                            if rec.inspect_ovsdb(&snap) {
-                                dirty = true;
-                                retry_at = Some(tokio::time::Instant::now());
-                            }
-                        }
-                    }
-                    telemetry.metrics.rejections.set(crate::rejections::Slot::Pass, &pass.problems);
-                    let mut now: Vec<String> = pass.problems.iter().map(|p| p.to_string()).collect();
-                    now.extend(pass.warnings.iter().map(|w| format!("warning: {w}")));
-                    if now != last_problems {
-                        for p in &pass.problems {
-                            telemetry.metrics.reject(&p.object);
-                            warn!("rejected: {p}");
-                        }
-                        for w in &pass.warnings {
-                            // A name not answered yet is pending, not failed.
-                            let pending = w.message.contains("not resolved yet");
-                            if (w.message.contains("DNS") || w.message.contains("resolve")) && !pending {
-                                telemetry.metrics.dns_failures.inc();
-                            }
-                            warn!("{w}");
-                        }
-                        last_problems = now;
-                    }
-                }
-                Err(crate::reconcile::ConvergeError::Refused(m)) if !converged_once => {
-                    return Err(RunError::Refused(m));
-                }
-                Err(e) => {
-                    // Retried on the next event, or with capped backoff (`dirty` stays set).
-                    failures = failures.saturating_add(1);
-                    retry_at = Some(tokio::time::Instant::now() + crate::metrics::retry_delay(failures, RETRY_BASE, RETRY_CAP));
-                    match e {
-                        crate::reconcile::ConvergeError::NotReady(_) => {}
-                        crate::reconcile::ConvergeError::Engine(_) => warn!(error = %e, attempts = failures, "flows not converged; will repair"),
-                        crate::reconcile::ConvergeError::Refused(_) => error!(error = %e, attempts = failures, "refused; will retry"),
-                        _ => warn!(error = %e, attempts = failures, "not converged; will retry"),
-                    }
-                }
-            }
-            telemetry.health.idle();
-        }
+        Ok(())
     }
 }
 
@@ -396,8 +470,8 @@ const SENTINEL_SETTLE: Duration = Duration::from_millis(50);
 
 /// Starts the OVSDB sentinel on the live connection (`None`: not connected, or it failed;
 /// the next successful pass tries again).
-async fn start_sentinel(node: &Node, deadline: Duration) -> Option<Sentinel> {
-    let ovs = node.ovs()?;
+async fn start_sentinel(conns: &crate::node::Conns, deadline: Duration) -> Option<Sentinel> {
+    let ovs = conns.ovs()?;
     match tokio::time::timeout(deadline, Sentinel::start(ovs.client())).await {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) => {

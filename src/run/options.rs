@@ -10,7 +10,7 @@ use crate::audit::{AuditConfig, Sink};
 use crate::cluster::netpol::NodeAudit;
 use crate::options::{self, path_or_none, seconds};
 use crate::ovsdb::ClientOptions;
-use crate::reconcile::Config;
+use crate::node::Config;
 use crate::switch::{Backoff, SwitchOptions};
 
 /// Everything `sdn-node run` runs with but where its cluster state comes from (the state file

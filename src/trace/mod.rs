@@ -122,7 +122,7 @@ pub struct Inventory {
 impl Inventory {
     /// Builds the inventory from `state`, the agent's pod requests and OVSDB's ports (whose pod
     /// records name the API pods when the agent is not running).
-    pub fn new(state: Option<ClusterState>, api_pods: Vec<crate::reconcile::record::PodRecord>, ports: Ports) -> Inventory {
+    pub fn new(state: Option<ClusterState>, api_pods: Vec<crate::node::record::PodRecord>, ports: Ports) -> Inventory {
         let Ports { ofports, macs, records } = ports;
         let mut pods: Vec<PodInfo> = Vec::new();
         let vnid_of = |ns: &str| state.as_ref().and_then(|s| s.vnid_of(ns)).map(|v| v.get());
@@ -177,7 +177,7 @@ impl Inventory {
             tokio::time::timeout(TIMEOUT, crate::api::client::call(&args.socket, "GET", path, None))
         };
         let mut model_pods: Vec<crate::api::ModelPod> = vec![];
-        let mut api_pods: Vec<crate::reconcile::record::PodRecord> = vec![];
+        let mut api_pods: Vec<crate::node::record::PodRecord> = vec![];
         let mut answer = agent("/v1/model/pods").await;
         let mut path = "/v1/model/pods";
         if matches!(answer, Ok(Ok((404, _)))) {
@@ -297,8 +297,8 @@ pub struct Ports {
     pub ofports: HashMap<String, u32>,
     /// Interface name -> MAC (see [`Inventory::macs`]).
     pub macs: HashMap<String, String>,
-    /// The pod records the agent keeps on its API pods' ports ([`crate::reconcile::POD_KEY`]).
-    pub records: Vec<crate::reconcile::record::PodRecord>,
+    /// The pod records the agent keeps on its API pods' ports ([`crate::node::record::POD_KEY`]).
+    pub records: Vec<crate::node::record::PodRecord>,
 }
 
 /// Reads the Interface rows (name, ofport, MAC) and the Port rows' pod records in one
@@ -339,11 +339,11 @@ async fn read_ports(db: &std::path::Path) -> Result<(Ports, Vec<String>), String
     }
     for r in &ports {
         let Ok(name) = row_string(r, "name") else { continue };
-        let Some(json) = row_string_map(r, "external_ids").ok().and_then(|mut m| m.remove(crate::reconcile::POD_KEY))
+        let Some(json) = row_string_map(r, "external_ids").ok().and_then(|mut m| m.remove(crate::node::record::POD_KEY))
         else {
             continue;
         };
-        match crate::reconcile::record::PodRecord::from_json(&json) {
+        match crate::node::record::PodRecord::from_json(&json) {
             Ok(req) if req.host_veth == name => out.records.push(req),
             Ok(req) => problems.push(format!("OVSDB: port {name}: its pod record names port {:?}", req.host_veth)),
             Err(e) => problems.push(format!("OVSDB: port {name}: unreadable pod record: {e}")),

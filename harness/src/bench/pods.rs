@@ -581,7 +581,7 @@ impl Agent {
         let deadline = tokio::time::Instant::now() + WAIT;
         let never = || fail(format!("the agent's {} warm ports never came back: {}", self.warm_ports, self.log_tail()));
         let spares = loop {
-            let spares = self.ovs.ports_with_external_id(sdn_node::reconcile::ports::SPARE_KEY).await.map_err(fail)?;
+            let spares = self.ovs.ports_with_external_id(sdn_node::node::ports::SPARE_KEY).await.map_err(fail)?;
             if spares.len() >= self.warm_ports {
                 break spares;
             }

@@ -3,21 +3,21 @@
 //! gone; until then the request answers 503/504 and a retry finishes the job. A failed setup
 //! that got as far as the model is undone the same way.
 
-use std::sync::Arc;
 
 use tokio::time::{timeout_at, Instant};
 use tracing::{info, warn};
 
-use super::record::PodRecord;
+use crate::node::record::PodRecord;
 use super::error::{committed, engine_error, ovsdb_error};
-use super::{ports, Node, PodError};
+use super::{PodError, Pods};
+use crate::node::ports;
 use crate::cluster::{Pod, Problem};
 use crate::engine::OnFailure;
 
 /// How long an undo may take once the request's own deadline has passed.
 pub(super) const UNDO_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The lock name of a sandbox (network namespace path) in [`super::ports::PortLocks`]: held
+/// The lock name of a sandbox (network namespace path) in [`crate::node::ports::PortLocks`]: held
 /// while a DEL's interface of that sandbox is being deleted. Not a valid interface name, so it
 /// never collides with a port's.
 pub(super) fn sandbox_lock(netns: &str) -> String {
@@ -28,7 +28,7 @@ pub(super) fn sandbox_lock(netns: &str) -> String {
 /// only if it is still the interface of the recorded ifindex (an interface that took the
 /// name since is someone else's and stays). Idempotent; within the undo grace period. A
 /// record without `cni` (the pod's interface is not the agent's) deletes nothing.
-pub(super) async fn remove_pod_iface(req: &PodRecord) -> Result<(), String> {
+pub async fn remove_pod_iface(req: &PodRecord) -> Result<(), String> {
     let Some(cni) = &req.cni else { return Ok(()) };
     let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
     match tokio::time::timeout(UNDO_GRACE * 5, hostnet::delete_owned(&host, &req.host_veth, cni.host_ifindex)).await {
@@ -43,25 +43,25 @@ pub(super) async fn remove_pod_iface(req: &PodRecord) -> Result<(), String> {
 
 /// Removes a failed setup's port within a short grace period; if OVSDB does not answer, the
 /// reconcile loop removes it later (the model does not want it).
-pub(super) async fn undo_port(node: &Arc<Node>, pod: &Pod) {
-    let Some(ovs) = node.ovs() else {
-        node.kick();
+pub(super) async fn undo_port(pods: &Pods, pod: &Pod) {
+    let Some(ovs) = pods.conns.ovs() else {
+        pods.kick.kick();
         return;
     };
-    match tokio::time::timeout(UNDO_GRACE, ports::remove_port(&ovs, node.cfg.bridge.name(), &pod.host_veth)).await {
+    match tokio::time::timeout(UNDO_GRACE, ports::remove_port(&ovs, pods.cfg.bridge.name(), &pod.host_veth)).await {
         Ok(Ok(())) => {}
         _ => {
             warn!(port = %pod.host_veth, "could not remove a failed setup's port now; the reconcile loop will");
-            node.kick();
+            pods.kick.kick();
         }
     }
 }
 
 /// Tears a pod set up through the API down; see the module documentation.
-pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadline: Instant) -> Result<(), PodError> {
+pub async fn teardown(pods: &Pods, namespace: String, name: String, deadline: Instant) -> Result<(), PodError> {
     let key = (namespace, name);
     {
-        let mut m = node.model();
+        let mut m = pods.state.lock();
         if m.tear_down(&key).is_none() && m.doomed(&key).is_none() {
             let obj = format!("pod {}/{}", key.0, key.1);
             return Err(if m.is_reserved(&key) {
@@ -73,8 +73,8 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadlin
             });
         }
     }
-    finish_teardown(node, &key, deadline).await?;
-    super::checkpoint::forgotten(node, &key, deadline).await
+    finish_teardown(pods, &key, deadline).await?;
+    super::checkpoint::forgotten(pods, &key, deadline).await
 }
 
 /// Takes a doomed pod's flows off the switch, then its port off the bridge, then (CNI pods,
@@ -86,12 +86,12 @@ pub async fn teardown(node: &Arc<Node>, namespace: String, name: String, deadlin
 /// veth vanishing under one of its ports (measured with `sdn-bench pods`: overlapping the
 /// three made DEL slower, not faster). The port removal answers as soon as ovsdb-server has
 /// committed it, and the kernel's veth deletion then overlaps ovs-vswitchd's reconfiguration.
-pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
-    let Some((pod, req)) = node.model().doomed(key).cloned() else { return Ok(()) };
+pub(super) async fn finish_teardown(pods: &Pods, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
+    let Some((pod, req)) = pods.state.lock().doomed(key).cloned() else { return Ok(()) };
     // Flows: the pod's owner is empty in the model now; its VNID's flows are recomputed.
     let queued = {
-        let m = node.model();
-        match node.engine() {
+        let m = pods.state.lock();
+        match pods.conns.engine() {
             Some(engine) => engine.submit_update(m.pod_update(&pod), OnFailure::Keep).map_err(engine_error),
             None => Err(PodError::NotReady("the switch is not connected".into())),
         }
@@ -101,11 +101,11 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
         Err(e) => Err(e),
     };
     // The port, whatever became of the flows (it carries no flows any more).
-    let port = match node.ovs() {
+    let port = match pods.conns.ovs() {
         None => Err(PodError::NotReady("ovsdb-server is not connected".into())),
-        Some(ovs) => match timeout_at(deadline, node.locks.lock(&pod.host_veth)).await {
+        Some(ovs) => match timeout_at(deadline, pods.locks.lock(&pod.host_veth)).await {
             Err(_) => Err(PodError::Deadline(format!("port {:?} stayed busy", pod.host_veth))),
-            Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, node.cfg.bridge.name(), &pod.host_veth)).await {
+            Ok(_g) => match timeout_at(deadline, ports::remove_port(&ovs, pods.cfg.bridge.name(), &pod.host_veth)).await {
                 Err(_) => Err(PodError::Deadline("ovsdb-server did not remove the port in time".into())),
                 Ok(r) => r.map_err(|e| ovsdb_error(&pod, e)),
             },
@@ -118,9 +118,9 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
     // next has the kernel do the same asynchronously anyway. A failure is logged, and the
     // name's next DEL or ADD finds the interface.
     if let Some(cni) = &req.cni {
-        let guard = node.locks.lock(&pod.host_veth).await;
+        let guard = pods.locks.lock(&pod.host_veth).await;
         // And the sandbox's: a new ADD into the same sandbox would find the old interface.
-        let sandbox = node.locks.lock(&sandbox_lock(&cni.netns)).await;
+        let sandbox = pods.locks.lock(&sandbox_lock(&cni.netns)).await;
         let made = req.clone();
         tokio::spawn(async move {
             let _g = (guard, sandbox);
@@ -131,15 +131,15 @@ pub(super) async fn finish_teardown(node: &Arc<Node>, key: &crate::cluster::PodK
     }
     match flows.and(port) {
         Ok(()) => {
-            node.model().buried(key);
+            pods.state.lock().buried(key);
             info!(pod = %format!("{}/{}", key.0, key.1), "pod torn down");
             Ok(())
         }
         Err(e) => {
             // Left to the reconcile loop: not converged until its pass is done. (On success the
             // switch and OVSDB hold the model again, as they did before the request.)
-            node.not_converged();
-            node.kick();
+            pods.telemetry.not_converged();
+            pods.kick.kick();
             Err(e)
         }
     }

@@ -7,14 +7,13 @@
 //! The order is the setup's, not the order in which steps were recorded: a warm port's
 //! interface is claimed while its port is added, and is still undone after the port.
 
-use std::sync::Arc;
 
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::record::PodRecord;
+use crate::node::record::PodRecord;
 use super::teardown::{self, UNDO_GRACE};
-use super::{Node, PodError};
+use super::{PodError, Pods};
 use crate::cluster::{Pod, PodKey};
 
 /// One step of a pod setup, as its undo needs it.
@@ -48,14 +47,14 @@ impl Step<'_> {
 
 /// The steps one setup of pod `key` has completed.
 pub(super) struct Undo<'a> {
-    node: &'a Arc<Node>,
+    pods: &'a Pods,
     key: PodKey,
     steps: Vec<Step<'a>>,
 }
 
 impl<'a> Undo<'a> {
-    pub fn new(node: &'a Arc<Node>, key: PodKey) -> Undo<'a> {
-        Undo { node, key, steps: Vec::new() }
+    pub fn new(pods: &'a Pods, key: PodKey) -> Undo<'a> {
+        Undo { pods, key, steps: Vec::new() }
     }
 
     /// Records a completed (or possibly completed) step.
@@ -84,24 +83,24 @@ impl<'a> Undo<'a> {
     async fn run(mut self) {
         // Stable: steps of one rank keep the order they were done in.
         self.steps.sort_by_key(Step::rank);
-        let (node, key) = (self.node, &self.key);
+        let (pods, key) = (self.pods, &self.key);
         while let Some(step) = self.steps.pop() {
             match step {
                 Step::InModel => {
                     let doomed = {
-                        let mut m = node.model();
+                        let mut m = pods.state.lock();
                         m.tear_down(key);
                         m.doomed(key).is_some()
                     };
                     if doomed {
                         // The teardown takes the port and interface too; nothing stays reserved.
-                        let _ = teardown::finish_teardown(node, key, Instant::now() + UNDO_GRACE).await;
+                        let _ = teardown::finish_teardown(pods, key, Instant::now() + UNDO_GRACE).await;
                         return;
                     }
                 }
                 Step::Port(pod) => {
-                    let _g = node.locks.lock(&pod.host_veth).await;
-                    teardown::undo_port(node, &pod).await;
+                    let _g = pods.locks.lock(&pod.host_veth).await;
+                    teardown::undo_port(pods, &pod).await;
                 }
                 Step::Interface(record) => {
                     if let Err(e) = teardown::remove_pod_iface(&record).await {
@@ -109,7 +108,7 @@ impl<'a> Undo<'a> {
                     }
                 }
                 Step::MaybeInterface { host, name, sandbox, ifname } => undo_made(host, &name, sandbox, &ifname).await,
-                Step::Reserved => node.model().unreserve(key),
+                Step::Reserved => pods.state.lock().unreserve(key),
             }
         }
     }

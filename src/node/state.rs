@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::record::{PodRecord, SandboxId};
+use super::record::{CniRecord, PodRecord, SandboxId};
 use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
 use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Update;
@@ -51,7 +51,7 @@ pub fn no_net_namespace(namespace: &str, name: &str) -> String {
 }
 
 #[derive(Debug, Default)]
-pub struct Model {
+pub struct NodeState {
     /// The bridge's name: its own port and the agent's ports are never a pod's.
     pub bridge: String,
     source: Option<Arc<Loaded>>,
@@ -93,13 +93,13 @@ pub fn reserved_port_names(bridge: &str) -> [&str; 3] {
     [bridge, "vxlan0", "tun0"]
 }
 
-impl Model {
-    pub fn new(bridge: &str) -> Model {
-        Model { bridge: bridge.to_string(), ..Default::default() }
+impl NodeState {
+    pub fn new(bridge: &str) -> NodeState {
+        NodeState { bridge: bridge.to_string(), ..Default::default() }
     }
 
-    pub fn with_audit(bridge: &str, audit: crate::cluster::netpol::NodeAudit) -> Model {
-        Model { audit, ..Model::new(bridge) }
+    pub fn with_audit(bridge: &str, audit: crate::cluster::netpol::NodeAudit) -> NodeState {
+        NodeState { audit, ..NodeState::new(bridge) }
     }
 
     /// The pod (`namespace/name`) at `ip`, local or on another node, as the model knows it:
@@ -127,7 +127,7 @@ impl Model {
         self.set_source_change(loaded).0
     }
 
-    /// [`Model::set_source`], also saying whether the change can be applied owner by owner:
+    /// [`NodeState::set_source`], also saying whether the change can be applied owner by owner:
     /// only when the source numbered it as the successor of the state the model had, named
     /// the owners it touched, no pod went, and none of the touched owners is a pod's.
     pub fn set_source_change(&mut self, loaded: Arc<Loaded>) -> (Vec<PodKey>, SourceChange) {
@@ -147,7 +147,7 @@ impl Model {
     }
 
     /// The flows of `owners` computed from the model as it is now (the incremental form of
-    /// [`Model::desired`]), with the problems and warnings found.
+    /// [`NodeState::desired`]), with the problems and warnings found.
     pub fn owners_update(&self, owners: &[Owner]) -> Option<(Update, Vec<Problem>, Vec<Problem>)> {
         let st = self.effective.as_ref()?;
         let dns = self.dns_with_pending();
@@ -281,7 +281,7 @@ impl Model {
         self.reserved_sandboxes.remove(key);
     }
 
-    /// The reserved pod `key` goes into sandbox `id` (see [`Model::sandbox_holders`]).
+    /// The reserved pod `key` goes into sandbox `id` (see [`NodeState::sandbox_holders`]).
     pub fn reserve_sandbox(&mut self, key: &PodKey, id: SandboxId) {
         if self.reserved.contains_key(key) {
             self.reserved_sandboxes.insert(key.clone(), id);
@@ -292,7 +292,7 @@ impl Model {
     /// predate sandbox identities): one being set up (`true`: certain), or set up or not torn
     /// down yet, with their record (which may be stale: a namespace's inode can be reused once
     /// it is gone, so the caller checks the record's path still leads to `id`).
-    pub fn sandbox_holders(&self, id: SandboxId, path: &str) -> (Option<PodKey>, Vec<(PodKey, super::record::CniRecord)>) {
+    pub fn sandbox_holders(&self, id: SandboxId, path: &str) -> (Option<PodKey>, Vec<(PodKey, CniRecord)>) {
         let reserved = self.reserved_sandboxes.iter().find(|(_, s)| **s == id).map(|(k, _)| k.clone());
         let recorded = self
             .api_pods
@@ -344,7 +344,7 @@ impl Model {
     }
 
     /// Removes an API pod from the effective state (its flows go); it stays *doomed* until
-    /// [`Model::buried`] confirms its port is gone too.
+    /// [`NodeState::buried`] confirms its port is gone too.
     pub fn tear_down(&mut self, key: &PodKey) -> Option<Pod> {
         let (pod, req) = self.api_pods.remove(key)?;
         if let Some(st) = &mut self.effective {
@@ -372,7 +372,7 @@ impl Model {
 
     /// IPAM: the next free host address of this node's subnet (not the gateway, not used by
     /// any pod, reservation or unfinished teardown), searching after the last one handed out.
-    /// The caller reserves it (with [`Model::reserve`]) before the lock is released.
+    /// The caller reserves it (with [`NodeState::reserve`]) before the lock is released.
     pub fn allocate_ip(&mut self) -> Result<std::net::Ipv4Addr, Refusal> {
         use std::net::Ipv4Addr;
         let Some(st) = &self.effective else { return Err(Refusal::NoState) };
@@ -405,13 +405,18 @@ impl Model {
         Err(Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnet", format!("no free address left in {net}"))))
     }
 
-    /// What the agent's checkpoint keeps ([`super::checkpoint`]): the records of the API pods,
-    /// set up or doomed (both hold their address), in key order, and IPAM's position.
-    pub fn saved(&self) -> super::checkpoint::Saved {
+    /// The records of the API pods, set up or doomed (both hold their address), in key order:
+    /// what the agent's checkpoint keeps, with [`NodeState::last_ip`].
+    pub fn held_records(&self) -> Vec<PodRecord> {
         let mut pods: Vec<(&PodKey, &PodRecord)> =
             self.api_pods.iter().chain(self.doomed.iter()).map(|(k, (_, r))| (k, r)).collect();
         pods.sort_by(|a, b| a.0.cmp(b.0));
-        super::checkpoint::Saved { pods: pods.into_iter().map(|(_, r)| r.clone()).collect(), last_address: self.last_ip }
+        pods.into_iter().map(|(_, r)| r.clone()).collect()
+    }
+
+    /// IPAM's position: the next search starts after it.
+    pub fn last_ip(&self) -> Option<std::net::Ipv4Addr> {
+        self.last_ip
     }
 
     /// IPAM's position as a checkpoint kept it (only where this run has none yet).
@@ -563,14 +568,14 @@ mod tests {
     use super::*;
     use crate::cluster::state_file::parse;
 
-    fn model() -> Model {
+    fn model() -> NodeState {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
-        let mut m = Model::new("br0");
+        let mut m = NodeState::new("br0");
         m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         m
     }
 
-    fn pod(m: &Model, name: &str, ip: &str, veth: &str) -> Pod {
+    fn pod(m: &NodeState, name: &str, ip: &str, veth: &str) -> Pod {
         let st = m.effective().unwrap();
         let mut p = st.pods[0].clone();
         p.name = name.into();
@@ -588,7 +593,7 @@ mod tests {
         let ns = state.network_policies[0].namespace.clone();
         let owner = Owner::NetworkPolicy { namespace: ns.clone() };
         let loaded = |state, seq, touched| Arc::new(Loaded { state, problems: vec![], live_pods: None, touched, seq, pod_annotations: Default::default(), policies_seen: Default::default() });
-        let mut m = Model::new("br0");
+        let mut m = NodeState::new("br0");
         m.set_source(loaded(state.clone(), 1, None));
         let (update, _, _) = m.owners_update(std::slice::from_ref(&owner)).unwrap();
         assert!(!update[0].1.is_empty(), "the example's policies give {ns} flows");
@@ -607,7 +612,7 @@ mod tests {
     #[test]
     fn a_pods_flows_and_its_isolation_are_one_update() {
         let (state, problems) = parse(include_str!("../../deploy/examples/networkpolicy.yaml")).unwrap();
-        let mut m = Model::new("br0");
+        let mut m = NodeState::new("br0");
         m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         // A copy of team-a/db (app: db, which db-from-web selects).
         let p = pod(&m, "new", "10.128.2.200", "vnew");

@@ -34,13 +34,13 @@ pub enum PodError {
     Failed(String),
 }
 
-impl From<super::model::Refusal> for PodError {
-    fn from(r: super::model::Refusal) -> PodError {
+impl From<crate::node::state::Refusal> for PodError {
+    fn from(r: crate::node::state::Refusal) -> PodError {
         match r {
-            super::model::Refusal::Invalid(p) => PodError::Invalid(p),
-            super::model::Refusal::Conflict(p) => PodError::Conflict(p),
-            super::model::Refusal::NoState => PodError::NotReady("no cluster state yet".into()),
-            super::model::Refusal::NotYet(m) => PodError::NotReady(m),
+            crate::node::state::Refusal::Invalid(p) => PodError::Invalid(p),
+            crate::node::state::Refusal::Conflict(p) => PodError::Conflict(p),
+            crate::node::state::Refusal::NoState => PodError::NotReady("no cluster state yet".into()),
+            crate::node::state::Refusal::NotYet(m) => PodError::NotReady(m),
         }
     }
 }

@@ -19,16 +19,15 @@
 
 use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
-use super::pods::ready;
+use super::setup::ready;
 use super::teardown::finish_teardown;
 use super::undo::{Step, Undo};
-use super::Node;
-use super::record::{CniRecord, PodRecord, SandboxId};
+use super::Pods;
+use crate::node::record::{CniRecord, PodRecord, SandboxId};
 use super::PodError;
 use crate::cluster::validate::{dns1123_label, dns1123_subdomain};
 use crate::cluster::Problem;
@@ -41,8 +40,8 @@ pub use sdn_node_cni::wire::{AddReply as CniReply, Route};
 /// Opens `netns` as the sandbox of `object` (e.g. "pod team-a/web"), only if it is a pod's
 /// network namespace: see [`hostnet::Netns::open_sandbox`] for what is refused and why.
 /// Refusals are the request's fault (field `netns`); failing to look is the agent's.
-async fn open_sandbox(node: &Node, object: &str, netns: &str) -> Result<hostnet::Netns, PodError> {
-    let forbidden: Vec<hostnet::NsId> = node.spares.hold_id().into_iter().collect();
+async fn open_sandbox(pods: &Pods, object: &str, netns: &str) -> Result<hostnet::Netns, PodError> {
+    let forbidden: Vec<hostnet::NsId> = pods.spares.hold_id().into_iter().collect();
     hostnet::Netns::open_sandbox(netns, &forbidden).await.map_err(|e| match e {
         hostnet::SandboxError::Refused(m) => PodError::Invalid(Problem::new(object, "netns", m)),
         hostnet::SandboxError::Failed(e) => PodError::Failed(format!("{object}: opening its sandbox: {e}")),
@@ -81,11 +80,11 @@ pub fn validate(r: &CniRequest) -> Result<(), PodError> {
 }
 
 /// Serves one CNI request.
-pub async fn handle(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Option<CniReply>, PodError> {
+pub async fn handle(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<Option<CniReply>, PodError> {
     match req.command.as_str() {
-        "ADD" => add(node, req, deadline).await.map(Some),
-        "DEL" => del(node, req, deadline).await.map(|_| None),
-        "CHECK" => check(node, req).await.map(|_| None),
+        "ADD" => add(pods, req, deadline).await.map(Some),
+        "DEL" => del(pods, req, deadline).await.map(|_| None),
+        "CHECK" => check(pods, req).await.map(|_| None),
         other => Err(PodError::Invalid(Problem::new(obj(&req), "command", format!("{other:?} is not ADD, DEL or CHECK")))),
     }
 }
@@ -107,26 +106,26 @@ fn reply_of(rec: &CniRecord, host_veth: &str, mac: &str, cluster: Ipv4Net) -> Cn
     }
 }
 
-async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<CniReply, PodError> {
+async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply, PodError> {
     validate(&req)?;
     let key = (req.namespace.clone(), req.name.clone());
-    let pod_ns = open_sandbox(node, &obj(&req), &req.netns).await?;
+    let pod_ns = open_sandbox(pods, &obj(&req), &req.netns).await?;
     let sandbox: SandboxId =
         pod_ns.id().map_err(|e| PodError::Failed(format!("{}: the identity of its sandbox: {e}", obj(&req))))?.into();
     let host_ns = hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
-    ready(node)?;
+    ready(pods)?;
     // One pod per sandbox: records of pods in it whose sandbox is gone (its inode reused) do
     // not count.
-    let stale = stale_holders(node, sandbox, &req, &key).await?;
+    let stale = stale_holders(pods, sandbox, &req, &key).await?;
     // A warm port, if one is ready: the pod's interface and port then come from it.
-    let mut taken = Taken { spares: &node.spares, spare: node.spares.take() };
+    let mut taken = Taken { spares: &pods.spares, spare: pods.spares.take() };
     // The host end's name comes from the container ID, unless an interface has it already (a
     // name shared with another container's, or anyone's): then another name, never a deletion.
     let derived = host_veth_name(&req.container_id);
     let derived_free = taken.spare.is_some() || matches!(hostnet::owned::ifindex(&host_ns, &derived).await, Ok(None));
     // Reserve an address and the names, all under one lock.
     let (pod, mut record, cluster) = {
-        let mut m = node.model();
+        let mut m = pods.state.lock();
         let Some(st) = m.effective() else { return Err(PodError::NotReady("no cluster state yet".into())) };
         let cluster = st.cluster_network;
         let mtu = st.mtu;
@@ -161,7 +160,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
             host_ifindex: None,
         };
         let record = PodRecord {
-            version: super::record::VERSION,
+            version: crate::node::record::VERSION,
             container_id: req.container_id.clone(),
             namespace: req.namespace.clone(),
             name: req.name.clone(),
@@ -179,7 +178,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
         (pod, record, cluster)
     };
     // From here the ADD's steps are undone together if any fails.
-    let mut undo = Undo::new(node, key.clone());
+    let mut undo = Undo::new(pods, key.clone());
     undo.done(Step::Reserved);
     // The warm port this ADD used, if any (released from the pool once the ADD is over).
     let mut used_spare = None;
@@ -196,7 +195,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
             host_ifname: Some(pod.host_veth.clone()),
         };
         // A DEL of a pod of this sandbox may still be deleting its interface.
-        drop(tokio::time::timeout_at(deadline, node.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
+        drop(tokio::time::timeout_at(deadline, pods.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
         let iface = match taken.spare.take() {
             // This ADD owns the spare now: used, or destroyed with whatever failed.
             Some((spare, hold, ahead)) => {
@@ -206,27 +205,27 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
                     c.host_ifindex = hostnet::owned::ifindex(&host_ns, &spare.name).await.ok().flatten();
                 }
                 undo.interface_made(record.clone());
-                add_warm(node, &pod, record, &cfg, (&spare, &hold, ahead), (&host_ns, &pod_ns), deadline, &mut undo)
+                add_warm(pods, &pod, record, &cfg, (&spare, &hold, ahead), (&host_ns, &pod_ns), deadline, &mut undo)
                     .await
                     .map_err(|e| e.into_pod(&req))?
             }
             None => {
-                let iface = fresh_interface(node, &pod, &mut record, &cfg, (&host_ns, &pod_ns), deadline, &mut undo)
+                let iface = fresh_interface(pods, &pod, &mut record, &cfg, (&host_ns, &pod_ns), deadline, &mut undo)
                     .await
                     .map_err(|e| e.into_pod(&req))?;
-                super::pods::port_and_flows(node, pod.clone(), record, deadline, None, &mut undo).await?;
+                super::setup::port_and_flows(pods, pod.clone(), record, deadline, None, &mut undo).await?;
                 iface
             }
         };
         // Durable before it is answered.
-        super::pods::recorded(node, &key, deadline).await?;
+        super::setup::recorded(pods, &key, deadline).await?;
         Ok(reply_of(&rec, &iface.host_veth, &iface.mac.to_string(), cluster))
     }
     .await;
     let r = undo.finish(r).await;
     // A spare is the pod's now, or was undone with it.
     if let Some(name) = used_spare {
-        node.spares.release(&name);
+        pods.spares.release(&name);
     }
     r
 }
@@ -234,7 +233,7 @@ async fn add(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<Cni
 /// A new veth for the pod (no warm port was ready): made, then recorded by its ifindex (what a
 /// DEL or teardown may delete later), with ARP off on the host end.
 async fn fresh_interface<'a>(
-    node: &Arc<Node>,
+    pods: &Pods,
     pod: &crate::cluster::Pod,
     record: &mut PodRecord,
     cfg: &hostnet::PodConfig,
@@ -243,7 +242,7 @@ async fn fresh_interface<'a>(
     undo: &mut Undo<'a>,
 ) -> Result<hostnet::PodInterface, IfaceError> {
     // A DEL of the same container may still be deleting the veth of that name.
-    drop(tokio::time::timeout_at(deadline, node.locks.lock(&pod.host_veth)).await);
+    drop(tokio::time::timeout_at(deadline, pods.locks.lock(&pod.host_veth)).await);
     // setup_pod undoes its own steps, but a timeout may leave the veth (an interface that had
     // the name already is someone else's, and is not paired into this sandbox: left alone).
     undo.done(Step::MaybeInterface { host: host_ns, name: pod.host_veth.clone(), sandbox: pod_ns, ifname: cfg.ifname.clone() });
@@ -303,7 +302,7 @@ impl IfaceError {
 /// failing fails the ADD, whose steps (both) are then undone.
 #[allow(clippy::too_many_arguments)]
 async fn add_warm<'a>(
-    node: &'a Arc<Node>,
+    pods: &'a Pods,
     pod: &crate::cluster::Pod,
     record: PodRecord,
     cfg: &hostnet::PodConfig,
@@ -315,10 +314,10 @@ async fn add_warm<'a>(
     let claim = async {
         let t = Instant::now();
         let r = tokio::time::timeout_at(deadline, hostnet::claim_spare(host_ns, hold, pod_ns, &spare.name, cfg)).await;
-        node.spares.moved(t.elapsed(), ahead);
+        pods.spares.moved(t.elapsed(), ahead);
         r
     };
-    let port = super::pods::port_and_flows(node, pod.clone(), record, deadline, Some(spare.ofport), undo);
+    let port = super::setup::port_and_flows(pods, pod.clone(), record, deadline, Some(spare.ofport), undo);
     let (moved, committed) = tokio::join!(claim, port);
     tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), ahead, "warm port claimed");
     committed.map_err(IfaceError::Pod)?;
@@ -339,48 +338,48 @@ impl Drop for Taken<'_> {
     }
 }
 
-async fn del(node: &Arc<Node>, req: CniRequest, deadline: Instant) -> Result<(), PodError> {
+async fn del(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<(), PodError> {
     let key = (req.namespace.clone(), req.name.clone());
     // The pod this DEL is for: the one whose record has this full container ID and interface
     // name; the pod's namespace and name, when the request gives them (CNI_ARGS), must match.
     let unnamed = req.namespace.is_empty() && req.name.is_empty();
-    let target = node.model().cni_pod_of_container(&req.container_id).filter(|(k, r)| {
+    let target = pods.state.lock().cni_pod_of_container(&req.container_id).filter(|(k, r)| {
         (unnamed || *k == key) && r.cni.as_ref().is_some_and(|c| c.if_name == req.if_name)
     });
     if let Some((k, _)) = target {
         {
-            let mut m = node.model();
+            let mut m = pods.state.lock();
             if m.is_api_pod(&k) {
                 m.tear_down(&k);
             }
         }
-        finish_teardown(node, &k, deadline).await?;
-        return super::checkpoint::forgotten(node, &k, deadline).await;
+        finish_teardown(pods, &k, deadline).await?;
+        return super::checkpoint::forgotten(pods, &k, deadline).await;
     }
     // Not (or no longer) known: whatever a half-done ADD of this container left.
     if crate::model::ContainerId::parse(&req.container_id).is_ok() {
-        remove_unrecorded(node, &req).await?;
+        remove_unrecorded(pods, &req).await?;
     }
     // A retried DEL whose first attempt could not write the checkpoint writes it now.
-    super::checkpoint::forgotten(node, &key, deadline).await
+    super::checkpoint::forgotten(pods, &key, deadline).await
 }
 
 /// What an ADD of `req`'s container that died before its pod was recorded may have left: the
 /// veth under the name the container ID gives — only if no pod (set up, being set up or torn
 /// down) has that name, and only if it is paired with `req`'s interface in `req`'s sandbox:
 /// never an interface that merely has the name (another container's ID may give it too).
-async fn remove_unrecorded(node: &Arc<Node>, req: &CniRequest) -> Result<(), PodError> {
+async fn remove_unrecorded(pods: &Pods, req: &CniRequest) -> Result<(), PodError> {
     let name = host_veth_name(&req.container_id);
-    if node.model().host_veth_taken(&name) || node.spares.owns(&name) || req.netns.is_empty() {
+    if pods.state.lock().host_veth_taken(&name) || pods.spares.owns(&name) || req.netns.is_empty() {
         return Ok(());
     }
     // A sandbox that is gone (or not a sandbox) took whatever was paired into it with it.
-    let Ok(sandbox) = open_sandbox(node, &obj(req), &req.netns).await else { return Ok(()) };
+    let Ok(sandbox) = open_sandbox(pods, &obj(req), &req.netns).await else { return Ok(()) };
     let host = hostnet::Netns::current().map_err(|e| PodError::Failed(format!("the agent's own network namespace: {e}")))?;
     let failed = |e: hostnet::Error| PodError::Failed(format!("{}: pod interface {name}: {e}", obj(req)));
     match hostnet::veth_state(&host, &name, None, &sandbox, &req.if_name).await.map_err(failed)? {
         hostnet::VethState::Paired { host_index } => {
-            let _g = node.locks.lock(&name).await;
+            let _g = pods.locks.lock(&name).await;
             hostnet::delete_owned(&host, &name, Some(host_index)).await.map(|_| ()).map_err(failed)
         }
         _ => Ok(()),
@@ -400,12 +399,12 @@ fn sandbox_taken(req: &CniRequest, holder: &crate::cluster::PodKey) -> PodError 
 /// one got its inode. 409 if a live one is there (other than `key`, whose repeated ADD
 /// answers what the first one did).
 async fn stale_holders(
-    node: &Node,
+    pods: &Pods,
     sandbox: SandboxId,
     req: &CniRequest,
     key: &crate::cluster::PodKey,
 ) -> Result<std::collections::HashSet<crate::cluster::PodKey>, PodError> {
-    let (reserved, recorded) = node.model().sandbox_holders(sandbox, &req.netns);
+    let (reserved, recorded) = pods.state.lock().sandbox_holders(sandbox, &req.netns);
     if let Some(k) = reserved.filter(|k| k != key) {
         return Err(sandbox_taken(req, &k));
     }
@@ -428,18 +427,18 @@ async fn stale_holders(
     Ok(stale)
 }
 
-async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), PodError> {
+async fn check(pods: &Pods, req: CniRequest) -> Result<(), PodError> {
     validate(&req)?;
     let key = (req.namespace.clone(), req.name.clone());
     let (pod, rec) = {
-        let m = node.model();
+        let m = pods.state.lock();
         match m.api_pod(&key) {
             Some((p, r)) if r.container_id == req.container_id && r.cni.is_some() => (p.clone(), r.cni.clone().unwrap_or_default()),
             _ => return Err(PodError::NotFound(format!("{} is not set up with container {}", obj(&req), req.container_id))),
         }
     };
-    let ofport_known = node.model().ports().contains_key(&key);
-    let engine = node.engine_ready().ok_or_else(|| PodError::NotReady("the switch is not connected or not synced".into()))?;
+    let ofport_known = pods.state.lock().ports().contains_key(&key);
+    let engine = pods.conns.engine_ready().ok_or_else(|| PodError::NotReady("the switch is not connected or not synced".into()))?;
     let owner = crate::store::Owner::Pod { namespace: pod.namespace.clone(), name: pod.name.clone() };
     let (desired, installed, dirty) = engine.snapshot().await.map_err(|e| PodError::NotReady(e.to_string()))?;
     let flows = desired.flows_of(&owner);
@@ -448,7 +447,7 @@ async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), PodError> {
     if !ofport_known || want == 0 || dirty || on_switch != want {
         return Err(PodError::Failed(format!("{}: its flows are not on the switch ({want} desired)", obj(&req))));
     }
-    let ns = open_sandbox(node, &obj(&req), &rec.netns).await?;
+    let ns = open_sandbox(pods, &obj(&req), &rec.netns).await?;
     let address: Ipv4Net = rec.address.parse().map_err(|_| PodError::Failed("bad recorded address".into()))?;
     let cfg = hostnet::PodConfig {
         ifname: rec.if_name.clone(),
@@ -456,7 +455,7 @@ async fn check(node: &Arc<Node>, req: CniRequest) -> Result<(), PodError> {
         mtu: rec.mtu,
         address,
         gateway: rec.gateway.parse().map_err(|_| PodError::Failed("bad recorded gateway".into()))?,
-        cluster_network: node.model().effective().map(|s| s.cluster_network).unwrap_or(address),
+        cluster_network: pods.state.lock().effective().map(|s| s.cluster_network).unwrap_or(address),
         extra_routes: vec![],
         host_ifname: None,
     };

@@ -42,8 +42,8 @@ use tokio::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use super::Node;
-use super::record::PodRecord;
+use super::Pods;
+use crate::node::record::PodRecord;
 use super::PodError;
 use crate::cluster::PodKey;
 
@@ -376,14 +376,14 @@ impl Checkpoint {
 // ---- the node's use of it ----------------------------------------------------------------
 
 /// A snapshot of the node's pods on disk, within `deadline`.
-pub async fn persist(node: &Node, deadline: Instant) -> Result<(), CheckpointError> {
-    node.checkpoint.persist(|| node.model().saved(), deadline).await
+pub async fn persist(pods: &Pods, deadline: Instant) -> Result<(), CheckpointError> {
+    pods.checkpoint.persist(|| { let s = pods.state.lock(); Saved { pods: s.held_records(), last_address: s.last_ip() } }, deadline).await
 }
 
 /// After a teardown: the checkpoint no longer lists the pod before the request is answered (a
 /// failure fails the request, whose retry writes again).
-pub(super) async fn forgotten(node: &Node, key: &PodKey, deadline: Instant) -> Result<(), PodError> {
-    persist(node, deadline).await.map_err(|e| {
+pub(super) async fn forgotten(pods: &Pods, key: &PodKey, deadline: Instant) -> Result<(), PodError> {
+    persist(pods, deadline).await.map_err(|e| {
         PodError::Failed(format!(
             "pod {}/{}: torn down, but the agent's record of it remains: {e}; retry",
             key.0, key.1
@@ -396,8 +396,8 @@ pub(super) async fn forgotten(node: &Node, key: &PodKey, deadline: Instant) -> R
 const BACKGROUND_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Writes the checkpoint whenever the model's pods changed without a request writing it.
-pub async fn keep_written(node: Arc<Node>, cancel: CancellationToken) {
-    if !node.checkpoint.enabled() {
+pub async fn keep_written(pods: Arc<Pods>, cancel: CancellationToken) {
+    if !pods.checkpoint.enabled() {
         return;
     }
     let mut last_error = None;
@@ -406,7 +406,7 @@ pub async fn keep_written(node: Arc<Node>, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(BACKGROUND_INTERVAL) => {}
         }
-        match persist(&node, Instant::now() + WRITE_TIMEOUT).await {
+        match persist(&pods, Instant::now() + WRITE_TIMEOUT).await {
             Ok(()) => last_error = None,
             Err(CheckpointError::NotRecovered { .. }) => {}
             Err(e) => {
@@ -423,7 +423,7 @@ pub async fn keep_written(node: Arc<Node>, cancel: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::record::{CniRecord, SandboxId};
+    use crate::node::record::{CniRecord, SandboxId};
 
     fn record(name: &str, ip: &str, veth: &str) -> PodRecord {
         PodRecord {

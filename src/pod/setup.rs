@@ -13,32 +13,33 @@
 //! be reached for the undo, the port (which has no flows) is left to the reconcile loop, which
 //! removes every port the model does not want as soon as OVSDB answers again.
 
-use std::sync::Arc;
 
 use tokio::time::{timeout_at, Instant};
 
-use super::record::PodRecord;
+use crate::node::record::PodRecord;
 use super::error::{committed, engine_error, ovsdb_error};
 use super::undo::{Step, Undo};
-use super::{ports, Node, PodError, POD_KEY};
+use super::{PodError, Pods};
+use crate::node::ports;
+use crate::node::record::POD_KEY;
 use crate::cluster::{Pod, Problem};
 use crate::engine::OnFailure;
 
 /// Sets a pod up; see the module documentation. Answers the pod's ofport.
-pub async fn setup(node: &Arc<Node>, req: PodRecord, deadline: Instant) -> Result<u32, PodError> {
+pub async fn setup(pods: &Pods, req: PodRecord, deadline: Instant) -> Result<u32, PodError> {
     let pod = req.to_pod().map_err(PodError::Invalid)?;
     super::hostport::check(&pod).await?;
-    ready(node)?;
-    if node.spares.owns(&pod.host_veth) {
+    ready(pods)?;
+    if pods.spares.owns(&pod.host_veth) {
         let obj = format!("pod {}/{}", pod.namespace, pod.name);
         return Err(PodError::Conflict(Problem::new(obj, "hostVeth", format!("{:?} is one of the agent's warm ports", pod.host_veth))));
     }
-    let mut undo = Undo::new(node, pod.key());
+    let mut undo = Undo::new(pods, pod.key());
     let r = async {
-        node.model().reserve(&pod)?;
+        pods.state.lock().reserve(&pod)?;
         undo.done(Step::Reserved);
-        let ofport = port_and_flows(node, pod.clone(), req, deadline, None, &mut undo).await?;
-        recorded(node, &pod.key(), deadline).await?;
+        let ofport = port_and_flows(pods, pod.clone(), req, deadline, None, &mut undo).await?;
+        recorded(pods, &pod.key(), deadline).await?;
         Ok(ofport)
     }
     .await;
@@ -46,11 +47,11 @@ pub async fn setup(node: &Arc<Node>, req: PodRecord, deadline: Instant) -> Resul
 }
 
 /// OVSDB and the switch are there (else 503 before anything is reserved).
-pub(super) fn ready(node: &Node) -> Result<(), PodError> {
-    if node.ovs().is_none() {
+pub(super) fn ready(pods: &Pods) -> Result<(), PodError> {
+    if pods.conns.ovs().is_none() {
         return Err(PodError::NotReady("ovsdb-server is not connected".into()));
     }
-    if node.engine_ready().is_none() {
+    if pods.conns.engine_ready().is_none() {
         return Err(PodError::NotReady("the switch is not connected or not synced yet".into()));
     }
     Ok(())
@@ -58,8 +59,8 @@ pub(super) fn ready(node: &Node) -> Result<(), PodError> {
 
 /// The last step of a setup: the pod is durable (in the agent's checkpoint) before its request
 /// is answered.
-pub(super) async fn recorded(node: &Node, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
-    super::checkpoint::persist(node, deadline)
+pub(super) async fn recorded(pods: &Pods, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
+    super::checkpoint::persist(pods, deadline)
         .await
         .map_err(|e| PodError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
 }
@@ -69,7 +70,7 @@ pub(super) async fn recorded(node: &Node, key: &crate::cluster::PodKey, deadline
 /// pod into the model with its flows, committed. Each step is recorded in `undo` as it is
 /// taken; the caller undoes them on failure ([`Undo::finish`]).
 pub(super) async fn port_and_flows<'a>(
-    node: &'a Arc<Node>,
+    pods: &'a Pods,
     pod: Pod,
     req: PodRecord,
     deadline: Instant,
@@ -77,8 +78,8 @@ pub(super) async fn port_and_flows<'a>(
     undo: &mut Undo<'a>,
 ) -> Result<u32, PodError> {
     let key = pod.key();
-    let Some(ovs) = node.ovs() else { return Err(PodError::NotReady("ovsdb-server is not connected".into())) };
-    let Ok(guard) = timeout_at(deadline, node.locks.lock(&pod.host_veth)).await else {
+    let Some(ovs) = pods.conns.ovs() else { return Err(PodError::NotReady("ovsdb-server is not connected".into())) };
+    let Ok(guard) = timeout_at(deadline, pods.locks.lock(&pod.host_veth)).await else {
         return Err(PodError::Deadline(format!("port {:?} stayed busy", pod.host_veth)));
     };
     let record = req.to_json();
@@ -87,9 +88,9 @@ pub(super) async fn port_and_flows<'a>(
     undo.done(Step::Port(pod.clone()));
     let added = match spare {
         None => {
-            let r = timeout_at(deadline, ports::add_pod_port(&ovs, node.cfg.bridge.name(), &pod, Some((POD_KEY, &record)), node.cfg.bridge.port_timeout, node.cfg.bridge.take_ports_from_other_bridges)).await;
+            let r = timeout_at(deadline, ports::add_pod_port(&ovs, pods.cfg.bridge.name(), &pod, Some((POD_KEY, &record)), pods.cfg.bridge.port_timeout, pods.cfg.bridge.take_ports_from_other_bridges)).await;
             if matches!(r, Ok(Ok(_))) {
-                node.spares.port_added(t_port.elapsed());
+                pods.spares.port_added(t_port.elapsed());
             }
             r
         }
@@ -104,8 +105,8 @@ pub(super) async fn port_and_flows<'a>(
     // Into the model and, in the same critical section, to the engine: the engine then applies
     // this pod's flows after any replacement computed before it, never before.
     let queued = {
-        let mut m = node.model();
-        match node.engine_ready() {
+        let mut m = pods.state.lock();
+        match pods.conns.engine_ready() {
             None => Err(PodError::NotReady("the switch disconnected".into())),
             Some(engine) => {
                 m.set_up(pod.clone(), req, ofport);
@@ -113,7 +114,7 @@ pub(super) async fn port_and_flows<'a>(
                 let u = m.pod_update(&pod);
                 // The pod's update recomputes the NetworkPolicy owners that see it: committed,
                 // it realizes their policies too (see `crate::realize`).
-                let ticket = node.telemetry.metrics.realization.ticket(Some(&crate::realize::policy_namespaces(u.iter().map(|(o, _)| o))));
+                let ticket = pods.telemetry.metrics.realization.ticket(Some(&crate::realize::policy_namespaces(u.iter().map(|(o, _)| o))));
                 engine.submit_update(u, OnFailure::Revert).map_err(engine_error).map(|rx| (rx, ticket))
             }
         }
@@ -122,7 +123,7 @@ pub(super) async fn port_and_flows<'a>(
     drop(guard);
     let (queued, ticket) = queued?;
     committed(queued, deadline).await?;
-    node.telemetry.metrics.realization.realized(ticket);
+    pods.telemetry.metrics.realization.realized(ticket);
     tracing::debug!(pod = %format!("{}/{}", key.0, key.1), port_ms, total_ms = t_port.elapsed().as_secs_f64() * 1e3, "pod port and flows committed");
     Ok(ofport)
 }

@@ -25,15 +25,14 @@
 //! the next converge pass retries; nothing of the model changes before it succeeds.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::checkpoint;
-use super::Node;
-use super::record::PodRecord;
+use super::Pods;
+use crate::node::record::PodRecord;
 use crate::cluster::{Pod, PodKey};
 
 /// Where a candidate's record came from.
@@ -153,8 +152,8 @@ const CONCURRENCY: usize = 16;
 
 /// Recovers the API pods into the model (see the module documentation); `from_ovsdb` are the
 /// records on the bridge's ports.
-pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(), String> {
-    let saved = node.checkpoint.loaded().unwrap_or_default();
+pub async fn recover(pods: &Pods, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(), String> {
+    let saved = pods.checkpoint.loaded().unwrap_or_default();
     let claims = merge(from_ovsdb, &saved.pods);
     let host = hostnet::Netns::current().map_err(|e| format!("the agent's network namespace: {e}"))?;
     // Every record's liveness, looked up concurrently.
@@ -200,7 +199,7 @@ pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRecord)>) -> Res
         info!(pods = kept.len(), from_checkpoint_alone = from_checkpoint, torn_down = torn, "pods recovered");
     }
     {
-        let mut m = node.model();
+        let mut m = pods.state.lock();
         m.recover(kept);
         m.restore_last_ip(saved.last_address);
         // No checkpoint (or a corrupt one moved aside): IPAM resumes after the highest address
@@ -213,9 +212,9 @@ pub async fn recover(node: &Arc<Node>, from_ovsdb: Vec<(Pod, PodRecord)>) -> Res
             warn!("rejected: {p}");
         }
     }
-    node.checkpoint.recovered();
+    pods.checkpoint.recovered();
     // The checkpoint as the recovery left it (the periodic writer retries if this fails).
-    if let Err(e) = checkpoint::persist(node, Instant::now() + checkpoint::WRITE_TIMEOUT).await {
+    if let Err(e) = checkpoint::persist(pods, Instant::now() + checkpoint::WRITE_TIMEOUT).await {
         warn!(error = %e, "could not write the checkpoint after the recovery; will retry");
     }
     Ok(())
@@ -230,7 +229,7 @@ fn identity(r: &PodRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::record::CniRecord;
+    use crate::node::record::CniRecord;
 
     fn record(name: &str, container: u8, ip: &str) -> PodRecord {
         PodRecord {

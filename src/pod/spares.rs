@@ -22,23 +22,19 @@
 //! the pod's record like any pod port.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use super::ports::SPARE_KEY;
-use super::Node;
-use crate::ovsdb::PortSpec;
 
 
 /// How long the pool waits after the last take before refilling.
-const QUIET: Duration = Duration::from_millis(150);
+pub(super) const QUIET: Duration = Duration::from_millis(150);
 /// How long the pool waits after a failed refill.
-const BACKOFF: Duration = Duration::from_secs(5);
+pub(super) const BACKOFF: Duration = Duration::from_secs(5);
 
 /// One spare: its name (host end and, until claimed, the waiting end) and its ofport.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,13 +44,13 @@ pub struct Spare {
 }
 
 #[derive(Default)]
-struct Inner {
-    free: Vec<Spare>,
+pub(super) struct Inner {
+    pub(super) free: Vec<Spare>,
     /// Every name the pool owns: free, being made, or being given to a pod. The reconcile
     /// loop keeps these ports.
-    owned: HashSet<String>,
-    hold: Option<hostnet::Netns>,
-    last_take: Option<Instant>,
+    pub(super) owned: HashSet<String>,
+    pub(super) hold: Option<hostnet::Netns>,
+    pub(super) last_take: Option<Instant>,
     /// Taken spares not yet moved into their sandbox.
     moving: usize,
     /// Recent cost of adding a port (OVSDB transaction to ofport) and of moving a spare into
@@ -86,11 +82,11 @@ fn average(avg: &mut Option<f64>, d: Duration) {
 /// The pool; see the module documentation.
 #[derive(Default)]
 pub struct Spares {
-    want: usize,
+    pub(super) want: usize,
     /// Use a spare whenever one is ready, whatever the costs measured (tests).
     always: bool,
     inner: Mutex<Inner>,
-    wake: Notify,
+    pub(super) wake: Notify,
 }
 
 impl Spares {
@@ -98,7 +94,7 @@ impl Spares {
         Spares { want, always, ..Default::default() }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -174,118 +170,6 @@ impl Spares {
     /// A taken spare is a pod's now (or was destroyed): its name is no longer the pool's.
     pub fn release(&self, name: &str) {
         self.lock().owned.remove(name);
-    }
-
-    /// Keeps the pool filled for as long as `cancel` is not cancelled.
-    pub async fn keep_filled(node: Arc<Node>, cancel: CancellationToken) {
-        let spares = &node.spares;
-        if spares.want == 0 {
-            return;
-        }
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = spares.wake.notified() => {}
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-            // Let a burst of takes finish first.
-            loop {
-                let since = spares.lock().last_take.map(|t| t.elapsed());
-                match since {
-                    Some(s) if s < QUIET => tokio::time::sleep(QUIET - s).await,
-                    _ => break,
-                }
-            }
-            if let Err(e) = refill(&node).await {
-                warn!(error = %e, "could not refill the warm ports; retrying later");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(BACKOFF) => {}
-                }
-            }
-        }
-    }
-}
-
-/// Makes the missing spares: the veths one by one (a few hundred microseconds each), then all
-/// their ports in one OVSDB transaction (group-committed), then their ofports.
-async fn refill(node: &Arc<Node>) -> Result<(), String> {
-    let spares = &node.spares;
-    let need = spares.want.saturating_sub(spares.ready());
-    if need == 0 {
-        return Ok(());
-    }
-    // Only once pods can be served: the reconcile loop has taken stock of the bridge's ports.
-    let (Some(ovs), Some(_)) = (node.ovs(), node.engine_ready()) else { return Ok(()) };
-    let Some(mtu) = node.model().effective().map(|s| s.mtu) else { return Ok(()) };
-    let held = spares.lock().hold.clone();
-    let hold = match held {
-        Some(h) => h,
-        None => {
-            let h = tokio::task::spawn_blocking(|| hostnet::Netns::create_anonymous("warm ports"))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| e.to_string())?;
-            spares.lock().hold = Some(h.clone());
-            h
-        }
-    };
-    let host = hostnet::Netns::current().map_err(|e| e.to_string())?;
-    let mut made = Vec::with_capacity(need);
-    let mut failure = None;
-    for _ in 0..need {
-        let name = hostnet::pod::random_veth_name().map_err(|e| e.to_string())?;
-        spares.lock().owned.insert(name.clone());
-        match hostnet::create_spare(&host, &hold, &name, mtu).await {
-            Ok(()) => {
-                // As for every pod's host end: a switch port never answers ARP itself.
-                if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &name, "arp_ignore"], "8") {
-                    warn!(veth = %name, error = %e, "could not set arp_ignore on a spare veth");
-                }
-                made.push(name);
-            }
-            Err(e) => {
-                spares.release(&name);
-                failure = Some(format!("spare veth {name}: {e}"));
-                break;
-            }
-        }
-    }
-    let mut spec = PortSpec::system();
-    spec.external_ids.insert(SPARE_KEY.into(), "true".into());
-    let (bridge, timeout) = (node.cfg.bridge.name(), node.cfg.bridge.port_timeout);
-    let t = Instant::now();
-    let added = futures::future::join_all(made.iter().map(|name| {
-        let (ovs, spec) = (&ovs, &spec);
-        async move {
-            let _g = node.locks.lock(name).await;
-            (name, ovs.add_port_fast(bridge, name, spec, timeout).await)
-        }
-    }))
-    .await;
-    if !made.is_empty() {
-        spares.port_added(t.elapsed());
-    }
-    let mut ready = Vec::new();
-    for (name, r) in added {
-        match r {
-            Ok((ofport, _)) => ready.push(Spare { name: name.clone(), ofport }),
-            Err(e) => {
-                failure.get_or_insert(format!("port of spare {name}: {e}"));
-                let _ = super::ports::remove_port(&ovs, bridge, name).await;
-                let _ = hostnet::teardown_pod(&host, name).await;
-                spares.release(name);
-            }
-        }
-    }
-    if !ready.is_empty() {
-        debug!(spares = ready.len(), "warm ports ready");
-        let mut g = spares.lock();
-        g.free.extend(ready);
-    }
-    match failure {
-        Some(f) => Err(f),
-        None => Ok(()),
     }
 }
 

@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::{Pod, Problem, EGRESS_ANNOTATION, INGRESS_ANNOTATION};
 
+/// The Port `external_ids` key holding a pod's record: the agent rebuilds its pods from it
+/// after a restart (as openshift-sdn recovers pods from the table-20 notes).
+pub const POD_KEY: &str = "sdn-node-pod";
+
 /// The record format this agent writes.
 pub const VERSION: u32 = 1;
 

@@ -127,7 +127,7 @@ pub async fn ensure_base(
 ) -> Result<String, BaseError> {
     let vxlan_port = base.vxlan_port;
     let bridges = ovs.bridges().await?;
-    let recorded: Vec<String> = ovs.ports_with_external_id(super::POD_KEY).await?.into_iter().map(|(p, _)| p).collect();
+    let recorded: Vec<String> = ovs.ports_with_external_id(super::record::POD_KEY).await?.into_iter().map(|(p, _)| p).collect();
     let datapath_type = check_takeover(&bridges, bridge, takeover, &recorded).map_err(BaseError::Refused)?;
     ovs.init().await?;
     let opts = BridgeOptions { datapath_type: datapath_type.clone(), ..Default::default() };
