@@ -38,5 +38,5 @@ pub use hostif::{host_interface, HostInterface};
 pub use mac::MacAddr;
 pub use netns::{Netns, NsId, SandboxError};
 pub use owned::{delete_owned, veth_state, Deleted, VethState};
-pub use spare::{claim_spare, create_spare};
-pub use pod::{add_veth_pairs, check_pod, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};
+pub use spare::{claim_spare, create_spare, move_spare};
+pub use pod::{add_veth_pairs, check_pod, configure_pod, make_pod_veth, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};

@@ -109,9 +109,28 @@ pub struct PodInterface {
     pub mac: MacAddr,
 }
 
-/// Creates and configures the pod interface. On failure everything created so far is removed
-/// (deleting one veth end deletes both), so a retry starts clean.
+/// Creates and configures the pod interface ([`make_pod_veth`], then [`configure_pod`]). On
+/// failure everything created so far is removed (deleting one veth end deletes both), so a
+/// retry starts clean. (The agent runs the two steps itself, so that its one undo path covers
+/// them; this is the whole for everyone else.)
 pub async fn setup_pod(host: &Netns, pod: &Netns, cfg: &PodConfig) -> Result<PodInterface> {
+    let host_veth = make_pod_veth(host, pod, cfg).await?;
+    match configure_pod(host, pod, cfg, &host_veth).await {
+        Ok(made) => Ok(made),
+        Err(first) => {
+            let undo = match Nl::connect(host).await {
+                Ok(nl) => delete_by_name(&nl, &host_veth).await,
+                Err(e) => Err(e),
+            };
+            Err(undone(first, undo))
+        }
+    }
+}
+
+/// The first step of a pod's interface: the veth pair, the pod end in `pod` under its final
+/// name (one netlink request: it is made whole or not at all). Answers the host end's name.
+/// A name already taken in the sandbox is [`Error::Exists`].
+pub async fn make_pod_veth(host: &Netns, pod: &Netns, cfg: &PodConfig) -> Result<String> {
     cfg.validate()?;
     let host_nl = Nl::connect(host).await?;
     let pod_nl = Nl::connect(pod).await?;
@@ -121,11 +140,23 @@ pub async fn setup_pod(host: &Netns, pod: &Netns, cfg: &PodConfig) -> Result<Pod
             name: format!("{} (netns {})", cfg.ifname, pod.path().display()),
         });
     }
-    let host_veth = create_veth(&host_nl, &pod_nl, pod, cfg).await?;
-    match configure(&host_nl, &pod_nl, pod, cfg, &host_veth).await {
-        Ok(mac) => Ok(PodInterface { host_veth, mac }),
-        Err(first) => Err(undone(first, delete_by_name(&host_nl, &host_veth).await)),
+    create_veth(&host_nl, &pod_nl, pod, cfg).await
+}
+
+/// The second step: the pod end in `pod` (named `cfg.ifname`, its peer `host_veth` in `host`)
+/// gets its address, routes, MTU and state, the host end is set up. A failure leaves the pair
+/// as it was made: deleting it is the caller's (the agent's undo; [`setup_pod`]'s own).
+pub async fn configure_pod(host: &Netns, pod: &Netns, cfg: &PodConfig, host_veth: &str) -> Result<PodInterface> {
+    cfg.validate()?;
+    let host_nl = Nl::connect(host).await?;
+    let pod_nl = Nl::connect(pod).await?;
+    // A spare's host end was made with the MTU of its time.
+    let host_link = host_nl.require_link("host veth", host_veth).await?;
+    if host_link.mtu != Some(cfg.mtu) {
+        host_nl.link_up(&host_link, Some(cfg.mtu)).await?;
     }
+    let mac = configure(&host_nl, &pod_nl, pod, cfg, host_veth).await?;
+    Ok(PodInterface { host_veth: host_veth.to_string(), mac })
 }
 
 /// Creates the pair in one request: the host end under a fresh random name, the peer directly
@@ -168,7 +199,7 @@ async fn create_veth(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig) ->
     Err(last.unwrap_or_else(|| Error::invalid("veth name", "no attempt made")))
 }
 
-pub(crate) async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host_veth: &str) -> Result<MacAddr> {
+async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host_veth: &str) -> Result<MacAddr> {
     let link = pod_nl.require_link("pod interface", &cfg.ifname).await?;
     let lo = pod_nl.require_link("loopback", "lo").await?;
     pod_nl.link_up(&lo, None).await?;

@@ -8,7 +8,8 @@
 //! ([`Netns::create_anonymous`]: when its last handle closes, the kernel destroys it and every
 //! spare pair with it, so an agent that dies leaves no interfaces behind). [`claim_spare`]
 //! moves the waiting end into the pod's namespace, renamed, with the pod's MAC and MTU, in one
-//! netlink request, then configures it exactly as [`crate::setup_pod`] does.
+//! netlink request ([`move_spare`]), then configures it exactly as [`crate::setup_pod`] does
+//! ([`configure_pod`]).
 
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
 
@@ -18,7 +19,7 @@ use crate::{
     names::check_ifname,
     netns::Netns,
     nl::Nl,
-    pod::{configure, delete_by_name, undone, PodConfig, PodInterface},
+    pod::{configure_pod, delete_by_name, undone, PodConfig, PodInterface},
 };
 
 /// Creates spare pair `name`: the host end `name` in `host` (up, with `mtu`), the other end
@@ -45,12 +46,30 @@ pub async fn create_spare(host: &Netns, hold: &Netns, name: &str, mtu: u32) -> R
     }
 }
 
-/// Gives spare `name` (host end `name` in `host`, waiting in `hold`) to a pod: the waiting end moves into
-/// `pod` as `cfg.ifname` with `cfg.mac` and `cfg.mtu` (one request), then gets the address,
-/// routes and state [`crate::setup_pod`] gives. `cfg.host_ifname` is ignored (the host end
-/// keeps `name`). On failure the whole pair is deleted — a spare half-given to a pod is never
-/// reused — and the error says why.
+/// Gives spare `name` (host end `name` in `host`, waiting in `hold`) to a pod: [`move_spare`],
+/// then [`configure_pod`]. On failure the whole pair is deleted — a spare half-given to a pod is
+/// never reused — and the error says why. (The agent runs the two steps itself, so that its one
+/// undo path covers them; this is the whole for everyone else.)
 pub async fn claim_spare(host: &Netns, hold: &Netns, pod: &Netns, name: &str, cfg: &PodConfig) -> Result<PodInterface> {
+    move_spare(hold, pod, name, cfg).await?;
+    match configure_pod(host, pod, cfg, name).await {
+        Ok(made) => Ok(made),
+        Err(first) => {
+            // Deleting the host end deletes the pair, wherever its other end is.
+            let undo = match Nl::connect(host).await {
+                Ok(nl) => delete_by_name(&nl, name).await,
+                Err(e) => Err(e),
+            };
+            Err(undone(first, undo))
+        }
+    }
+}
+
+/// Moves the waiting end of spare `name` from `hold` into `pod` as `cfg.ifname`, with `cfg.mac`
+/// and `cfg.mtu`: one netlink request, so the end is moved and renamed or not at all. The host
+/// end keeps `name` (`cfg.host_ifname` is ignored). A name already taken in the sandbox is
+/// [`Error::Exists`] (nothing moved).
+pub async fn move_spare(hold: &Netns, pod: &Netns, name: &str, cfg: &PodConfig) -> Result<()> {
     cfg.validate()?;
     check_ifname(name)?;
     let hold_nl = Nl::connect(hold).await?;
@@ -67,25 +86,5 @@ pub async fn claim_spare(host: &Netns, hold: &Netns, pod: &Netns, name: &str, cf
     if let Some(mac) = cfg.mac {
         msg.attributes.push(LinkAttribute::Address(mac.0.to_vec()));
     }
-    let what = format!("spare veth {name} -> {} (pod {})", cfg.ifname, pod.path().display());
-    if let Err(first) = hold_nl.link_set(msg, &what).await {
-        // Moved or not, the pair goes: from whichever side still sees it.
-        let undo = match delete_by_name(&hold_nl, name).await {
-            Ok(()) => delete_by_name(&pod_nl, &cfg.ifname).await,
-            Err(e) => Err(e),
-        };
-        return Err(undone(first, undo));
-    }
-    let host_nl = Nl::connect(host).await?;
-    let configured = async {
-        let host_link = host_nl.require_link("host veth", name).await?;
-        if host_link.mtu != Some(cfg.mtu) {
-            host_nl.link_up(&host_link, Some(cfg.mtu)).await?;
-        }
-        configure(&host_nl, &pod_nl, pod, cfg, name).await
-    };
-    match configured.await {
-        Ok(mac) => Ok(PodInterface { host_veth: name.to_string(), mac }),
-        Err(first) => Err(undone(first, delete_by_name(&pod_nl, &cfg.ifname).await)),
-    }
+    hold_nl.link_set(msg, &format!("spare veth {name} -> {} (pod {})", cfg.ifname, pod.path().display())).await
 }

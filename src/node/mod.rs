@@ -12,6 +12,7 @@
 //! a lock that is never held across I/O.
 
 pub mod conns;
+pub mod faults;
 pub mod ports;
 pub mod record;
 pub mod state;
@@ -62,6 +63,10 @@ pub struct Config {
     /// cheaper than moving one (for tests of the warm path on small bridges).
     #[arg(long, hide = true)]
     pub warm_ports_always: bool,
+    /// Fail the next pod setups after these steps, one each, in order (tests of the undo path;
+    /// see `node::faults`).
+    #[arg(long, hide = true, value_delimiter = ',', value_enum)]
+    pub fail_pod_steps: Vec<faults::FaultPoint>,
     /// The NetworkPolicy audit log (off: no policy flow copies packets to the agent); set
     /// from `run`'s audit options.
     #[arg(skip)]

@@ -31,6 +31,7 @@ use crate::node::record::{CniRecord, PodRecord, SandboxId};
 use super::PodError;
 use crate::cluster::validate::{dns1123_label, dns1123_subdomain};
 use crate::cluster::Problem;
+use crate::node::faults::FaultPoint;
 
 /// A request from the plugin (the contract is the plugin crate's [`sdn_node_cni::wire`]).
 pub use sdn_node_cni::wire::Request as CniRequest;
@@ -109,6 +110,15 @@ fn reply_of(rec: &CniRecord, host_veth: &str, mac: &str, cluster: Ipv4Net) -> Cn
 async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply, PodError> {
     validate(&req)?;
     let key = (req.namespace.clone(), req.name.clone());
+    // Every step from here is recorded as it is taken, and undone together if one fails.
+    let mut undo = Undo::new(pods, key.clone());
+    let r = add_steps(pods, &req, key, deadline, &mut undo).await;
+    undo.finish(r).await
+}
+
+/// The steps of an ADD, each recorded in `undo` as it is taken.
+async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::PodKey, deadline: Instant, undo: &mut Undo<'a>) -> Result<CniReply, PodError> {
+    let req = req.clone();
     let pod_ns = open_sandbox(pods, &obj(&req), &req.netns).await?;
     let sandbox: SandboxId =
         pod_ns.id().map_err(|e| PodError::Failed(format!("{}: the identity of its sandbox: {e}", obj(&req))))?.into();
@@ -118,11 +128,14 @@ async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply
     // not count.
     let stale = stale_holders(pods, sandbox, &req, &key).await?;
     // A warm port, if one is ready: the pod's interface and port then come from it.
-    let mut taken = Taken { spares: &pods.spares, spare: pods.spares.take() };
+    let mut taken = pods.spares.take();
+    if let Some((spare, _, _)) = &taken {
+        undo.done(Step::Spare { spare: spare.clone(), claimed: false });
+    }
     // The host end's name comes from the container ID, unless an interface has it already (a
     // name shared with another container's, or anyone's): then another name, never a deletion.
     let derived = host_veth_name(&req.container_id);
-    let derived_free = taken.spare.is_some() || matches!(hostnet::owned::ifindex(&host_ns, &derived).await, Ok(None));
+    let derived_free = taken.is_some() || matches!(hostnet::owned::ifindex(&host_ns, &derived).await, Ok(None));
     // Reserve an address and the names, all under one lock.
     let (pod, mut record, cluster) = {
         let mut m = pods.state.lock();
@@ -142,7 +155,7 @@ async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply
         if let Some(k) = holder.filter(|k| *k != key) {
             return Err(sandbox_taken(&req, &k));
         }
-        let host_veth = match &taken.spare {
+        let host_veth = match &taken {
             Some((s, _, _)) => s.name.clone(),
             None if derived_free && !m.host_veth_taken(&derived) => derived.clone(),
             None => hostnet::pod::random_veth_name().map_err(|e| PodError::Failed(format!("a name for the pod's interface: {e}")))?,
@@ -174,15 +187,12 @@ async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply
         };
         let pod = record.to_pod().map_err(PodError::Invalid)?;
         m.reserve(&pod).map_err(PodError::from)?;
+        undo.done(Step::Reserved);
         m.reserve_sandbox(&key, sandbox);
         (pod, record, cluster)
     };
-    // From here the ADD's steps are undone together if any fails.
-    let mut undo = Undo::new(pods, key.clone());
-    undo.done(Step::Reserved);
-    // The warm port this ADD used, if any (released from the pool once the ADD is over).
-    let mut used_spare = None;
-    let r = async {
+    pods.faults.hit(FaultPoint::Netns).map_err(PodError::Failed)?;
+    {
         let Some(rec) = record.cni.clone() else { return Err(PodError::Failed("no CNI record".into())) };
         let cfg = hostnet::PodConfig {
             ifname: rec.if_name.clone(),
@@ -196,24 +206,24 @@ async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply
         };
         // A DEL of a pod of this sandbox may still be deleting its interface.
         drop(tokio::time::timeout_at(deadline, pods.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
-        let iface = match taken.spare.take() {
+        let iface = match taken.take() {
             // This ADD owns the spare now: used, or destroyed with whatever failed.
             Some((spare, hold, ahead)) => {
-                used_spare = Some(spare.name.clone());
+                undo.spare_claimed();
                 // The spare's host end is the agent's (it made it): its ifindex is the record's.
                 if let Some(c) = record.cni.as_mut() {
                     c.host_ifindex = hostnet::owned::ifindex(&host_ns, &spare.name).await.ok().flatten();
                 }
                 undo.interface_made(record.clone());
-                add_warm(pods, &pod, record, &cfg, (&spare, &hold, ahead), (&host_ns, &pod_ns), deadline, &mut undo)
+                add_warm(pods, &pod, record, &cfg, (&spare, &hold, ahead), (&host_ns, &pod_ns), deadline, undo)
                     .await
                     .map_err(|e| e.into_pod(&req))?
             }
             None => {
-                let iface = fresh_interface(pods, &pod, &mut record, &cfg, (&host_ns, &pod_ns), deadline, &mut undo)
+                let iface = fresh_interface(pods, &pod, &mut record, &cfg, (&host_ns, &pod_ns), deadline, undo)
                     .await
                     .map_err(|e| e.into_pod(&req))?;
-                super::setup::port_and_flows(pods, pod.clone(), record, deadline, None, &mut undo).await?;
+                super::setup::port_and_flows(pods, pod.clone(), record, deadline, None, undo).await?;
                 iface
             }
         };
@@ -221,33 +231,26 @@ async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply
         super::setup::recorded(pods, &key, deadline).await?;
         Ok(reply_of(&rec, &iface.host_veth, &iface.mac.to_string(), cluster))
     }
-    .await;
-    let r = undo.finish(r).await;
-    // A spare is the pod's now, or was undone with it.
-    if let Some(name) = used_spare {
-        pods.spares.release(&name);
-    }
-    r
 }
 
 /// A new veth for the pod (no warm port was ready): made, then recorded by its ifindex (what a
 /// DEL or teardown may delete later), with ARP off on the host end.
-async fn fresh_interface<'a>(
+async fn fresh_interface(
     pods: &Pods,
     pod: &crate::cluster::Pod,
     record: &mut PodRecord,
     cfg: &hostnet::PodConfig,
-    (host_ns, pod_ns): (&'a hostnet::Netns, &'a hostnet::Netns),
+    (host_ns, pod_ns): (&hostnet::Netns, &hostnet::Netns),
     deadline: Instant,
-    undo: &mut Undo<'a>,
+    undo: &mut Undo<'_>,
 ) -> Result<hostnet::PodInterface, IfaceError> {
     // A DEL of the same container may still be deleting the veth of that name.
     drop(tokio::time::timeout_at(deadline, pods.locks.lock(&pod.host_veth)).await);
-    // setup_pod undoes its own steps, but a timeout may leave the veth (an interface that had
-    // the name already is someone else's, and is not paired into this sandbox: left alone).
-    undo.done(Step::MaybeInterface { host: host_ns, name: pod.host_veth.clone(), sandbox: pod_ns, ifname: cfg.ifname.clone() });
-    let iface = IfaceError::made(tokio::time::timeout_at(deadline, hostnet::setup_pod(host_ns, pod_ns, cfg)).await)?;
-    match hostnet::veth_state(host_ns, &iface.host_veth, None, pod_ns, &cfg.ifname).await {
+    // A failed or timed-out step may leave the veth (an interface that had the name already is
+    // someone else's, and is not paired into this sandbox: left alone).
+    undo.done(Step::MaybeInterface { host: host_ns.clone(), name: pod.host_veth.clone(), sandbox: pod_ns.clone(), ifname: cfg.ifname.clone() });
+    let name = IfaceError::made(tokio::time::timeout_at(deadline, hostnet::make_pod_veth(host_ns, pod_ns, cfg)).await)?;
+    match hostnet::veth_state(host_ns, &name, None, pod_ns, &cfg.ifname).await {
         Ok(hostnet::VethState::Paired { host_index }) => {
             if let Some(c) = record.cni.as_mut() {
                 c.host_ifindex = Some(host_index);
@@ -256,12 +259,15 @@ async fn fresh_interface<'a>(
         }
         other => return Err(IfaceError::Pod(PodError::Failed(format!("the interface just made is not there as made: {other:?}")))),
     }
+    pods.faults.hit(FaultPoint::Veth).map_err(|e| IfaceError::Pod(PodError::Failed(e)))?;
     // The host end is a switch port, not an IP interface: it must never answer ARP for the
     // node's addresses (on the userspace datapath the kernel sees its packets too, and would
     // answer for the gateway, bypassing the pipeline). (A spare's was set when it was made.)
-    if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &iface.host_veth, "arp_ignore"], "8") {
-        tracing::warn!(veth = %iface.host_veth, error = %e, "could not set arp_ignore on the host veth");
+    if let Err(e) = hostnet::sysctl::write(&["net", "ipv4", "conf", &name, "arp_ignore"], "8") {
+        tracing::warn!(veth = %name, error = %e, "could not set arp_ignore on the host veth");
     }
+    let iface = IfaceError::made(tokio::time::timeout_at(deadline, hostnet::configure_pod(host_ns, pod_ns, cfg, &name)).await)?;
+    pods.faults.hit(FaultPoint::Addresses).map_err(|e| IfaceError::Pod(PodError::Failed(e)))?;
     tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), "fresh pod interface ready");
     Ok(iface)
 }
@@ -275,7 +281,7 @@ enum IfaceError {
 
 impl IfaceError {
     /// The interface, or why it was not made in time.
-    fn made(r: Result<hostnet::Result<hostnet::PodInterface>, tokio::time::error::Elapsed>) -> Result<hostnet::PodInterface, IfaceError> {
+    fn made<T>(r: Result<hostnet::Result<T>, tokio::time::error::Elapsed>) -> Result<T, IfaceError> {
         match r {
             Ok(Ok(i)) => Ok(i),
             Ok(Err(e)) => Err(IfaceError::Iface(e)),
@@ -313,29 +319,19 @@ async fn add_warm<'a>(
 ) -> Result<hostnet::PodInterface, IfaceError> {
     let claim = async {
         let t = Instant::now();
-        let r = tokio::time::timeout_at(deadline, hostnet::claim_spare(host_ns, hold, pod_ns, &spare.name, cfg)).await;
+        let moved = IfaceError::made(tokio::time::timeout_at(deadline, hostnet::move_spare(hold, pod_ns, &spare.name, cfg)).await);
         pods.spares.moved(t.elapsed(), ahead);
-        r
+        moved?;
+        pods.faults.hit(FaultPoint::Rename).map_err(|e| IfaceError::Pod(PodError::Failed(e)))?;
+        let iface = IfaceError::made(tokio::time::timeout_at(deadline, hostnet::configure_pod(host_ns, pod_ns, cfg, &spare.name)).await)?;
+        pods.faults.hit(FaultPoint::Addresses).map_err(|e| IfaceError::Pod(PodError::Failed(e)))?;
+        Ok(iface)
     };
     let port = super::setup::port_and_flows(pods, pod.clone(), record, deadline, Some(spare.ofport), undo);
     let (moved, committed) = tokio::join!(claim, port);
     tracing::debug!(pod = %format!("{}/{}", pod.namespace, pod.name), ahead, "warm port claimed");
     committed.map_err(IfaceError::Pod)?;
-    IfaceError::made(moved)
-}
-
-/// A warm port taken for one ADD: back to the pool if the ADD returns before using it.
-struct Taken<'a> {
-    spares: &'a super::spares::Spares,
-    spare: Option<(super::spares::Spare, hostnet::Netns, usize)>,
-}
-
-impl Drop for Taken<'_> {
-    fn drop(&mut self) {
-        if let Some((s, _, _)) = self.spare.take() {
-            self.spares.put_back(s);
-        }
-    }
+    moved
 }
 
 async fn del(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<(), PodError> {

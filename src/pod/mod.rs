@@ -51,6 +51,8 @@ pub struct Pods {
     pub checkpoint: Arc<checkpoint::Checkpoint>,
     /// Wakes the converge loop (a teardown left something to finish).
     pub kick: Kick,
+    /// Failures injected by tests (`--fail-pod-steps`); none otherwise.
+    pub faults: crate::node::faults::Faults,
 }
 
 impl Pods {
@@ -64,6 +66,7 @@ impl Pods {
             spares: Arc::new(spares::Spares::new(cfg.warm_ports, cfg.warm_ports_always)),
             checkpoint: Arc::new(checkpoint),
             kick: Kick::default(),
+            faults: crate::node::faults::Faults::new(&cfg.fail_pod_steps),
             cfg,
             telemetry,
         })

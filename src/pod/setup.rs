@@ -24,6 +24,7 @@ use crate::node::ports;
 use crate::node::record::POD_KEY;
 use crate::cluster::{Pod, Problem};
 use crate::engine::OnFailure;
+use crate::node::faults::FaultPoint;
 
 /// Sets a pod up; see the module documentation. Answers the pod's ofport.
 pub async fn setup(pods: &Pods, req: PodRecord, deadline: Instant) -> Result<u32, PodError> {
@@ -60,9 +61,11 @@ pub(super) fn ready(pods: &Pods) -> Result<(), PodError> {
 /// The last step of a setup: the pod is durable (in the agent's checkpoint) before its request
 /// is answered.
 pub(super) async fn recorded(pods: &Pods, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
-    super::checkpoint::persist(pods, deadline)
-        .await
-        .map_err(|e| PodError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
+    let written = match pods.faults.hit(FaultPoint::Checkpoint) {
+        Err(injected) => Err(injected),
+        Ok(()) => super::checkpoint::persist(pods, deadline).await.map_err(|e| e.to_string()),
+    };
+    written.map_err(|e| PodError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
 }
 
 /// The steps of a setup after the pod is reserved in the model: port (a new one, or the warm
@@ -102,6 +105,7 @@ pub(super) async fn port_and_flows<'a>(
         Ok(Err(e)) => return Err(ovsdb_error(&pod, e)),
         Err(_) => return Err(PodError::Deadline("ovsdb-server did not set the port up in time".into())),
     };
+    pods.faults.hit(FaultPoint::Ovsdb).map_err(PodError::Failed)?;
     // Into the model and, in the same critical section, to the engine: the engine then applies
     // this pod's flows after any replacement computed before it, never before.
     let queued = {
@@ -124,6 +128,7 @@ pub(super) async fn port_and_flows<'a>(
     let (queued, ticket) = queued?;
     committed(queued, deadline).await?;
     pods.telemetry.metrics.realization.realized(ticket);
+    pods.faults.hit(FaultPoint::Flows).map_err(PodError::Failed)?;
     tracing::debug!(pod = %format!("{}/{}", key.0, key.1), port_ms, total_ms = t_port.elapsed().as_secs_f64() * 1e3, "pod port and flows committed");
     Ok(ofport)
 }
