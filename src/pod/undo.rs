@@ -92,10 +92,13 @@ impl<'a> Undo<'a> {
     pub async fn finish<T>(mut self, r: Result<T, PodError>) -> Result<T, PodError> {
         match &r {
             Ok(_) => {
-                // The warm port is the pod's now: the pool no longer keeps it.
-                for s in &self.steps {
-                    if let Step::Spare { spare, .. } = s {
-                        self.pods.spares.release(&spare.name);
+                // A claimed warm port is the pod's now: the pool no longer keeps it. One the
+                // setup did not need (a repeated ADD answered what the first did) goes back.
+                for s in std::mem::take(&mut self.steps) {
+                    match s {
+                        Step::Spare { spare, claimed: true } => self.pods.spares.release(&spare.name),
+                        Step::Spare { spare, claimed: false } => self.pods.spares.put_back(spare),
+                        _ => {}
                     }
                 }
             }
