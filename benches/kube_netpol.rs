@@ -26,7 +26,7 @@ use sdn_node::cluster::{validate, ClusterState, PodKey};
 use sdn_node::kube::mapping::{self, Object, Objects, Update};
 use sdn_node::kube::types::{ClusterNetwork, HostSubnet, NetNamespace};
 use sdn_node::kube::watch::Kind;
-use sdn_node::model::OfPort;
+use sdn_node::domain::OfPort;
 use sdn_node::pipeline::egress::DnsAnswers;
 use sdn_node::run::source::Loaded;
 use sdn_node::store::{self, DesiredState, InstalledState, Plan};

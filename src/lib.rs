@@ -10,7 +10,7 @@
 //! The test sandbox (a private Open vSwitch) and the benchmarks are not here: they are the
 //! `sdn-harness` crate (`harness/`, binary `sdn-bench`), which depends on this library.
 
-pub use sdn_model::{cluster, model, pipeline, store};
+pub use sdn_model::{cluster, domain, pipeline, store};
 
 pub mod api;
 pub mod audit;

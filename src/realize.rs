@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::cluster::{Loaded, PolicyKey};
-use crate::model::Plugin;
+use crate::domain::Plugin;
 
 /// One policy's realization.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

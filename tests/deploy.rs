@@ -1822,7 +1822,7 @@ fn controller_config_problems(c: &ControllerManifests) -> Vec<String> {
             n.cluster_network.max_prefix_len() - KUBEADM_NODE_CIDR_MASK_SIZE
         ));
     }
-    if n.plugin != sdn_node::model::Plugin::NetworkPolicy {
+    if n.plugin != sdn_node::domain::Plugin::NetworkPolicy {
         problems.push(format!("plugin {:?}: the manifests' default is networkpolicy", n.plugin));
     }
     if (n.vxlan_port, n.mtu) != (4789, 1450) {

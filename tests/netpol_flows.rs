@@ -18,7 +18,7 @@ use openflow::{EthMatch, IpProto, Masked, Match};
 use sdn_node::cluster::desired::{desired_state_with_warnings, owner_flows};
 use sdn_node::cluster::state_file::parse;
 use sdn_node::cluster::{ClusterState, PodKey};
-use sdn_node::model::OfPort;
+use sdn_node::domain::OfPort;
 use sdn_node::pipeline::egress::DnsAnswers;
 use sdn_node::store::{diff, diff_owners, Compiled, InstalledState, Owner};
 

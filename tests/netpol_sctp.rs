@@ -396,7 +396,7 @@ fn sctp_table80_flow_decodes_in_ovs_as_displayed() {
     let sctp = Dst::Ports { proto: L4::Sctp, start: 9000, end: 9003 };
     let ns = NamespacePolicy {
         namespace: "team-a".into(),
-        vnid: Some(sdn_node::model::Vnid::new(11).unwrap()),
+        vnid: Some(sdn_node::domain::Vnid::new(11).unwrap()),
         isolated: vec![],
         rules: vec![RuleAllow {
             policy: "p".into(),

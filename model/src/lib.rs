@@ -9,9 +9,9 @@
 //!   [`cluster::ClusterState`] into the flows the switch should hold, per owner.
 //! - [`pipeline`]: the flows of each table, one pure `flows(&X) -> Vec<Flow>` per file.
 //! - [`store`]: the desired and installed mirrors, and their diff as FLOW_MODs.
-//! - [`model`]: the domain's small values (Vnid, OfPort, ContainerId, Plugin).
+//! - [`domain`]: the domain's small values (Vnid, OfPort, ContainerId, Plugin).
 
 pub mod cluster;
-pub mod model;
+pub mod domain;
 pub mod pipeline;
 pub mod store;

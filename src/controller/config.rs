@@ -8,7 +8,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 
-use crate::model::Plugin;
+use crate::domain::Plugin;
 
 /// Where a Node's HostSubnet comes from.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Deserialize)]

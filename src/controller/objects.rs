@@ -21,11 +21,11 @@ pub const HOST_IP_ANNOTATION: &str = "sdn-node.openshift.io/host-ip";
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "sdn-node-controller");
 
 /// The plugin names of ClusterNetwork.pluginName.
-pub fn plugin_name(p: crate::model::Plugin) -> &'static str {
+pub fn plugin_name(p: crate::domain::Plugin) -> &'static str {
     match p {
-        crate::model::Plugin::Subnet => "redhat/openshift-ovs-subnet",
-        crate::model::Plugin::Multitenant => "redhat/openshift-ovs-multitenant",
-        crate::model::Plugin::NetworkPolicy => "redhat/openshift-ovs-networkpolicy",
+        crate::domain::Plugin::Subnet => "redhat/openshift-ovs-subnet",
+        crate::domain::Plugin::Multitenant => "redhat/openshift-ovs-multitenant",
+        crate::domain::Plugin::NetworkPolicy => "redhat/openshift-ovs-networkpolicy",
     }
 }
 
@@ -234,7 +234,7 @@ pub fn rv(meta: &ObjectMeta) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Plugin;
+    use crate::domain::Plugin;
     use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
 
     fn node(cidrs: &[&str], addrs: &[(&str, &str)], ann: Option<&str>) -> Node {

@@ -43,7 +43,7 @@ use super::subnets::Subnets;
 use super::vnids::{self, Change, Vnids};
 use super::writer::{WriteError, Writer};
 use crate::kube::types::{annotations, ClusterNetwork, HostSubnet, NetNamespace};
-use crate::model::Plugin;
+use crate::domain::Plugin;
 
 /// What a watcher reports.
 enum Update<T> {

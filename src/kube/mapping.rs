@@ -20,7 +20,7 @@ use crate::cluster::validate::{self, EgressRuleFields};
 use crate::cluster::{name_problems, Checked};
 use crate::cluster::netpol::{self, ContainerPort, Labels, NetworkPolicy, PodMeta, RemotePod};
 use crate::cluster::{ClusterState, HostSubnet, NetNamespace, PodKey, Problem, Service};
-use crate::model::Plugin;
+use crate::domain::Plugin;
 use crate::pipeline::egress::Policy;
 use crate::cluster::Loaded;
 use crate::store::Owner;
@@ -1392,7 +1392,7 @@ mod tests {
                 internal: false,
             };
             state.pods.push(validate::pod(raw).unwrap());
-            ofports.insert((ns.clone(), name.clone()), crate::model::OfPort(3 + i as u32));
+            ofports.insert((ns.clone(), name.clone()), crate::domain::OfPort(3 + i as u32));
         }
         let (d, _) = desired_state(&state, &ofports, &DnsAnswers::new());
         let mut m: BTreeMap<Owner, Vec<String>> = BTreeMap::new();

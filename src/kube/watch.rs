@@ -23,7 +23,7 @@ use super::mapping::{self, Object, Objects, Unusable, Update};
 use super::types::{ClusterNetwork, EgressNetworkPolicy, HostSubnet, NetNamespace};
 use super::KubeOptions;
 use crate::metrics::{TargetLabel, Telemetry};
-use crate::model::Plugin;
+use crate::domain::Plugin;
 use crate::cluster::Loaded;
 
 /// The label openshift-sdn sets on a node that cannot list EgressNetworkPolicies.

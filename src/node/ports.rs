@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::cluster::Pod;
-use crate::model::OfPort;
+use crate::domain::OfPort;
 use crate::options::DatapathType;
 use crate::ovsdb::{BridgeInfo, BridgeOptions, Ovs, OvsdbError, PortSpec};
 

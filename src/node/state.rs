@@ -15,7 +15,7 @@ use super::record::{CniRecord, PodRecord, SandboxId};
 use crate::cluster::desired::{desired_state_with_warnings, pod_owner_flows, vnid_owner_flows};
 use crate::cluster::{ClusterState, Pod, PodKey, Problem};
 use crate::engine::Update;
-use crate::model::OfPort;
+use crate::domain::OfPort;
 use crate::pipeline::egress::{dns_names, DnsAnswers};
 use crate::cluster::Loaded;
 use crate::store::{DesiredState, Owner};
@@ -568,7 +568,7 @@ mod tests {
     use super::*;
     use crate::cluster::state_file::parse;
 
-    fn model() -> NodeState {
+    fn state() -> NodeState {
         let (state, problems) = parse(include_str!("../../deploy/examples/cluster.yaml")).unwrap();
         let mut m = NodeState::new("br0");
         m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
@@ -580,7 +580,7 @@ mod tests {
         let mut p = st.pods[0].clone();
         p.name = name.into();
         p.ip = ip.parse().unwrap();
-        p.mac = crate::model::pod_mac(p.ip);
+        p.mac = crate::domain::pod_mac(p.ip);
         p.host_veth = veth.into();
         p
     }
@@ -636,7 +636,7 @@ mod tests {
     /// cluster a wait for the controller, which the refusal names.
     #[test]
     fn a_namespace_without_a_netnamespace_is_waited_for_in_a_cluster() {
-        let mut m = model();
+        let mut m = state();
         let mut p = pod(&m, "x", "10.128.3.200", "vx");
         p.namespace = "nowhere".into();
         assert!(matches!(m.reserve(&p), Err(Refusal::Invalid(pr))
@@ -662,7 +662,7 @@ mod tests {
 
     #[test]
     fn the_agents_own_ports_are_never_a_pods() {
-        let mut m = model();
+        let mut m = state();
         for name in ["br0", "tun0", "vxlan0"] {
             let p = pod(&m, "x", "10.128.3.200", name);
             match m.reserve(&p) {
@@ -678,7 +678,7 @@ mod tests {
 
     #[test]
     fn reservations_conflict_with_each_other_and_leave_no_flows() {
-        let mut m = model();
+        let mut m = state();
         let a = pod(&m, "a", "10.128.3.200", "va");
         let b = pod(&m, "b", "10.128.3.200", "vb");
         let c = pod(&m, "c", "10.128.3.201", "va");
@@ -694,7 +694,7 @@ mod tests {
 
     #[test]
     fn set_up_then_torn_down_pods_flows_follow_the_model() {
-        let mut m = model();
+        let mut m = state();
         let a = pod(&m, "a", "10.128.3.200", "va");
         m.reserve(&a).unwrap();
         m.set_up(a.clone(), PodRecord::default(), 40);

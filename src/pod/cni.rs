@@ -69,7 +69,7 @@ pub fn validate(r: &CniRequest) -> Result<(), PodError> {
     if !dns1123_subdomain(&r.name) {
         return bad("name", format!("{:?} is not a DNS-1123 subdomain", r.name));
     }
-    if let Err(e) = crate::model::ContainerId::parse(&r.container_id) {
+    if let Err(e) = crate::domain::ContainerId::parse(&r.container_id) {
         return bad("containerID", e);
     }
     // The workspace's one interface-name rule, which the plugin and hostnet apply too (so "."
@@ -179,7 +179,7 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
             name: req.name.clone(),
             host_veth,
             ip: ip.to_string(),
-            mac: crate::model::pod_mac(ip).to_string(),
+            mac: crate::domain::pod_mac(ip).to_string(),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
             annotations: m.source().and_then(|l| l.pod_annotations.get(&key)).cloned().unwrap_or_default(),
             internal: false,
@@ -353,7 +353,7 @@ async fn del(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<(), PodE
         return super::checkpoint::forgotten(pods, &k, deadline).await;
     }
     // Not (or no longer) known: whatever a half-done ADD of this container left.
-    if crate::model::ContainerId::parse(&req.container_id).is_ok() {
+    if crate::domain::ContainerId::parse(&req.container_id).is_ok() {
         remove_unrecorded(pods, &req).await?;
     }
     // A retried DEL whose first attempt could not write the checkpoint writes it now.

@@ -18,7 +18,7 @@ use tracing::info;
 
 use crate::cluster::ClusterState;
 use crate::metrics::{retry_delay, Executor};
-use crate::model::Plugin;
+use crate::domain::Plugin;
 
 
 /// What the host must look like, from the model alone (pure).

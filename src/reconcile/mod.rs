@@ -82,7 +82,7 @@ pub struct Pass {
 /// The base ports' settings that come from the cluster's state.
 pub fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
     let tun_mac = match (st.plugin, st.local_subnet()) {
-        (crate::model::Plugin::NetworkPolicy, Some(local)) => {
+        (crate::domain::Plugin::NetworkPolicy, Some(local)) => {
             Some(crate::pipeline::via_host::tun0_mac(crate::pipeline::gateway(local.subnet)))
         }
         _ => None,

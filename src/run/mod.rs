@@ -524,7 +524,7 @@ mod tests {
         assert!(m.encode().contains("sdn_node_policies_partly_enforced 0"), "{}", m.encode());
         // Another plugin enforces no NetworkPolicy at all: nothing counted here.
         let mut l = loaded(&format!("{HEADER}{policies}"));
-        l.state.plugin = crate::model::Plugin::Multitenant;
+        l.state.plugin = crate::domain::Plugin::Multitenant;
         record_source(&m, &l);
         assert_eq!(m.policies_partly_enforced.get(), 0);
     }

@@ -205,7 +205,7 @@ pub async fn read(mgmt: &Path, timeout: Duration) -> Result<SwitchView, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ContainerId, OfPort, Plugin, Vnid};
+    use crate::domain::{ContainerId, OfPort, Plugin, Vnid};
     use crate::pipeline::{base, pod, subnet, NodeConfig};
 
     fn view_of(flows: &[crate::pipeline::Flow]) -> SwitchView {

@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::cluster::ClusterState;
-use crate::model::OfPort;
+use crate::domain::OfPort;
 use owners::{CookieOwner, OwnerIndex};
 use parse::ParsedTrace;
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::cluster::ClusterState;
-use crate::model::Vnid;
+use crate::domain::Vnid;
 use crate::store::Owner;
 
 /// What a cookie says about its flow's owner.

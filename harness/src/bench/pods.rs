@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use super::limit::{self, OfportWatch, RawMux};
 use super::{quantile, seed, workload, BenchError, Memory};
-use sdn_node::model::{OfPort, Vnid};
+use sdn_node::domain::{OfPort, Vnid};
 use sdn_node::ovsdb::{BridgeOptions, Ovs, OvsdbClient};
 use sdn_node::pipeline::pod::PodPort;
 use sdn_node::pipeline::{base, policy};
@@ -227,7 +227,7 @@ fn bpod(tag: char, i: u32) -> (String, PodPort) {
     let p = PodPort {
         ofport: OfPort(10 + i),
         ip,
-        mac: sdn_node::model::pod_mac(ip),
+        mac: sdn_node::domain::pod_mac(ip),
         container_id: cid,
         vnid: Vnid::new(100 + i % NAMESPACES).unwrap_or(Vnid::GLOBAL),
     };

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use sdn_node::model::{ContainerId, OfPort, Plugin, Vnid};
+use sdn_node::domain::{ContainerId, OfPort, Plugin, Vnid};
 use sdn_node::pipeline::egress::{self, Policy, Rule, RuleType, Target};
 use sdn_node::pipeline::pod::PodPort;
 use sdn_node::pipeline::{base, pod, policy, Flow, NodeConfig};
@@ -32,7 +32,7 @@ pub fn pod(i: u32) -> (Owner, PodPort) {
     let p = PodPort {
         ofport: OfPort(10 + i),
         ip,
-        mac: sdn_node::model::pod_mac(ip),
+        mac: sdn_node::domain::pod_mac(ip),
         container_id: ContainerId::parse(&hex).unwrap_or_else(|_| unreachable_id()),
         vnid: Vnid::new(100 + i % VNIDS).unwrap_or(Vnid::GLOBAL),
     };

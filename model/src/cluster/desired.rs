@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{netpol, ClusterState, NetNamespace, PodKey, Problem};
-use crate::model::{OfPort, Plugin, Vnid};
+use crate::domain::{OfPort, Plugin, Vnid};
 use crate::pipeline::egress::{self, DnsAnswers};
 use crate::pipeline::pod::PodPort;
 use crate::pipeline::subnet::RemoteSubnet;

@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use openflow::MacAddr;
 
-use crate::model::{ContainerId, Plugin, Vnid};
+use crate::domain::{ContainerId, Plugin, Vnid};
 use crate::pipeline::egress;
 use crate::pipeline::service::ServicePort;
 

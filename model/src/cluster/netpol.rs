@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Checked, ClusterState, FieldError, Problem};
-use crate::model::Vnid;
+use crate::domain::Vnid;
 use crate::pipeline::netpol::{Audit, Dst, EgressRule, NamespacePolicy, RuleAllow, Side, Src, L4};
 
 /// Labels of a namespace or pod.
@@ -286,7 +286,7 @@ fn declares_egress(spec: &knet::NetworkPolicySpec) -> bool {
 /// How many NetworkPolicies of `state` this node enforces only in part: those `problems` name
 /// (a part dropped as unusable). None unless the plugin is networkpolicy.
 pub fn partly_enforced(state: &ClusterState, problems: &[Problem]) -> usize {
-    if state.plugin != crate::model::Plugin::NetworkPolicy {
+    if state.plugin != crate::domain::Plugin::NetworkPolicy {
         return 0;
     }
     problems.iter().filter(|p| p.object.starts_with("networkpolicy ")).map(|p| p.object.as_str()).collect::<BTreeSet<_>>().len()

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::validate;
 use super::{name_problems, Checked, ClusterState, Fatal, FieldError, Problem};
-use crate::model::Plugin;
+use crate::domain::Plugin;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -480,7 +480,7 @@ mod tests {
         let rss = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string));
         println!("100,000-pod state: {} MiB of YAML parsed in {took:?}; peak {}", text.len() >> 20, rss.unwrap_or_default());
     }
-    use crate::model::Vnid;
+    use crate::domain::Vnid;
 
     pub(crate) const EXAMPLE: &str = r#"
 node: node-a

@@ -9,7 +9,7 @@ use ipnet::Ipv4Net;
 use serde::Deserialize;
 
 use super::{Checked, ClusterState, Fatal, FieldError, HostSubnet, NetNamespace, Pod, Problem, Service};
-use crate::model::{ContainerId, Plugin, Vnid};
+use crate::domain::{ContainerId, Plugin, Vnid};
 use crate::pipeline::egress::{self, RuleType, Target};
 use crate::pipeline::service::{ServicePort, ServiceProto};
 

@@ -3,7 +3,7 @@
 use openflow::{Action, ArpMatch, EthMatch, Ipv4Match, Match, RegMove, Subfield};
 
 use super::{cidr, host, ip, multicast_net, output, output_reg2, tun_id_low32, Flow, NodeConfig, Reg, Table};
-use crate::model::OfPort;
+use crate::domain::OfPort;
 
 /// `move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[]`: the sender's VNID from the VXLAN header.
 fn tun_id_to_reg0() -> Action {
@@ -27,7 +27,7 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
     let ipm = |src, dst| EthMatch::Ipv4(Ipv4Match { src, dst, ..Default::default() });
     let mcast = cidr(multicast_net());
     let with = |port: Option<OfPort>, eth: EthMatch| Match { in_port: port.map(Into::into), eth, ..Default::default() };
-    let networkpolicy = cfg.plugin == crate::model::Plugin::NetworkPolicy;
+    let networkpolicy = cfg.plugin == crate::domain::Plugin::NetworkPolicy;
     // Table 60: in networkpolicy mode every pod may reach every service (policies apply at
     // the endpoints, as Kubernetes defines them; openshift-sdn VERSION 4 does the same);
     // otherwise VNID 0 may reach every service and the services' own flows admit the rest.
@@ -96,18 +96,18 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
 }
 
 /// Table 253: the rule version note `%02X.%02X` (plugin id, VERSION).
-pub fn version_flow(plugin: crate::model::Plugin) -> Flow {
+pub fn version_flow(plugin: crate::domain::Plugin) -> Flow {
     Flow::new(Table::Version, super::DEFAULT_PRIORITY, Match::any(), vec![Action::note(version_note(plugin))], None)
 }
 
 /// The note bytes the seed's AlreadySetUp looks for (a prefix of the stored note).
-pub fn version_note(plugin: crate::model::Plugin) -> [u8; 2] {
+pub fn version_note(plugin: crate::domain::Plugin) -> [u8; 2] {
     [plugin.id(), super::VERSION]
 }
 
 /// The seed's AlreadySetUp: the switch holds the table-253 version note of this plugin and
 /// pipeline VERSION (a prefix match on the note, as the seed's `NoteHasPrefix`).
-pub fn already_set_up(flows: &[openflow::FlowStats], plugin: crate::model::Plugin) -> bool {
+pub fn already_set_up(flows: &[openflow::FlowStats], plugin: crate::domain::Plugin) -> bool {
     let want = version_note(plugin);
     flows.iter().filter(|f| f.table_id == Table::Version.id()).any(|f| {
         f.instructions.iter().any(|i| match i {
@@ -122,7 +122,7 @@ pub fn already_set_up(flows: &[openflow::FlowStats], plugin: crate::model::Plugi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Plugin;
+    use crate::domain::Plugin;
 
     fn cfg() -> NodeConfig {
         NodeConfig {

@@ -11,7 +11,7 @@ use ipnet::Ipv4Net;
 use openflow::{Ipv4Match, Match};
 
 use super::{cidr, host, output, Flow, Reg, Table};
-use crate::model::{OfPort, Vnid};
+use crate::domain::{OfPort, Vnid};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RuleType {

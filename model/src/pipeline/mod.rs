@@ -22,7 +22,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use openflow::{Action, FlowMod, Instruction, Ipv4Match, Masked, Match, NxmField, Subfield, OFP_DEFAULT_PRIORITY};
 
-use crate::model::{OfPort, Plugin};
+use crate::domain::{OfPort, Plugin};
 
 /// The rule version of the pipeline (the seed's `VERSION`).
 pub const VERSION: u8 = 3;

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use openflow::{Action, Match, SetField};
 
 use super::{output, subnet::move_reg0_to_tun_id, Flow, Reg, Table, DEFAULT_PRIORITY};
-use crate::model::{OfPort, Vnid};
+use crate::domain::{OfPort, Vnid};
 
 /// A VNID's local multicast flows: allowed out (110) if enabled, delivered to its local pods
 /// (120) if enabled and it has any. Outputs are ordered as the seed orders them: sorted as the

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use openflow::{Action, ArpMatch, Ipv4Match, MacAddr, Masked, Match};
 
 use super::{host, load, output, Flow, Reg, Table};
-use crate::model::{ContainerId, OfPort, Vnid};
+use crate::domain::{ContainerId, OfPort, Vnid};
 
 /// What the pipeline needs to know about a local pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use openflow::Match;
 
 use super::{output_reg2, Flow, Reg, Table};
-use crate::model::{Plugin, Vnid};
+use crate::domain::{Plugin, Vnid};
 
 /// The plugin's fixed rules: subnet delivers everything; multitenant delivers from and to
 /// VNID 0 (the global network); networkpolicy tracks, accepts replies and accepts pods no

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
 
 use super::{host, load, Flow, Reg, Table};
-use crate::model::{OfPort, Vnid};
+use crate::domain::{OfPort, Vnid};
 
 /// Protocols a service port may use in this pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

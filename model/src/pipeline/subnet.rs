@@ -6,7 +6,7 @@ use ipnet::Ipv4Net;
 use openflow::{Action, ArpMatch, Ipv4Match, Match, RegMove, SetField, Subfield};
 
 use super::{cidr, output, tun_id_low32, Flow, Reg, Table};
-use crate::model::{OfPort, Vnid};
+use crate::domain::{OfPort, Vnid};
 
 /// Another node's subnet.
 #[derive(Clone, Debug, PartialEq, Eq)]

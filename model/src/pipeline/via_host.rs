@@ -35,7 +35,7 @@ use openflow::flow_match::ct_state;
 use openflow::{Action, Ct, CtZone, Ipv4Match, MacAddr, Masked, Match, NxmField, SetField, Subfield};
 
 use super::{cidr, host, load, output, Flow, NodeConfig, Reg, Table};
-use crate::model::{OfPort, Vnid};
+use crate::domain::{OfPort, Vnid};
 
 /// The conntrack zone of every `ct()` of the networkpolicy pipeline. Not 0: on the kernel
 /// datapath zone 0 is the node's own (kube-proxy's NAT entries); a commit there of the DNATed
@@ -155,7 +155,7 @@ pub fn pod_flow(pod_ip: Ipv4Addr, vnid: Vnid) -> Flow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Plugin;
+    use crate::domain::Plugin;
 
     #[test]
     fn text() {

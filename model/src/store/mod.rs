@@ -19,7 +19,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use openflow::{FlowMod, FlowModCommand, FlowModFlags, FlowModHead, FlowStats, Instruction};
 
-use crate::model::Vnid;
+use crate::domain::Vnid;
 use crate::pipeline::{Flow, FlowKey};
 
 mod shared;
@@ -856,7 +856,7 @@ mod tests {
     #[test]
     fn replay_and_staleness() {
         let mut d = DesiredState::default();
-        d.set(Owner::Version, vec![crate::pipeline::base::version_flow(crate::model::Plugin::Subnet)]).unwrap();
+        d.set(Owner::Version, vec![crate::pipeline::base::version_flow(crate::domain::Plugin::Subnet)]).unwrap();
         d.set(Owner::Pod { namespace: "n".into(), name: "p".into() }, vec![f(1, 1)]).unwrap();
         let mut inst = InstalledState::default();
         assert!(!is_current(&d, &inst, 3), "empty switch");

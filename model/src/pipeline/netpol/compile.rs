@@ -9,7 +9,7 @@ use openflow::{Ipv4Match, Match};
 use super::cube::{cubes, peer_member, plain_flows_seen, Cube};
 use super::super::audit::Verdict;
 use super::{conj_id_on, next_conj_id, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, CONJUNCTIONS_PER_NAMESPACE};
-use crate::model::Vnid;
+use crate::domain::Vnid;
 use crate::pipeline::Flow;
 
 /// One conjunction's worth of one rule: the peers (`None`: any), the selected pods and the

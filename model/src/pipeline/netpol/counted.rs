@@ -85,7 +85,7 @@ pub fn counting(ns: &NamespacePolicy) -> Counting {
 mod tests {
     use super::super::{namespace_flows, Dst, EgressRule, RuleAllow, Src, L4};
     use super::*;
-    use crate::model::Vnid;
+    use crate::domain::Vnid;
     use crate::pipeline::Table;
     use openflow::Action;
 

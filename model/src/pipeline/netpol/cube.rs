@@ -201,7 +201,7 @@ pub(super) fn isolated_drop(side: Side, pod: Ipv4Addr, log: Option<openflow::Act
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Vnid;
+    use crate::domain::Vnid;
 
     #[test]
     fn port_ranges_become_prefixes() {

@@ -41,7 +41,7 @@ use openflow::flow_match::ct_state;
 use openflow::{Action, Ct, CtZone, Ipv4Match, Match};
 
 use super::{cidr, host, Flow, Side, Table};
-use crate::model::{OfPort, Vnid};
+use crate::domain::{OfPort, Vnid};
 use crate::pipeline::via_host::{self, CT_ZONE};
 use crate::pipeline::{load, Reg};
 

@@ -100,7 +100,7 @@ use openflow::flow_match::ct_state;
 use openflow::{Ipv4Match, Match};
 
 use super::{cidr, host, output_reg2, Flow, Reg, Table};
-use crate::model::Vnid;
+use crate::domain::Vnid;
 use compile::{compile, Direction, Group, Role};
 pub use cube::port_masks;
 
