@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use openflow::FlowStatsRequest;
 use sdn_node::apply::{apply, ApplyOptions};
 use sdn_node::options::OvsTarget;
-use sdn_node::run::process::{self, LogFormat};
+use sdn_node::process::{self, LogFormat};
 use sdn_node::run::RunOptions;
 use sdn_node::store::Owner;
 use sdn_node::switch::{Switch, SwitchOptions};

@@ -53,10 +53,7 @@ pub struct ShedLabel {
     pub why: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabel {
-    pub kind: String,
-}
+pub use crate::rejections::KindLabel;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ExecutorLabel {
@@ -181,7 +178,7 @@ pub struct Metrics {
     /// Reads of the policy flows' statistics, by result (ok, error).
     pub policy_stats_reads: Family<ResultLabel, Counter>,
     /// The same counters per policy and pod, and when they were read (for `sdn-node status`).
-    pub policy_counters: crate::policy_stats::report::Shared,
+    pub policy_counters: crate::policy_report::Shared,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -239,7 +236,7 @@ impl Metrics {
             policy_dropped_bytes: Family::default(),
             policy_unattributed_packets: Counter::default(),
             policy_stats_reads: Family::default(),
-            policy_counters: crate::policy_stats::report::Shared::default(),
+            policy_counters: crate::policy_report::Shared::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|e| e.into_inner());
@@ -304,7 +301,7 @@ impl Metrics {
             r.register(
                 "log_lines_dropped",
                 "Log lines that could not be written to stderr (closed or failing); the agent runs on without them",
-                crate::run::process::LOG_LINES_DROPPED.clone(),
+                crate::process::LOG_LINES_DROPPED.clone(),
             );
         }
         // Known series start at zero, so a scrape shows every family before it first moves.
@@ -350,7 +347,7 @@ impl Metrics {
     /// The text exposition format.
     pub fn encode(&self) -> String {
         // The log queue's drops into their counter first.
-        crate::run::process::log_lines_dropped();
+        crate::process::log_lines_dropped();
         let mut out = String::new();
         let r = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {

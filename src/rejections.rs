@@ -11,7 +11,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::cluster::Problem;
-use crate::metrics::KindLabel;
+
+/// A metric's `kind` label (an object kind: pod, namespace, policy, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
 
 /// Where a set of problems comes from: each replaces only its own slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use sdn_harness::bench;
-use sdn_node::run::process::{self, LogFormat};
+use sdn_node::process::{self, LogFormat};
 
 #[derive(Parser)]
 #[command(name = "sdn-bench", version, about = "Benchmarks of the sdn-node agent on a real ovs-vswitchd, each against baselines measured in the same run")]

@@ -316,7 +316,7 @@ pub async fn status(path: &pod::Pods) -> Status {
         repairs,
         policies,
         policy_counters: t.metrics.policy_counters.report(),
-        log_lines_dropped: crate::run::process::log_lines_dropped(),
+        log_lines_dropped: crate::process::log_lines_dropped(),
         bridge: path.cfg.bridge.name().to_string(),
         switch: Connection {
             connected: h.switch.load(Ordering::Relaxed),

@@ -15,11 +15,10 @@
 //! packet they drop.
 
 mod accumulate;
-pub mod report;
 mod totals;
 
 pub use accumulate::{Accumulator, Delta, Sample, UNAVAILABLE};
-pub use report::{AllowedCount, DroppedCount, PodDrops, PolicyCounters, Shared};
+pub use crate::policy_report::{AllowedCount, DroppedCount, PodDrops, PolicyCounters, Shared};
 pub use totals::{Allowed, Attribution, Count, Totals};
 
 use std::collections::{HashMap, HashSet};
@@ -294,7 +293,7 @@ pub async fn run(state: State, metrics: Arc<crate::metrics::Metrics>, mut switch
                 // Built with the model's lock alone, then published.
                 let mut c = metrics.policy_counters.report();
                 report(&state, &totals, &mut c);
-                c.last_read_unix_ms = Some(report::unix_ms(SystemTime::now()));
+                c.last_read_unix_ms = Some(crate::policy_report::unix_ms(SystemTime::now()));
                 c.flows_read = n;
                 c.last_error = None;
                 c.last_error_unix_ms = None;
@@ -313,7 +312,7 @@ pub async fn run(state: State, metrics: Arc<crate::metrics::Metrics>, mut switch
                 }
                 let mut c = metrics.policy_counters.lock();
                 c.last_error = Some(e);
-                c.last_error_unix_ms = Some(report::unix_ms(SystemTime::now()));
+                c.last_error_unix_ms = Some(crate::policy_report::unix_ms(SystemTime::now()));
             }
         }
     }

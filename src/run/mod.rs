@@ -7,7 +7,6 @@
 //! for this loop, and nothing this loop does waits for them.
 
 pub mod options;
-pub mod process;
 pub mod source;
 pub mod startup;
 
