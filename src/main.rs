@@ -276,75 +276,7 @@ async fn run(cli: Cli) -> ExitCode {
         Cmd::Status { socket, json: as_json } => {
             print_result(sdn_node::api::status::fetch(&socket).await, |s| if as_json { json(s) } else { s.to_string() })
         }
-        Cmd::Pod { socket, op } => {
-            let list_output = match &op {
-                PodCmd::List { output } => Some(*output),
-                _ => None,
-            };
-            let (method, path, body) = match op {
-                PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
-                    let mut annotations = std::collections::BTreeMap::new();
-                    if let Some(v) = ingress_bandwidth {
-                        annotations.insert(sdn_node::cluster::INGRESS_ANNOTATION.to_string(), v);
-                    }
-                    if let Some(v) = egress_bandwidth {
-                        annotations.insert(sdn_node::cluster::EGRESS_ANNOTATION.to_string(), v);
-                    }
-                    let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal, cni: None };
-                    ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
-                }
-                PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),
-                PodCmd::List { .. } => ("GET", "/v1/pods".to_string(), None),
-            };
-
-            // A bound on the whole call: an agent that does not answer is said, not waited for
-            // forever (pod setup itself is bounded by the agent's --port-timeout, well under it).
-            let call = sdn_node::api::client::call(&socket, method, &path, body);
-            let answer = match tokio::time::timeout(POD_CALL_DEADLINE, call).await {
-                Ok(a) => a,
-                Err(_) => Err(format!(
-                    "{}: the agent did not answer within {}s (is it stuck? `sdn-node status --socket {}`)",
-                    socket.display(),
-                    POD_CALL_DEADLINE.as_secs(),
-                    socket.display()
-                )),
-            };
-            match answer {
-                Ok((status, body)) if (200..300).contains(&status) && matches!(list_output, Some(None | Some(PodListOutput::Wide))) => {
-                    match serde_json::from_str::<Vec<sdn_node::node::record::PodRecord>>(&body) {
-                        Ok(pods) if pods.is_empty() => {
-                            errln!("No pods set up through the pod API at {}.", socket.display());
-                        }
-                        Ok(pods) => out(&pod_table(&pods, list_output == Some(Some(PodListOutput::Wide)))),
-                        Err(e) => {
-                            errln!("error: {}: unreadable pod list: {e}", socket.display());
-                            return ExitCode::FAILURE;
-                        }
-                    }
-                    ExitCode::SUCCESS
-                }
-                Ok((status, body)) if (200..300).contains(&status) => {
-                    if list_output.is_some() {
-                        // -o json: the records, one array, pretty.
-                        match serde_json::from_str::<serde_json::Value>(&body) {
-                            Ok(v) => out(&json(&v)),
-                            Err(_) => outln!("{body}"),
-                        }
-                    } else if !body.is_empty() {
-                        outln!("{body}");
-                    }
-                    ExitCode::SUCCESS
-                }
-                Ok((status, body)) => {
-                    errln!("error: {status}: {body}");
-                    ExitCode::FAILURE
-                }
-                Err(e) => {
-                    errln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Cmd::Pod { socket, op } => pod(socket, op).await,
         Cmd::InstallCni(args) => match install_cni::run(&args) {
             Ok(i) => {
                 outln!("installed {} as {} ({} bytes, mode 0755)", i.from.display(), i.to.display(), i.bytes);
@@ -355,108 +287,188 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Cmd::Run(args) => {
-            if args.writable_proc_sys_net {
-                if let Err(e) = proc_sys_net::make_writable() {
-                    errln!("error: --writable-proc-sys-net: {e}");
+        Cmd::Run(args) => run_agent(*args).await,
+        Cmd::Apply(opts) => apply_once(opts).await,
+        Cmd::DumpFlows { ovs, table, owner, stats } => dump_flows(ovs, table, owner, stats).await,
+    }
+}
+
+/// `sdn-node pod`: one call to the pod API.
+async fn pod(socket: std::path::PathBuf, op: PodCmd) -> ExitCode {
+    let list_output = match &op {
+        PodCmd::List { output } => Some(*output),
+        _ => None,
+    };
+    let (method, path, body) = match op {
+        PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
+            let mut annotations = std::collections::BTreeMap::new();
+            if let Some(v) = ingress_bandwidth {
+                annotations.insert(sdn_node::cluster::INGRESS_ANNOTATION.to_string(), v);
+            }
+            if let Some(v) = egress_bandwidth {
+                annotations.insert(sdn_node::cluster::EGRESS_ANNOTATION.to_string(), v);
+            }
+            let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal, cni: None };
+            ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
+        }
+        PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),
+        PodCmd::List { .. } => ("GET", "/v1/pods".to_string(), None),
+    };
+
+    // A bound on the whole call: an agent that does not answer is said, not waited for
+    // forever (pod setup itself is bounded by the agent's --port-timeout, well under it).
+    let call = sdn_node::api::client::call(&socket, method, &path, body);
+    let answer = match tokio::time::timeout(POD_CALL_DEADLINE, call).await {
+        Ok(a) => a,
+        Err(_) => Err(format!(
+            "{}: the agent did not answer within {}s (is it stuck? `sdn-node status --socket {}`)",
+            socket.display(),
+            POD_CALL_DEADLINE.as_secs(),
+            socket.display()
+        )),
+    };
+    match answer {
+        Ok((status, body)) if (200..300).contains(&status) && matches!(list_output, Some(None | Some(PodListOutput::Wide))) => {
+            match serde_json::from_str::<Vec<sdn_node::node::record::PodRecord>>(&body) {
+                Ok(pods) if pods.is_empty() => {
+                    errln!("No pods set up through the pod API at {}.", socket.display());
+                }
+                Ok(pods) => out(&pod_table(&pods, list_output == Some(Some(PodListOutput::Wide)))),
+                Err(e) => {
+                    errln!("error: {}: unreadable pod list: {e}", socket.display());
                     return ExitCode::FAILURE;
                 }
             }
-            let (opts, kube) = args.options();
-            // One line and exit 1 on a bad configuration, before anything is logged or done.
-            if let Err(e) = sdn_node::run::startup::check(&opts, kube.as_ref()).await {
-                eprintln!("error: {e}");
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) if (200..300).contains(&status) => {
+            if list_output.is_some() {
+                // -o json: the records, one array, pretty.
+                match serde_json::from_str::<serde_json::Value>(&body) {
+                    Ok(v) => out(&json(&v)),
+                    Err(_) => outln!("{body}"),
+                }
+            } else if !body.is_empty() {
+                outln!("{body}");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            errln!("error: {status}: {body}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            errln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sdn-node run`.
+async fn run_agent(args: RunArgs) -> ExitCode {
+    if args.writable_proc_sys_net {
+        if let Err(e) = proc_sys_net::make_writable() {
+            errln!("error: --writable-proc-sys-net: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let (opts, kube) = args.options();
+    // One line and exit 1 on a bad configuration, before anything is logged or done.
+    if let Err(e) = sdn_node::run::startup::check(&opts, kube.as_ref()).await {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    match sdn_node::rlimit::raise_nofile() {
+        Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
+        Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
+    }
+    let result = match kube {
+        Some(k) => {
+            let telemetry = sdn_node::metrics::Telemetry::default();
+            let t = telemetry.clone();
+            sdn_node::run::run_with(opts, telemetry, move |_| sdn_node::kube::spawn(k, t), terminated()).await
+        }
+        None => sdn_node::run::run(opts, terminated()).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            errln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sdn-node apply`.
+async fn apply_once(opts: ApplyOptions) -> ExitCode {
+    match apply(&opts).await {
+        Ok(r) => {
+            errln!(
+                "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
+                r.flows, opts.bridge.name(), r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
+            );
+            if r.problems.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                errln!("{} object(s) rejected:", r.problems.len());
+                for p in &r.problems {
+                    errln!("  {p}");
+                }
+                ExitCode::from(2)
+            }
+        }
+        Err(e) => {
+            errln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `sdn-node dump-flows`.
+async fn dump_flows(ovs: OvsTarget, table: Option<u8>, owner: Option<String>, stats: bool) -> ExitCode {
+    let mut req = FlowStatsRequest::default();
+    if let Some(t) = table {
+        req.table_id = t;
+    }
+    if let Some(o) = owner {
+        match Owner::parse(&o) {
+            Ok(o) => {
+                req.cookie = o.cookie(0) & Owner::OWNER_MASK;
+                req.cookie_mask = Owner::OWNER_MASK;
+            }
+            Err(e) => {
+                errln!("error: --owner: {e}");
                 return ExitCode::FAILURE;
             }
-            match sdn_node::rlimit::raise_nofile() {
-                Ok((before, after)) if before != after => tracing::info!(before, after, "raised the open file limit to the hard limit"),
-                Ok((_, now)) => tracing::info!(limit = now, "open file limit (already the hard limit)"),
-                Err(e) => tracing::warn!(error = %e, "could not raise the open file limit"),
-            }
-            let result = match kube {
-                Some(k) => {
-                    let telemetry = sdn_node::metrics::Telemetry::default();
-                    let t = telemetry.clone();
-                    sdn_node::run::run_with(opts, telemetry, move |_| sdn_node::kube::spawn(k, t), terminated()).await
-                }
-                None => sdn_node::run::run(opts, terminated()).await,
-            };
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    errln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
         }
-        Cmd::Apply(opts) => {
-            match apply(&opts).await {
-                Ok(r) => {
-                    errln!(
-                        "applied: {} flows on {} ({} added, {} modified, {} deleted; {} ports added, {} removed)",
-                        r.flows, opts.bridge.name(), r.adds, r.modifies, r.deletes, r.ports_added, r.ports_removed
-                    );
-                    if r.problems.is_empty() {
-                        ExitCode::SUCCESS
-                    } else {
-                        errln!("{} object(s) rejected:", r.problems.len());
-                        for p in &r.problems {
-                            errln!("  {p}");
-                        }
-                        ExitCode::from(2)
-                    }
-                }
-                Err(e) => {
-                    errln!("error: {e}");
-                    ExitCode::FAILURE
+    }
+    let target = ovs.mgmt_socket();
+    let res = async {
+        let sw = Switch::connect(&target, SwitchOptions::default()).await?;
+        sw.dump_flows(req).await
+    }
+    .await;
+    match res {
+        Ok(mut flows) => {
+            flows.sort_by(|a, b| {
+                (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string())
+                    .cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.no_stats().to_string()))
+            });
+            let mut text = String::new();
+            for f in flows {
+                if stats {
+                    text += &format!(" {f}\n");
+                } else {
+                    text += &format!(" {}\n", f.no_stats());
                 }
             }
+            out(&text);
+            ExitCode::SUCCESS
         }
-        Cmd::DumpFlows { ovs, table, owner, stats } => {
-            let mut req = FlowStatsRequest::default();
-            if let Some(t) = table {
-                req.table_id = t;
-            }
-            if let Some(o) = owner {
-                match Owner::parse(&o) {
-                    Ok(o) => {
-                        req.cookie = o.cookie(0) & Owner::OWNER_MASK;
-                        req.cookie_mask = Owner::OWNER_MASK;
-                    }
-                    Err(e) => {
-                        errln!("error: --owner: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                }
-            }
-            let target = ovs.mgmt_socket();
-            let res = async {
-                let sw = Switch::connect(&target, SwitchOptions::default()).await?;
-                sw.dump_flows(req).await
-            }
-            .await;
-            match res {
-                Ok(mut flows) => {
-                    flows.sort_by(|a, b| {
-                        (a.table_id, std::cmp::Reverse(a.priority), a.no_stats().to_string())
-                            .cmp(&(b.table_id, std::cmp::Reverse(b.priority), b.no_stats().to_string()))
-                    });
-                    let mut text = String::new();
-                    for f in flows {
-                        if stats {
-                            text += &format!(" {f}\n");
-                        } else {
-                            text += &format!(" {}\n", f.no_stats());
-                        }
-                    }
-                    out(&text);
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    errln!("error: {target}: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+        Err(e) => {
+            errln!("error: {target}: {e}");
+            ExitCode::FAILURE
         }
     }
 }
