@@ -11,6 +11,10 @@
 //! `sdn-harness` crate (`harness/`, binary `sdn-bench`), which depends on this library.
 
 pub use sdn_model::{cluster, domain, pipeline, store};
+/// The OVSDB client and the typed `Open_vSwitch` operations (the `sdn-ovsdb` crate, `ovsdb/`).
+pub use sdn_ovsdb as ovsdb;
+/// The OpenFlow connection to the bridge (the `sdn-switch` crate, `switch/`).
+pub use sdn_switch as switch;
 
 pub mod api;
 pub mod audit;
@@ -20,7 +24,6 @@ pub mod engine;
 pub mod kube;
 pub mod metrics;
 pub mod options;
-pub mod ovsdb;
 pub mod policy_report;
 pub mod policy_stats;
 pub mod process;
@@ -31,5 +34,4 @@ pub mod reconcile;
 pub mod rejections;
 pub mod rlimit;
 pub mod run;
-pub mod switch;
 pub mod trace;

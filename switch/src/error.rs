@@ -88,7 +88,7 @@ pub enum SwitchError {
     Batch { total: usize, failures: Vec<(usize, Rejection)> },
     #[error("bundle not committed: {} message(s) rejected; first: {}; the switch is unchanged", .failures.len(), .failures.first().map(|f| f.1.to_string()).unwrap_or_default())]
     BundleRejected { failures: Vec<(usize, Rejection)> },
-    /// A one-trip commit ([`crate::switch::Bundle::commit_one_trip`]) in which the switch
+    /// A one-trip commit ([`crate::Bundle::commit_one_trip`]) in which the switch
     /// refused messages when they were added: it left them out and applied the others.
     #[error("bundle committed without {} refused message(s); first: {}; the switch holds the rest and must be repaired", .failures.len(), .failures.first().map(|f| f.1.to_string()).unwrap_or_default())]
     BundlePartial { failures: Vec<(usize, Rejection)> },

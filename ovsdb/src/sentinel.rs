@@ -3,7 +3,7 @@
 //! within a notification what someone else removed or changed (`ovs-vsctl del-br`, a deleted
 //! pod port, a changed `fail_mode`, a wiped database) and can compare it with its model without
 //! reading anything back. Every change (ours included) bumps [`Sentinel::changed`]; checking the
-//! snapshot against the model is pure ([`crate::reconcile::repair`]), so our own writes cost a
+//! snapshot against the model is pure (the agent's `reconcile::repair`), so our own writes cost a
 //! comparison and nothing else.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -186,7 +186,7 @@ impl Sentinel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ovsdb::RowUpdate;
+    use crate::RowUpdate;
     use serde_json::json;
 
     fn row(v: serde_json::Value) -> Row {

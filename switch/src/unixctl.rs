@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::UnixStream;
 use tokio_util::codec::Framed;
 
-use crate::ovsdb::framing::JsonCodec;
+use sdn_ovsdb::framing::JsonCodec;
 
 /// A control reply is a line of text; anything larger is not ovs-vswitchd.
 const MAX_REPLY: usize = 1 << 20;
