@@ -176,7 +176,7 @@ fn pod_table(pods: &[sdn_node::node::record::PodRecord], wide: bool) -> String {
     let mut pods: Vec<_> = pods.iter().collect();
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     for p in pods {
-        let mut row = vec![p.namespace.clone(), p.name.clone(), p.ip.clone(), p.mac.clone(), p.host_veth.clone()];
+        let mut row = vec![p.namespace.clone(), p.name.clone(), p.ip.to_string(), p.mac.to_string(), p.host_veth.clone()];
         if wide {
             row.push(p.container_id.clone());
             row.push(if p.internal { "yes" } else { "no" }.into());

@@ -41,8 +41,10 @@
 //! "infraContainerID","cniVersion"}` (all strings; `netns` may be empty on DEL, `namespace`
 //! and `name` are empty on DEL when the runtime gave no `K8S_POD_NAMESPACE`, `infraContainerID`
 //! defaults to `containerID`). The agent answers 200 with
-//! `{"hostVeth","ifName","mac","sandbox","ip":"10.128.0.5/23","gateway","routes":[{"dst","gw"}],"mtu"}`
-//! for ADD and `{}` for CHECK and DEL, or an error status with
+//! `{"hostVeth","ifName","mac","sandbox","ips":[{"address":"10.128.0.5/23","gateway"}],"ip","gateway","routes":[{"dst","gw"}],"mtu"}`
+//! for ADD (`ip` and `gateway` repeat `ips[0]`, for plugins before `ips`; an answer without
+//! `ips`, from an agent before it, is read from them) and `{}` for CHECK and DEL, or an error
+//! status with
 //! `{"error":"message","object":"pod ns/name","field":"fieldName"}`.
 //!
 //! # Errors

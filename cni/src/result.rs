@@ -2,69 +2,13 @@
 //!
 //! Every field is checked before anything is printed: the runtime hands the result to the
 //! kubelet and to chained plugins verbatim, so a bad address from the agent would surface far
-//! from its cause.
-
-use std::net::IpAddr;
+//! from its cause. The answer's type is the contract's ([`crate::wire::AddReply`]): its addresses are
+//! typed as they are read; what is checked here is what a type cannot say.
 
 use serde_json::{json, Map, Value};
 
 use crate::error::{self, CniError};
-use crate::wire;
-
-/// An address with its prefix length (`10.128.0.5/23`): the host address is kept, not masked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix: u8,
-}
-
-impl Cidr {
-    pub fn parse(s: &str) -> Result<Cidr, String> {
-        let (a, p) = s.split_once('/').ok_or_else(|| format!("{s:?} is not ADDRESS/PREFIX"))?;
-        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix = match p.parse::<u8>() {
-            Ok(n) if n <= max && !p.starts_with('+') => n,
-            _ => return Err(format!("{s:?}: prefix {p:?} is not 0 to {max}")),
-        };
-        Ok(Cidr { addr, prefix })
-    }
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    pub dst: Cidr,
-    pub gw: Option<IpAddr>,
-}
-
-/// A checked ADD answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AddReply {
-    pub host_veth: String,
-    pub if_name: String,
-    pub mac: String,
-    pub sandbox: String,
-    pub ip: Cidr,
-    pub gateway: Option<IpAddr>,
-    pub routes: Vec<Route>,
-    /// Checked but not printed: interface MTUs only entered the result in CNI 1.1.0.
-    pub mtu: Option<u32>,
-}
-
-/// The canonical form (six octets of two hex digits: [`netif::MacAddr`]'s), lower-cased.
-fn check_mac(s: &str) -> Result<String, String> {
-    if s.parse::<netif::MacAddr>().is_ok() {
-        Ok(s.to_ascii_lowercase())
-    } else {
-        Err(format!("{s:?} is not a MAC address (xx:xx:xx:xx:xx:xx)"))
-    }
-}
+use crate::wire::{AddReply, IpConfig};
 
 /// An empty string is no value (the agent's older versions sent absent fields so).
 fn given(v: &Option<String>) -> Option<&str> {
@@ -74,6 +18,10 @@ fn given(v: &Option<String>) -> Option<&str> {
 /// Checks the agent's ADD answer for `object` (e.g. `pod ns/name`). `if_name` and `netns`
 /// are what the runtime asked for: the answer must use the same interface name, and a
 /// missing sandbox is taken to be the requested namespace.
+///
+/// The answer comes back complete: `hostVeth`, `ifName`, `mac` and `sandbox` set, and `ips`
+/// at least one address (an answer from before `ips` has its `ip` and `gateway` moved there),
+/// each with its address set; that is what [`format_result`] prints.
 pub fn parse_add_reply(body: &[u8], object: &str, if_name: &str, netns: &str) -> Result<AddReply, CniError> {
     let bad = |field: &str, what: String| {
         CniError::new(
@@ -82,65 +30,86 @@ pub fn parse_add_reply(body: &[u8], object: &str, if_name: &str, netns: &str) ->
             "the sdn-node agent answered ADD with 200 but its reply cannot make a CNI result; this is an agent bug",
         )
     };
-    let r = wire::AddReply::from_slice(body).map_err(|(field, what)| bad(&field, what))?;
-    let required = |field: &str, v: &Option<String>| given(v).map(str::to_owned).ok_or_else(|| bad(field, "missing".into()));
-
-    let host_veth = required("hostVeth", &r.host_veth)?;
-    crate::config::check_ifname(&host_veth).map_err(|e| bad("hostVeth", e))?;
+    let mut r = AddReply::from_slice(body).map_err(|(field, what)| bad(&field, what))?;
+    let host_veth = given(&r.host_veth).ok_or_else(|| bad("hostVeth", "missing".into()))?;
+    crate::config::check_ifname(host_veth).map_err(|e| bad("hostVeth", e))?;
     let reply_if = given(&r.if_name).unwrap_or(if_name);
     if reply_if != if_name {
         return Err(bad("ifName", format!("{reply_if:?} but the runtime asked for {if_name:?}")));
     }
-    let mac = check_mac(&required("mac", &r.mac)?).map_err(|e| bad("mac", e))?;
-    let sandbox = given(&r.sandbox).unwrap_or(netns).to_owned();
-    let ip = Cidr::parse(&required("ip", &r.ip)?).map_err(|e| bad("ip", e))?;
-    let gateway = match given(&r.gateway) {
-        None => None,
-        Some(g) => {
-            let gw: IpAddr = g.parse().map_err(|_| bad("gateway", format!("{g:?} is not an IP address")))?;
-            if gw.is_ipv4() != ip.addr.is_ipv4() {
-                return Err(bad("gateway", format!("{g:?} is not of the same family as ip {ip}")));
-            }
-            Some(gw)
+    r.if_name = Some(if_name.to_owned());
+    if r.mac.is_none() {
+        return Err(bad("mac", "missing".into()));
+    }
+    r.sandbox = Some(given(&r.sandbox).unwrap_or(netns).to_owned());
+    // An agent before `ips` wrote its one address as `ip` and `gateway`; a newer one writes
+    // both, the same.
+    if r.ips.is_empty() {
+        let address = Some(r.ip.ok_or_else(|| bad("ip", "missing".into()))?);
+        check_ip(&IpConfig { address, gateway: r.gateway }).map_err(|(f, m)| bad(f, m))?;
+        r.ips = vec![IpConfig { address, gateway: r.gateway }];
+    } else {
+        for (i, ip) in r.ips.iter().enumerate() {
+            check_ip(ip).map_err(|(f, m)| bad(&format!("ips[{i}].{f}"), m))?;
         }
-    };
-    let mut routes = Vec::with_capacity(r.routes.len());
+        let first = &r.ips[0];
+        if r.ip.is_some_and(|ip| Some(ip) != first.address) || r.gateway.is_some_and(|g| Some(g) != first.gateway) {
+            return Err(bad("ip", "ip and gateway are not ips[0]'s address and gateway".into()));
+        }
+    }
     for (i, rt) in r.routes.iter().enumerate() {
-        let d = rt.dst.as_deref().ok_or_else(|| bad(&format!("routes[{i}].dst"), "missing".into()))?;
-        let dst = Cidr::parse(d).map_err(|e| bad(&format!("routes[{i}].dst"), e))?;
-        let gw = match given(&rt.gw) {
-            None => None,
-            Some(g) => Some(g.parse::<IpAddr>().map_err(|_| bad(&format!("routes[{i}].gw"), format!("{g:?} is not an IP address")))?),
-        };
-        routes.push(Route { dst, gw });
+        if rt.dst.is_none() {
+            return Err(bad(&format!("routes[{i}].dst"), "missing".into()));
+        }
     }
     if let Some(m) = r.mtu.filter(|m| !(68..=65535).contains(m)) {
         return Err(bad("mtu", format!("{m} is not from 68 to 65535")));
     }
-    Ok(AddReply { host_veth, if_name: if_name.to_owned(), mac, sandbox, ip, gateway, routes, mtu: r.mtu })
+    Ok(r)
 }
 
-/// The CNI result for `cni_version`: interfaces `[host veth, pod interface]`, the pod's
-/// address on interface index 1, and the routes. 0.3.x and 0.4.0 add `"version"` to each IP;
-/// 1.0.0 dropped it. `dns` is left out (the agent configures none; kubelet writes
-/// resolv.conf itself).
+/// An address is there, and its gateway (if any) of its family; the error names the field of
+/// the entry.
+fn check_ip(ip: &IpConfig) -> Result<(), (&'static str, String)> {
+    let Some(address) = ip.address else { return Err(("address", "missing".into())) };
+    match ip.gateway {
+        Some(gw) if gw.is_ipv4() != address.addr().is_ipv4() => {
+            Err(("gateway", format!("{gw} is not of the same family as address {address}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The CNI result for `cni_version` from a checked answer ([`parse_add_reply`]): interfaces
+/// `[host veth, pod interface]`, the pod's addresses on interface index 1, and the routes.
+/// 0.3.x and 0.4.0 add `"version"` to each IP; 1.0.0 dropped it. `dns` is left out (the agent
+/// configures none; kubelet writes resolv.conf itself). The MTU is checked but not printed:
+/// interface MTUs only entered the result in CNI 1.1.0.
 pub fn format_result(r: &AddReply, cni_version: &str) -> Value {
     let legacy = cni_version.starts_with("0.");
-    let mut ip = Map::new();
-    if legacy {
-        ip.insert("version".into(), json!(if r.ip.addr.is_ipv4() { "4" } else { "6" }));
-    }
-    ip.insert("interface".into(), json!(1));
-    ip.insert("address".into(), json!(r.ip.to_string()));
-    if let Some(gw) = r.gateway {
-        ip.insert("gateway".into(), json!(gw.to_string()));
-    }
+    let ips: Vec<Value> = r
+        .ips
+        .iter()
+        .filter_map(|c| {
+            let address = c.address?;
+            let mut ip = Map::new();
+            if legacy {
+                ip.insert("version".into(), json!(if address.addr().is_ipv4() { "4" } else { "6" }));
+            }
+            ip.insert("interface".into(), json!(1));
+            ip.insert("address".into(), json!(address.to_string()));
+            if let Some(gw) = c.gateway {
+                ip.insert("gateway".into(), json!(gw.to_string()));
+            }
+            Some(Value::Object(ip))
+        })
+        .collect();
     let routes: Vec<Value> = r
         .routes
         .iter()
-        .map(|rt| match rt.gw {
-            Some(gw) => json!({"dst": rt.dst.to_string(), "gw": gw.to_string()}),
-            None => json!({"dst": rt.dst.to_string()}),
+        .filter_map(|rt| match (rt.dst?, rt.gw) {
+            (dst, Some(gw)) => Some(json!({"dst": dst.to_string(), "gw": gw.to_string()})),
+            (dst, None) => Some(json!({"dst": dst.to_string()})),
         })
         .collect();
     let mut out = Map::new();
@@ -152,7 +121,7 @@ pub fn format_result(r: &AddReply, cni_version: &str) -> Value {
             {"name": r.if_name, "mac": r.mac, "sandbox": r.sandbox},
         ]),
     );
-    out.insert("ips".into(), Value::Array(vec![Value::Object(ip)]));
+    out.insert("ips".into(), Value::Array(ips));
     if !routes.is_empty() {
         out.insert("routes".into(), Value::Array(routes));
     }
@@ -233,6 +202,26 @@ mod tests {
         }
     }
 
+    /// An agent before `ips` (and an agent of both families, next).
+    #[test]
+    fn ips_or_ip() {
+        let before = REPLY.replace(r#""ip":"10.128.0.5/23","gateway":"10.128.0.1","#, r#""ip":"10.128.0.5/23","#);
+        let r = parse_add_reply(before.as_bytes(), "pod ns/p", "eth0", "/ns").unwrap();
+        assert_eq!(format_result(&r, "1.0.0")["ips"], json!([{"address": "10.128.0.5/23", "interface": 1}]));
+        let both = REPLY.replace(
+            r#""ip":"10.128.0.5/23","#,
+            r#""ips":[{"address":"10.128.0.5/23","gateway":"10.128.0.1"},{"address":"fd00::5/64","gateway":"fd00::1"}],"ip":"10.128.0.5/23","#,
+        );
+        let r = parse_add_reply(both.as_bytes(), "pod ns/p", "eth0", "/ns").unwrap();
+        assert_eq!(
+            format_result(&r, "0.4.0")["ips"],
+            json!([
+                {"version": "4", "address": "10.128.0.5/23", "gateway": "10.128.0.1", "interface": 1},
+                {"version": "6", "address": "fd00::5/64", "gateway": "fd00::1", "interface": 1}
+            ])
+        );
+    }
+
     #[test]
     fn ipv6_and_defaults() {
         let r = parse_add_reply(
@@ -242,8 +231,8 @@ mod tests {
             "/ns",
         )
         .unwrap();
-        assert_eq!(r.sandbox, "/ns");
-        assert_eq!(r.if_name, "eth0");
+        assert_eq!(r.sandbox.as_deref(), Some("/ns"));
+        assert_eq!(r.if_name.as_deref(), Some("eth0"));
         let got = format_result(&r, "0.4.0");
         assert_eq!(got["ips"], json!([{"version": "6", "address": "fd00::5/64", "interface": 1}]));
         assert!(got.get("routes").is_none());
@@ -262,6 +251,13 @@ mod tests {
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1"}"#, "field ip"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/33"}"#, "field ip"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","gateway":"fd00::1"}"#, "gateway"),
+            (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01"}"#, "ip: missing"),
+            (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ips":[{"gateway":"10.0.0.1"}]}"#, "ips[0].address: missing"),
+            (
+                r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ips":[{"address":"10.0.0.1/24"},{"address":"fd00::1/64","gateway":"10.0.0.1"}]}"#,
+                "ips[1].gateway",
+            ),
+            (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ips":[{"address":"10.0.0.1/24"}],"ip":"10.0.0.2/24"}"#, "field ip"),
             (r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":{}}"#, "routes"),
             (
                 r#"{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"10.0.0.1/24","routes":[{"gw":"1.1.1.1"}]}"#,
@@ -282,11 +278,15 @@ mod tests {
         }
     }
 
+    /// Addresses as the plugin always took them (the host part kept) or refused them.
     #[test]
-    fn cidr() {
-        assert_eq!(Cidr::parse("10.1.2.3/8").unwrap().to_string(), "10.1.2.3/8");
-        for bad in ["", "/", "1.2.3.4/", "1.2.3.4/+8", "1.2.3.4/-1", "::1/129", "x/1"] {
-            assert!(Cidr::parse(bad).is_err(), "{bad}");
+    fn addresses() {
+        let reply = |ip: &str| format!(r#"{{"hostVeth":"v","mac":"0a:58:00:00:00:01","ip":"{ip}"}}"#);
+        let r = parse_add_reply(reply("10.1.2.3/8").as_bytes(), "pod a/b", "eth0", "/ns").unwrap();
+        assert_eq!(format_result(&r, "1.0.0")["ips"][0]["address"], "10.1.2.3/8");
+        for bad in ["/", "1.2.3.4/", "1.2.3.4/+8", "1.2.3.4/-1", "::1/129", "x/1", "1.2.3.4"] {
+            let e = parse_add_reply(reply(bad).as_bytes(), "pod a/b", "eth0", "/ns").unwrap_err();
+            assert!(e.msg.contains("field ip: ") && e.msg.contains("is not ADDRESS/PREFIX"), "{bad}: {e}");
         }
     }
 

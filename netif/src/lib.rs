@@ -9,7 +9,8 @@
 //!   hostnet before any netlink request. One rule, so that no layer accepts a name another
 //!   refuses; each layer words its refusal as it always has.
 //!
-//! Lowest crate of the workspace: no dependencies, so the plugin and the codec stay small.
+//! Lowest crate of the workspace: no dependencies (serde only behind the `serde` feature, for
+//! MacAddr's JSON text form), so the plugin and the codec stay small.
 
 mod ifname;
 mod mac;

@@ -50,6 +50,33 @@ impl MacAddr {
     }
 }
 
+/// In JSON (and any serde format), the canonical text form. Reading takes [`FromStr`]'s grammar
+/// and its error, which quotes the text; a reader that must take the lenient grammar (records
+/// an older agent stored) reads a string and calls [`MacAddr::parse_lenient`] itself.
+#[cfg(feature = "serde")]
+impl serde::Serialize for MacAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for MacAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = MacAddr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a MAC address (xx:xx:xx:xx:xx:xx)")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<MacAddr, E> {
+                s.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
 fn parse(s: &str, octet_ok: impl Fn(&str) -> bool) -> Result<MacAddr, MacParseError> {
     let bad = || MacParseError(s.to_string());
     let mut out = [0u8; 6];
@@ -86,5 +113,17 @@ mod tests {
             MacAddr::parse_lenient("x").unwrap_err().to_string(),
             "invalid MAC address \"x\": expected six hex octets separated by ':'"
         );
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn json_is_the_canonical_text() {
+        let m: MacAddr = serde_json::from_str("\"0A:58:0a:80:00:05\"").unwrap();
+        assert_eq!(serde_json::to_string(&m).unwrap(), "\"0a:58:0a:80:00:05\"");
+        for bad in ["\"0a:58:a:80:0:5\"", "7", "null"] {
+            assert!(serde_json::from_str::<MacAddr>(bad).is_err(), "{bad}");
+        }
+        let e = serde_json::from_str::<MacAddr>("\"x\"").unwrap_err().to_string();
+        assert!(e.starts_with("invalid MAC address \"x\""), "{e}");
     }
 }

@@ -60,19 +60,37 @@ impl PodRequest {
     /// The record the agent will store for this request. The `cni` part says the agent created
     /// the pod's interface, and so may delete it (on DEL, or when the sandbox is gone): a caller
     /// setting it could have any node interface deleted.
+    ///
+    /// The request is validated here, as a pod (its `ip` and `mac` are the caller's text, read
+    /// as the state file's are): a bad field is a 400 naming it, and the record holds the typed
+    /// addresses.
     pub fn to_record(&self) -> Result<PodRecord, ApiError> {
         if self.cni.is_some() {
             let obj = format!("pod {}/{}", self.namespace, self.name);
             return Err(ApiError::Invalid(Problem::new(obj, "cni", "set only by the agent for the pods it networks through CNI (POST /v1/cni); not accepted here")));
         }
+        let (ingress_bps, egress_bps) =
+            crate::node::record::bandwidth(&self.namespace, &self.name, &self.annotations).map_err(ApiError::Invalid)?;
+        let pod = crate::cluster::validate::pod(crate::cluster::validate::RawPod {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            container_id: self.container_id.clone(),
+            host_veth: self.host_veth.clone(),
+            ip: self.ip.clone(),
+            mac: self.mac.clone(),
+            ingress_bps,
+            egress_bps,
+            internal: self.internal,
+        })
+        .map_err(ApiError::Invalid)?;
         Ok(PodRecord {
             version: crate::node::record::VERSION,
             container_id: self.container_id.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             host_veth: self.host_veth.clone(),
-            ip: self.ip.clone(),
-            mac: self.mac.clone(),
+            ip: pod.ip.into(),
+            mac: pod.mac,
             annotations: self.annotations.clone(),
             internal: self.internal,
             cni: None,
@@ -298,8 +316,9 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
         if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
             continue;
         }
-        let Ok(ip) = r.ip.split('/').next().unwrap_or("").parse() else { continue };
-        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, mac: r.mac });
+        // The model's pods are IPv4 (a record of another family is not one of them).
+        let std::net::IpAddr::V4(ip) = r.ip else { continue };
+        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, mac: r.mac.to_string() });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Json(pods)

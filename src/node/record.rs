@@ -10,8 +10,11 @@
 //! a different type: strict, and without the parts only the agent may set.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
-use serde::{Deserialize, Serialize};
+use ipnet::IpNet;
+use netif::MacAddr;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::cluster::{Pod, Problem, EGRESS_ANNOTATION, INGRESS_ANNOTATION};
 
@@ -22,8 +25,11 @@ pub const POD_KEY: &str = "sdn-node-pod";
 /// The record format this agent writes.
 pub const VERSION: u32 = 1;
 
-/// A pod set up through the pod API or CNI, as stored.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A pod set up through the pod API or CNI, as stored. Its addresses are typed, in their text
+/// form in JSON: written exactly as before they were typed (an address as `Display` writes it,
+/// which is how the agent always wrote it), so a stored record loads and is written back the
+/// same; a malformed one is refused with its field's path (`cni.gateway`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodRecord {
     /// The record's format; absent means 1.
@@ -34,8 +40,13 @@ pub struct PodRecord {
     pub namespace: String,
     pub name: String,
     pub host_veth: String,
-    pub ip: String,
-    pub mac: String,
+    /// Either family in the record (the pods the model takes are IPv4 for now: see
+    /// [`PodRecord::to_pod`]).
+    pub ip: IpAddr,
+    /// Written canonically (`0a:58:0a:80:00:05`); read in the grammar the pod API has always
+    /// taken (`0a:58:a:80:0:5`), which records it stored before the MAC was typed may hold.
+    #[serde(deserialize_with = "lenient_mac")]
+    pub mac: MacAddr,
     /// The pod's annotations; the bandwidth ones are used.
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
@@ -55,15 +66,20 @@ fn is_version_one(v: &u32) -> bool {
     *v == 1
 }
 
+fn lenient_mac<'de, D: Deserializer<'de>>(d: D) -> Result<MacAddr, D::Error> {
+    let s = String::deserialize(d)?;
+    MacAddr::parse_lenient(&s).map_err(serde::de::Error::custom)
+}
+
 /// What the agent created for a CNI pod (a restarted agent can then still DEL and CHECK it).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CniRecord {
     pub netns: String,
     pub if_name: String,
-    /// The address with the subnet's prefix, e.g. 10.128.0.5/23.
-    pub address: String,
-    pub gateway: String,
+    /// The address with the subnet's prefix, e.g. 10.128.0.5/23 (the host part kept).
+    pub address: IpNet,
+    pub gateway: IpAddr,
     pub mtu: u32,
     /// The sandbox's identity when the pod was set up (its nsfs device and inode): one pod per
     /// sandbox, whatever path names it.
@@ -90,31 +106,34 @@ impl From<hostnet::NsId> for SandboxId {
 
 
 impl PodRecord {
-    /// Validates the record into the model's pod (fields named as in the record).
+    /// Validates the record into the model's pod (fields named as in the record), with the
+    /// rules every pod passes ([`crate::cluster::validate::typed_pod`]); its addresses are
+    /// typed already.
     pub fn to_pod(&self) -> Result<Pod, Problem> {
-        let obj = format!("pod {}/{}", self.namespace, self.name);
-        let bw = |key: &str| -> Result<i64, Problem> {
-            match self.annotations.get(key) {
-                None => Ok(0),
-                Some(v) => crate::cluster::quantity::bandwidth(v).map_err(|e| Problem::new(obj.clone(), format!("annotations[{key}]"), e)),
+        let (ingress_bps, egress_bps) = bandwidth(&self.namespace, &self.name, &self.annotations)?;
+        let ip = match self.ip {
+            IpAddr::V4(ip) => ip,
+            IpAddr::V6(ip) => {
+                let obj = format!("pod {}/{}", self.namespace, self.name);
+                return Err(Problem::new(obj, "ip", format!("{ip} is an IPv6 address: pods are IPv4 only for now")));
             }
         };
-        crate::cluster::validate::pod(crate::cluster::validate::RawPod {
+        crate::cluster::validate::typed_pod(crate::cluster::validate::TypedPod {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
-            ip: self.ip.clone(),
-            mac: self.mac.clone(),
-            ingress_bps: bw(INGRESS_ANNOTATION)?,
-            egress_bps: bw(EGRESS_ANNOTATION)?,
+            ip,
+            mac: self.mac,
+            ingress_bps,
+            egress_bps,
             internal: self.internal,
         })
     }
 
     /// The JSON stored on the pod's port.
     pub fn to_json(&self) -> String {
-        // Strings, numbers and maps of strings always serialize.
+        // Strings, numbers, maps of strings and addresses (as their text) always serialize.
         serde_json::to_string(self).unwrap_or_default()
     }
 
@@ -127,6 +146,19 @@ impl PodRecord {
         }
         Ok(r)
     }
+}
+
+/// A pod's bandwidth limits (ingress, egress; 0: none) from its annotations; a bad value is
+/// named by its annotation.
+pub fn bandwidth(namespace: &str, name: &str, annotations: &BTreeMap<String, String>) -> Result<(i64, i64), Problem> {
+    let bw = |key: &str| -> Result<i64, Problem> {
+        match annotations.get(key) {
+            None => Ok(0),
+            Some(v) => crate::cluster::quantity::bandwidth(v)
+                .map_err(|e| Problem::new(format!("pod {namespace}/{name}"), format!("annotations[{key}]"), e)),
+        }
+    };
+    Ok((bw(INGRESS_ANNOTATION)?, bw(EGRESS_ANNOTATION)?))
 }
 
 #[cfg(test)]
@@ -154,5 +186,47 @@ mod tests {
         assert!(PodRecord::from_json(&v2).unwrap_err().contains("newer sdn-node"));
         let e = PodRecord::from_json(&OLDER.replace(r#""mtu":1450"#, r#""mtu":"x""#)).unwrap_err();
         assert!(e.contains("cni.mtu"), "{e}");
+    }
+
+    /// The addresses are typed: what is read is the typed value, a malformed one is refused
+    /// naming its field.
+    #[test]
+    fn addresses_are_typed_and_a_bad_one_is_named() {
+        let r = PodRecord::from_json(OLDER).unwrap();
+        let cni = r.cni.as_ref().unwrap();
+        assert_eq!(r.ip, IpAddr::from([10, 128, 0, 5]));
+        assert_eq!(r.mac, MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x00, 0x05]));
+        assert_eq!((cni.address.addr(), cni.address.prefix_len()), (r.ip, 23));
+        assert_eq!(cni.gateway, IpAddr::from([10, 128, 0, 1]));
+        for (from, to, field) in [
+            (r#""ip":"10.128.0.5""#, r#""ip":"10.128.0.300""#, "ip"),
+            (r#""ip":"10.128.0.5""#, r#""ip":5"#, "ip"),
+            (r#""mac":"0a:58:0a:80:00:05""#, r#""mac":"0a:58""#, "mac"),
+            (r#""address":"10.128.0.5/23""#, r#""address":"10.128.0.5""#, "cni.address"),
+            (r#""gateway":"10.128.0.1""#, r#""gateway":"""#, "cni.gateway"),
+        ] {
+            let e = PodRecord::from_json(&OLDER.replace(from, to)).unwrap_err();
+            assert!(e.starts_with(&format!("{field}: ")), "{to}: {e}");
+        }
+    }
+
+    /// A MAC the pod API took in its lenient grammar (and an older agent stored as given) still
+    /// loads; it is written back canonically, which every agent reads.
+    #[test]
+    fn a_lenient_mac_loads_and_is_written_canonically() {
+        let lenient = OLDER.replace("0a:58:0a:80:00:05", "0a:58:a:80:0:5");
+        let r = PodRecord::from_json(&lenient).unwrap();
+        assert_eq!(r, PodRecord::from_json(OLDER).unwrap());
+        assert_eq!(r.to_json(), OLDER);
+    }
+
+    /// The record takes either family; the model's pods are IPv4 only, and say so by field.
+    #[test]
+    fn an_ipv6_record_loads_and_the_pod_is_refused_by_field() {
+        let v6 = OLDER.replace(r#""ip":"10.128.0.5""#, r#""ip":"fd00::5""#).replace("10.128.0.5/23", "fd00::5/64").replace("10.128.0.1", "fd00::1");
+        let r = PodRecord::from_json(&v6).unwrap();
+        assert_eq!(r.to_json(), v6);
+        let p = r.to_pod().unwrap_err();
+        assert_eq!(p.field, "ip", "{p}");
     }
 }

@@ -585,6 +585,22 @@ mod tests {
         p
     }
 
+    /// The record of an API pod `p` (not a CNI one).
+    fn record_of(p: &Pod) -> PodRecord {
+        PodRecord {
+            version: crate::node::record::VERSION,
+            container_id: p.container_id.to_string(),
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            host_veth: p.host_veth.clone(),
+            ip: p.ip.into(),
+            mac: p.mac,
+            annotations: Default::default(),
+            internal: p.internal,
+            cni: None,
+        }
+    }
+
     /// The incremental path removes what a touched owner no longer has: a namespace's last
     /// NetworkPolicy gone, its owner is updated to no flows (the engine then deletes them).
     #[test]
@@ -623,7 +639,7 @@ mod tests {
         let (before, _, _) = m.owners_update(std::slice::from_ref(&netpol)).unwrap();
         assert!(!drop_flow(&before[0].1), "no drop for the pod before it is set up");
         m.reserve(&p).unwrap();
-        m.set_up(p.clone(), PodRecord::default(), 40);
+        m.set_up(p.clone(), record_of(&p), 40);
         let u = m.pod_update(&p);
         let of = |o: &Owner| u.iter().find(|(x, _)| x == o).map(|(_, f)| f.as_slice());
         let own = of(&Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() }).expect("the pod's owner");
@@ -697,7 +713,7 @@ mod tests {
         let mut m = state();
         let a = pod(&m, "a", "10.128.3.200", "va");
         m.reserve(&a).unwrap();
-        m.set_up(a.clone(), PodRecord::default(), 40);
+        m.set_up(a.clone(), record_of(&a), 40);
         let owner = Owner::Pod { namespace: a.namespace.clone(), name: "a".into() };
         let (d, _, _) = m.desired().unwrap();
         assert!(!d.flows_of(&owner).is_empty());

@@ -187,11 +187,10 @@ fn validate(pods: &[PodRecord]) -> Result<(), String> {
     for (i, r) in pods.iter().enumerate() {
         let pod = r.to_pod().map_err(|p| format!("state.pods[{i}] ({}): {}: {}", p.object, p.field, p.message))?;
         if let Some(c) = &r.cni {
-            let addr: Result<ipnet::Ipv4Net, _> = c.address.parse();
-            if addr.map(|a| a.addr()) != Ok(pod.ip) {
+            if c.address.addr() != r.ip {
                 return Err(format!(
-                    "state.pods[{i}] (pod {}/{}): cni.address {:?} is not its ip {}",
-                    r.namespace, r.name, c.address, pod.ip
+                    "state.pods[{i}] (pod {}/{}): cni.address {} is not its ip {}",
+                    r.namespace, r.name, c.address, r.ip
                 ));
             }
         }
@@ -432,15 +431,15 @@ mod tests {
             namespace: "team-a".into(),
             name: name.into(),
             host_veth: veth.into(),
-            ip: ip.into(),
-            mac: "0a:58:0a:80:00:05".into(),
+            ip: ip.parse().unwrap(),
+            mac: netif::MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x00, 0x05]),
             annotations: Default::default(),
             internal: false,
             cni: Some(CniRecord {
                 netns: "/var/run/netns/x".into(),
                 if_name: "eth0".into(),
-                address: format!("{ip}/23"),
-                gateway: "10.128.0.1".into(),
+                address: format!("{ip}/23").parse().unwrap(),
+                gateway: [10, 128, 0, 1].into(),
                 mtu: 1450,
                 sandbox: Some(SandboxId { dev: 4, ino: 4026532000 + name.bytes().map(u64::from).sum::<u64>() }),
                 host_ifindex: Some(17),
@@ -506,18 +505,32 @@ mod tests {
     #[test]
     fn invalid_or_clashing_records_are_refused() {
         let reencode = |s: &Saved| String::from_utf8(encode(s)).unwrap();
+        // The state, edited as text, with the checksum recomputed.
+        let edited = |from: &str, to: &str| {
+            let text = reencode(&saved());
+            let state_start = text.find("\"state\":").unwrap() + 8;
+            let state = text[state_start..text.rfind('}').unwrap()].replacen(from, to, 1);
+            format!("{{\"version\":1,\"sha256\":\"{}\",\"state\":{state}}}", sha256_hex(state.as_bytes()))
+        };
         let mut s = saved();
-        s.pods[1].ip = "10.128.0.5".into();
-        s.pods[1].cni.as_mut().unwrap().address = "10.128.0.5/23".into();
+        s.pods[1].ip = s.pods[0].ip;
+        s.pods[1].cni.as_mut().unwrap().address = "10.128.0.5/23".parse().unwrap();
         let e = decode(reencode(&s).as_bytes()).unwrap_err();
         assert!(e.contains("state.pods[1] (pod team-a/a2): ip 10.128.0.5 is also state.pods[0]'s"), "{e}");
+        for (from, to, field) in [
+            ("\"ip\":\"10.128.0.5\"", "\"ip\":\"10.128.0.300\"", "state.pods[0].ip: "),
+            ("\"mac\":\"0a:58:0a:80:00:05\"", "\"mac\":\"0a:58\"", "state.pods[0].mac: "),
+            ("\"gateway\":\"10.128.0.1\"", "\"gateway\":\"10.128.0.1/23\"", "state.pods[0].cni.gateway: "),
+        ] {
+            let e = decode(edited(from, to).as_bytes()).unwrap_err();
+            assert!(e.starts_with(field), "{to}: {e}");
+        }
+        // Of a family the model does not take yet: named by field too.
+        let e = decode(edited("\"ip\":\"10.128.0.5\"", "\"ip\":\"fd00::5\"").as_bytes()).unwrap_err();
+        assert!(e.contains("state.pods[0] (pod team-a/a1): ip: fd00::5 is an IPv6 address"), "{e}");
         let mut s = saved();
-        s.pods[0].ip = "10.128.0.300".into();
-        let e = decode(reencode(&s).as_bytes()).unwrap_err();
-        assert!(e.contains("state.pods[0]") && e.contains("ip"), "{e}");
-        let mut s = saved();
-        s.pods[1].cni.as_mut().unwrap().address = "10.128.0.9/23".into();
-        assert!(decode(reencode(&s).as_bytes()).unwrap_err().contains("cni.address"));
+        s.pods[1].cni.as_mut().unwrap().address = "10.128.0.9/23".parse().unwrap();
+        assert!(decode(reencode(&s).as_bytes()).unwrap_err().contains("cni.address 10.128.0.9/23 is not its ip 10.128.0.6"));
         let mut s = saved();
         s.pods[1].name = "a1".into();
         assert!(decode(reencode(&s).as_bytes()).unwrap_err().contains("the pod is also"));

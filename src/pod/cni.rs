@@ -17,10 +17,10 @@
 //! - CHECK: the pod is known with this container, its flows are desired and the switch is in
 //!   sync, and the interface in the sandbox is as ADD made it.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use tokio::time::Instant;
 
 use super::setup::ready;
@@ -36,7 +36,7 @@ use crate::node::faults::FaultPoint;
 /// A request from the plugin (the contract is the plugin crate's [`sdn_node_cni::wire`]).
 pub use sdn_node_cni::wire::Request as CniRequest;
 /// ADD's answer, from which the plugin prints the CNI result.
-pub use sdn_node_cni::wire::{AddReply as CniReply, Route};
+pub use sdn_node_cni::wire::{AddReply as CniReply, IpConfig, Route};
 
 /// Opens `netns` as the sandbox of `object` (e.g. "pod team-a/web"), only if it is a pod's
 /// network namespace: see [`hostnet::Netns::open_sandbox`] for what is refused and why.
@@ -90,21 +90,37 @@ pub async fn handle(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<O
     }
 }
 
-fn reply_of(rec: &CniRecord, host_veth: &str, mac: &str, cluster: Ipv4Net) -> CniReply {
+/// The pod's interface as hostnet makes and checks it, from the pod's CNI record: `cluster`
+/// is the cluster network (`None`: not known, the pod's own subnet stands for it).
+fn pod_config(rec: &CniRecord, mac: Option<netif::MacAddr>, cluster: Option<Ipv4Net>, host_ifname: Option<String>) -> Result<hostnet::PodConfig, PodError> {
+    let (IpNet::V4(address), IpAddr::V4(gateway)) = (rec.address, rec.gateway) else {
+        return Err(PodError::Failed(format!("address {} (gateway {}): the agent sets up IPv4 pods only", rec.address, rec.gateway)));
+    };
+    Ok(hostnet::PodConfig {
+        ifname: rec.if_name.clone(),
+        mac,
+        mtu: rec.mtu,
+        address,
+        gateway,
+        cluster_network: cluster.unwrap_or(address),
+        extra_routes: vec![],
+        host_ifname,
+    })
+}
+
+/// ADD's answer: the interface `cfg` describes (its address, gateway and routes are what the
+/// pod got), with host end `host_veth` and MAC `mac`, in sandbox `sandbox`.
+fn reply_of(cfg: &hostnet::PodConfig, host_veth: &str, mac: netif::MacAddr, sandbox: &str) -> CniReply {
     CniReply {
         host_veth: Some(host_veth.to_string()),
-        if_name: Some(rec.if_name.clone()),
-        mac: Some(mac.to_string()),
-        sandbox: Some(rec.netns.clone()),
-        ip: Some(rec.address.clone()),
-        gateway: Some(rec.gateway.clone()),
-        routes: vec![
-            Route { dst: Some("0.0.0.0/0".into()), gw: Some(rec.gateway.clone()) },
-            Route { dst: Some(cluster.to_string()), gw: None },
-            Route { dst: Some("224.0.0.0/4".into()), gw: None },
-        ],
-        mtu: Some(rec.mtu),
+        if_name: Some(cfg.ifname.clone()),
+        mac: Some(mac),
+        sandbox: Some(sandbox.to_string()),
+        routes: cfg.routes().into_iter().map(|r| Route { dst: Some(r.dst.into()), gw: r.via.map(IpAddr::from) }).collect(),
+        mtu: Some(cfg.mtu),
+        ..Default::default()
     }
+    .with_ips(vec![IpConfig { address: Some(cfg.address.into()), gateway: Some(cfg.gateway.into()) }])
 }
 
 async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply, PodError> {
@@ -146,7 +162,9 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
         // A repeated ADD of the same container answers what the first one did.
         if let Some((p, r)) = m.api_pod(&key) {
             return match &r.cni {
-                Some(rec) if r.container_id == req.container_id => Ok(reply_of(rec, &p.host_veth, &p.mac.to_string(), cluster)),
+                Some(rec) if r.container_id == req.container_id => {
+                    pod_config(rec, None, Some(cluster), None).map(|cfg| reply_of(&cfg, &p.host_veth, p.mac, &rec.netns))
+                }
                 _ => Err(PodError::Conflict(Problem::new(obj(&req), "containerID", "the pod is set up with another container; DEL it first"))),
             };
         }
@@ -162,11 +180,12 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
         };
         let ip = m.allocate_ip().map_err(PodError::from)?;
         let gateway = Ipv4Addr::from(u32::from(local.subnet.network()) + 1);
+        let address = Ipv4Net::new(ip, local.subnet.prefix_len()).map_err(|e| PodError::Failed(format!("address {ip}: {e}")))?;
         let rec = CniRecord {
             netns: req.netns.clone(),
             if_name: req.if_name.clone(),
-            address: format!("{ip}/{}", local.subnet.prefix_len()),
-            gateway: gateway.to_string(),
+            address: address.into(),
+            gateway: gateway.into(),
             mtu,
             sandbox: Some(sandbox),
             // Known once the interface is made (below).
@@ -178,8 +197,8 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
             namespace: req.namespace.clone(),
             name: req.name.clone(),
             host_veth,
-            ip: ip.to_string(),
-            mac: crate::domain::pod_mac(ip).to_string(),
+            ip: ip.into(),
+            mac: crate::domain::pod_mac(ip),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
             annotations: m.source().and_then(|l| l.pod_annotations.get(&key)).cloned().unwrap_or_default(),
             internal: false,
@@ -194,16 +213,7 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
     pods.faults.hit(FaultPoint::Netns).map_err(PodError::Failed)?;
     {
         let Some(rec) = record.cni.clone() else { return Err(PodError::Failed("no CNI record".into())) };
-        let cfg = hostnet::PodConfig {
-            ifname: rec.if_name.clone(),
-            mac: record.mac.parse().ok(),
-            mtu: rec.mtu,
-            address: rec.address.parse().map_err(|_| PodError::Failed(format!("address {}", rec.address)))?,
-            gateway: rec.gateway.parse().map_err(|_| PodError::Failed(format!("gateway {}", rec.gateway)))?,
-            cluster_network: cluster,
-            extra_routes: vec![],
-            host_ifname: Some(pod.host_veth.clone()),
-        };
+        let cfg = pod_config(&rec, Some(pod.mac), Some(cluster), Some(pod.host_veth.clone()))?;
         // A DEL of a pod of this sandbox may still be deleting its interface.
         drop(tokio::time::timeout_at(deadline, pods.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
         let iface = match taken.take() {
@@ -229,7 +239,7 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
         };
         // Durable before it is answered.
         super::setup::recorded(pods, &key, deadline).await?;
-        Ok(reply_of(&rec, &iface.host_veth, &iface.mac.to_string(), cluster))
+        Ok(reply_of(&cfg, &iface.host_veth, iface.mac, &rec.netns))
     }
 }
 
@@ -426,12 +436,9 @@ async fn stale_holders(
 async fn check(pods: &Pods, req: CniRequest) -> Result<(), PodError> {
     validate(&req)?;
     let key = (req.namespace.clone(), req.name.clone());
-    let (pod, rec) = {
-        let m = pods.state.lock();
-        match m.api_pod(&key) {
-            Some((p, r)) if r.container_id == req.container_id && r.cni.is_some() => (p.clone(), r.cni.clone().unwrap_or_default()),
-            _ => return Err(PodError::NotFound(format!("{} is not set up with container {}", obj(&req), req.container_id))),
-        }
+    let found = pods.state.lock().api_pod(&key).filter(|(_, r)| r.container_id == req.container_id).and_then(|(p, r)| Some((p.clone(), r.cni.clone()?)));
+    let Some((pod, rec)) = found else {
+        return Err(PodError::NotFound(format!("{} is not set up with container {}", obj(&req), req.container_id)));
     };
     let ofport_known = pods.state.lock().ports().contains_key(&key);
     let engine = pods.conns.engine_ready().ok_or_else(|| PodError::NotReady("the switch is not connected or not synced".into()))?;
@@ -444,18 +451,9 @@ async fn check(pods: &Pods, req: CniRequest) -> Result<(), PodError> {
         return Err(PodError::Failed(format!("{}: its flows are not on the switch ({want} desired)", obj(&req))));
     }
     let ns = open_sandbox(pods, &obj(&req), &rec.netns).await?;
-    let address: Ipv4Net = rec.address.parse().map_err(|_| PodError::Failed("bad recorded address".into()))?;
-    let cfg = hostnet::PodConfig {
-        ifname: rec.if_name.clone(),
-        mac: None,
-        mtu: rec.mtu,
-        address,
-        gateway: rec.gateway.parse().map_err(|_| PodError::Failed("bad recorded gateway".into()))?,
-        cluster_network: pods.state.lock().effective().map(|s| s.cluster_network).unwrap_or(address),
-        extra_routes: vec![],
-        host_ifname: None,
-    };
-    hostnet::check_pod(&ns, &req.if_name, address, Some(pod.mac), &cfg.routes())
+    let cluster = pods.state.lock().effective().map(|s| s.cluster_network);
+    let cfg = pod_config(&rec, None, cluster, None)?;
+    hostnet::check_pod(&ns, &req.if_name, cfg.address, Some(pod.mac), &cfg.routes())
         .await
         .map_err(|e| PodError::Failed(format!("{}: {e}", obj(&req))))
 }
@@ -474,6 +472,31 @@ mod tests {
             name: name.into(),
             ..Default::default()
         }
+    }
+
+    /// ADD's answer as the agent writes it: `ips`, and `ip`/`gateway` as plugins before `ips`
+    /// read them (this JSON is what the plugin of commit 8c5aee0 was checked to accept), with
+    /// the routes the pod's interface got.
+    #[test]
+    fn the_reply_is_what_plugins_old_and_new_read() {
+        let rec = CniRecord {
+            netns: "/var/run/netns/x".into(),
+            if_name: "eth0".into(),
+            address: "10.128.0.5/23".parse().unwrap(),
+            gateway: [10, 128, 0, 1].into(),
+            mtu: 1450,
+            sandbox: None,
+            host_ifindex: None,
+        };
+        let cfg = pod_config(&rec, None, Some("10.128.0.0/14".parse().unwrap()), None).unwrap();
+        let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac([10, 128, 0, 5].into()), &rec.netns);
+        let json = serde_json::to_string(&reply).unwrap();
+        assert_eq!(
+            json,
+            r#"{"hostVeth":"veth1","ifName":"eth0","mac":"0a:58:0a:80:00:05","sandbox":"/var/run/netns/x","ips":[{"address":"10.128.0.5/23","gateway":"10.128.0.1"}],"ip":"10.128.0.5/23","gateway":"10.128.0.1","routes":[{"dst":"0.0.0.0/0","gw":"10.128.0.1"},{"dst":"10.128.0.0/14"},{"dst":"224.0.0.0/4"}],"mtu":1450}"#
+        );
+        let checked = sdn_node_cni::result::parse_add_reply(json.as_bytes(), "pod a/b", "eth0", "/ns").unwrap();
+        assert_eq!(checked.ips, reply.ips);
     }
 
     /// The names `sdn-node-cni` gives containers of runtimes that are not Kubernetes (the

@@ -207,7 +207,10 @@ pub async fn recover(pods: &Pods, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(
         // the subnet, where it would hand out a recently released address first.
         let held =
             decisions.iter().flat_map(|(_, d)| d.keep.iter().map(|(_, r)| r).chain(d.tear_down.iter().map(|(r, _)| r)));
-        m.restore_last_ip(held.filter_map(|r| r.ip.parse::<std::net::Ipv4Addr>().ok()).max());
+        m.restore_last_ip(held.filter_map(|r| match r.ip {
+            std::net::IpAddr::V4(ip) => Some(ip),
+            std::net::IpAddr::V6(_) => None,
+        }).max());
         for p in std::mem::take(&mut m.rebuild_problems) {
             warn!("rejected: {p}");
         }
@@ -238,17 +241,18 @@ mod tests {
             namespace: "team-a".into(),
             name: name.into(),
             host_veth: format!("veth{container:02x}{name}"),
-            ip: ip.into(),
-            mac: "0a:58:0a:80:00:05".into(),
+            ip: ip.parse().unwrap(),
+            mac: netif::MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x00, 0x05]),
             annotations: Default::default(),
             internal: false,
             cni: Some(CniRecord {
                 netns: format!("/var/run/netns/{name}-{container}"),
                 if_name: "eth0".into(),
-                address: format!("{ip}/23"),
-                gateway: "10.128.0.1".into(),
+                address: format!("{ip}/23").parse().unwrap(),
+                gateway: [10, 128, 0, 1].into(),
                 mtu: 1450,
-                ..Default::default()
+                sandbox: None,
+                host_ifindex: None,
             }),
         }
     }

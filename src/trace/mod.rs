@@ -143,7 +143,8 @@ impl Inventory {
             if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
                 continue;
             }
-            let Ok(ip) = r.ip.split('/').next().unwrap_or("").parse::<Ipv4Addr>() else { continue };
+            // The model's pods are IPv4 (a record of another family is not one of them).
+            let std::net::IpAddr::V4(ip) = r.ip else { continue };
             pods.push(PodInfo {
                 vnid: vnid_of(&r.namespace),
                 ofport: ofports.get(&r.host_veth).copied(),
@@ -151,7 +152,7 @@ impl Inventory {
                 name: r.name,
                 host_veth: r.host_veth,
                 ip,
-                mac: r.mac,
+                mac: r.mac.to_string(),
             });
         }
         Inventory { state, pods, ofports, macs, switch: None, notes: vec![] }

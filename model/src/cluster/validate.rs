@@ -6,6 +6,7 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
+use openflow::MacAddr;
 use serde::Deserialize;
 
 use super::{Checked, ClusterState, Fatal, FieldError, HostSubnet, NetNamespace, Pod, Problem, Service};
@@ -217,58 +218,102 @@ pub fn service<'a>(namespace: &str, name_: &str, cluster_ip: &str, ports_in: imp
     Ok((Service { namespace: namespace.to_string(), name: name_.to_string(), cluster_ip, ports }, problems))
 }
 
-/// Validates one pod (the state file's, the pod API's, CNI's and the stored records' single
-/// rule set).
-pub fn pod(r: RawPod) -> Result<Pod, Problem> {
-    let obj = format!("pod {}/{}", r.namespace, r.name);
-    pod_fields(r).map_err(|(f, m)| Problem::new(obj, f, m))
+/// A pod whose addresses are already typed (a stored record's, a CNI ADD's): what [`RawPod`]
+/// gives once its text is parsed.
+#[derive(Clone, Debug)]
+pub struct TypedPod {
+    pub namespace: String,
+    pub name: String,
+    pub container_id: String,
+    pub host_veth: String,
+    pub ip: Ipv4Addr,
+    pub mac: MacAddr,
+    pub ingress_bps: i64,
+    pub egress_bps: i64,
+    pub internal: bool,
 }
 
-fn pod_fields(r: RawPod) -> Result<Pod, FieldError> {
-    name("namespace", &r.namespace)?;
-    name("name", &r.name)?;
-    // As the API server validates them: a namespace is a DNS-1123 label, a pod name a
-    // DNS-1123 subdomain.
-    if !dns1123_label(&r.namespace) {
-        return Err(("namespace".into(), format!("{:?} is not a DNS-1123 label (lower-case alphanumerics and '-', at most 63)", r.namespace)));
-    }
-    if !dns1123_subdomain(&r.name) {
-        return Err(("name".into(), format!("{:?} is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253)", r.name)));
-    }
-    name("hostVeth", &r.host_veth)?;
-    // The workspace's one interface-name rule (IFNAMSIZ - 1 bytes, not "." or "..", printable
-    // ASCII but '/' and ':'), which the plugin and hostnet apply too; empty is refused above.
-    if netif::check_ifname(&r.host_veth).is_err() {
-        return Err(("hostVeth".into(), format!("{:?} is not a valid interface name (at most 15 characters, no '/' or space)", r.host_veth)));
-    }
-    for (f, v) in [("ingressBPS", r.ingress_bps), ("egressBPS", r.egress_bps)] {
-        if v < 0 {
-            return Err((f.into(), format!("{v} is negative")));
-        }
-    }
+/// Validates one pod as the state file and the pod API write it (text).
+pub fn pod(r: RawPod) -> Result<Pod, Problem> {
+    let obj = format!("pod {}/{}", r.namespace, r.name);
+    raw_pod_fields(r).and_then(typed_pod_fields).map_err(|(f, m)| Problem::new(obj, f, m))
+}
+
+/// Validates one pod whose addresses are typed: the same rules as [`pod`] (the state file's,
+/// the pod API's, CNI's and the stored records' single rule set), with no text to parse.
+pub fn typed_pod(p: TypedPod) -> Result<Pod, Problem> {
+    let obj = format!("pod {}/{}", p.namespace, p.name);
+    typed_pod_fields(p).map_err(|(f, m)| Problem::new(obj, f, m))
+}
+
+/// The text fields parsed (after the plain fields, as they always were).
+fn raw_pod_fields(r: RawPod) -> Result<TypedPod, FieldError> {
+    plain_fields(&r.namespace, &r.name, &r.host_veth, r.ingress_bps, r.egress_bps)?;
     if !r.mac.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
         return Err(("mac".into(), format!("{:?} is not six hexadecimal octets separated by ':'", r.mac)));
     }
     // Lenient: the grammar state files have always been read with (1 or 2 hex digits per octet).
-    let mac = openflow::MacAddr::parse_lenient(&r.mac).map_err(|e| ("mac".to_string(), e.to_string()))?;
-    // The pod's own address: the flows match it as a source and deliver to it, so it must be
-    // one station's (a group address would take in every multicast; all-zero is no address).
-    if mac.0[0] & 1 == 1 {
-        return Err(("mac".into(), format!("{mac} is a multicast/broadcast address, not a pod's")));
-    }
-    if mac.0 == [0; 6] {
-        return Err(("mac".into(), format!("{mac} is all zero, not a pod's address")));
-    }
-    Ok(Pod {
-        container_id: ContainerId::parse(&r.container_id).map_err(at("containerID"))?,
-        ip: addr(&r.ip).map_err(at("ip"))?,
-        mac,
+    let mac = MacAddr::parse_lenient(&r.mac).map_err(|e| ("mac".to_string(), e.to_string()))?;
+    let ip = addr(&r.ip).map_err(at("ip"))?;
+    Ok(TypedPod {
         namespace: r.namespace,
         name: r.name,
+        container_id: r.container_id,
         host_veth: r.host_veth,
+        ip,
+        mac,
         ingress_bps: r.ingress_bps,
         egress_bps: r.egress_bps,
         internal: r.internal,
+    })
+}
+
+/// The fields that are neither text to parse nor addresses, checked first on both paths.
+fn plain_fields(namespace: &str, name_: &str, host_veth: &str, ingress_bps: i64, egress_bps: i64) -> Result<(), FieldError> {
+    name("namespace", namespace)?;
+    name("name", name_)?;
+    // As the API server validates them: a namespace is a DNS-1123 label, a pod name a
+    // DNS-1123 subdomain.
+    if !dns1123_label(namespace) {
+        return Err(("namespace".into(), format!("{namespace:?} is not a DNS-1123 label (lower-case alphanumerics and '-', at most 63)")));
+    }
+    if !dns1123_subdomain(name_) {
+        return Err(("name".into(), format!("{name_:?} is not a DNS-1123 subdomain (lower-case alphanumerics, '-' and '.', at most 253)")));
+    }
+    name("hostVeth", host_veth)?;
+    // The workspace's one interface-name rule (IFNAMSIZ - 1 bytes, not "." or "..", printable
+    // ASCII but '/' and ':'), which the plugin and hostnet apply too; empty is refused above.
+    if netif::check_ifname(host_veth).is_err() {
+        return Err(("hostVeth".into(), format!("{host_veth:?} is not a valid interface name (at most 15 characters, no '/' or space)")));
+    }
+    for (f, v) in [("ingressBPS", ingress_bps), ("egressBPS", egress_bps)] {
+        if v < 0 {
+            return Err((f.into(), format!("{v} is negative")));
+        }
+    }
+    Ok(())
+}
+
+fn typed_pod_fields(p: TypedPod) -> Result<Pod, FieldError> {
+    plain_fields(&p.namespace, &p.name, &p.host_veth, p.ingress_bps, p.egress_bps)?;
+    // The pod's own address: the flows match it as a source and deliver to it, so it must be
+    // one station's (a group address would take in every multicast; all-zero is no address).
+    if p.mac.0[0] & 1 == 1 {
+        return Err(("mac".into(), format!("{} is a multicast/broadcast address, not a pod's", p.mac)));
+    }
+    if p.mac.0 == [0; 6] {
+        return Err(("mac".into(), format!("{} is all zero, not a pod's address", p.mac)));
+    }
+    Ok(Pod {
+        container_id: ContainerId::parse(&p.container_id).map_err(at("containerID"))?,
+        ip: p.ip,
+        mac: p.mac,
+        namespace: p.namespace,
+        name: p.name,
+        host_veth: p.host_veth,
+        ingress_bps: p.ingress_bps,
+        egress_bps: p.egress_bps,
+        internal: p.internal,
         labels: Default::default(),
         container_ports: Vec::new(),
     })
@@ -367,5 +412,44 @@ mod tests {
             assert_eq!(p.field, "mac", "{mac}: {p}");
             assert!(p.message.contains(why), "{mac}: {p}");
         }
+    }
+
+    /// The typed path (a stored record's) applies the same rules as the text path, and gives
+    /// the same pod.
+    #[test]
+    fn a_typed_pod_passes_the_same_rules() {
+        let typed = |f: &dyn Fn(&mut TypedPod)| {
+            let mut p = TypedPod {
+                namespace: "a".into(),
+                name: "p".into(),
+                container_id: "ab".repeat(32),
+                host_veth: "v".into(),
+                ip: Ipv4Addr::new(10, 128, 2, 5),
+                mac: MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x02, 0x05]),
+                ingress_bps: 0,
+                egress_bps: 0,
+                internal: true,
+            };
+            f(&mut p);
+            typed_pod(p)
+        };
+        let raw = pod(RawPod {
+            namespace: "a".into(),
+            name: "p".into(),
+            container_id: "ab".repeat(32),
+            host_veth: "v".into(),
+            ip: "10.128.2.5".into(),
+            mac: "0a:58:a:80:2:5".into(),
+            ingress_bps: 0,
+            egress_bps: 0,
+            internal: true,
+        });
+        assert_eq!(typed(&|_| {}).unwrap(), raw.unwrap());
+        assert_eq!(typed(&|p| p.namespace = "A".into()).unwrap_err().field, "namespace");
+        assert_eq!(typed(&|p| p.name = String::new()).unwrap_err().field, "name");
+        assert_eq!(typed(&|p| p.host_veth = "a/b".into()).unwrap_err().field, "hostVeth");
+        assert_eq!(typed(&|p| p.egress_bps = -1).unwrap_err().field, "egressBPS");
+        assert_eq!(typed(&|p| p.mac = MacAddr([1, 0, 0x5e, 0, 0, 1])).unwrap_err().field, "mac");
+        assert_eq!(typed(&|p| p.container_id = "ab".into()).unwrap_err().field, "containerID");
     }
 }
