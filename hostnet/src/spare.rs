@@ -68,7 +68,10 @@ pub async fn claim_spare(host: &Netns, hold: &Netns, pod: &Netns, name: &str, cf
         msg.attributes.push(LinkAttribute::Address(mac.0.to_vec()));
     }
     let what = format!("spare veth {name} -> {} (pod {})", cfg.ifname, pod.path().display());
-    if let Err(first) = hold_nl.link_set(msg, &what).await {
+    // From a thread of its own: the kernel moves the device inside the request (see
+    // Nl::detached). `msg` names `pod` by descriptor: `pod` outlives the call.
+    let w = what.clone();
+    if let Err(first) = Nl::detached(hold, what, move |nl| async move { nl.link_set(msg, &w).await }).await {
         // Moved or not, the pair goes: from whichever side still sees it.
         let undo = match delete_by_name(&hold_nl, name).await {
             Ok(()) => delete_by_name(&pod_nl, &cfg.ifname).await,
