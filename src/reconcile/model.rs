@@ -414,6 +414,16 @@ impl Model {
         super::checkpoint::Saved { pods: pods.into_iter().map(|(_, r)| r.clone()).collect(), last_address: self.last_ip }
     }
 
+    /// What the checkpoint keeps of pod `key` (as [`Model::saved`]): its record, set up or doomed.
+    pub fn saved_pod(&self, key: &PodKey) -> Option<PodRecord> {
+        self.api_pods.get(key).or_else(|| self.doomed.get(key)).map(|(_, r)| r.clone())
+    }
+
+    /// IPAM's position: the address handed out last.
+    pub fn last_address(&self) -> Option<std::net::Ipv4Addr> {
+        self.last_ip
+    }
+
     /// IPAM's position as a checkpoint kept it (only where this run has none yet).
     pub fn restore_last_ip(&mut self, ip: Option<std::net::Ipv4Addr>) {
         if self.last_ip.is_none() {

@@ -59,7 +59,7 @@ pub(super) fn ready(node: &Node) -> Result<(), PodError> {
 /// The last step of a setup: the pod is durable (in the agent's checkpoint) before its request
 /// is answered.
 pub(super) async fn recorded(node: &Node, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
-    super::checkpoint::persist(node, deadline)
+    super::checkpoint::persist_pod(node, key, deadline)
         .await
         .map_err(|e| PodError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
 }
