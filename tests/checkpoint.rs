@@ -2,7 +2,9 @@
 //! loss of the Open vSwitch database, a pod whose sandbox vanished meanwhile is collected, no
 //! address a live sandbox holds is handed out again (nor a just-released one, the allocator's
 //! position being kept too), and a checkpoint that cannot be read stops the agent with a clear
-//! error and nothing torn down. A real agent (`sdn-node run`) on a netdev switch in its own
+//! error and nothing torn down. One file per pod (issue 35 item 5): a damaged one is named and
+//! refused, an earlier agent's single `pods.json` is migrated, and the temporary files of writes
+//! a crash interrupted are removed at start. A real agent (`sdn-node run`) on a netdev switch in its own
 //! network namespace, every pod request through libcni and `sdn-node-cni`, real pings.
 
 mod support;
@@ -36,21 +38,35 @@ async fn eventually(what: &str, n: &CniNode, mut f: impl FnMut() -> bool) {
     panic!("never: {what}\n{}", n.log());
 }
 
-fn checkpoint_path(n: &CniNode) -> std::path::PathBuf {
-    n.agent.state_dir.join("pods.json")
-}
-
 /// The pods the checkpoint lists, by name, with their addresses.
 fn checkpointed(n: &CniNode) -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(checkpoint_path(n)).expect("the checkpoint exists");
-    let doc: serde_json::Value = serde_json::from_str(&text).expect("the checkpoint is JSON");
-    assert_eq!(doc["version"], 1, "{text}");
-    doc["state"]["pods"]
-        .as_array()
-        .expect("pods")
-        .iter()
-        .map(|p| (p["name"].as_str().unwrap().to_string(), p["ip"].as_str().unwrap().to_string()))
+    n.agent
+        .checkpointed()
+        .into_iter()
+        .map(|(file, p)| {
+            let (ns, name) = (p["namespace"].as_str().unwrap(), p["name"].as_str().unwrap());
+            assert_eq!(file, format!("{ns}_{name}.json"), "each pod in its own file");
+            (name.to_string(), p["ip"].as_str().unwrap().to_string())
+        })
         .collect()
+}
+
+/// A pod's file in the checkpoint.
+fn pod_file(n: &CniNode, ns: &str, name: &str) -> std::path::PathBuf {
+    n.agent.checkpoint_pods().join(format!("{ns}_{name}.json"))
+}
+
+/// The checkpoint's file of IPAM's position.
+fn ipam_file(n: &CniNode) -> std::path::PathBuf {
+    n.agent.state_dir.join("ipam.json")
+}
+
+/// The names in `dir` (sorted).
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
 }
 
 fn port_record(n: &CniNode, port: &str) -> String {
@@ -170,7 +186,8 @@ async fn a_corrupt_checkpoint_stops_the_agent_and_changes_nothing() {
     let r2 = node.cni("add", "team-a", "a2", &container(2), &a2.path());
     assert!(r1.ok() && r2.ok(), "{:?} {:?}\n{}", r1.out, r2.out, node.log());
     node.kill_agent().await;
-    let path = checkpoint_path(&node);
+    // One pod's file damaged: the agent refuses to start, naming it.
+    let path = pod_file(&node, "team-a", "a1");
     let good = std::fs::read_to_string(&path).unwrap();
     let before = look(&node);
     assert!(before.ports.len() >= 4, "{before:?}");
@@ -193,10 +210,33 @@ async fn a_corrupt_checkpoint_stops_the_agent_and_changes_nothing() {
         assert_eq!(look(&node), before, "nothing was torn down ({why})");
         assert!(!node.agent.conflist().exists(), "and it never said it serves pods");
     }
-    assert!(ping(&a1.name, &r2.addr()), "the pods kept talking throughout (flows stay while the agent is down)");
-    // The good file back: the agent starts, with both pods.
+    // IPAM's file too.
     std::fs::write(&path, &good).unwrap();
+    let ipam = ipam_file(&node);
+    let ipam_good = std::fs::read_to_string(&ipam).unwrap();
+    std::fs::write(&ipam, "garbage").unwrap();
+    let (code, log) = node.agent.run_to_exit().await;
+    assert_eq!(code, Some(1), "refused on a damaged ipam.json:\n{log}");
+    let err = log.lines().find(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no error line:\n{log}"));
+    assert!(err.contains(&ipam.display().to_string()) && err.contains("not a checkpoint document"), "{err}");
+    assert_eq!(look(&node), before, "nothing was torn down (ipam.json)");
+    assert!(ping(&a1.name, &r2.addr()), "the pods kept talking throughout (flows stay while the agent is down)");
+    // The good files back, and what writes a crash interrupted leave (temporary files): the
+    // agent removes those, starts, and has both pods.
+    std::fs::write(&ipam, &ipam_good).unwrap();
+    let leftovers = [
+        node.agent.checkpoint_pods().join(".team-a_a1.json.x1Y2z3"),
+        node.agent.checkpoint_pods().join(".team-a_a9.json.q8R7s6"),
+        node.agent.state_dir.join(".ipam.json.k5L4m3"),
+    ];
+    for l in &leftovers {
+        std::fs::write(l, &good[..good.len() / 3]).unwrap();
+    }
     node.spawn_agent().await;
+    for l in &leftovers {
+        assert!(!l.exists(), "{} removed at start", l.display());
+    }
+    assert_eq!(names(&node.agent.checkpoint_pods()), vec!["team-a_a1.json", "team-a_a2.json"]);
     for (p, c, n) in [("a1", container(1), &a1), ("a2", container(2), &a2)] {
         let check = node.cni("check", "team-a", p, &c, &n.path());
         assert!(check.ok(), "CHECK {p}: {:?}\n{}", check.out, node.log());
@@ -266,7 +306,8 @@ async fn after_a_checkpoint_is_moved_aside_a_released_address_is_not_reused_firs
     let r = node.cni("del", "team-a", "a1", &container(1), &ns[0].path());
     assert!(r.ok(), "DEL a1: {:?}", r.out);
     node.kill_agent().await;
-    let path = checkpoint_path(&node);
+    // IPAM's file damaged, then moved aside: its position is lost (the pods' files are kept).
+    let path = ipam_file(&node);
     std::fs::write(&path, b"{ not json").unwrap();
     let (code, log) = node.agent.run_to_exit().await;
     assert_eq!(code, Some(1), "refused on the corrupt checkpoint:\n{log}");
@@ -283,4 +324,65 @@ async fn after_a_checkpoint_is_moved_aside_a_released_address_is_not_reused_firs
     assert_eq!(r.addr(), bump(&addr[2]), "IPAM resumes after the highest recovered address ({addr:?})");
     assert!(ping(&n1.name, &addr[1]), "the new pod reaches a2");
     node.ready_again("restarted without a checkpoint").await;
+}
+
+/// The single `pods.json` earlier agents wrote: a new agent reads it, writes one file per pod
+/// (and IPAM's), and removes it once those are durable. Here it is all the agent has (the
+/// database recreated empty): every pod comes back from it, with IPAM's position (the next
+/// address follows the last one handed out, not the highest one held). What an earlier agent's
+/// interrupted write left is removed.
+#[tokio::test]
+async fn an_earlier_agents_pods_json_is_migrated() {
+    if !can_run() {
+        return;
+    }
+    let mut node = CniNode::start(MULTITENANT).await;
+    let ns: Vec<PodNs> = ["a1", "a2", "a3"].iter().map(|n| PodNs::new(n)).collect();
+    let mut addr = Vec::new();
+    for (i, name) in ["a1", "a2", "a3"].iter().enumerate() {
+        let r = node.cni("add", "team-a", name, &container(i as u32 + 1), &ns[i].path());
+        assert!(r.ok(), "ADD {name}: {:?}\n{}", r.out, node.log());
+        addr.push(r.addr());
+    }
+    // The last address handed out is released: only IPAM's position remembers it.
+    let r = node.cni("del", "team-a", "a3", &container(3), &ns[2].path());
+    assert!(r.ok(), "DEL a3: {:?}", r.out);
+    node.kill_agent().await;
+    // The state directory as an earlier agent left it: pods.json (built here from the
+    // records, as that agent wrote it: {"version":1,"sha256":<of state>,"state":{...}}), and
+    // the temporary file of a write it never finished.
+    let records: Vec<serde_json::Value> = node.agent.checkpointed().into_values().collect();
+    assert_eq!(records.len(), 2);
+    let ipam: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(ipam_file(&node)).unwrap()).unwrap();
+    let last = ipam["state"]["lastAddress"].clone();
+    assert_eq!(last, addr[2], "IPAM's position is a3's address");
+    let state = serde_json::json!({ "lastAddress": last, "pods": records }).to_string();
+    let digest: String =
+        ring::digest::digest(&ring::digest::SHA256, state.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let legacy = node.agent.state_dir.join("pods.json");
+    std::fs::write(&legacy, format!("{{\"version\":1,\"sha256\":\"{digest}\",\"state\":{state}}}\n")).unwrap();
+    std::fs::remove_dir_all(node.agent.checkpoint_pods()).unwrap();
+    std::fs::remove_file(ipam_file(&node)).unwrap();
+    let leftover = node.agent.state_dir.join(".pods.json.Ab12Cd");
+    std::fs::write(&leftover, "{\"version\":1,\"sha").unwrap();
+    node.sb.recreate_database().await.expect("recreate conf.db");
+
+    node.spawn_agent().await;
+    assert!(!legacy.exists() && !leftover.exists(), "pods.json migrated away, the leftover removed");
+    assert_eq!(names(&node.agent.state_dir), vec!["ipam.json", "lock", "pods"]);
+    let migrated: Vec<serde_json::Value> = node.agent.checkpointed().into_values().collect();
+    assert_eq!(migrated, records, "each pod's record, in its own file, as pods.json had it");
+    for (i, p) in [(0usize, "a1"), (1, "a2")] {
+        eventually(&format!("{p} is back from the migrated checkpoint"), &node, || {
+            node.cni("check", "team-a", p, &container(i as u32 + 1), &ns[i].path()).ok()
+        })
+        .await;
+    }
+    assert!(ping(&ns[0].name, &addr[1]), "a1 reaches a2");
+    let n1 = PodNs::new("n1");
+    let r = node.cni("add", "team-a", "n1", &container(9), &n1.path());
+    assert!(r.ok(), "ADD n1: {:?}\n{}", r.out, node.log());
+    assert_eq!(r.addr(), bump(&addr[2]), "IPAM resumes after the position pods.json kept ({addr:?})");
+    assert_eq!(checkpointed(&node).len(), 3);
+    node.ready_again("after the migration").await;
 }

@@ -153,7 +153,7 @@ async fn a_second_pod_in_a_sandbox_is_refused() {
     let a1 = add(&node, "team-a", "a1", &container(1));
     let before = view(&node, &a1);
     let (veths, ports, flows) = (node.veths(), node.ports(), node.flows());
-    let checkpoint = std::fs::read(node.agent.state_dir.join("pods.json")).unwrap();
+    let checkpoint = node.agent.checkpointed();
     // Another pod of another VNID into a1's sandbox, as a second interface: by the same path,
     // and by another path to the same namespace.
     let inside = InSandbox::start(&a1.ns);
@@ -167,7 +167,7 @@ async fn a_second_pod_in_a_sandbox_is_refused() {
     // Nothing of a1 changed (a second identity, its routes), nor anything else.
     assert_eq!(view(&node, &a1), before, "a1 is as it was");
     assert_eq!((node.veths(), node.ports(), node.flows()), (veths, ports, flows), "nothing was added to the node");
-    assert_eq!(std::fs::read(node.agent.state_dir.join("pods.json")).unwrap(), checkpoint, "nor recorded");
+    assert_eq!(node.agent.checkpointed(), checkpoint, "nor recorded");
     assert!(ping(&a1.ns.name, "10.128.0.1"), "a1 still reaches its gateway");
     // In a sandbox of its own, the same pod is fine.
     let x1 = add(&node, "team-b", "x1", &container(2));
@@ -226,8 +226,8 @@ async fn a_del_touches_only_what_its_container_made() {
             && pod_view(&node, &a2.ns, &a2.veth, &a2.ip).flows.is_empty()
     })
     .await;
-    let listed = std::fs::read_to_string(node.agent.state_dir.join("pods.json")).unwrap();
-    assert!(!listed.contains(&format!("\"{}\"", a2.ip)), "a2's address is released: {listed}");
+    let listed = node.agent.checkpointed();
+    assert!(listed.values().all(|p| p["ip"] != a2.ip.as_str()), "a2's address is released: {listed:?}");
     unchanged("a DEL of a2's container without CNI_ARGS");
 
     // (c) An ADD of the made-up container (another pod, its own sandbox): b1's interface

@@ -167,16 +167,12 @@ fn api_pods(node: &CniNode) -> Vec<String> {
 
 /// The pods in the agent's checkpoint.
 fn checkpointed(node: &CniNode) -> Vec<String> {
-    let text = std::fs::read_to_string(node.agent.state_dir.join("pods.json")).unwrap_or_default();
-    let doc: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    let mut pods: Vec<String> = doc["state"]["pods"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|p| format!("{}/{}", p["namespace"].as_str().unwrap_or("?"), p["name"].as_str().unwrap_or("?")))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut pods: Vec<String> = node
+        .agent
+        .checkpointed()
+        .values()
+        .map(|p| format!("{}/{}", p["namespace"].as_str().unwrap_or("?"), p["name"].as_str().unwrap_or("?")))
+        .collect();
     pods.sort();
     pods
 }

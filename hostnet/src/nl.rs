@@ -81,6 +81,32 @@ impl Nl {
         Ok(Nl { handle, task, ns: ns.path().display().to_string() })
     }
 
+    /// Runs `f` on a connection to `ns` from a thread of its own, with a runtime of its own:
+    /// for the requests the kernel carries out inside the request, blocking the thread that
+    /// sends it — deleting a veth waits there for an RCU grace period, moving one into another
+    /// namespace for the device's unregistration (`strace -T` here: RTM_DELLINK's and the
+    /// move's `sendto` take ~15–35 ms, other requests well under 1 ms). Sent from a
+    /// single-threaded runtime (the agent's), everything else stood still meanwhile: a CNI
+    /// DEL's ready answer, the OVSDB reply and flow commit a warm ADD overlaps with its move,
+    /// the other ADDs of a burst.
+    pub(crate) async fn detached<T, F, Fut>(ns: &Netns, what: String, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Nl) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T>>,
+    {
+        let ns = ns.clone();
+        let object = format!("{what} (netns {})", ns.path().display());
+        let work = tokio::task::spawn_blocking(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| Error::io("start a runtime for", what, e))?;
+            rt.block_on(async { f(Nl::connect(&ns).await?).await })
+        });
+        work.await.map_err(|e| Error::Reply { object, reason: format!("its thread failed: {e}") })?
+    }
+
     pub(crate) fn handle(&self) -> &Handle {
         &self.handle
     }

@@ -81,6 +81,8 @@ pub async fn delete_owned(host: &Netns, host_veth: &str, index: Option<u32>) -> 
     if index.is_some_and(|i| i != link.index) {
         return Ok(Deleted::NotOurs { index: link.index });
     }
-    nl.link_del(link.index, host_veth).await?;
+    // From a thread of its own: the kernel deletes a veth inside the request (see Nl::detached).
+    let (index, name) = (link.index, host_veth.to_string());
+    Nl::detached(host, format!("link {host_veth}"), move |nl| async move { nl.link_del(index, &name).await }).await?;
     Ok(Deleted::Yes)
 }

@@ -86,5 +86,9 @@ pub async fn move_spare(hold: &Netns, pod: &Netns, name: &str, cfg: &PodConfig) 
     if let Some(mac) = cfg.mac {
         msg.attributes.push(LinkAttribute::Address(mac.0.to_vec()));
     }
-    hold_nl.link_set(msg, &format!("spare veth {name} -> {} (pod {})", cfg.ifname, pod.path().display())).await
+    let what = format!("spare veth {name} -> {} (pod {})", cfg.ifname, pod.path().display());
+    // From a thread of its own: the kernel moves the device inside the request (see
+    // Nl::detached). `msg` names `pod` by descriptor: `pod` outlives the call.
+    let w = what.clone();
+    Nl::detached(hold, what, move |nl| async move { nl.link_set(msg, &w).await }).await
 }

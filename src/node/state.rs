@@ -406,7 +406,7 @@ impl NodeState {
     }
 
     /// The records of the API pods, set up or doomed (both hold their address), in key order:
-    /// what the agent's checkpoint keeps, with [`NodeState::last_ip`].
+    /// what the agent's checkpoint keeps, with [`NodeState::last_address`].
     pub fn held_records(&self) -> Vec<PodRecord> {
         let mut pods: Vec<(&PodKey, &PodRecord)> =
             self.api_pods.iter().chain(self.doomed.iter()).map(|(k, (_, r))| (k, r)).collect();
@@ -414,8 +414,14 @@ impl NodeState {
         pods.into_iter().map(|(_, r)| r.clone()).collect()
     }
 
-    /// IPAM's position: the next search starts after it.
-    pub fn last_ip(&self) -> Option<std::net::Ipv4Addr> {
+    /// What the checkpoint keeps of pod `key` (one of [`NodeState::held_records`]): its record,
+    /// set up or doomed.
+    pub fn saved_pod(&self, key: &PodKey) -> Option<PodRecord> {
+        self.api_pods.get(key).or_else(|| self.doomed.get(key)).map(|(_, r)| r.clone())
+    }
+
+    /// IPAM's position: the address handed out last (the next search starts after it).
+    pub fn last_address(&self) -> Option<std::net::Ipv4Addr> {
         self.last_ip
     }
 

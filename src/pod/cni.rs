@@ -360,14 +360,14 @@ async fn del(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<(), PodE
             }
         }
         finish_teardown(pods, &k, deadline).await?;
-        return super::checkpoint::forgotten(pods, &k, deadline).await;
+        return super::durable::forgotten(pods, &k, deadline).await;
     }
     // Not (or no longer) known: whatever a half-done ADD of this container left.
     if crate::domain::ContainerId::parse(&req.container_id).is_ok() {
         remove_unrecorded(pods, &req).await?;
     }
     // A retried DEL whose first attempt could not write the checkpoint writes it now.
-    super::checkpoint::forgotten(pods, &key, deadline).await
+    super::durable::forgotten(pods, &key, deadline).await
 }
 
 /// What an ADD of `req`'s container that died before its pod was recorded may have left: the

@@ -18,6 +18,7 @@
 
 pub mod checkpoint;
 pub mod cni;
+pub mod durable;
 mod error;
 pub mod hostport;
 pub mod recovery;

@@ -217,7 +217,7 @@ pub async fn recover(pods: &Pods, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(
     }
     pods.checkpoint.recovered();
     // The checkpoint as the recovery left it (the periodic writer retries if this fails).
-    if let Err(e) = checkpoint::persist(pods, Instant::now() + checkpoint::WRITE_TIMEOUT).await {
+    if let Err(e) = super::durable::persist(pods, Instant::now() + checkpoint::WRITE_TIMEOUT).await {
         warn!(error = %e, "could not write the checkpoint after the recovery; will retry");
     }
     Ok(())

@@ -63,7 +63,7 @@ pub(super) fn ready(pods: &Pods) -> Result<(), PodError> {
 pub(super) async fn recorded(pods: &Pods, key: &crate::cluster::PodKey, deadline: Instant) -> Result<(), PodError> {
     let written = match pods.faults.hit(FaultPoint::Checkpoint) {
         Err(injected) => Err(injected),
-        Ok(()) => super::checkpoint::persist(pods, deadline).await.map_err(|e| e.to_string()),
+        Ok(()) => super::durable::persist_pod(pods, key, deadline).await.map_err(|e| e.to_string()),
     };
     written.map_err(|e| PodError::Failed(format!("pod {}/{}: not set up: {e}", key.0, key.1)))
 }

@@ -74,7 +74,7 @@ pub async fn teardown(pods: &Pods, namespace: String, name: String, deadline: In
         }
     }
     finish_teardown(pods, &key, deadline).await?;
-    super::checkpoint::forgotten(pods, &key, deadline).await
+    super::durable::forgotten(pods, &key, deadline).await
 }
 
 /// Takes a doomed pod's flows off the switch, then its port off the bridge, then (CNI pods,

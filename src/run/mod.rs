@@ -211,7 +211,7 @@ fn spawn_executors(opts: &RunOptions, pods: &Arc<crate::pod::Pods>, rec: &Reconc
         tokio::spawn(crate::policy_stats::run(pods.state.clone(), telemetry.metrics.clone(), sup.watch_current(), o, cancel.clone()));
     }
     tokio::spawn(crate::pod::refill::keep_filled(pods.clone(), cancel.clone()));
-    tokio::spawn(crate::pod::checkpoint::keep_written(pods.clone(), cancel.clone()));
+    tokio::spawn(crate::pod::durable::keep_written(pods.clone(), cancel.clone()));
     if pods.cfg.manages_host() {
         telemetry.health.executor_started(crate::metrics::Executor::Host);
         let pacing = crate::reconcile::host::Pacing {

@@ -45,7 +45,7 @@ pub struct RunOptions {
     /// How long to wait for a DNS answer for an egress policy's dnsName.
     #[arg(skip = crate::reconcile::dns::DEFAULT_TIMEOUT)]
     pub dns_timeout: Duration,
-    /// Where the agent keeps its own durable record of the pods (pods.json), so that they
+    /// Where the agent keeps its own durable record of the pods (one file per pod), so that they
     /// outlive the loss of the Open vSwitch database; `none` disables it (OVSDB's records
     /// alone). One agent per directory. A checkpoint that cannot be read stops the agent
     /// (exit 1, the file named): see docs/pods.md, "Pod records".

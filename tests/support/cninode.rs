@@ -184,6 +184,31 @@ impl NodeAgent {
         self.conf_dir.join("80-sdn-node.conflist")
     }
 
+    /// The directory of the checkpoint's pod files.
+    pub fn checkpoint_pods(&self) -> PathBuf {
+        self.state_dir.join("pods")
+    }
+
+    /// The pods' records in the checkpoint, read here from the files themselves
+    /// (`pods/<namespace>_<name>.json`, each `{"version":1,"sha256":…,"state":{"seq":N,"pod":{…}}}`):
+    /// file name → the record. Temporary files (`.…`) are not pods'.
+    pub fn checkpointed(&self) -> std::collections::BTreeMap<String, Value> {
+        let mut out = std::collections::BTreeMap::new();
+        let Ok(entries) = std::fs::read_dir(self.checkpoint_pods()) else { return out };
+        for e in entries {
+            let e = e.unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') {
+                continue;
+            }
+            let text = std::fs::read_to_string(e.path()).unwrap();
+            let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON ({e}): {text}"));
+            assert_eq!(doc["version"], 1, "{name}: {text}");
+            out.insert(name, doc["state"]["pod"].clone());
+        }
+        out
+    }
+
     /// Starts `sdn-node run` inside the node's namespace and waits for its CNI configuration
     /// (written once it serves pods: the signal kubelet waits for).
     pub async fn spawn(&mut self) {
