@@ -497,13 +497,38 @@ async fn pod_bandwidth_set_replace_clear() {
 /// differ between databases.
 #[derive(Debug, PartialEq)]
 struct Written {
-    other_config: BTreeMap<String, String>,
-    /// name -> fail_mode, protocols, datapath_type, external_ids, port names
-    bridges: BTreeMap<String, (Option<String>, BTreeSet<String>, String, BTreeMap<String, String>, BTreeSet<String>)>,
-    /// name -> interface names, external_ids, the QoS row's type and other_config
-    ports: BTreeMap<String, (BTreeSet<String>, BTreeMap<String, String>, Option<(String, BTreeMap<String, String>)>)>,
-    /// name -> type, options, ofport_request, mac, ingress_policing_rate
-    interfaces: BTreeMap<String, (String, BTreeMap<String, String>, Option<i64>, Option<String>, i64)>,
+    other_config: Strings,
+    bridges: BTreeMap<String, BridgeCols>,
+    ports: BTreeMap<String, PortCols>,
+    interfaces: BTreeMap<String, IfaceCols>,
+}
+
+type Strings = BTreeMap<String, String>;
+
+#[derive(Debug, PartialEq)]
+struct BridgeCols {
+    fail_mode: Option<String>,
+    protocols: BTreeSet<String>,
+    datapath_type: String,
+    external_ids: Strings,
+    ports: BTreeSet<String>,
+}
+
+#[derive(Debug, PartialEq)]
+struct PortCols {
+    interfaces: BTreeSet<String>,
+    external_ids: Strings,
+    /// The QoS row's type and other_config.
+    qos: Option<(String, Strings)>,
+}
+
+#[derive(Debug, PartialEq)]
+struct IfaceCols {
+    iface_type: String,
+    options: Strings,
+    ofport_request: Option<i64>,
+    mac: Option<String>,
+    ingress_policing_rate: i64,
 }
 
 async fn written(c: &OvsdbClient) -> Written {
@@ -544,13 +569,13 @@ async fn written(c: &OvsdbClient) -> Written {
         bridges: bridges
             .iter()
             .map(|b| {
-                let v = (
-                    b.fail_mode().unwrap().clone(),
-                    b.protocols().unwrap().clone(),
-                    b.datapath_type().unwrap().clone(),
-                    b.external_ids().unwrap().clone(),
-                    name_of(port_names.clone(), b.ports().unwrap()),
-                );
+                let v = BridgeCols {
+                    fail_mode: b.fail_mode().unwrap().clone(),
+                    protocols: b.protocols().unwrap().clone(),
+                    datapath_type: b.datapath_type().unwrap().clone(),
+                    external_ids: b.external_ids().unwrap().clone(),
+                    ports: name_of(port_names.clone(), b.ports().unwrap()),
+                };
                 (b.name().unwrap().clone(), v)
             })
             .collect(),
@@ -561,20 +586,24 @@ async fn written(c: &OvsdbClient) -> Written {
                     let q = qos_rows[q.uuid().unwrap()];
                     (q.qos_type().unwrap().clone(), q.other_config().unwrap().clone())
                 });
-                let v = (name_of(iface_names.clone(), p.interfaces().unwrap()), p.external_ids().unwrap().clone(), q);
+                let v = PortCols {
+                    interfaces: name_of(iface_names.clone(), p.interfaces().unwrap()),
+                    external_ids: p.external_ids().unwrap().clone(),
+                    qos: q,
+                };
                 (p.name().unwrap().clone(), v)
             })
             .collect(),
         interfaces: ifaces
             .iter()
             .map(|i| {
-                let v = (
-                    i.iface_type().unwrap().clone(),
-                    i.options().unwrap().clone(),
-                    *i.ofport_request().unwrap(),
-                    i.mac().unwrap().clone(),
-                    *i.ingress_policing_rate().unwrap(),
-                );
+                let v = IfaceCols {
+                    iface_type: i.iface_type().unwrap().clone(),
+                    options: i.options().unwrap().clone(),
+                    ofport_request: *i.ofport_request().unwrap(),
+                    mac: i.mac().unwrap().clone(),
+                    ingress_policing_rate: *i.ingress_policing_rate().unwrap(),
+                };
                 (i.name().unwrap().clone(), v)
             })
             .collect(),
@@ -629,11 +658,11 @@ async fn typed_writes_leave_what_ovs_vsctl_leaves() {
     let (a, b) = (written(&ours.client()).await, written(&theirs.client()).await);
     assert_eq!(a, b);
     // And what was compared is what was asked for.
-    assert_eq!(a.ports["veth1"].2, Some(("linux-htb".to_string(), [("max-rate".to_string(), "1000000".to_string())].into())));
-    assert_eq!(a.ports["veth1"].1["sdn-node-pod"], record);
-    assert_eq!(a.interfaces["veth1"].4, 2000);
-    assert_eq!(a.interfaces["tun0"].3.as_deref(), Some("0a:58:0a:80:00:01"));
-    assert_eq!(a.bridges["br0"].4.len(), 4);
+    assert_eq!(a.ports["veth1"].qos, Some(("linux-htb".to_string(), [("max-rate".to_string(), "1000000".to_string())].into())));
+    assert_eq!(a.ports["veth1"].external_ids["sdn-node-pod"], record);
+    assert_eq!(a.interfaces["veth1"].ingress_policing_rate, 2000);
+    assert_eq!(a.interfaces["tun0"].mac.as_deref(), Some("0a:58:0a:80:00:01"));
+    assert_eq!(a.bridges["br0"].ports.len(), 4);
     assert_eq!(a.other_config["flow-restore-wait"], "true");
 }
 
