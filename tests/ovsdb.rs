@@ -4,7 +4,7 @@
 //! Each test starts its own sandbox, so tests run in parallel. `ovs-vsctl` is
 //! used only here, as an independent oracle of what is in the database.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,7 +12,9 @@ use serde_json::json;
 use tokio::time::timeout;
 
 use sdn_node::ovsdb::bridge::Ensured;
-use sdn_node::ovsdb::types::{cond_eq, row_opt_i64, row_string, row_string_map};
+use sdn_node::ovsdb::txn::{Condition, Mutation};
+use sdn_node::ovsdb::types::{column, Row};
+use sdn_node::ovsdb::{Bridge, Interface, NamedUuid, OpenVswitch, Port, Qos, Set, Table, Uuid};
 use sdn_node::ovsdb::{
     txn, BridgeOptions, MonitorEnd, MonitorRequest, OvsdbClient, OvsdbError, PortSpec, RowUpdate2,
     VSWITCH_DB,
@@ -21,7 +23,7 @@ use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 
 const T: Duration = Duration::from_secs(10);
 
-/// Logs go to the test output; enable with e.g. `RUST_LOG=sdn_node=debug`.
+/// Logs go to the test output; enable with e.g. `RUST_LOG=sdn_ovsdb=debug`.
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -69,6 +71,11 @@ fn count_rows(sb: &OvsSandbox, table: &str, cond: Option<&str>) -> usize {
         .lines()
         .filter(|l| !l.trim().is_empty())
         .count()
+}
+
+/// A generic row (of a table the agent does not model, or a deliberately wrong one).
+fn row(v: serde_json::Value) -> Row {
+    v.as_object().expect("a row is an object").clone()
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -123,16 +130,16 @@ async fn transaction_errors_name_the_operation() {
     let c = sb.client();
     // Duplicate name violates the Port index: reported for the commit.
     let ops = vec![
-        txn::insert("Interface", json!({"name": "dup"}), Some("i")),
+        txn::insert("Interface", row(json!({"name": "dup"})), Some("i")),
         txn::insert(
             "Port",
-            json!({"name": "br0", "interfaces": ["named-uuid", "i"]}),
+            row(json!({"name": "br0", "interfaces": ["named-uuid", "i"]})),
             Some("p"),
         ),
         txn::mutate(
             "Bridge",
-            vec![cond_eq("name", json!("br0"))],
-            vec![json!(["ports", "insert", ["set", [["named-uuid", "p"]]]])],
+            vec![Condition::eq("name", "br0")],
+            vec![Mutation::insert("ports", Set::one(NamedUuid::new("p")))],
         ),
     ];
     match c.transact(VSWITCH_DB, ops).await {
@@ -153,7 +160,7 @@ async fn transaction_errors_name_the_operation() {
     // A bad column is reported at its operation.
     let ops = vec![
         txn::select("Bridge", vec![], &["name"]),
-        txn::update("Bridge", vec![], json!({"no_such_column": 1})),
+        txn::update("Bridge", vec![], row(json!({"no_such_column": 1}))),
     ];
     match c.transact(VSWITCH_DB, ops).await {
         Err(OvsdbError::TransactionFailed {
@@ -485,6 +492,180 @@ async fn pod_bandwidth_set_replace_clear() {
     ));
 }
 
+/// What the agent's writes decide, read back with the typed rows (every column each type
+/// knows, so every row a real ovsdb-server sends must parse) and keyed by name, since uuids
+/// differ between databases.
+#[derive(Debug, PartialEq)]
+struct Written {
+    other_config: Strings,
+    bridges: BTreeMap<String, BridgeCols>,
+    ports: BTreeMap<String, PortCols>,
+    interfaces: BTreeMap<String, IfaceCols>,
+}
+
+type Strings = BTreeMap<String, String>;
+
+#[derive(Debug, PartialEq)]
+struct BridgeCols {
+    fail_mode: Option<String>,
+    protocols: BTreeSet<String>,
+    datapath_type: String,
+    external_ids: Strings,
+    ports: BTreeSet<String>,
+}
+
+#[derive(Debug, PartialEq)]
+struct PortCols {
+    interfaces: BTreeSet<String>,
+    external_ids: Strings,
+    /// The QoS row's type and other_config.
+    qos: Option<(String, Strings)>,
+}
+
+#[derive(Debug, PartialEq)]
+struct IfaceCols {
+    iface_type: String,
+    options: Strings,
+    ofport_request: Option<i64>,
+    mac: Option<String>,
+    ingress_policing_rate: i64,
+}
+
+async fn written(c: &OvsdbClient) -> Written {
+    let mut r = c
+        .transact(
+            VSWITCH_DB,
+            vec![
+                OpenVswitch::select(vec![], OpenVswitch::COLUMNS),
+                Bridge::select(vec![], Bridge::COLUMNS),
+                Port::select(vec![], Port::COLUMNS),
+                Interface::select(vec![], Interface::COLUMNS),
+                Qos::select(vec![], Qos::COLUMNS),
+            ],
+        )
+        .await
+        .unwrap();
+    let mut take = |i: usize| std::mem::take(&mut r[i]);
+    let root: Vec<OpenVswitch> = take(0).into_table().unwrap();
+    let bridges: Vec<Bridge> = take(1).into_table().unwrap();
+    let ports: Vec<Port> = take(2).into_table().unwrap();
+    let ifaces: Vec<Interface> = take(3).into_table().unwrap();
+    let qos: Vec<Qos> = take(4).into_table().unwrap();
+    let name_of = |names: BTreeMap<&Uuid, &String>, refs: &Set<sdn_node::ovsdb::Ref>| -> BTreeSet<String> {
+        refs.uuids().map(|u| names[u].clone()).collect()
+    };
+    let port_names: BTreeMap<&Uuid, &String> = ports.iter().map(|p| (p.uuid().unwrap(), p.name().unwrap())).collect();
+    let iface_names: BTreeMap<&Uuid, &String> = ifaces.iter().map(|i| (i.uuid().unwrap(), i.name().unwrap())).collect();
+    let qos_rows: BTreeMap<&Uuid, &Qos> = qos.iter().map(|q| (q.uuid().unwrap(), q)).collect();
+    assert_eq!(root.len(), 1);
+    assert_eq!(root[0].bridges().unwrap().len(), bridges.len());
+    for i in &ifaces {
+        // What ovs-vswitchd reports parses too.
+        let (ofport, _error, _mac_in_use) = (i.ofport().unwrap(), i.error().unwrap(), i.mac_in_use().unwrap());
+        assert!(ofport.is_some_and(|p| p > 0), "{i:?}");
+    }
+    Written {
+        other_config: root[0].other_config().unwrap().clone(),
+        bridges: bridges
+            .iter()
+            .map(|b| {
+                let v = BridgeCols {
+                    fail_mode: b.fail_mode().unwrap().clone(),
+                    protocols: b.protocols().unwrap().clone(),
+                    datapath_type: b.datapath_type().unwrap().clone(),
+                    external_ids: b.external_ids().unwrap().clone(),
+                    ports: name_of(port_names.clone(), b.ports().unwrap()),
+                };
+                (b.name().unwrap().clone(), v)
+            })
+            .collect(),
+        ports: ports
+            .iter()
+            .map(|p| {
+                let q = p.qos().unwrap().as_ref().map(|q| {
+                    let q = qos_rows[q.uuid().unwrap()];
+                    (q.qos_type().unwrap().clone(), q.other_config().unwrap().clone())
+                });
+                let v = PortCols {
+                    interfaces: name_of(iface_names.clone(), p.interfaces().unwrap()),
+                    external_ids: p.external_ids().unwrap().clone(),
+                    qos: q,
+                };
+                (p.name().unwrap().clone(), v)
+            })
+            .collect(),
+        interfaces: ifaces
+            .iter()
+            .map(|i| {
+                let v = IfaceCols {
+                    iface_type: i.iface_type().unwrap().clone(),
+                    options: i.options().unwrap().clone(),
+                    ofport_request: *i.ofport_request().unwrap(),
+                    mac: i.mac().unwrap().clone(),
+                    ingress_policing_rate: *i.ingress_policing_rate().unwrap(),
+                };
+                (i.name().unwrap().clone(), v)
+            })
+            .collect(),
+    }
+}
+
+/// The agent's typed transactions leave the database as `ovs-vsctl` leaves it for the same
+/// changes: the bridge, a VXLAN port, an internal port with a MAC, a pod port with its record,
+/// QoS and policing, a bridge external id and flow-restore-wait — compared column by column
+/// in two sandboxes, through the typed rows (which must parse every row of a real server).
+#[tokio::test]
+async fn typed_writes_leave_what_ovs_vsctl_leaves() {
+    let (ours, theirs) = (sandbox().await, sandbox().await);
+    let record = r#"{"namespace":"ns1","name":"pod1"}"#;
+
+    let ovs = ours.ovs();
+    ovs.ensure_bridge("br0", &BridgeOptions { datapath_type: "dummy".into(), ..Default::default() }).await.unwrap();
+    ovs.ensure_port("br0", "vxlan0", &PortSpec::vxlan_flow(1)).await.unwrap();
+    let tun = PortSpec { mac: Some("0a:58:0a:80:00:01".into()), ..PortSpec::internal(Some(2)) };
+    timeout(T, ovs.add_port_and_wait_ofport("br0", "tun0", &tun, T)).await.unwrap().unwrap();
+    let pod = PortSpec { external_ids: [("sdn-node-pod".to_string(), record.to_string())].into(), ..PortSpec::of_type("dummy") };
+    timeout(T, ovs.add_port_fast("br0", "veth1", &pod, T)).await.unwrap().unwrap();
+    ovs.set_pod_bandwidth("veth1", 1_000_000, 2_000 * 1024).await.unwrap();
+    ovs.set_bridge_external_id("br0", "sdn-node-generation", "3").await.unwrap();
+    ovs.set_flow_restore_wait().await.unwrap();
+
+    let pod_id = format!("external_ids:sdn-node-pod={}", serde_json::Value::from(record));
+    for cmd in [
+        &["add-br", "br0", "--", "set", "bridge", "br0", "fail_mode=secure", "protocols=OpenFlow13", "datapath_type=dummy"][..],
+        &["add-port", "br0", "vxlan0", "--", "set", "interface", "vxlan0", "type=vxlan", "options:remote_ip=flow", "options:key=flow", "ofport_request=1"],
+        &["add-port", "br0", "tun0", "--", "set", "interface", "tun0", "type=internal", "ofport_request=2", r#"mac="0a:58:0a:80:00:01""#],
+        &["add-port", "br0", "veth1", "--", "set", "interface", "veth1", "type=dummy", "--", "set", "port", "veth1", &pod_id],
+        &["set", "port", "veth1", "qos=@q", "--", "--id=@q", "create", "qos", "type=linux-htb", "other-config:max-rate=1000000",
+          "--", "set", "interface", "veth1", "ingress_policing_rate=2000"],
+        &["br-set-external-id", "br0", "sdn-node-generation", "3"],
+        &["set", "open_vswitch", ".", "other_config:flow-restore-wait=true"],
+    ] {
+        vsctl(&theirs, cmd);
+    }
+    // ovs-vswitchd assigns the ofports the comparison requires of every interface.
+    for sb in [&ours, &theirs] {
+        for name in ["br0", "vxlan0", "tun0", "veth1"] {
+            timeout(T, async {
+                while sb.ovs().interface_ofport(name).await.unwrap().is_none_or(|p| p <= 0) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{name} has no ofport"));
+        }
+    }
+    let (a, b) = (written(&ours.client()).await, written(&theirs.client()).await);
+    assert_eq!(a, b);
+    // And what was compared is what was asked for.
+    assert_eq!(a.ports["veth1"].qos, Some(("linux-htb".to_string(), [("max-rate".to_string(), "1000000".to_string())].into())));
+    assert_eq!(a.ports["veth1"].external_ids["sdn-node-pod"], record);
+    assert_eq!(a.interfaces["veth1"].ingress_policing_rate, 2000);
+    assert_eq!(a.interfaces["tun0"].mac.as_deref(), Some("0a:58:0a:80:00:01"));
+    assert_eq!(a.bridges["br0"].ports.len(), 4);
+    assert_eq!(a.other_config["flow-restore-wait"], "true");
+}
+
 #[tokio::test]
 async fn external_ids_and_flow_restore_wait_round_trip() {
     let sb = sandbox_with_bridge().await;
@@ -560,14 +741,14 @@ async fn monitors_receive_updates_and_cancel() {
     let mut m1 = c.monitor(VSWITCH_DB, &reqs).await.unwrap();
     let initial: Vec<_> = m1.initial["Bridge"]
         .values()
-        .map(|u| row_string(u.new.as_ref().unwrap(), "name").unwrap())
+        .map(|u| column::<String>(u.new.as_ref().unwrap(), "name").unwrap())
         .collect();
     assert_eq!(initial, vec!["br0"]);
 
     let cond_reqs: BTreeMap<_, _> = [(
         "Interface".to_string(),
         MonitorRequest::columns(["name", "ofport"])
-            .with_conditions(vec![cond_eq("name", json!("mon1"))]),
+            .with_conditions(vec![Condition::eq("name", "mon1")]),
     )]
     .into();
     let mut m2 = c.monitor_cond(VSWITCH_DB, &cond_reqs).await.unwrap();
@@ -578,7 +759,7 @@ async fn monitors_receive_updates_and_cancel() {
     let u = timeout(T, m1.updates.recv()).await.unwrap().unwrap();
     let upd = u["Bridge"].values().next().unwrap();
     assert_eq!(
-        row_string_map(upd.new.as_ref().unwrap(), "external_ids").unwrap()["k"],
+        column::<BTreeMap<String, String>>(upd.new.as_ref().unwrap(), "external_ids").unwrap()["k"],
         "v"
     );
 
@@ -604,7 +785,7 @@ async fn monitors_receive_updates_and_cancel() {
         for ch in u["Interface"].values() {
             match ch {
                 RowUpdate2::Insert(r) | RowUpdate2::Modify(r) => {
-                    if let Ok(Some(p)) = row_opt_i64(r, "ofport") {
+                    if let Ok(Some(p)) = column::<Option<i64>>(r, "ofport") {
                         ofport = Some(p)
                     }
                 }
@@ -647,17 +828,13 @@ async fn echo_probes_from_server_are_answered() {
         vec![
             txn::insert(
                 "Manager",
-                json!({"target": "ptcp:0:127.0.0.1", "inactivity_probe": 1000}),
+                row(json!({"target": "ptcp:0:127.0.0.1", "inactivity_probe": 1000})),
                 Some("m"),
             ),
             txn::mutate(
                 "Open_vSwitch",
                 vec![],
-                vec![json!([
-                    "manager_options",
-                    "insert",
-                    ["set", [["named-uuid", "m"]]]
-                ])],
+                vec![Mutation::insert("manager_options", Set::one(NamedUuid::new("m")))],
             ),
         ],
     )
@@ -669,7 +846,7 @@ async fn echo_probes_from_server_are_answered() {
     let mut mon = c.monitor(VSWITCH_DB, &reqs).await.unwrap();
     let bound_port = |u: &sdn_node::ovsdb::TableUpdates| {
         u.get("Manager")?.values().find_map(|r| {
-            row_string_map(r.new.as_ref()?, "status")
+            column::<BTreeMap<String, String>>(r.new.as_ref()?, "status")
                 .ok()?
                 .get("bound_port")
                 .cloned()

@@ -16,24 +16,39 @@
 //! reader would also stall the replies the consumer may be waiting for.
 
 use std::collections::{BTreeMap, HashMap};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::{SinkExt, Stream, StreamExt};
-use serde_json::{json, Value};
+use futures::{SinkExt, StreamExt};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, FramedWrite};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, trace, warn};
 
-use super::framing::{JsonCodec, DEFAULT_MAX_MESSAGE_SIZE};
-use super::txn::{parse_transact_result, OperationResult};
-use super::types::{as_row, brief, Row};
-use super::OvsdbError;
+use crate::datum::brief;
+use crate::framing::{JsonCodec, DEFAULT_MAX_MESSAGE_SIZE};
+use crate::rpc::{monitor_params, Id, Incoming, NoParams, Reply, Request, TransactParams};
+use crate::txn::{parse_transact_result, Operation, OperationResult};
+use crate::OvsdbError;
+
+pub use crate::monitor::{
+    Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, ParseUpdates, RowUpdate, RowUpdate2,
+    TableUpdates, TableUpdates2,
+};
+
+/// A message ready for the writer: serialized when it is queued, so that a value that cannot
+/// be encoded fails its own call rather than the connection.
+type Outgoing = Box<RawValue>;
+
+/// Serializes a message for the writer.
+fn encode<T: Serialize>(msg: &T) -> Result<Outgoing, OvsdbError> {
+    serde_json::value::to_raw_value(msg).map_err(|e| OvsdbError::Protocol(format!("cannot encode a request: {e}")))
+}
 
 /// Tunables of a connection.
 #[derive(Debug, Clone)]
@@ -68,219 +83,6 @@ impl Default for ClientOptions {
     }
 }
 
-/// v1 (`monitor`) row change: `old` holds the previous values of changed
-/// columns (modify) or the whole row (delete); `new` holds all monitored
-/// columns (initial/insert/modify).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RowUpdate {
-    pub old: Option<Row>,
-    pub new: Option<Row>,
-}
-
-/// v2 (`monitor_cond`) row change. `Modify` carries a *diff*: for set and map
-/// columns the listed elements are toggled, not the new value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RowUpdate2 {
-    Initial(Row),
-    Insert(Row),
-    Modify(Row),
-    Delete(Option<Row>),
-}
-
-/// table -> row uuid -> change
-pub type TableUpdates = BTreeMap<String, BTreeMap<String, RowUpdate>>;
-/// table -> row uuid -> change
-pub type TableUpdates2 = BTreeMap<String, BTreeMap<String, RowUpdate2>>;
-
-/// Parsing of a `<table-updates>` / `<table-updates2>` object.
-pub trait ParseUpdates: Sized + Send + 'static {
-    fn parse_updates(v: &Value) -> Result<Self, OvsdbError>;
-}
-
-fn parse_table_map<R>(
-    v: &Value,
-    what: &str,
-    mut f: impl FnMut(&str, &str, &Value) -> Result<R, OvsdbError>,
-) -> Result<BTreeMap<String, BTreeMap<String, R>>, OvsdbError> {
-    let tables = v
-        .as_object()
-        .ok_or_else(|| OvsdbError::Protocol(format!("{what} is not an object: {}", brief(v))))?;
-    let mut out = BTreeMap::new();
-    for (table, rows) in tables {
-        let rows = rows.as_object().ok_or_else(|| {
-            OvsdbError::Protocol(format!("{what}: table {table:?} is not an object"))
-        })?;
-        let mut t = BTreeMap::new();
-        for (uuid, upd) in rows {
-            t.insert(uuid.clone(), f(table, uuid, upd)?);
-        }
-        out.insert(table.clone(), t);
-    }
-    Ok(out)
-}
-
-impl ParseUpdates for TableUpdates {
-    fn parse_updates(v: &Value) -> Result<Self, OvsdbError> {
-        parse_table_map(v, "table-updates", |table, uuid, upd| {
-            let what = format!("table-updates {table}/{uuid}");
-            let obj = as_row(upd, &what)?;
-            let get = |k: &str| -> Result<Option<Row>, OvsdbError> {
-                match obj.get(k) {
-                    None | Some(Value::Null) => Ok(None),
-                    Some(r) => Ok(Some(as_row(r, &format!("{what} {k:?}"))?.clone())),
-                }
-            };
-            Ok(RowUpdate {
-                old: get("old")?,
-                new: get("new")?,
-            })
-        })
-    }
-}
-
-impl ParseUpdates for TableUpdates2 {
-    fn parse_updates(v: &Value) -> Result<Self, OvsdbError> {
-        parse_table_map(v, "table-updates2", |table, uuid, upd| {
-            let what = format!("table-updates2 {table}/{uuid}");
-            let obj = as_row(upd, &what)?;
-            let (kind, row) = match obj.iter().next() {
-                Some(kv) if obj.len() == 1 => kv,
-                _ => {
-                    return Err(OvsdbError::Protocol(format!(
-                        "{what}: expected exactly one of initial/insert/modify/delete, found {}",
-                        brief(upd)
-                    )))
-                }
-            };
-            let row_of = |r: &Value| as_row(r, &format!("{what} {kind:?}")).cloned();
-            match kind.as_str() {
-                "initial" => Ok(RowUpdate2::Initial(row_of(row)?)),
-                "insert" => Ok(RowUpdate2::Insert(row_of(row)?)),
-                "modify" => Ok(RowUpdate2::Modify(row_of(row)?)),
-                "delete" => match row {
-                    Value::Null => Ok(RowUpdate2::Delete(None)),
-                    r => Ok(RowUpdate2::Delete(Some(row_of(r)?))),
-                },
-                other => Err(OvsdbError::Protocol(format!(
-                    "{what}: unknown update kind {other:?}"
-                ))),
-            }
-        })
-    }
-}
-
-/// Which changes a monitor reports (all by default).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MonitorSelect {
-    pub initial: bool,
-    pub insert: bool,
-    pub delete: bool,
-    pub modify: bool,
-}
-
-impl Default for MonitorSelect {
-    fn default() -> Self {
-        MonitorSelect {
-            initial: true,
-            insert: true,
-            delete: true,
-            modify: true,
-        }
-    }
-}
-
-/// What to monitor in one table.
-#[derive(Debug, Clone, Default)]
-pub struct MonitorRequest {
-    /// Columns to report; `None` means all columns.
-    pub columns: Option<Vec<String>>,
-    /// Conditions (`[column, function, value]`), only honoured by
-    /// `monitor_cond`; plain `monitor` has no conditions and ignores them.
-    pub conditions: Option<Vec<Value>>,
-    pub select: Option<MonitorSelect>,
-}
-
-impl MonitorRequest {
-    pub fn columns<I: IntoIterator<Item = S>, S: Into<String>>(cols: I) -> Self {
-        MonitorRequest {
-            columns: Some(cols.into_iter().map(Into::into).collect()),
-            ..Default::default()
-        }
-    }
-
-    pub fn with_conditions(mut self, conditions: Vec<Value>) -> Self {
-        self.conditions = Some(conditions);
-        self
-    }
-
-    fn to_json(&self, with_conditions: bool) -> Value {
-        let mut m = serde_json::Map::new();
-        if let Some(c) = &self.columns {
-            m.insert("columns".into(), json!(c));
-        }
-        if with_conditions {
-            if let Some(w) = &self.conditions {
-                m.insert("where".into(), json!(w));
-            }
-        }
-        if let Some(s) = &self.select {
-            m.insert(
-                "select".into(),
-                json!({"initial": s.initial, "insert": s.insert, "delete": s.delete, "modify": s.modify}),
-            );
-        }
-        Value::Object(m)
-    }
-}
-
-/// Why a monitor stream ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MonitorEnd {
-    /// `monitor_cancel` was called.
-    Cancelled,
-    /// The connection closed.
-    Disconnected,
-    /// The consumer fell behind by more than `monitor_buffer` notifications.
-    Overflow,
-    /// The server sent an update we could not parse.
-    Protocol(String),
-}
-
-/// An established monitor: its initial contents plus the stream of changes.
-#[derive(Debug)]
-pub struct Monitor<T> {
-    /// The monitor id, for [`OvsdbClient::monitor_cancel`].
-    pub id: String,
-    pub initial: T,
-    pub updates: MonitorStream<T>,
-}
-
-/// Stream of update notifications; ends when the monitor ends.
-#[derive(Debug)]
-pub struct MonitorStream<T> {
-    rx: mpsc::Receiver<T>,
-    end: Arc<Mutex<Option<MonitorEnd>>>,
-}
-
-impl<T> MonitorStream<T> {
-    /// Next notification, or `None` once the monitor has ended.
-    pub async fn recv(&mut self) -> Option<T> {
-        self.rx.recv().await
-    }
-
-    /// Why the stream ended (`None` while it is still live).
-    pub fn end_reason(&self) -> Option<MonitorEnd> {
-        lock(&self.end).clone()
-    }
-}
-
-impl<T> Stream for MonitorStream<T> {
-    type Item = T;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
 enum DeliverError {
     Full,
     Closed,
@@ -296,12 +98,12 @@ struct MonitorSlot {
     end: Arc<Mutex<Option<MonitorEnd>>>,
 }
 
-type Reply = Result<Value, OvsdbError>;
+type CallResult = Result<Value, OvsdbError>;
 
 #[derive(Default)]
 struct State {
     closed: bool,
-    pending: HashMap<u64, oneshot::Sender<Reply>>,
+    pending: HashMap<u64, oneshot::Sender<CallResult>>,
     monitors: HashMap<String, MonitorSlot>,
 }
 
@@ -319,7 +121,7 @@ struct Inner {
 
 /// Locks ignoring poisoning: no code panics while holding these locks, and a
 /// client must not turn an unrelated panic into more panics.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -367,7 +169,7 @@ impl Inner {
 #[derive(Clone)]
 pub struct OvsdbClient {
     inner: Arc<Inner>,
-    tx: mpsc::Sender<Value>,
+    tx: mpsc::Sender<Outgoing>,
 }
 
 impl std::fmt::Debug for OvsdbClient {
@@ -483,9 +285,11 @@ impl OvsdbClient {
         self.inner.echoes_answered.load(Ordering::Relaxed)
     }
 
-    /// Sends one JSON-RPC request and waits for its result.
-    pub async fn call(&self, method: &str, params: Value) -> Result<Value, OvsdbError> {
+    /// Sends one JSON-RPC request and waits for its result (`params` is what the method takes,
+    /// e.g. a tuple for a JSON array).
+    pub async fn call(&self, method: &str, params: impl Serialize) -> Result<Value, OvsdbError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let msg = encode(&Request { method, params, id: Id::Call(id) })?;
         let (tx, rx) = oneshot::channel();
         {
             let mut st = lock(&self.inner.state);
@@ -499,7 +303,6 @@ impl OvsdbClient {
             id,
         };
         trace!(method, id, "ovsdb request");
-        let msg = json!({"method": method, "params": params, "id": id});
         let exchange = async {
             if self.tx.send(msg).await.is_err() {
                 return Err(OvsdbError::Disconnected);
@@ -525,7 +328,7 @@ impl OvsdbClient {
 
     /// `list_dbs`
     pub async fn list_dbs(&self) -> Result<Vec<String>, OvsdbError> {
-        let v = self.call("list_dbs", json!([])).await?;
+        let v = self.call("list_dbs", NoParams).await?;
         let arr = v.as_array().ok_or_else(|| {
             OvsdbError::Protocol(format!("list_dbs result is not an array: {}", brief(&v)))
         })?;
@@ -540,7 +343,7 @@ impl OvsdbClient {
 
     /// `get_schema`: the database schema as JSON.
     pub async fn get_schema(&self, db: &str) -> Result<Value, OvsdbError> {
-        let v = self.call("get_schema", json!([db])).await?;
+        let v = self.call("get_schema", (db,)).await?;
         if !v.is_object() {
             return Err(OvsdbError::Protocol(format!(
                 "get_schema result is not an object: {}",
@@ -557,15 +360,8 @@ impl OvsdbClient {
 
     /// `transact`: runs `ops` atomically. A failed transaction becomes
     /// [`OvsdbError::TransactionFailed`] naming the failing operation.
-    pub async fn transact(
-        &self,
-        db: &str,
-        ops: Vec<Value>,
-    ) -> Result<Vec<OperationResult>, OvsdbError> {
-        let mut params = Vec::with_capacity(ops.len() + 1);
-        params.push(json!(db));
-        params.extend(ops.iter().cloned());
-        let v = self.call("transact", Value::Array(params)).await?;
+    pub async fn transact(&self, db: &str, ops: Vec<Operation>) -> Result<Vec<OperationResult>, OvsdbError> {
+        let v = self.call("transact", TransactParams { db, ops: &ops }).await?;
         let res = parse_transact_result(&ops, &v);
         if let Err(e) = &res {
             debug!(error = %e, "ovsdb transaction failed");
@@ -579,12 +375,7 @@ impl OvsdbClient {
         db: &str,
         requests: &BTreeMap<String, MonitorRequest>,
     ) -> Result<Monitor<TableUpdates>, OvsdbError> {
-        let reqs: serde_json::Map<String, Value> = requests
-            .iter()
-            .map(|(t, r)| (t.clone(), r.to_json(false)))
-            .collect();
-        self.start_monitor("monitor", "update", db, Value::Object(reqs))
-            .await
+        self.start_monitor("monitor", "update", db, requests, false).await
     }
 
     /// `monitor_cond`: server-side filtering by `conditions`, diffs on modify.
@@ -593,12 +384,7 @@ impl OvsdbClient {
         db: &str,
         requests: &BTreeMap<String, MonitorRequest>,
     ) -> Result<Monitor<TableUpdates2>, OvsdbError> {
-        let reqs: serde_json::Map<String, Value> = requests
-            .iter()
-            .map(|(t, r)| (t.clone(), r.to_json(true)))
-            .collect();
-        self.start_monitor("monitor_cond", "update2", db, Value::Object(reqs))
-            .await
+        self.start_monitor("monitor_cond", "update2", db, requests, true).await
     }
 
     async fn start_monitor<T: ParseUpdates>(
@@ -606,7 +392,8 @@ impl OvsdbClient {
         method: &'static str,
         notification: &'static str,
         db: &str,
-        requests: Value,
+        requests: &BTreeMap<String, MonitorRequest>,
+        with_conditions: bool,
     ) -> Result<Monitor<T>, OvsdbError> {
         let n = self.inner.next_monitor.fetch_add(1, Ordering::Relaxed);
         let id = format!("mon{n}");
@@ -636,7 +423,7 @@ impl OvsdbClient {
             );
         }
         let res = self
-            .call(method, json!([db, id, requests]))
+            .call(method, monitor_params(db, &id, requests, with_conditions))
             .await
             .and_then(|v| T::parse_updates(&v));
         match res {
@@ -658,13 +445,13 @@ impl OvsdbClient {
         if let Some(slot) = lock(&self.inner.state).monitors.remove(id) {
             set_end(&slot.end, MonitorEnd::Cancelled);
         }
-        self.call("monitor_cancel", json!([id])).await.map(|_| ())
+        self.call("monitor_cancel", (id,)).await.map(|_| ())
     }
 }
 
 async fn writer_loop<W>(
     inner: Arc<Inner>,
-    mut rx: mpsc::Receiver<Value>,
+    mut rx: mpsc::Receiver<Outgoing>,
     mut sink: FramedWrite<W, JsonCodec>,
 ) where
     W: AsyncWrite + Unpin + Send + 'static,
@@ -684,20 +471,20 @@ async fn writer_loop<W>(
             }
         }
         if res.is_ok() {
-            res = sink.flush().await;
+            res = SinkExt::<Outgoing>::flush(&mut sink).await;
         }
         if let Err(e) = res {
             warn!(error = %e, "ovsdb write failed; closing connection");
             break;
         }
     }
-    let _ = sink.close().await;
+    let _ = SinkExt::<Outgoing>::close(&mut sink).await;
     inner.shutdown();
 }
 
 /// The inactivity probe (see [`ClientOptions::probe_interval`]): a server that stays silent
 /// for one interval gets an `echo`; one silent for two intervals is declared dead.
-async fn probe_loop(inner: Arc<Inner>, tx: mpsc::WeakSender<Value>, interval: Duration) {
+async fn probe_loop(inner: Arc<Inner>, tx: mpsc::WeakSender<Outgoing>, interval: Duration) {
     let tick = (interval / 4).max(Duration::from_millis(10));
     let mut probing = false;
     loop {
@@ -715,8 +502,9 @@ async fn probe_loop(inner: Arc<Inner>, tx: mpsc::WeakSender<Value>, interval: Du
             probing = true;
             let Some(tx) = tx.upgrade() else { return };
             // The reply is matched by no pending call: it only refreshes `last_rx`.
-            let id = format!("probe-{}", inner.next_id.fetch_add(1, Ordering::Relaxed));
-            if tx.try_send(json!({"method": "echo", "params": [], "id": id})).is_err() {
+            let id = Id::Probe(format!("probe-{}", inner.next_id.fetch_add(1, Ordering::Relaxed)));
+            let Ok(msg) = encode(&Request { method: "echo", params: NoParams, id }) else { return };
+            if tx.try_send(msg).is_err() {
                 debug!("outgoing queue full; inactivity probe not sent this round");
             }
         } else if idle < interval {
@@ -728,7 +516,7 @@ async fn probe_loop(inner: Arc<Inner>, tx: mpsc::WeakSender<Value>, interval: Du
 async fn reader_loop<R>(
     inner: Arc<Inner>,
     mut frames: FramedRead<R, JsonCodec>,
-    tx: mpsc::WeakSender<Value>,
+    tx: mpsc::WeakSender<Outgoing>,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
 {
@@ -755,51 +543,46 @@ async fn reader_loop<R>(
     inner.shutdown();
 }
 
-async fn send_reply(tx: &mpsc::WeakSender<Value>, msg: Value) {
+/// Answers a request of the server.
+async fn send_reply(tx: &mpsc::WeakSender<Outgoing>, reply: Reply<'_>) {
+    let msg = match encode(&reply) {
+        Ok(m) => m,
+        Err(e) => return warn!(error = %e, "cannot answer an ovsdb request"),
+    };
     if let Some(tx) = tx.upgrade() {
         let _ = tx.send(msg).await;
     }
 }
 
-async fn handle_message(inner: &Inner, tx: &mpsc::WeakSender<Value>, msg: Value) {
-    let Some(obj) = msg.as_object() else {
-        warn!(message = %brief(&msg), "ignoring non-object JSON-RPC message");
-        return;
-    };
-    match obj.get("method") {
-        Some(Value::String(method)) => {
-            let params = obj.get("params").cloned().unwrap_or(Value::Null);
-            let id = obj.get("id").cloned().unwrap_or(Value::Null);
-            match method.as_str() {
-                "echo" => {
-                    inner.echoes_answered.fetch_add(1, Ordering::Relaxed);
-                    trace!("answering ovsdb echo");
-                    send_reply(tx, json!({"result": params, "error": null, "id": id})).await;
-                }
-                "update" | "update2" => dispatch_update(inner, tx, method, &params),
-                other => {
-                    debug!(
-                        method = other,
-                        "ignoring unsupported ovsdb request/notification"
-                    );
-                    if !id.is_null() {
-                        send_reply(tx, json!({"result": null, "error": format!("unknown method {other}"), "id": id})).await;
-                    }
+async fn handle_message(inner: &Inner, tx: &mpsc::WeakSender<Outgoing>, msg: Value) {
+    match Incoming::parse(msg) {
+        Incoming::Request { method, params, id } => match method.as_str() {
+            "echo" => {
+                inner.echoes_answered.fetch_add(1, Ordering::Relaxed);
+                trace!("answering ovsdb echo");
+                send_reply(tx, Reply { result: &params, error: None, id: &id }).await;
+            }
+            "update" | "update2" => dispatch_update(inner, tx, &method, &params),
+            other => {
+                debug!(method = other, "ignoring unsupported ovsdb request/notification");
+                if !id.is_null() {
+                    let error = Some(format!("unknown method {other}"));
+                    send_reply(tx, Reply { result: &Value::Null, error, id: &id }).await;
                 }
             }
-        }
-        Some(Value::Null) | None => handle_response(inner, obj),
-        Some(other) => warn!(method = %brief(other), "ignoring message with non-string method"),
+        },
+        Incoming::Response { id, result, error } => handle_response(inner, id, result, error),
+        Incoming::Invalid(why) => warn!(why, "ignoring an invalid JSON-RPC message"),
     }
 }
 
-fn handle_response(inner: &Inner, obj: &serde_json::Map<String, Value>) {
-    if obj.get("id").and_then(Value::as_str).is_some_and(|id| id.starts_with("probe-")) {
+fn handle_response(inner: &Inner, id: Value, result: Option<Value>, error: Option<Value>) {
+    if id.as_str().is_some_and(|id| id.starts_with("probe-")) {
         trace!("inactivity probe answered");
         return;
     }
-    let Some(id) = obj.get("id").and_then(Value::as_u64) else {
-        warn!(id = %obj.get("id").map(brief).unwrap_or_default(), "ignoring response with unknown id");
+    let Some(id) = id.as_u64() else {
+        warn!(id = %brief(&id), "ignoring response with unknown id");
         return;
     };
     let Some(waiter) = lock(&inner.state).pending.remove(&id) else {
@@ -809,20 +592,15 @@ fn handle_response(inner: &Inner, obj: &serde_json::Map<String, Value>) {
         );
         return;
     };
-    let reply = match (obj.get("error"), obj.get("result")) {
-        (Some(e), _) if !e.is_null() => Err(OvsdbError::Rpc {
-            method: String::new(),
-            error: e.clone(),
-        }),
-        (_, Some(r)) => Ok(r.clone()),
-        _ => Err(OvsdbError::Protocol(format!(
-            "response {id} has neither result nor error"
-        ))),
+    let reply = match (error, result) {
+        (Some(error), _) => Err(OvsdbError::Rpc { method: String::new(), error }),
+        (None, Some(r)) => Ok(r),
+        (None, None) => Err(OvsdbError::Protocol(format!("response {id} has neither result nor error"))),
     };
     let _ = waiter.send(reply);
 }
 
-fn dispatch_update(inner: &Inner, tx: &mpsc::WeakSender<Value>, method: &str, params: &Value) {
+fn dispatch_update(inner: &Inner, tx: &mpsc::WeakSender<Outgoing>, method: &str, params: &Value) {
     let (mon_id, updates) = match params.as_array().map(Vec::as_slice) {
         Some([Value::String(id), updates, ..]) => (id.as_str(), updates),
         _ => {
@@ -856,13 +634,16 @@ fn dispatch_update(inner: &Inner, tx: &mpsc::WeakSender<Value>, method: &str, pa
     // Tell the server to stop sending; the reply is ignored.
     if let Some(tx) = tx.upgrade() {
         let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let _ = tx.try_send(json!({"method": "monitor_cancel", "params": [mon_id], "id": id}));
+        if let Ok(msg) = encode(&Request { method: "monitor_cancel", params: (mon_id,), id: Id::Call(id) }) {
+            let _ = tx.try_send(msg);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
     use tokio::time::timeout;
@@ -952,7 +733,7 @@ mod tests {
         let h = tokio::spawn(async move {
             c2.transact(
                 "Open_vSwitch",
-                vec![json!({"op": "insert", "table": "Port", "row": {}})],
+                vec![crate::txn::insert("Port", Default::default(), None)],
             )
             .await
         });

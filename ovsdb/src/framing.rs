@@ -186,10 +186,12 @@ impl Decoder for JsonCodec {
     }
 }
 
-impl Encoder<Value> for JsonCodec {
+/// Any serializable message: a `Value`, a typed request ([`crate::rpc`]), or one serialized
+/// already (`Box<RawValue>`, written as it is).
+impl<T: serde::Serialize> Encoder<T> for JsonCodec {
     type Error = FramingError;
 
-    fn encode(&mut self, item: Value, dst: &mut BytesMut) -> Result<(), FramingError> {
+    fn encode(&mut self, item: T, dst: &mut BytesMut) -> Result<(), FramingError> {
         serde_json::to_writer(dst.writer(), &item)
             .map_err(|e| FramingError::Malformed(format!("cannot serialize message: {e}")))
     }

@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
-use super::mirror::{self, lock, Mirror};
-use super::types::{row_opt_i64, row_opt_string, row_opt_uuid, row_string};
-use super::OvsdbError;
+use crate::client::OvsdbClient;
+use crate::datum::{Ref, Uuid};
+use crate::mirror::{self, lock, Mirror};
+use crate::monitor::{MonitorEnd, MonitorRequest, TableUpdates};
+use crate::rows::{Interface, Port, Table};
+use crate::OvsdbError;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Iface {
@@ -25,9 +27,9 @@ struct Iface {
 /// What a port removal needs to know of a `Port` row.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PortRow {
-    pub uuid: String,
+    pub uuid: Uuid,
     /// The row's `qos` (a root-table row that has to be destroyed with the port).
-    pub qos: Option<String>,
+    pub qos: Option<Uuid>,
 }
 
 #[derive(Debug, Default)]
@@ -35,7 +37,7 @@ struct State {
     by_uuid: HashMap<String, Iface>,
     by_name: HashMap<String, String>,
     /// Port rows: uuid → (name, qos), and name → uuid.
-    ports: HashMap<String, (String, Option<String>)>,
+    ports: HashMap<String, (String, Option<Uuid>)>,
     port_by_name: HashMap<String, String>,
     /// Why the monitor ended (the watch is then useless: a new one must be started).
     ended: Option<MonitorEnd>,
@@ -62,9 +64,15 @@ impl Mirror for State {
                 }
             }
             let Some(new) = &u.new else { continue };
-            let Ok(name) = row_string(new, "name") else { continue };
-            // An unreadable qos is "unknown": the port is left out, and removing it reads.
-            let Ok(qos) = row_opt_uuid(new, "qos") else { continue };
+            // A row that does not parse, or whose qos is unknown, is left out: removing the
+            // port then reads it.
+            let Ok(port) = Port::from_row(new) else { continue };
+            let Ok(name) = port.name().cloned() else { continue };
+            let qos = match port.qos() {
+                Ok(None) => None,
+                Ok(Some(Ref::Uuid(q))) => Some(q.clone()),
+                _ => continue,
+            };
             self.port_by_name.insert(name.clone(), uuid.clone());
             self.ports.insert(uuid.clone(), (name, qos));
         }
@@ -77,11 +85,12 @@ impl Mirror for State {
             }
             let Some(new) = &u.new else { continue };
             // A row that does not parse is left out (never a panic on server data).
-            let Ok(name) = row_string(new, "name") else { continue };
+            let Ok(row) = Interface::from_row(new) else { continue };
+            let Ok(name) = row.name().cloned() else { continue };
             let iface = Iface {
                 name: name.clone(),
-                ofport: row_opt_i64(new, "ofport").ok().flatten(),
-                error: row_opt_string(new, "error").ok().flatten(),
+                ofport: row.ofport.flatten(),
+                error: row.error.flatten(),
             };
             self.by_name.insert(name, uuid.clone());
             self.by_uuid.insert(uuid.clone(), iface);
@@ -94,8 +103,8 @@ impl InterfaceWatch {
     pub async fn start(client: &OvsdbClient) -> Result<InterfaceWatch, OvsdbError> {
         let reqs: BTreeMap<String, MonitorRequest> =
             [
-                ("Interface".to_string(), MonitorRequest::columns(["name", "ofport", "error"])),
-                ("Port".to_string(), MonitorRequest::columns(["name", "qos"])),
+                (Interface::TABLE.to_string(), MonitorRequest::columns([Interface::NAME, Interface::OFPORT, Interface::ERROR])),
+                (Port::TABLE.to_string(), MonitorRequest::columns([Port::NAME, Port::QOS])),
             ]
             .into();
         let state = Arc::new(Mutex::new(State::default()));
@@ -116,7 +125,7 @@ impl InterfaceWatch {
         }
         let uuid = st.port_by_name.get(name)?;
         let (_, qos) = st.ports.get(uuid)?;
-        Some(PortRow { uuid: uuid.clone(), qos: qos.clone() })
+        Some(PortRow { uuid: Uuid::new(uuid.clone()), qos: qos.clone() })
     }
 
     /// Waits until interface `name` has an ofport (or fails with `Interface.error` when OVS
@@ -153,5 +162,78 @@ impl InterfaceWatch {
                 Ok(Ok(())) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::monitor::RowUpdate;
+    use crate::rows::fixtures;
+    use serde_json::json;
+
+    fn update(table: &str, uuid: &str, new: Option<serde_json::Value>) -> TableUpdates {
+        let new = new.map(|v| v.as_object().unwrap().clone());
+        [(table.to_string(), [(uuid.to_string(), RowUpdate { old: None, new })].into())].into()
+    }
+
+    fn watch(state: State) -> (InterfaceWatch, watch::Sender<u64>) {
+        let (tx, changed) = watch::channel(0);
+        (InterfaceWatch { state: Arc::new(Mutex::new(state)), changed }, tx)
+    }
+
+    #[tokio::test]
+    async fn ofports_and_ports_from_a_real_servers_rows() {
+        let mut st = State::default();
+        for r in fixtures::rows(fixtures::INTERFACE) {
+            let uuid = r["_uuid"][1].as_str().unwrap().to_string();
+            st.apply(&update("Interface", &uuid, Some(serde_json::Value::Object(r))));
+        }
+        for r in fixtures::rows(fixtures::PORT) {
+            let uuid = r["_uuid"][1].as_str().unwrap().to_string();
+            st.apply(&update("Port", &uuid, Some(serde_json::Value::Object(r))));
+        }
+        let (w, _tx) = watch(st);
+        let soon = Instant::now() + std::time::Duration::from_millis(50);
+        assert_eq!(w.ofport("vxlan0", soon).await.unwrap(), 1);
+        assert_eq!(w.ofport("br0", soon).await.unwrap(), 65534);
+        match w.ofport("bad", soon).await {
+            Err(OvsdbError::InterfaceError { name, error }) => {
+                assert_eq!(name, "bad");
+                assert!(error.contains("could not open network device"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(w.ofport("nosuch", soon).await, Err(OvsdbError::Timeout(_))));
+        let veth = w.port("veth1").unwrap();
+        assert_eq!(veth.uuid.as_str(), "50ce6a0f-7aa8-4f5e-a077-c6235a738af8");
+        assert_eq!(veth.qos.as_ref().map(Uuid::as_str), Some("102af878-0c8c-47e4-8c5e-0ca76ca36a90"));
+        assert_eq!(w.port("tun0").unwrap().qos, None);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_sees_the_ofport_when_it_arrives_and_bad_rows_are_skipped() {
+        let mut st = State::default();
+        st.apply(&update("Interface", "i1", Some(json!({"name": "veth1", "ofport": ["set", []], "error": ["set", []]}))));
+        // Malformed: left out (never a panic), and a port whose qos is unreadable is unknown.
+        st.apply(&update("Interface", "i2", Some(json!({"name": "veth2", "ofport": "x", "error": ["set", []]}))));
+        st.apply(&update("Port", "p1", Some(json!({"name": "veth1", "qos": ["set", [["uuid", "a"], ["uuid", "b"]]]}))));
+        let (w, tx) = watch(st);
+        assert!(w.port("veth1").is_none());
+        let later = Instant::now() + std::time::Duration::from_secs(5);
+        let waiter = tokio::spawn({
+            let w = w.clone();
+            async move { w.ofport("veth1", later).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        lock(&w.state).apply(&update("Interface", "i1", Some(json!({"name": "veth1", "ofport": 7, "error": ["set", []]}))));
+        tx.send_modify(|n| *n += 1);
+        assert_eq!(waiter.await.unwrap().unwrap(), 7);
+        // A deleted row is forgotten; an ended monitor answers nothing.
+        lock(&w.state).apply(&update("Interface", "i1", None));
+        assert!(lock(&w.state).by_name.is_empty());
+        lock(&w.state).ended(MonitorEnd::Disconnected);
+        assert!(!w.is_live());
+        assert!(matches!(w.ofport("veth1", later).await, Err(OvsdbError::Disconnected)));
     }
 }

@@ -7,27 +7,42 @@
 //! monitors that push changes to us.
 //!
 //! * [`framing`]: splitting the byte stream into JSON messages.
-//! * [`client`]: the JSON-RPC connection (requests, echo, monitors).
-//! * [`types`]: wire encoding of atoms/sets/maps and checked row accessors.
-//! * [`txn`]: builders for transaction operations and their results.
-//! * [`bridge`]: idempotent, race-safe operations on the `Open_vSwitch` DB.
+//! * [`rpc`]: the JSON-RPC messages, typed.
+//! * [`client`]: the JSON-RPC connection (requests, echo, monitors); [`monitor`]: what a
+//!   monitor asks for and the table updates it delivers.
+//! * [`datum`]: the wire encodings of atoms, sets, maps and uuids, typed.
+//! * [`rows`]: typed rows of the tables the agent writes; [`types`]: generic rows of others.
+//! * [`txn`]: transaction operations, typed, and their results.
+//! * [`bridge`]: idempotent, race-safe operations on the `Open_vSwitch` DB ([`Ovs`]).
+//! * [`ifwatch`], [`sentinel`]: long-lived monitors mirrored in memory.
+//!
+//! No JSON literals here outside tests (no `serde_json::json` macro): every message, operation
+//! and row is built from types, and what the server sends is read through checked parsers that
+//! never panic.
 
 pub mod bridge;
 pub mod client;
+pub mod datum;
+pub mod framing;
 pub mod ifwatch;
 mod mirror;
+pub mod monitor;
+pub mod rows;
+pub mod rpc;
 pub mod sentinel;
-pub mod framing;
 pub mod txn;
 pub mod types;
 
-pub use bridge::{BridgeInfo, BridgeOptions, Ovs, PortSpec};
-pub use client::{
-    ClientOptions, Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, OvsdbClient,
-    RowUpdate, RowUpdate2, TableUpdates, TableUpdates2,
-};
+pub use bridge::{BridgeInfo, BridgeOptions, Ensured, Ovs, PortSpec};
+pub use client::{ClientOptions, OvsdbClient};
+pub use datum::{FromDatum, NamedUuid, Ref, Set, ToDatum, Uuid};
 pub use framing::{FramingError, JsonCodec};
-pub use txn::OperationResult;
+pub use monitor::{
+    Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, RowUpdate, RowUpdate2, TableUpdates,
+    TableUpdates2,
+};
+pub use rows::{Bridge, Interface, OpenVswitch, Port, Qos, Table};
+pub use txn::{Condition, Mutation, Operation, OperationResult};
 pub use types::Row;
 
 use serde_json::Value;
@@ -69,6 +84,13 @@ pub enum OvsdbError {
     /// Optimistic concurrency gave up after repeated `wait` conflicts.
     #[error("{what}: database kept changing, gave up after {attempts} attempts")]
     Conflict { what: String, attempts: u32 },
+    /// A row of a typed table ([`rows`]) lacks a column it needs, or has one of the wrong shape.
+    #[error("malformed {table} row: column {column:?}: {problem}")]
+    BadRow {
+        table: &'static str,
+        column: &'static str,
+        problem: String,
+    },
     #[error("{table} {name:?} not found")]
     NotFound { table: &'static str, name: String },
     /// Open vSwitch could not create the interface (`Interface.error`).

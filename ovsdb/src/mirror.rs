@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
-use super::{OvsdbError, VSWITCH_DB};
+use crate::client::OvsdbClient;
+use crate::monitor::{MonitorEnd, MonitorRequest, TableUpdates};
+use crate::{OvsdbError, VSWITCH_DB};
 
 /// Rows kept from a monitor's notifications.
 pub(crate) trait Mirror: Send + 'static {

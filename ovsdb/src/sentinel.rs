@@ -11,10 +11,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::client::{MonitorEnd, MonitorRequest, OvsdbClient, TableUpdates};
-use super::mirror::{self, lock, Mirror};
-use super::types::{row_opt_i64, row_opt_string, row_opt_uuid, row_string, row_string_map, row_string_set, row_uuid_set, Row};
-use super::OvsdbError;
+use crate::client::OvsdbClient;
+use crate::mirror::{self, lock, Mirror};
+use crate::monitor::{MonitorEnd, MonitorRequest, TableUpdates};
+use crate::rows::{Bridge, Interface, OpenVswitch, Port, Qos, Table};
+use crate::types::Row;
+use crate::OvsdbError;
 
 /// A `Bridge` row, with its ports by name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,11 +66,24 @@ struct Rows {
 }
 
 const COLUMNS: [(&str, &[&str]); 5] = [
-    ("Open_vSwitch", &["bridges"]),
-    ("Bridge", &["name", "fail_mode", "protocols", "datapath_type", "external_ids", "ports"]),
-    ("Port", &["name", "external_ids", "qos"]),
-    ("Interface", &["name", "type", "options", "ofport_request", "mac", "ingress_policing_rate"]),
-    ("QoS", &["type"]),
+    (OpenVswitch::TABLE, &[OpenVswitch::BRIDGES]),
+    (
+        Bridge::TABLE,
+        &[Bridge::NAME, Bridge::FAIL_MODE, Bridge::PROTOCOLS, Bridge::DATAPATH_TYPE, Bridge::EXTERNAL_IDS, Bridge::PORTS],
+    ),
+    (Port::TABLE, &[Port::NAME, Port::EXTERNAL_IDS, Port::QOS]),
+    (
+        Interface::TABLE,
+        &[
+            Interface::NAME,
+            Interface::TYPE,
+            Interface::OPTIONS,
+            Interface::OFPORT_REQUEST,
+            Interface::MAC,
+            Interface::INGRESS_POLICING_RATE,
+        ],
+    ),
+    (Qos::TABLE, &[Qos::TYPE]),
 ];
 
 impl Mirror for Rows {
@@ -95,57 +110,65 @@ impl Mirror for Rows {
 }
 
 impl Rows {
-    fn table(&self, name: &str) -> impl Iterator<Item = (&String, &Row)> {
-        self.tables.get(name).into_iter().flatten()
+    /// The rows of `T` that parse, by uuid.
+    fn table<T: Table>(&self) -> impl Iterator<Item = (&String, T)> {
+        let rows = self.tables.get(T::TABLE).into_iter().flatten();
+        rows.filter_map(|(uuid, r)| T::from_row(r).ok().map(|t| (uuid, t)))
     }
 
-    /// The typed view. A row that does not parse is left out, as if absent: the reconciler
-    /// then writes it again, which is what a corrupted row needs anyway.
+    /// The typed view. A row that does not parse (or lacks a monitored column) is left out, as
+    /// if absent: the reconciler then writes it again, which is what a corrupted row needs
+    /// anyway.
     fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot::default();
         let mut port_names: HashMap<&str, String> = HashMap::new();
-        let qos: BTreeSet<&String> = self.table("QoS").map(|(u, _)| u).collect();
-        for (uuid, r) in self.table("Port") {
-            let Ok(name) = row_string(r, "name") else { continue };
-            let external_ids = row_string_map(r, "external_ids").unwrap_or_default();
-            let has_qos = row_opt_uuid(r, "qos").ok().flatten().is_some_and(|q| qos.contains(&q));
+        let qos: BTreeSet<&String> = self.table::<Qos>().map(|(u, _)| u).collect();
+        for (uuid, p) in self.table::<Port>() {
+            let (Ok(name), Ok(external_ids), Ok(q)) = (p.name(), p.external_ids(), p.qos()) else { continue };
+            let has_qos = q.as_ref().and_then(|q| q.uuid()).is_some_and(|q| qos.contains(&q.0));
             port_names.insert(uuid, name.clone());
-            s.ports.insert(name, PortRow { external_ids, has_qos });
+            s.ports.insert(name.clone(), PortRow { external_ids: external_ids.clone(), has_qos });
         }
-        for (_, r) in self.table("Interface") {
-            let Ok(name) = row_string(r, "name") else { continue };
-            s.interfaces.insert(
-                name,
-                InterfaceRow {
-                    iface_type: row_string(r, "type").unwrap_or_default(),
-                    options: row_string_map(r, "options").unwrap_or_default(),
-                    ofport_request: row_opt_i64(r, "ofport_request").ok().flatten(),
-                    mac: row_opt_string(r, "mac").ok().flatten(),
-                    ingress_policing_rate: super::types::row_i64(r, "ingress_policing_rate").ok(),
-                },
-            );
+        for (_, i) in self.table::<Interface>() {
+            let row = || -> Result<(String, InterfaceRow), OvsdbError> {
+                let iface = InterfaceRow {
+                    iface_type: i.iface_type()?.clone(),
+                    options: i.options()?.clone(),
+                    ofport_request: *i.ofport_request()?,
+                    mac: i.mac()?.clone(),
+                    ingress_policing_rate: Some(*i.ingress_policing_rate()?),
+                };
+                Ok((i.name()?.clone(), iface))
+            };
+            if let Ok((name, iface)) = row() {
+                s.interfaces.insert(name, iface);
+            }
         }
         let mut referenced: BTreeSet<String> = BTreeSet::new();
-        for (_, r) in self.table("Open_vSwitch") {
+        for (_, r) in self.table::<OpenVswitch>() {
             s.root = true;
-            referenced.extend(row_uuid_set(r, "bridges").unwrap_or_default());
+            if let Ok(bridges) = r.bridges() {
+                referenced.extend(bridges.uuids().map(|u| u.0.clone()));
+            }
         }
-        for (uuid, r) in self.table("Bridge") {
+        for (uuid, b) in self.table::<Bridge>() {
             if !referenced.contains(uuid) {
                 continue;
             }
-            let Ok(name) = row_string(r, "name") else { continue };
-            let ports = row_uuid_set(r, "ports").unwrap_or_default().iter().filter_map(|u| port_names.get(u.as_str()).cloned()).collect();
-            s.bridges.insert(
-                name,
-                BridgeRow {
-                    fail_mode: row_opt_string(r, "fail_mode").ok().flatten(),
-                    protocols: row_string_set(r, "protocols").unwrap_or_default().into_iter().collect(),
-                    datapath_type: row_string(r, "datapath_type").unwrap_or_default(),
-                    external_ids: row_string_map(r, "external_ids").unwrap_or_default(),
+            let row = || -> Result<(String, BridgeRow), OvsdbError> {
+                let ports = b.ports()?.uuids().filter_map(|u| port_names.get(u.as_str()).cloned()).collect();
+                let bridge = BridgeRow {
+                    fail_mode: b.fail_mode()?.clone(),
+                    protocols: b.protocols()?.clone(),
+                    datapath_type: b.datapath_type()?.clone(),
+                    external_ids: b.external_ids()?.clone(),
                     ports,
-                },
-            );
+                };
+                Ok((b.name()?.clone(), bridge))
+            };
+            if let Ok((name, bridge)) = row() {
+                s.bridges.insert(name, bridge);
+            }
         }
         s
     }
@@ -226,5 +249,50 @@ mod tests {
         u.entry("QoS".into()).or_default().insert("q1".into(), RowUpdate { old: None, new: None });
         rows.apply(&u);
         assert!(!rows.snapshot().ports["veth1"].has_qos);
+    }
+
+    /// The snapshot of rows as a real ovsdb-server sent them (see `rows::fixtures`), keyed by
+    /// their `_uuid` as a monitor keys them.
+    #[test]
+    fn snapshot_of_a_real_servers_rows() {
+        use crate::rows::fixtures;
+        let mut rows = Rows::default();
+        for (table, json) in [
+            ("Open_vSwitch", fixtures::OPEN_VSWITCH),
+            ("Bridge", fixtures::BRIDGE),
+            ("Port", fixtures::PORT),
+            ("Interface", fixtures::INTERFACE),
+            ("QoS", fixtures::QOS),
+        ] {
+            for r in fixtures::rows(json) {
+                let uuid = r["_uuid"][1].as_str().unwrap().to_string();
+                insert(&mut rows, table, &uuid, serde_json::Value::Object(r));
+            }
+        }
+        let s = rows.snapshot();
+        assert!(s.root);
+        let br = &s.bridges["br0"];
+        assert_eq!(
+            (br.fail_mode.as_deref(), br.datapath_type.as_str(), br.external_ids["sdn-node-generation"].as_str()),
+            (Some("secure"), "dummy", "3")
+        );
+        assert_eq!(br.protocols, BTreeSet::from(["OpenFlow13".to_string()]));
+        assert_eq!(br.ports, ["bad", "br0", "tun0", "veth1", "vxlan0"].into_iter().map(String::from).collect());
+        assert!(s.ports["veth1"].has_qos);
+        assert_eq!(s.ports["veth1"].external_ids["sdn-node-pod"], r#"{"ns":"a"}"#);
+        assert_eq!(s.interfaces.len(), 5);
+        let vxlan = &s.interfaces["vxlan0"];
+        assert_eq!((vxlan.iface_type.as_str(), vxlan.ofport_request, vxlan.options.len()), ("vxlan", Some(1), 2));
+        assert_eq!(s.interfaces["veth1"].ingress_policing_rate, Some(1000));
+        assert_eq!(s.interfaces["tun0"].mac.as_deref(), Some("0a:58:0a:80:00:01"));
+    }
+
+    #[test]
+    fn a_row_with_one_malformed_column_is_left_out() {
+        let mut rows = Rows::default();
+        insert(&mut rows, "Port", "p1", json!({"name": "tun0", "external_ids": ["map", [["k", 1]]], "qos": ["set", []]}));
+        insert(&mut rows, "Port", "p2", json!({"name": "veth1", "external_ids": ["map", []]}));
+        insert(&mut rows, "Port", "p3", json!({"name": "veth2", "external_ids": ["map", []], "qos": ["set", []]}));
+        assert_eq!(rows.snapshot().ports.keys().collect::<Vec<_>>(), ["veth2"]);
     }
 }

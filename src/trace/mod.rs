@@ -305,13 +305,11 @@ pub struct Ports {
 /// Reads the Interface rows (name, ofport, MAC) and the Port rows' pod records in one
 /// transaction. Unreadable records are reported, not fatal.
 async fn read_ports(db: &std::path::Path) -> Result<(Ports, Vec<String>), String> {
-    use crate::ovsdb::types::{row_opt_i64, row_opt_string, row_string, row_string_map};
+    use crate::ovsdb::{Interface, Port, Table};
     let fut = async {
         let client = crate::ovsdb::OvsdbClient::connect(&format!("unix:{}", db.display())).await?;
-        let ops = vec![
-            crate::ovsdb::txn::select("Interface", vec![], &["name", "ofport", "type", "mac_in_use", "external_ids"]),
-            crate::ovsdb::txn::select("Port", vec![], &["name", "external_ids"]),
-        ];
+        let columns = [Interface::NAME, Interface::OFPORT, Interface::TYPE, Interface::MAC_IN_USE, Interface::EXTERNAL_IDS];
+        let ops = vec![Interface::select(vec![], &columns), Port::select(vec![], &[Port::NAME, Port::EXTERNAL_IDS])];
         let r = client.transact(crate::ovsdb::VSWITCH_DB, ops).await;
         client.close();
         r
@@ -325,23 +323,23 @@ async fn read_ports(db: &std::path::Path) -> Result<(Ports, Vec<String>), String
     let (interfaces, ports) = (rows()?, rows()?);
     let mut out = Ports::default();
     let mut problems = Vec::new();
-    for r in &interfaces {
-        let Ok(name) = row_string(r, "name") else { continue };
+    // A row that does not parse is left out.
+    for i in interfaces.iter().filter_map(|r| Interface::from_row(r).ok()) {
+        let Ok(name) = i.name().cloned() else { continue };
         // An unset ofport is the empty set, not a number; -1 is a failed interface.
-        if let Some(p) = row_opt_i64(r, "ofport").ok().flatten().and_then(|p| u32::try_from(p).ok()) {
+        if let Some(p) = i.ofport.flatten().and_then(|p| u32::try_from(p).ok()) {
             out.ofports.insert(name.clone(), p);
         }
-        let attached = row_string_map(r, "external_ids").ok().and_then(|mut m| m.remove("attached-mac"));
-        let internal = row_string(r, "type").is_ok_and(|t| t == "internal");
-        let in_use = internal.then(|| row_opt_string(r, "mac_in_use").ok().flatten()).flatten();
+        let attached = i.external_ids.as_ref().and_then(|m| m.get("attached-mac").cloned());
+        let internal = i.iface_type.as_deref() == Some("internal");
+        let in_use = internal.then(|| i.mac_in_use.clone().flatten()).flatten();
         if let Some(mac) = attached.or(in_use).filter(|m| !m.is_empty()) {
             out.macs.insert(name, mac);
         }
     }
-    for r in &ports {
-        let Ok(name) = row_string(r, "name") else { continue };
-        let Some(json) = row_string_map(r, "external_ids").ok().and_then(|mut m| m.remove(crate::node::record::POD_KEY))
-        else {
+    for p in ports.iter().filter_map(|r| Port::from_row(r).ok()) {
+        let Ok(name) = p.name().cloned() else { continue };
+        let Some(json) = p.external_ids.as_ref().and_then(|m| m.get(crate::node::record::POD_KEY).cloned()) else {
             continue;
         };
         match crate::node::record::PodRecord::from_json(&json) {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use openflow::msg::{Header, HEADER_LEN, OFPT_BARRIER_REPLY, OFPT_ECHO_REPLY, OFPT_ECHO_REQUEST, OFPT_ERROR};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
@@ -21,7 +21,9 @@ use tokio::sync::oneshot;
 
 use super::rawof::Encoder;
 use super::BenchError;
-use sdn_node::ovsdb::{MonitorRequest, OvsdbClient};
+use sdn_node::ovsdb::{
+    Bridge, Condition, Interface, MonitorRequest, Mutation, NamedUuid, Operation, OvsdbClient, Port, Ref, Set, Table, Uuid,
+};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -166,41 +168,41 @@ impl OfportWatch {
 }
 
 /// The transaction adding `ports` (name, ofport_request) to the bridge with uuid `bridge`.
-pub fn add_ports_ops(bridge: &str, ports: &[(String, u32)]) -> Vec<Value> {
+pub fn add_ports_ops(bridge: &str, ports: &[(String, u32)]) -> Vec<Operation> {
     let mut ops = Vec::with_capacity(2 * ports.len() + 1);
     let mut refs = Vec::with_capacity(ports.len());
     for (k, (name, ofport)) in ports.iter().enumerate() {
         let (i, p) = (format!("i{k}"), format!("p{k}"));
-        ops.push(json!({"op": "insert", "table": "Interface", "row": {"name": name, "ofport_request": ofport}, "uuid-name": i}));
-        ops.push(json!({"op": "insert", "table": "Port", "row": {"name": name, "interfaces": ["named-uuid", i]}, "uuid-name": p}));
-        refs.push(json!(["named-uuid", p]));
+        let iface = Interface { name: Some(name.clone()), ofport_request: Some(Some(i64::from(*ofport))), ..Default::default() };
+        ops.push(iface.insert(Some(&i)));
+        let port = Port { name: Some(name.clone()), interfaces: Some(Set::one(Ref::named(i))), ..Default::default() };
+        ops.push(port.insert(Some(&p)));
+        refs.push(NamedUuid::new(p));
     }
-    ops.push(json!({"op": "mutate", "table": "Bridge", "where": [["_uuid", "==", ["uuid", bridge]]],
-        "mutations": [["ports", "insert", ["set", refs]]]}));
+    ops.push(Bridge::mutate(where_uuid(bridge), vec![Mutation::insert(Bridge::PORTS, Set(refs))]));
     ops
+}
+
+fn where_uuid(bridge: &str) -> Vec<Condition> {
+    vec![Condition::eq(Bridge::UUID, Uuid::new(bridge))]
 }
 
 /// The transaction removing the Port rows `ports` (uuids) from the bridge; their Interface
 /// rows go with them (unreferenced rows of non-root tables are collected).
-pub fn del_ports_ops(bridge: &str, ports: &[String]) -> Vec<Value> {
-    let refs: Vec<Value> = ports.iter().map(|u| json!(["uuid", u])).collect();
-    vec![json!({"op": "mutate", "table": "Bridge", "where": [["_uuid", "==", ["uuid", bridge]]],
-        "mutations": [["ports", "delete", ["set", refs]]]})]
+pub fn del_ports_ops(bridge: &str, ports: &[String]) -> Vec<Operation> {
+    let refs: Set<Uuid> = ports.iter().map(Uuid::new).collect();
+    vec![Bridge::mutate(where_uuid(bridge), vec![Mutation::delete(Bridge::PORTS, refs)])]
 }
 
 /// The uuid of bridge `name`.
 pub async fn bridge_uuid(client: &OvsdbClient, name: &str) -> Result<String, BenchError> {
-    let r = client
-        .transact("Open_vSwitch", vec![json!({"op": "select", "table": "Bridge", "where": [["name", "==", name]], "columns": ["_uuid"]})])
-        .await?;
-    r.first()
-        .and_then(|o| o.rows.as_ref())
-        .and_then(|rows| rows.first())
-        .and_then(|row| row.get("_uuid"))
-        .and_then(|u| u.get(1))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| err(format!("no bridge {name}")))
+    let select = Bridge::select(vec![Condition::eq(Bridge::NAME, name)], &[Bridge::UUID]);
+    let r = client.transact("Open_vSwitch", vec![select]).await?;
+    let bridges: Vec<Bridge> = r.into_iter().next().unwrap_or_default().into_table()?;
+    match bridges.first() {
+        Some(b) => Ok(b.uuid()?.to_string()),
+        None => Err(err(format!("no bridge {name}"))),
+    }
 }
 
 /// One pod's pre-encoded flows: a bundle + barrier, with the barrier's xid.

@@ -390,7 +390,7 @@ struct LimitAdd {
     i: u32,
     veth: String,
     p: PodPort,
-    ops: Vec<serde_json::Value>,
+    ops: Vec<sdn_node::ovsdb::Operation>,
     flows: limit::Encoded,
 }
 
@@ -410,7 +410,7 @@ async fn limit_add(b: &Baseline, a: LimitAdd, netns: &str) -> Result<(Duration, 
     OfportWatch::wait(rx).await?;
     b.mux.send(&a.flows.bytes, a.flows.barrier).await?;
     let d = t.elapsed();
-    let port = r.get(1).and_then(|o| o.uuid.clone()).ok_or_else(|| fail(format!("pod {}: no Port uuid", a.i)))?;
+    let port = r.get(1).and_then(|o| o.uuid.as_ref().map(ToString::to_string)).ok_or_else(|| fail(format!("pod {}: no Port uuid", a.i)))?;
     Ok((d, port))
 }
 
