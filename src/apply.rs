@@ -101,7 +101,7 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     // Ports first: ensuring tun0 also waits for ovs-vswitchd to have set the bridge up, with
     // its management socket (connecting before that fails on a bridge created just now).
     let ports = rec.prepare().await?;
-    let sw = Switch::connect(&opts.bridge.ovs.mgmt_socket(), SwitchOptions::default()).await?;
+    let sw = connect_switch(&opts.bridge.ovs.mgmt_socket(), opts.bridge.port_timeout).await?;
     rec.switch_connected(sw.clone()).await;
     let pass = rec.converge().await?;
     let mut report = ApplyReport {
@@ -130,6 +130,22 @@ pub async fn converge(opts: &ApplyOptions, state: &ClusterState) -> Result<Apply
     Ok(report)
 }
 
+/// Connects to the bridge's management socket, which ovs-vswitchd creates when it sets the
+/// bridge up: a bridge created (or a port moved onto it) just now may not have it yet, even
+/// once its ports have their ofports (a port that kept its `ofport_request` answers at once).
+/// Retried while the socket is missing, within `within`; any other failure is returned.
+async fn connect_switch(target: &str, within: std::time::Duration) -> Result<Switch, crate::switch::SwitchError> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match Switch::connect(target, SwitchOptions::default()).await {
+            Err(e) if e.to_string().contains("No such file") && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,3 +166,4 @@ mod tests {
     // `converges_a_fresh_bridge_without_pods`, which needs a sandbox (sdn-harness, a crate
     // built on this library), is in tests/apply.rs.
 }
+
