@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
@@ -34,7 +34,7 @@ use crate::datum::brief;
 use crate::framing::{JsonCodec, DEFAULT_MAX_MESSAGE_SIZE};
 use crate::rpc::{monitor_params, Id, Incoming, NoParams, Reply, Request, TransactParams};
 use crate::txn::{parse_transact_result, Operation, OperationResult};
-use crate::OvsdbError;
+use crate::{lock, OvsdbError};
 
 pub use crate::monitor::{
     Monitor, MonitorEnd, MonitorRequest, MonitorSelect, MonitorStream, ParseUpdates, RowUpdate, RowUpdate2,
@@ -117,12 +117,6 @@ struct Inner {
     /// When the last message arrived from the server (ms since `epoch`).
     last_rx: AtomicU64,
     epoch: std::time::Instant,
-}
-
-/// Locks ignoring poisoning: no code panics while holding these locks, and a
-/// client must not turn an unrelated panic into more panics.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn set_end(end: &Mutex<Option<MonitorEnd>>, reason: MonitorEnd) {

@@ -116,3 +116,9 @@ impl OvsdbError {
         matches!(self, OvsdbError::TransactionFailed { op, error, .. } if op == "wait" && error == "timed out")
     }
 }
+
+/// Locks ignoring poisoning: no code panics while holding these locks, and a client must not
+/// turn an unrelated panic into more panics.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

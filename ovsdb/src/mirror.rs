@@ -3,7 +3,7 @@
 //! arrives with a counter bumped after it, and why the monitor ended recorded in the mirror.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use tracing::debug;
@@ -20,9 +20,7 @@ pub(crate) trait Mirror: Send + 'static {
 }
 
 /// The mirror's lock; a panic while it was held leaves rows that are still usable.
-pub(crate) fn lock<M>(m: &Mutex<M>) -> MutexGuard<'_, M> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::lock;
 
 /// Monitors `requests` into `mirror`; the receiver's value is bumped after every applied
 /// notification, and once more when the monitor ends. `what` names the monitor in the log.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::client::lock;
+use crate::lock;
 use crate::datum::brief;
 use crate::txn::Condition;
 use crate::types::{as_row, Row};

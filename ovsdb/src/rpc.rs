@@ -11,7 +11,7 @@ use serde::ser::SerializeSeq;
 use serde::{Serialize, Serializer};
 use serde_json::Value;
 
-use crate::client::MonitorRequest;
+use crate::monitor::MonitorRequest;
 use crate::datum::brief;
 use crate::txn::{Condition, Operation};
 
@@ -76,7 +76,7 @@ pub struct MonitorRequestWire<'a> {
     #[serde(rename = "where", skip_serializing_if = "Option::is_none")]
     pub conditions: Option<&'a [Condition]>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub select: Option<&'a crate::client::MonitorSelect>,
+    pub select: Option<&'a crate::monitor::MonitorSelect>,
 }
 
 /// `[db, monitor-id, {table: request}]`: the parameters of `monitor` (without conditions) and
@@ -193,7 +193,7 @@ mod tests {
             wire(monitor_params("Open_vSwitch", "mon1", &reqs, false)),
             json!(["Open_vSwitch", "mon1", {"Bridge": {}, "Interface": {"columns": ["name", "ofport"]}}])
         );
-        let sel = MonitorRequest { select: Some(crate::client::MonitorSelect { initial: false, ..Default::default() }), ..Default::default() };
+        let sel = MonitorRequest { select: Some(crate::monitor::MonitorSelect { initial: false, ..Default::default() }), ..Default::default() };
         let reqs: BTreeMap<String, MonitorRequest> = [("Port".to_string(), sel)].into();
         assert_eq!(
             wire(monitor_params("db", "m", &reqs, false))[2],

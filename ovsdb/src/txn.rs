@@ -10,7 +10,6 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use crate::datum::{brief, ToDatum, Uuid};
-use crate::rows::Table;
 use crate::types::{as_row, Row};
 use crate::OvsdbError;
 
@@ -286,12 +285,6 @@ impl OperationResult {
     pub fn into_rows(self) -> Result<Vec<Row>, OvsdbError> {
         self.rows
             .ok_or_else(|| OvsdbError::Protocol("expected a select result with \"rows\"".into()))
-    }
-
-    /// The rows of a `select` result, typed; a row that does not parse is an error naming its
-    /// table and column.
-    pub fn into_table<T: Table>(self) -> Result<Vec<T>, OvsdbError> {
-        self.into_rows()?.iter().map(T::from_row).collect()
     }
 }
 

@@ -15,6 +15,9 @@ use crate::domain::OfPort;
 use crate::options::DatapathType;
 use crate::ovsdb::{BridgeInfo, BridgeOptions, Ovs, OvsdbError, PortSpec};
 
+/// Bridge `external_ids` key holding the flow generation written into cookies.
+pub const GENERATION_KEY: &str = "sdn-node-generation";
+
 /// The Port `external_ids` key that marks a spare (not yet any pod's).
 pub const SPARE_KEY: &str = "sdn-node-spare";
 

@@ -35,8 +35,7 @@ use crate::pod::spares::Spares;
 use crate::pod::Pods;
 use crate::switch::Switch;
 
-/// Bridge `external_ids` key holding the flow generation written into cookies.
-pub const GENERATION_KEY: &str = "sdn-node-generation";
+pub use crate::node::ports::GENERATION_KEY;
 
 /// Why a converge pass did not finish.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,7 @@ use std::fmt;
 use crate::cluster::PodKey;
 use crate::ovsdb::sentinel::Snapshot;
 
-use super::GENERATION_KEY;
+use crate::node::ports::GENERATION_KEY;
 use crate::node::ports::BaseSpec;
 use crate::node::record::POD_KEY;
 use crate::node::state::PortState;

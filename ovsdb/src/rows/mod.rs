@@ -144,6 +144,14 @@ pub use port::Port;
 pub use qos::Qos;
 
 
+impl crate::txn::OperationResult {
+    /// The rows of a `select` result, typed; a row that does not parse is an error naming its
+    /// table and column. (Here rather than in `txn`: operations know nothing of the tables.)
+    pub fn into_table<T: Table>(self) -> Result<Vec<T>, crate::OvsdbError> {
+        self.into_rows()?.iter().map(T::from_row).collect()
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod fixtures {
     //! Rows as a real ovsdb-server (Open vSwitch 3.1) returned them for a `select` of every
@@ -231,3 +239,4 @@ mod tests {
         assert_eq!(serde_json::Value::Object(Port::default().to_row()), json!({}));
     }
 }
+
