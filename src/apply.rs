@@ -20,7 +20,7 @@ use crate::run::source::Loaded;
 use crate::store::{diff, InstalledState};
 use crate::switch::{Switch, SwitchOptions};
 
-pub use crate::reconcile::GENERATION_KEY;
+pub use crate::node::ports::GENERATION_KEY;
 
 /// `sdn-node apply`'s options.
 #[derive(clap::Args, Clone, Debug)]
@@ -138,7 +138,9 @@ async fn connect_switch(target: &str, within: std::time::Duration) -> Result<Swi
     let deadline = tokio::time::Instant::now() + within;
     loop {
         match Switch::connect(target, SwitchOptions::default()).await {
-            Err(e) if e.to_string().contains("No such file") && tokio::time::Instant::now() < deadline => {
+            Err(crate::switch::SwitchError::Connect { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && tokio::time::Instant::now() < deadline =>
+            {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             r => return r,

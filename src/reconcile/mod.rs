@@ -35,7 +35,7 @@ use crate::pod::spares::Spares;
 use crate::pod::Pods;
 use crate::switch::Switch;
 
-pub use crate::node::ports::GENERATION_KEY;
+use crate::node::ports::GENERATION_KEY;
 
 /// Why a converge pass did not finish.
 #[derive(Debug, thiserror::Error)]
