@@ -124,6 +124,7 @@ fn effective(l: &Loaded) -> (ClusterState, HashMap<PodKey, OfPort>) {
     for i in (0..PODS).filter(|i| local(*i)) {
         let o = pod_ip(i).octets();
         let raw = validate::RawPod {
+            ips: Vec::new(),
             namespace: format!("ns-{}", i % NAMESPACES),
             name: format!("p{i}"),
             container_id: format!("{:064x}", i + 1),

@@ -77,6 +77,7 @@ impl PodRequest {
             container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
             ip: self.ip.clone(),
+            ips: Vec::new(),
             mac: self.mac.clone(),
             ingress_bps,
             egress_bps,

@@ -102,7 +102,7 @@ pub fn host_subnet(h: &KubeHostSubnet) -> Converted<HostSubnet> {
     let fixed = annotations(&h.metadata)
         .get(FIXED_VNID_ANNOTATION)
         .map(|v| v.trim().parse::<u64>().map_err(|_| format!("invalid type: string {v:?}, expected u64")));
-    converted(host.to_string(), &format!("hostsubnet {host}"), validate::host_subnet(host, &h.host_ip, &h.subnet, fixed))
+    converted(host.to_string(), &format!("hostsubnet {host}"), validate::host_subnet(host, &h.host_ip, &[h.subnet.as_str()], fixed))
 }
 
 pub fn net_namespace(n: &KubeNetNamespace) -> Converted<NetNamespace> {
@@ -120,7 +120,7 @@ pub fn service(svc: &KubeService) -> Option<Converted<Service>> {
     }
     let (ns, name) = (svc.metadata.namespace.as_deref().unwrap_or_default(), name_of(&svc.metadata));
     let ports = spec.ports.iter().flatten().map(|p| (p.protocol.as_deref().unwrap_or("TCP"), i64::from(p.port)));
-    Some(converted(String::new(), &format!("service {ns}/{name}"), validate::service(ns, name, ip, ports)))
+    Some(converted(String::new(), &format!("service {ns}/{name}"), validate::service(ns, name, &[ip], ports)))
 }
 
 pub fn egress_policy(p: &EgressNetworkPolicy) -> Converted<Policy> {
@@ -311,6 +311,7 @@ fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
                     namespace: id.0.clone(),
                     name: id.1.clone(),
                     ip,
+                    ip6: None,
                     labels: info.meta.labels.clone(),
                     container_ports: info.meta.container_ports.clone(),
                 };
@@ -792,8 +793,8 @@ impl Objects {
         let header = validate::header(
             self.node.clone(),
             cfg.plugin,
-            &cfg.cluster_network,
-            &cfg.service_network,
+            &[cfg.cluster_network.as_str()],
+            &[cfg.service_network.as_str()],
             cfg.vxlan_port,
             cfg.mtu,
         )
@@ -1193,6 +1194,7 @@ mod tests {
         // policy isolates it and resolves its named port.
         let mut eff = st.clone();
         let raw = validate::RawPod {
+            ips: Vec::new(),
             namespace: "team-a".into(),
             name: "a1".into(),
             container_id: "ab".repeat(32),
@@ -1381,6 +1383,7 @@ mod tests {
             let ip = format!("10.128.2.{}", 10 + i);
             let mac = format!("0a:58:0a:80:02:{:02x}", 10 + i);
             let raw = validate::RawPod {
+                ips: Vec::new(),
                 namespace: ns.clone(),
                 name: name.clone(),
                 container_id: "ab".repeat(32),

@@ -124,6 +124,7 @@ impl PodRecord {
             container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
             ip,
+            ip6: None,
             mac: self.mac,
             ingress_bps,
             egress_bps,

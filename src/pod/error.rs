@@ -105,6 +105,7 @@ mod tests {
 
     fn pod() -> Pod {
         Pod {
+            ip6: None,
             namespace: "team-a".into(),
             name: "a1".into(),
             container_id: crate::domain::ContainerId::parse(&"ab".repeat(32)).unwrap(),

@@ -599,6 +599,7 @@ mod tests {
                     0 => {
                         // Add or replace a service.
                         let s = crate::cluster::Service {
+                            cluster_ip6: None,
                             namespace: namespaces[ns as usize % namespaces.len()].clone(),
                             name: format!("s{i}"),
                             cluster_ip: std::net::Ipv4Addr::new(172, 30, 1, i),
@@ -619,6 +620,7 @@ mod tests {
                         state.host_subnets.retain(|h| h.host != host);
                         if n % 3 != 0 {
                             state.host_subnets.push(crate::cluster::HostSubnet {
+                                subnet6: None,
                                 host,
                                 host_ip: std::net::Ipv4Addr::new(172, 17, 2, i),
                                 subnet: format!("10.131.{}.0/24", n % 200).parse().unwrap(),

@@ -9,9 +9,9 @@ pub mod validate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use openflow::MacAddr;
 
 use crate::domain::{ContainerId, Plugin, Vnid};
@@ -123,6 +123,8 @@ pub struct HostSubnet {
     pub host: String,
     pub host_ip: Ipv4Addr,
     pub subnet: Ipv4Net,
+    /// The node's IPv6 pod subnet (dual-stack; Kubernetes: the second of Node.spec.podCIDRs).
+    pub subnet6: Option<Ipv6Net>,
     pub fixed_vnid: Option<Vnid>,
 }
 
@@ -140,6 +142,8 @@ pub struct Service {
     pub namespace: String,
     pub name: String,
     pub cluster_ip: Ipv4Addr,
+    /// The IPv6 cluster IP of a dual-stack Service (Kubernetes: `clusterIPs`).
+    pub cluster_ip6: Option<Ipv6Addr>,
     pub ports: Vec<ServicePort>,
 }
 
@@ -152,6 +156,8 @@ pub struct Pod {
     /// port to create when `internal` is set.
     pub host_veth: String,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address (dual-stack), from the node's IPv6 subnet.
+    pub ip6: Option<Ipv6Addr>,
     pub mac: MacAddr,
     pub ingress_bps: i64,
     pub egress_bps: i64,
@@ -178,6 +184,10 @@ pub struct ClusterState {
     pub plugin: Plugin,
     pub cluster_network: Ipv4Net,
     pub service_network: Ipv4Net,
+    /// The IPv6 cluster network of a dual-stack cluster (`None`: IPv4 only).
+    pub cluster_network6: Option<Ipv6Net>,
+    /// The IPv6 service network of a dual-stack cluster.
+    pub service_network6: Option<Ipv6Net>,
     /// The UDP port of VXLAN between nodes (ClusterNetwork.vxlanPort; 4789 by default).
     pub vxlan_port: u16,
     /// The pods' and tun0's MTU (the underlay's minus VXLAN's 50 bytes; 1450 by default).
@@ -232,7 +242,53 @@ pub(crate) fn no_local_subnet(node: &str, problems: &[Problem]) -> Fatal {
 #[error("{0}")]
 pub struct Fatal(pub String);
 
+/// Why `ip6` cannot be a local pod's IPv6 address: not a host address of the node's IPv6
+/// subnet (its first address is the network's, the second the gateway's), or taken.
+fn pod_ip6_problem(ip6: Ipv6Addr, subnet6: Option<Ipv6Net>, taken: &HashMap<IpAddr, String>) -> Option<String> {
+    let Some(subnet6) = subnet6 else {
+        return Some(format!("{ip6}: this node has no IPv6 subnet"));
+    };
+    if !subnet6.contains(&ip6) || ip6 == subnet6.network() {
+        return Some(format!("{ip6} is not a host address of this node's IPv6 subnet {subnet6}"));
+    }
+    if ip6 == crate::pipeline::gateway6(subnet6) {
+        return Some(format!("{ip6} is the node's IPv6 gateway address"));
+    }
+    taken.get(&IpAddr::V6(ip6)).map(|other| format!("{ip6} is already used by {other}"))
+}
+
 impl ClusterState {
+    /// The IPv6 side of the HostSubnets: inside the IPv6 cluster network and pairwise
+    /// disjoint. A HostSubnet whose IPv6 subnet is wrong loses its IPv6 subnet, with a
+    /// problem: its node still has IPv4 (the HostSubnet is not dropped whole, which would
+    /// cut the node's IPv4 pods off for an IPv6 mistake).
+    fn check_subnets6(&mut self, problems: &mut Vec<Problem>) {
+        let cluster6 = self.cluster_network6;
+        let mut accepted: BTreeMap<u128, (Ipv6Net, String)> = BTreeMap::new();
+        for h in &mut self.host_subnets {
+            let Some(s6) = h.subnet6 else { continue };
+            let obj = format!("hostsubnet {}", h.host);
+            let (start, end) = (u128::from(s6.network()), u128::from(s6.broadcast()));
+            let err = match cluster6 {
+                None => Some(format!("{s6}: the cluster has no IPv6 cluster network")),
+                Some(c) if !c.contains(&s6) => Some(format!("{s6} is outside the cluster network {c}")),
+                Some(_) => {
+                    let before = accepted.range(..start).next_back().filter(|(_, (o, _))| u128::from(o.broadcast()) >= start);
+                    before.into_iter().chain(accepted.range(start..=end)).next().map(|(_, (o, host))| format!("{s6} overlaps {o} of node {host}"))
+                }
+            };
+            match err {
+                Some(m) => {
+                    problems.push(Problem::new(obj, "subnets", m));
+                    h.subnet6 = None;
+                }
+                None => {
+                    accepted.insert(start, (s6, h.host.clone()));
+                }
+            }
+        }
+    }
+
     /// A local pod's labels: the source's ([`ClusterState::pod_meta`]) if it has them, else
     /// the pod's own.
     pub fn pod_labels<'a>(&'a self, pod: &'a Pod) -> &'a netpol::Labels {
@@ -263,6 +319,10 @@ impl ClusterState {
     pub fn validate(mut self) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         let mut problems = Vec::new();
         let cluster = self.cluster_network;
+        let cluster6 = self.cluster_network6;
+        if cluster6.is_none() && self.service_network6.is_some() {
+            return Err(Fatal("serviceNetworks has an IPv6 network but clusterNetworks has none: a dual-stack cluster has both".into()));
+        }
 
         let mut hosts = BTreeSet::new();
         // Accepted subnets (pairwise disjoint) by first address, with their acceptance order:
@@ -295,6 +355,7 @@ impl ClusterState {
                 }
             }
         });
+        self.check_subnets6(&mut problems);
         let Some(local) = self.local_subnet().cloned() else {
             return Err(no_local_subnet(&self.node, &problems));
         };
@@ -310,16 +371,23 @@ impl ClusterState {
         });
         let known = |ns: &str, names: &BTreeSet<String>| names.contains(ns);
 
-        let mut cluster_ips: HashMap<Ipv4Addr, String> = HashMap::new();
+        let mut cluster_ips: HashMap<IpAddr, String> = HashMap::new();
         let service_net = self.service_network;
+        let service_net6 = self.service_network6;
         self.services.retain(|s| {
             let obj = format!("service {}/{}", s.namespace, s.name);
             let err = if !known(&s.namespace, &names) {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", s.namespace)))
             } else if !service_net.contains(&s.cluster_ip) {
                 Some(("clusterIP", format!("{} is outside the service network {service_net}", s.cluster_ip)))
+            } else if let Some(other) = cluster_ips.get(&IpAddr::V4(s.cluster_ip)) {
+                Some(("clusterIP", format!("{} is already used by {other}", s.cluster_ip)))
             } else {
-                cluster_ips.get(&s.cluster_ip).map(|other| ("clusterIP", format!("{} is already used by {other}", s.cluster_ip)))
+                s.cluster_ip6.and_then(|ip6| match service_net6 {
+                    None => Some(("clusterIPs", format!("{ip6}: the cluster has no IPv6 service network"))),
+                    Some(n) if !n.contains(&ip6) => Some(("clusterIPs", format!("{ip6} is outside the service network {n}"))),
+                    Some(_) => cluster_ips.get(&IpAddr::V6(ip6)).map(|other| ("clusterIPs", format!("{ip6} is already used by {other}"))),
+                })
             };
             match err {
                 Some((f, m)) => {
@@ -327,14 +395,17 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    cluster_ips.insert(s.cluster_ip, obj);
+                    cluster_ips.insert(IpAddr::V4(s.cluster_ip), obj.clone());
+                    if let Some(ip6) = s.cluster_ip6 {
+                        cluster_ips.insert(IpAddr::V6(ip6), obj);
+                    }
                     true
                 }
             }
         });
 
         let gateway = Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1));
-        let mut ips: HashMap<Ipv4Addr, String> = HashMap::new();
+        let mut ips: HashMap<IpAddr, String> = HashMap::new();
         let mut pod_names = BTreeSet::new();
         let mut veths: HashMap<String, String> = HashMap::new();
         self.pods.retain(|p| {
@@ -347,8 +418,10 @@ impl ClusterState {
                 Some(("ip", format!("{} is not a host address of this node's subnet {}", p.ip, local.subnet)))
             } else if p.ip == gateway {
                 Some(("ip", format!("{} is the node's gateway address", p.ip)))
-            } else if let Some(other) = ips.get(&p.ip) {
+            } else if let Some(other) = ips.get(&IpAddr::V4(p.ip)) {
                 Some(("ip", format!("{} is already used by {other}", p.ip)))
+            } else if let Some(e) = p.ip6.and_then(|ip6| pod_ip6_problem(ip6, local.subnet6, &ips)) {
+                Some(("ips", e))
             } else {
                 veths.get(&p.host_veth).map(|other| ("hostVeth", format!("{:?} is already used by {other}", p.host_veth)))
             };
@@ -358,7 +431,10 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    ips.insert(p.ip, obj.clone());
+                    ips.insert(IpAddr::V4(p.ip), obj.clone());
+                    if let Some(ip6) = p.ip6 {
+                        ips.insert(IpAddr::V6(ip6), obj.clone());
+                    }
                     veths.insert(p.host_veth.clone(), obj);
                     true
                 }
@@ -386,8 +462,16 @@ impl ClusterState {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
             } else if !cluster.contains(&p.ip) || local.subnet.contains(&p.ip) {
                 Some(("ip", format!("{} is not in the cluster network {cluster} outside this node's subnet", p.ip)))
+            } else if let Some(other) = ips.get(&IpAddr::V4(p.ip)) {
+                Some(("ip", format!("{} is already used by {other}", p.ip)))
             } else {
-                ips.get(&p.ip).map(|other| ("ip", format!("{} is already used by {other}", p.ip)))
+                p.ip6.and_then(|ip6| match cluster6 {
+                    Some(c) if c.contains(&ip6) && !local.subnet6.is_some_and(|l| l.contains(&ip6)) => {
+                        ips.get(&IpAddr::V6(ip6)).map(|other| ("ips", format!("{ip6} is already used by {other}")))
+                    }
+                    Some(c) => Some(("ips", format!("{ip6} is not in the cluster network {c} outside this node's subnet"))),
+                    None => Some(("ips", format!("{ip6}: the cluster has no IPv6 cluster network"))),
+                })
             };
             match err {
                 Some((f, m)) => {
@@ -395,7 +479,10 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    ips.insert(p.ip, obj);
+                    ips.insert(IpAddr::V4(p.ip), obj.clone());
+                    if let Some(ip6) = p.ip6 {
+                        ips.insert(IpAddr::V6(ip6), obj);
+                    }
                     true
                 }
             }
@@ -437,6 +524,17 @@ impl ClusterState {
         }
         if p.mac == crate::pipeline::via_host::tun0_mac(gateway) {
             return Err(Problem::new(obj, "mac", format!("{} is the node gateway's (tun0) MAC address", p.mac)));
+        }
+        if let Some(ip6) = p.ip6 {
+            let others: HashMap<IpAddr, String> = self
+                .pods
+                .iter()
+                .filter(|o| o.key() != p.key())
+                .filter_map(|o| Some((IpAddr::V6(o.ip6?), format!("pod {}/{}", o.namespace, o.name))))
+                .collect();
+            if let Some(e) = pod_ip6_problem(ip6, local.subnet6, &others) {
+                return Err(Problem::new(obj, "ips", e));
+            }
         }
         for o in self.pods.iter().filter(|o| o.key() != p.key()) {
             if o.ip == p.ip {

@@ -69,6 +69,8 @@ pub struct RemotePod {
     pub namespace: String,
     pub name: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address (dual-stack; Kubernetes: the IPv6 one of status.podIPs).
+    pub ip6: Option<std::net::Ipv6Addr>,
     pub labels: Labels,
     pub container_ports: Vec<ContainerPort>,
 }

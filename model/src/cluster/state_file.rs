@@ -18,8 +18,15 @@ use crate::domain::Plugin;
 struct RawFile {
     node: String,
     plugin: Plugin,
-    cluster_network: String,
-    service_network: String,
+    /// The IPv4 cluster network; or `clusterNetworks`, one per family (dual-stack).
+    #[serde(default)]
+    cluster_network: Option<String>,
+    #[serde(default)]
+    cluster_networks: Vec<String>,
+    #[serde(default)]
+    service_network: Option<String>,
+    #[serde(default)]
+    service_networks: Vec<String>,
     #[serde(default = "default_vxlan_port")]
     vxlan_port: u16,
     #[serde(default = "default_mtu")]
@@ -56,7 +63,11 @@ struct RawHostSubnet {
     host: String,
     #[serde(rename = "hostIP")]
     host_ip: String,
-    subnet: String,
+    #[serde(default)]
+    subnet: Option<String>,
+    /// One per family (dual-stack), as Node.spec.podCIDRs.
+    #[serde(default)]
+    subnets: Vec<String>,
     #[serde(default, rename = "fixedVNID")]
     fixed_vnid: Option<u64>,
 }
@@ -77,7 +88,11 @@ struct RawNetNamespace {
 struct RawRemotePod {
     namespace: String,
     name: String,
-    ip: String,
+    #[serde(default)]
+    ip: Option<String>,
+    /// One per family (dual-stack), as status.podIPs.
+    #[serde(default)]
+    ips: Vec<String>,
     #[serde(default)]
     labels: super::netpol::Labels,
     /// What an egress rule's named ports resolve against (Kubernetes' ContainerPort shape).
@@ -90,8 +105,11 @@ struct RawRemotePod {
 struct RawService {
     namespace: String,
     name: String,
-    #[serde(rename = "clusterIP")]
-    cluster_ip: String,
+    #[serde(default, rename = "clusterIP")]
+    cluster_ip: Option<String>,
+    /// One per family (dual-stack), as spec.clusterIPs.
+    #[serde(default, rename = "clusterIPs")]
+    cluster_ips: Vec<String>,
     #[serde(default)]
     ports: Vec<RawServicePort>,
 }
@@ -228,14 +246,19 @@ pub fn from_value_keeping(value: Value, previous: Option<&ClusterState>) -> Resu
             Fatal(format!("field {path}: {}", e.inner()))
         }
     })?;
-    let header = validate::header(raw.node, raw.plugin, &raw.cluster_network, &raw.service_network, raw.vxlan_port, raw.mtu)?;
+    let cluster = networks("clusterNetworks", raw.cluster_network.as_deref(), &raw.cluster_networks)?;
+    let service = networks("serviceNetworks", raw.service_network.as_deref(), &raw.service_networks)?;
+    let header = validate::header(raw.node, raw.plugin, &cluster, &service, raw.vxlan_port, raw.mtu)?;
     let mut problems = Vec::new();
     let prev = previous;
     let host_subnets = each(
         raw.host_subnets,
         "hostsubnet",
         &["host"],
-        |r: RawHostSubnet| validate::host_subnet(&r.host, &r.host_ip, &r.subnet, r.fixed_vnid.map(Ok)),
+        |r: RawHostSubnet| {
+            let subnets = validate::singular_and_plural("subnets", r.subnet.as_deref(), &r.subnets)?;
+            validate::host_subnet(&r.host, &r.host_ip, &subnets, r.fixed_vnid.map(Ok))
+        },
         |id| prev?.host_subnets.iter().find(|h| h.host == id[0]).cloned(),
         &mut problems,
     );
@@ -256,7 +279,10 @@ pub fn from_value_keeping(value: Value, previous: Option<&ClusterState>) -> Resu
         raw.services,
         "service",
         &["namespace", "name"],
-        |r: RawService| validate::service(&r.namespace, &r.name, &r.cluster_ip, r.ports.iter().map(|p| (p.protocol.as_str(), p.port))),
+        |r: RawService| {
+            let ips = validate::singular_and_plural("clusterIPs", r.cluster_ip.as_deref(), &r.cluster_ips)?;
+            validate::service(&r.namespace, &r.name, &ips, r.ports.iter().map(|p| (p.protocol.as_str(), p.port)))
+        },
         |id| prev?.services.iter().find(|s| s.namespace == id[0] && s.name == id[1]).cloned(),
         &mut problems,
     );
@@ -298,6 +324,15 @@ pub fn from_value_keeping(value: Value, previous: Option<&ClusterState>) -> Resu
         &mut problems,
     );
     validate::assemble_with_policies(header, host_subnets, net_namespaces, services, pods, egress_policies, (remote_pods, network_policies), problems)
+}
+
+/// The cluster or service networks, from the singular or the plural field; one is required.
+fn networks<'a>(field: &str, one: Option<&'a str>, many: &'a [String]) -> Result<Vec<&'a str>, Fatal> {
+    let list = validate::singular_and_plural(field, one, many).map_err(|(f, m)| Fatal(format!("field {f}: {m}")))?;
+    if list.is_empty() {
+        return Err(Fatal(format!("missing field `{}` (or `{field}`, one per family): {NEEDS}", field.trim_end_matches('s'))));
+    }
+    Ok(list)
 }
 
 /// A problem of an object rejected as a whole: with its last good version (`kept`) the
@@ -344,7 +379,8 @@ fn container_ports(raw: &[k8s_openapi::api::core::v1::ContainerPort]) -> Result<
 
 fn remote_pod(r: RawRemotePod) -> Result<super::netpol::RemotePod, FieldError> {
     let ports = container_ports(&r.container_ports)?;
-    validate::remote_pod(r.namespace, r.name, &r.ip, r.labels, ports)
+    let ips = validate::singular_and_plural("ips", r.ip.as_deref(), &r.ips)?;
+    validate::remote_pod(r.namespace, r.name, &ips, r.labels, ports)
 }
 
 /// Decodes each NetworkPolicy as the Kubernetes object (k8s-openapi's type) and checks it; a
@@ -654,5 +690,43 @@ egressNetworkPolicies:
         assert!(e.0.contains("YAML"), "{e}");
         let (_, p) = parse(&EXAMPLE.replace("{type: Deny,", "{type: Maybe,")).unwrap();
         assert!(p[0].to_string().contains("egress[2].type"), "{p:?}");
+    }
+
+    /// The dual-stack example: an IPv6 subnet beside the IPv4 one, an address of each family
+    /// per pod and service; the plural fields are checked as Kubernetes checks them.
+    #[test]
+    fn dual_stack() {
+        let text = include_str!("../../../deploy/examples/dual-stack.yaml");
+        let (s, p) = parse(text).unwrap();
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(s.cluster_network6, Some("fd00:10:128::/48".parse().unwrap()));
+        assert_eq!(s.service_network6, Some("fd00:172:30::/112".parse().unwrap()));
+        assert_eq!(s.local_subnet().unwrap().subnet6, Some("fd00:10:128:2::/64".parse().unwrap()));
+        assert_eq!(s.pods[0].ip6, Some("fd00:10:128:2::5".parse().unwrap()));
+        assert_eq!(s.services[0].cluster_ip6, Some("fd00:172:30::10".parse().unwrap()));
+        let problem = |from: &str, to: &str| {
+            let bad = text.replace(from, to);
+            assert_ne!(bad, text, "{from}");
+            parse(&bad).map(|(_, p)| p.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")).unwrap_or_else(|e| e.0)
+        };
+        for (from, to, want) in [
+            ("\"fd00:10:128:2::6\"", "\"fd00:10:128:2::5\"", "pod team-a/a2: field ips: fd00:10:128:2::5 is already used by pod team-a/a1"),
+            ("\"fd00:10:128:2::6\"", "\"fd00:10:128:2::1\"", "field ips: fd00:10:128:2::1 is the node's IPv6 gateway address"),
+            ("\"fd00:10:128:2::6\"", "\"fd00:10:128:3::6\"", "is not a host address of this node's IPv6 subnet fd00:10:128:2::/64"),
+            ("ips: [10.128.2.6, ", "ips: [10.128.2.9, ", "field ips: does not list \"10.128.2.6\""),
+            ("\"fd00:10:128:2::6\"]", "\"fd00:10:128:2::6\", \"fd00::9\"]", "field ips[2]: \"fd00::9\": a second IPv6 value; one per family"),
+            ("\"fd00:172:30::10\"", "\"fd00:172:31::10\"", "service team-a/web: field clusterIPs: fd00:172:31::10 is outside the service network fd00:172:30::/112"),
+            ("\"fd00:10:128:200::/64\"", "\"fd00:10:128:2::/63\"", "hostsubnet node-c: field subnets: fd00:10:128:2::/63 overlaps fd00:10:128:2::/64 of node node-a"),
+            ("\"fd00:10:128:200::/64\"", "\"fd00:10:129::/64\"", "hostsubnet node-c: field subnets: fd00:10:129::/64 is outside the cluster network fd00:10:128::/48"),
+            ("serviceNetworks: [172.30.0.0/16, \"fd00:172:30::/112\"]", "serviceNetworks: [172.30.0.0/16]", "a dual-stack cluster has an IPv6 cluster network and an IPv6 service network, or neither"),
+            ("clusterNetworks: [10.128.0.0/14, ", "clusterNetworks: [", "field clusterNetwork: has no IPv4 value: IPv6-only is not supported"),
+        ] {
+            let got = problem(from, to);
+            assert!(got.contains(want), "{from} -> {to}: {got}");
+        }
+        // A HostSubnet whose IPv6 subnet is wrong keeps its IPv4 one.
+        let (s, _) = parse(&text.replace("\"fd00:10:128:200::/64\"", "\"fd00:10:129::/64\"")).unwrap();
+        let c = s.host_subnets.iter().find(|h| h.host == "node-c").unwrap();
+        assert_eq!((c.subnet.to_string(), c.subnet6), ("10.130.0.0/23".to_string(), None));
     }
 }

@@ -3,9 +3,9 @@
 //! function takes an object's fields as the source has them and returns the model's object,
 //! or the field that is wrong and why.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use openflow::MacAddr;
 use serde::Deserialize;
 
@@ -28,6 +28,10 @@ pub struct RawPod {
     #[serde(rename = "hostVeth")]
     pub host_veth: String,
     pub ip: String,
+    /// Kubernetes' `podIPs` shape: the pod's addresses, one per family (the IPv4 one is `ip`);
+    /// empty for an IPv4-only pod.
+    #[serde(default)]
+    pub ips: Vec<String>,
     pub mac: String,
     #[serde(default, rename = "ingressBPS")]
     pub ingress_bps: i64,
@@ -44,21 +48,33 @@ pub struct Header {
     pub plugin: Plugin,
     pub cluster_network: Ipv4Net,
     pub service_network: Ipv4Net,
+    pub cluster_network6: Option<Ipv6Net>,
+    pub service_network6: Option<Ipv6Net>,
     pub vxlan_port: u16,
     pub mtu: u32,
 }
 
 /// Validates the cluster-wide settings (the state cannot be used without them).
+/// `cluster_networks` and `service_networks` are one CIDR per family (dual-stack: an IPv4 and
+/// an IPv6 one, in either order; IPv4 is required).
 pub fn header(
     node: String,
     plugin: Plugin,
-    cluster_network: &str,
-    service_network: &str,
+    cluster_networks: &[&str],
+    service_networks: &[&str],
     vxlan_port: u16,
     mtu: u32,
 ) -> Result<Header, Fatal> {
-    let cluster_network = net(cluster_network).map_err(|e| Fatal(format!("field clusterNetwork: {e}")))?;
-    let service_network = net(service_network).map_err(|e| Fatal(format!("field serviceNetwork: {e}")))?;
+    let named = |one: &str, list: &[&str]| if list.len() > 1 { format!("{one}s") } else { one.to_string() };
+    let (cluster_network, cluster_network6) = dual_nets(&named("clusterNetwork", cluster_networks), cluster_networks)
+        .map_err(|(f, e)| Fatal(format!("field {f}: {e}")))?;
+    let (service_network, service_network6) = dual_nets(&named("serviceNetwork", service_networks), service_networks)
+        .map_err(|(f, e)| Fatal(format!("field {f}: {e}")))?;
+    if cluster_network6.is_some() != service_network6.is_some() {
+        return Err(Fatal(
+            "fields clusterNetworks, serviceNetworks: a dual-stack cluster has an IPv6 cluster network and an IPv6 service network, or neither".into(),
+        ));
+    }
     if node.is_empty() {
         return Err(Fatal("field node: must not be empty".into()));
     }
@@ -68,7 +84,7 @@ pub fn header(
     if vxlan_port == 0 {
         return Err(Fatal("field vxlanPort: 0 is not a UDP port".into()));
     }
-    Ok(Header { node, plugin, cluster_network, service_network, vxlan_port, mtu })
+    Ok(Header { node, plugin, cluster_network, service_network, cluster_network6, service_network6, vxlan_port, mtu })
 }
 
 /// Builds the state from objects validated one by one ([`host_subnet`], [`service`], ...) and
@@ -103,6 +119,8 @@ pub fn assemble_with_policies(
         plugin: h.plugin,
         cluster_network: h.cluster_network,
         service_network: h.service_network,
+        cluster_network6: h.cluster_network6,
+        service_network6: h.service_network6,
         vxlan_port: h.vxlan_port,
         mtu: h.mtu,
         host_subnets,
@@ -140,6 +158,57 @@ fn addr(s: &str) -> Result<Ipv4Addr, String> {
     s.parse::<Ipv4Addr>().map_err(|_| format!("{s:?} is not an IPv4 address"))
 }
 
+/// Kubernetes' dual-stack shape (`podCIDRs`, `podIPs`, `clusterIPs`): at most one value of
+/// each family, in either order, the IPv4 one required (IPv6-only nodes are not supported: the
+/// VXLAN underlay and the pod MAC rule are IPv4's). `field` names the list.
+fn dual<T: Copy>(field: &str, values: &[&str], parse: impl Fn(&str) -> Option<T>, v4: impl Fn(T) -> bool, what: &str) -> Result<(T, Option<T>), FieldError> {
+    let mut four = None;
+    let mut six = None;
+    for (i, v) in values.iter().enumerate() {
+        let at = || if values.len() == 1 { field.to_string() } else { format!("{field}[{i}]") };
+        let t = parse(v).ok_or_else(|| (at(), format!("{v:?} is not an {what}")))?;
+        let slot = if v4(t) { &mut four } else { &mut six };
+        if slot.replace(t).is_some() {
+            return Err((at(), format!("{v:?}: a second {} value; one per family", if v4(t) { "IPv4" } else { "IPv6" })));
+        }
+    }
+    match four {
+        Some(f) => Ok((f, six)),
+        None if six.is_some() => Err((field.to_string(), "has no IPv4 value: IPv6-only is not supported, a dual-stack object lists an IPv4 and an IPv6 value".into())),
+        None => Err((field.to_string(), format!("must have an {what}"))),
+    }
+}
+
+/// [`dual`] for CIDRs: (IPv4, IPv6).
+pub fn dual_nets(field: &str, values: &[&str]) -> Result<(Ipv4Net, Option<Ipv6Net>), FieldError> {
+    let (a, b) = dual(field, values, |s| s.parse::<IpNet>().ok().map(|n| n.trunc()), |n| matches!(n, IpNet::V4(_)), "IPv4 or IPv6 CIDR")?;
+    let IpNet::V4(a) = a else { unreachable!("dual returns the IPv4 value first") };
+    Ok((a, b.and_then(|b| if let IpNet::V6(b) = b { Some(b) } else { None })))
+}
+
+/// [`dual`] for addresses: (IPv4, IPv6).
+pub fn dual_addrs(field: &str, values: &[&str]) -> Result<(Ipv4Addr, Option<Ipv6Addr>), FieldError> {
+    let (a, b) = dual(field, values, |s| s.parse::<IpAddr>().ok(), |a| a.is_ipv4(), "IPv4 or IPv6 address")?;
+    let IpAddr::V4(a) = a else { unreachable!("dual returns the IPv4 value first") };
+    Ok((a, b.and_then(|b| if let IpAddr::V6(b) = b { Some(b) } else { None })))
+}
+
+/// A singular field and its plural (Kubernetes: `podIP` and `podIPs`): the plural if given
+/// (it must then contain the singular), else the singular alone.
+pub fn singular_and_plural<'a>(field: &str, singular: Option<&'a str>, plural: &'a [String]) -> Result<Vec<&'a str>, FieldError> {
+    if plural.is_empty() {
+        return Ok(singular.into_iter().collect());
+    }
+    if let Some(one) = singular {
+        let same = |p: &String| p.parse::<IpNet>().ok().map(|n| n.trunc()) == one.parse::<IpNet>().ok().map(|n| n.trunc())
+            && p.parse::<IpAddr>().ok() == one.parse::<IpAddr>().ok();
+        if !plural.iter().any(|p| p == one || same(p)) {
+            return Err((field.to_string(), format!("does not list {one:?}, the singular field's value")));
+        }
+    }
+    Ok(plural.iter().map(String::as_str).collect())
+}
+
 fn vnid(v: u64) -> Result<Vnid, String> {
     u32::try_from(v).map_err(|_| format!("VNID {v} exceeds the 24-bit maximum")).and_then(Vnid::new)
 }
@@ -159,26 +228,27 @@ fn name(field: &str, s: &str) -> Result<(), FieldError> {
 pub fn remote_pod(
     namespace: String,
     name_: String,
-    ip: &str,
+    ips: &[&str],
     labels: super::netpol::Labels,
     container_ports: Vec<super::netpol::ContainerPort>,
 ) -> Result<super::netpol::RemotePod, FieldError> {
     name("namespace", &namespace)?;
     name("name", &name_)?;
-    Ok(super::netpol::RemotePod { ip: addr(ip).map_err(at("ip"))?, namespace, name: name_, labels, container_ports })
+    let (ip, ip6) = dual_addrs(if ips.len() > 1 { "ips" } else { "ip" }, ips)?;
+    Ok(super::netpol::RemotePod { ip, ip6, namespace, name: name_, labels, container_ports })
 }
 
-/// Checks one HostSubnet. `fixed_vnid`: the fixed-VNID value, or why it is not a number.
-pub fn host_subnet(host: &str, host_ip: &str, subnet: &str, fixed_vnid: Option<Result<u64, String>>) -> Checked<HostSubnet> {
+/// Checks one HostSubnet. `subnets`: one per family (dual-stack). `fixed_vnid`: the
+/// fixed-VNID value, or why it is not a number.
+pub fn host_subnet(host: &str, host_ip: &str, subnets: &[&str], fixed_vnid: Option<Result<u64, String>>) -> Checked<HostSubnet> {
     name("host", host)?;
     let fixed_vnid = match fixed_vnid {
         None => None,
         Some(v) => Some(v.and_then(vnid).map_err(at("fixedVNID"))?),
     };
-    Ok((
-        HostSubnet { host: host.to_string(), host_ip: addr(host_ip).map_err(at("hostIP"))?, subnet: net(subnet).map_err(at("subnet"))?, fixed_vnid },
-        Vec::new(),
-    ))
+    let field = if subnets.len() > 1 { "subnets" } else { "subnet" };
+    let (subnet, subnet6) = dual_nets(field, subnets)?;
+    Ok((HostSubnet { host: host.to_string(), host_ip: addr(host_ip).map_err(at("hostIP"))?, subnet, subnet6, fixed_vnid }, Vec::new()))
 }
 
 /// Checks one NetNamespace. `netid`: the number, or why the value is not one.
@@ -191,10 +261,12 @@ pub fn net_namespace(name_: &str, netid: Result<u64, String>, multicast: bool) -
 /// Checks one service; `ports` are (protocol, port). A port with an unsupported protocol or
 /// number is dropped from the service with a problem; the service keeps its other ports (the
 /// seed logs and skips such a port).
-pub fn service<'a>(namespace: &str, name_: &str, cluster_ip: &str, ports_in: impl Iterator<Item = (&'a str, i64)>) -> Checked<Service> {
+/// `cluster_ips`: one per family (Kubernetes' `clusterIPs`).
+pub fn service<'a>(namespace: &str, name_: &str, cluster_ips: &[&str], ports_in: impl Iterator<Item = (&'a str, i64)>) -> Checked<Service> {
     name("namespace", namespace)?;
     name("name", name_)?;
-    let cluster_ip = addr(cluster_ip).map_err(at("clusterIP"))?;
+    let field = if cluster_ips.len() > 1 { "clusterIPs" } else { "clusterIP" };
+    let (cluster_ip, cluster_ip6) = dual_addrs(field, cluster_ips)?;
     let mut problems = Vec::new();
     let mut ports = Vec::new();
     for (i, (protocol, port)) in ports_in.enumerate() {
@@ -215,7 +287,7 @@ pub fn service<'a>(namespace: &str, name_: &str, cluster_ip: &str, ports_in: imp
             ports.push(sp);
         }
     }
-    Ok((Service { namespace: namespace.to_string(), name: name_.to_string(), cluster_ip, ports }, problems))
+    Ok((Service { namespace: namespace.to_string(), name: name_.to_string(), cluster_ip, cluster_ip6, ports }, problems))
 }
 
 /// A pod whose addresses are already typed (a stored record's, a CNI ADD's): what [`RawPod`]
@@ -227,6 +299,7 @@ pub struct TypedPod {
     pub container_id: String,
     pub host_veth: String,
     pub ip: Ipv4Addr,
+    pub ip6: Option<Ipv6Addr>,
     pub mac: MacAddr,
     pub ingress_bps: i64,
     pub egress_bps: i64,
@@ -254,13 +327,19 @@ fn raw_pod_fields(r: RawPod) -> Result<TypedPod, FieldError> {
     }
     // Lenient: the grammar state files have always been read with (1 or 2 hex digits per octet).
     let mac = MacAddr::parse_lenient(&r.mac).map_err(|e| ("mac".to_string(), e.to_string()))?;
-    let ip = addr(&r.ip).map_err(at("ip"))?;
+    let (ip, ip6) = if r.ips.is_empty() {
+        (addr(&r.ip).map_err(at("ip"))?, None)
+    } else {
+        let ips = singular_and_plural("ips", Some(&r.ip), &r.ips)?;
+        dual_addrs("ips", &ips)?
+    };
     Ok(TypedPod {
         namespace: r.namespace,
         name: r.name,
         container_id: r.container_id,
         host_veth: r.host_veth,
         ip,
+        ip6,
         mac,
         ingress_bps: r.ingress_bps,
         egress_bps: r.egress_bps,
@@ -307,6 +386,7 @@ fn typed_pod_fields(p: TypedPod) -> Result<Pod, FieldError> {
     Ok(Pod {
         container_id: ContainerId::parse(&p.container_id).map_err(at("containerID"))?,
         ip: p.ip,
+        ip6: p.ip6,
         mac: p.mac,
         namespace: p.namespace,
         name: p.name,
@@ -393,6 +473,7 @@ mod tests {
                 container_id: "ab".repeat(32),
                 host_veth: "v".into(),
                 ip: "10.128.2.5".into(),
+                ips: Vec::new(),
                 mac: mac.into(),
                 ingress_bps: 0,
                 egress_bps: 0,
@@ -425,6 +506,7 @@ mod tests {
                 container_id: "ab".repeat(32),
                 host_veth: "v".into(),
                 ip: Ipv4Addr::new(10, 128, 2, 5),
+                ip6: None,
                 mac: MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x02, 0x05]),
                 ingress_bps: 0,
                 egress_bps: 0,
@@ -434,6 +516,7 @@ mod tests {
             typed_pod(p)
         };
         let raw = pod(RawPod {
+            ips: Vec::new(),
             namespace: "a".into(),
             name: "p".into(),
             container_id: "ab".repeat(32),

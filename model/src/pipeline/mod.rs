@@ -219,6 +219,12 @@ pub fn gateway(local_subnet: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(local_subnet.network()).wrapping_add(1))
 }
 
+/// A node's IPv6 subnet's gateway (tun0) address: its first address after the network's
+/// (`fd00:10:128:1::1` for `fd00:10:128:1::/64`), as the IPv4 gateway is.
+pub fn gateway6(local_subnet: ipnet::Ipv6Net) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::from(u128::from(local_subnet.network()).wrapping_add(1))
+}
+
 // Small match/action builders in the seed's vocabulary.
 
 pub(crate) fn cidr(n: Ipv4Net) -> Masked<Ipv4Addr> {
