@@ -22,7 +22,7 @@
 //!   to a later table below `n_tables` (`check_GOTO_TABLE`);
 //! - actions: output to a regular port below 0xff00 or to IN_PORT, TABLE, NORMAL, FLOOD, ALL,
 //!   CONTROLLER or LOCAL (`ofpact_check_output_port`); set_field of a register, tun_id,
-//!   tun_src, tun_dst or eth_dst (no prerequisites; ct_mark only inside `ct`); load, move and
+//!   tun_src, tun_dst, tun_ipv6_src, tun_ipv6_dst or eth_dst (no prerequisites; ct_mark only inside `ct`); load, move and
 //!   output_reg on registers and tunnel fields, a load's value within its bits
 //!   (`decode_NXAST_RAW_REG_LOAD`); note; resubmit. Not `ct` (datapath support again), not
 //!   meters, not anything kept raw;
@@ -47,7 +47,7 @@
 
 use crate::action::{Action, SetField, Subfield};
 use crate::field::NxmField;
-use crate::flow_match::{ArpMatch, EthMatch, IpFrag, IpProto, Ipv4Match, MaskBits, Masked, Match};
+use crate::flow_match::{ArpMatch, EthMatch, Ip6Proto, IpFrag, IpProto, Ipv4Match, Ipv6Match, MaskBits, Masked, Match, IPV6_LABEL_MASK};
 use crate::instruction::Instruction;
 use crate::port::PortNo;
 
@@ -77,18 +77,37 @@ fn arp_ok(a: &ArpMatch) -> bool {
     a.op.is_none_or(|op| op <= 0xff) && masked_ok(&a.spa) && masked_ok(&a.tpa) && masked_ok(&a.sha) && masked_ok(&a.tha)
 }
 
-fn ipv4_ok(ip: &Ipv4Match) -> bool {
-    let l4 = match ip.proto {
+fn l4_ok(p: Option<IpProto>) -> bool {
+    match p {
         None | Some(IpProto::Other(_)) => true,
         Some(IpProto::Tcp { dst } | IpProto::Udp { dst } | IpProto::Sctp { dst }) => masked_ok(&dst),
+    }
+}
+
+fn ipv4_ok(ip: &Ipv4Match) -> bool {
+    masked_ok(&ip.src) && masked_ok(&ip.dst) && !matches!(ip.frag, Some(IpFrag::Other { .. })) && l4_ok(ip.proto)
+}
+
+/// IPv6 as IPv4, plus: the flow label's mask must keep some of the 20 label bits (the encoder
+/// clears the value's other bits), and the neighbour discovery fields need their ICMPv6 type
+/// (`Icmpv6Match::nd_prereqs_ok`, OFPBMC_BAD_PREREQ otherwise).
+fn ipv6_ok(ip: &Ipv6Match) -> bool {
+    let label = ip.label.is_none_or(|l| l.mask() & IPV6_LABEL_MASK != 0);
+    let proto = match ip.proto {
+        None => true,
+        Some(Ip6Proto::L4(p)) => l4_ok(Some(p)),
+        Some(Ip6Proto::Icmpv6(i)) => {
+            i.nd_prereqs_ok() && masked_ok(&i.nd_target) && masked_ok(&i.nd_sll) && masked_ok(&i.nd_tll)
+        }
     };
-    masked_ok(&ip.src) && masked_ok(&ip.dst) && !matches!(ip.frag, Some(IpFrag::Other { .. })) && l4
+    masked_ok(&ip.src) && masked_ok(&ip.dst) && label && !matches!(ip.frag, Some(IpFrag::Other { .. })) && proto
 }
 
 fn match_ok(m: &Match) -> bool {
     let eth = match &m.eth {
         EthMatch::Any => true,
         EthMatch::Ipv4(ip) => ipv4_ok(ip),
+        EthMatch::Ipv6(ip) => ipv6_ok(ip),
         EthMatch::Arp(a) | EthMatch::Rarp(a) => arp_ok(a),
         // Fields that depend on another eth_type are kept raw.
         EthMatch::Other(_) => false,
@@ -97,6 +116,8 @@ fn match_ok(m: &Match) -> bool {
         && masked_ok(&m.tun_id)
         && masked_ok(&m.tun_src)
         && masked_ok(&m.tun_dst)
+        && masked_ok(&m.tun_ipv6_src)
+        && masked_ok(&m.tun_ipv6_dst)
         && m.regs.iter().all(masked_ok)
         && m.ct_state.is_none()
         && m.ct_zone.is_none()
@@ -140,7 +161,15 @@ fn conjunction_flow_ok(ins: &[Instruction]) -> bool {
 
 /// Registers and tunnel fields: readable, writable, no prerequisites, any value.
 fn plain_field(f: NxmField) -> bool {
-    matches!(f, NxmField::Reg(_) | NxmField::TunId | NxmField::TunIpv4Src | NxmField::TunIpv4Dst)
+    matches!(
+        f,
+        NxmField::Reg(_)
+            | NxmField::TunId
+            | NxmField::TunIpv4Src
+            | NxmField::TunIpv4Dst
+            | NxmField::TunIpv6Src
+            | NxmField::TunIpv6Dst
+    )
 }
 
 fn plain_subfield(s: &Subfield) -> bool {
@@ -155,7 +184,17 @@ fn action_ok(a: &Action) -> bool {
                     .contains(port)
         }
         Action::SetField(sf) => {
-            matches!(sf, SetField::TunDst(_) | SetField::TunSrc(_) | SetField::TunId(_) | SetField::Reg(..) | SetField::EthDst(_))
+            // Not ipv6_src/ipv6_dst: those need an `ipv6` match (OFPBAC_MATCH_INCONSISTENT).
+            matches!(
+                sf,
+                SetField::TunDst(_)
+                    | SetField::TunSrc(_)
+                    | SetField::TunIpv6Dst(_)
+                    | SetField::TunIpv6Src(_)
+                    | SetField::TunId(_)
+                    | SetField::Reg(..)
+                    | SetField::EthDst(_)
+            )
         }
         Action::RegLoad { dst, value } => plain_subfield(dst) && (dst.n_bits() >= 64 || value >> dst.n_bits() == 0),
         Action::RegMove(m) => plain_subfield(&m.src()) && plain_subfield(&m.dst()),

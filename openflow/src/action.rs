@@ -6,7 +6,7 @@
 //! NXAST_NOTE whose zero padding becomes part of the note. The switch returns each action in the
 //! form it was given, so [`Action::RegLoad`] and [`Action::SetField`] stay distinct.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use bytes::{BufMut, Bytes};
 
@@ -145,6 +145,14 @@ pub enum SetField {
     TunDst(Ipv4Addr),
     /// `set_field:A.B.C.D->tun_src`.
     TunSrc(Ipv4Addr),
+    /// `set_field:fd00::1->tun_ipv6_dst` (NXM_NX_TUN_IPV6_DST: no OXM form).
+    TunIpv6Dst(Ipv6Addr),
+    /// `set_field:fd00::1->tun_ipv6_src` (NXM_NX_TUN_IPV6_SRC).
+    TunIpv6Src(Ipv6Addr),
+    /// `set_field:fd00::1->ipv6_src` (OXM_OF_IPV6_SRC; OVS requires an `ipv6` match).
+    Ipv6Src(Ipv6Addr),
+    /// `set_field:fd00::1->ipv6_dst` (OXM_OF_IPV6_DST; OVS requires an `ipv6` match).
+    Ipv6Dst(Ipv6Addr),
     /// `set_field:N->tun_id` (OXM_OF_TUNNEL_ID).
     TunId(u64),
     /// `set_field:N->regK`.
@@ -159,6 +167,10 @@ pub enum SetField {
 const TUN_DST_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV4_DST, 4, false);
 const TUN_SRC_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV4_SRC, 4, false);
 const TUN_ID_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_TUNNEL_ID, 8, false);
+const TUN_IPV6_DST_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV6_DST, 16, false);
+const TUN_IPV6_SRC_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_TUN_IPV6_SRC, 16, false);
+const IPV6_SRC_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_IPV6_SRC, 16, false);
+const IPV6_DST_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_IPV6_DST, 16, false);
 const CT_MARK_HDR: u32 = field::header(CLASS_NXM1, field::NXM1_CT_MARK, 4, false);
 const ETH_DST_HDR: u32 = field::header(CLASS_OPENFLOW_BASIC, field::OXM_ETH_DST, 6, false);
 
@@ -167,6 +179,10 @@ impl SetField {
         match self {
             SetField::TunDst(_) => TUN_DST_HDR,
             SetField::TunSrc(_) => TUN_SRC_HDR,
+            SetField::TunIpv6Dst(_) => TUN_IPV6_DST_HDR,
+            SetField::TunIpv6Src(_) => TUN_IPV6_SRC_HDR,
+            SetField::Ipv6Src(_) => IPV6_SRC_HDR,
+            SetField::Ipv6Dst(_) => IPV6_DST_HDR,
             SetField::TunId(_) => TUN_ID_HDR,
             SetField::Reg(n, _) => NxmField::Reg(n & 15).header(),
             SetField::CtMark(_) => CT_MARK_HDR,
@@ -179,6 +195,7 @@ impl SetField {
             SetField::TunDst(_) | SetField::TunSrc(_) | SetField::Reg(..) | SetField::CtMark(_) => 4,
             SetField::TunId(_) => 8,
             SetField::EthDst(_) => 6,
+            SetField::TunIpv6Dst(_) | SetField::TunIpv6Src(_) | SetField::Ipv6Src(_) | SetField::Ipv6Dst(_) => 16,
             SetField::Other(r) => r.payload.len(),
         }
     }
@@ -188,6 +205,9 @@ impl SetField {
             SetField::TunId(v) => buf.put_u64(*v),
             SetField::Reg(_, v) | SetField::CtMark(v) => buf.put_u32(*v),
             SetField::EthDst(m) => buf.put_slice(&m.0),
+            SetField::TunIpv6Dst(a) | SetField::TunIpv6Src(a) | SetField::Ipv6Src(a) | SetField::Ipv6Dst(a) => {
+                buf.put_slice(&a.octets())
+            }
             SetField::Other(r) => buf.put_slice(&r.payload),
         }
     }
@@ -197,6 +217,10 @@ impl SetField {
             _ if header == TUN_ID_HDR => r.u64().ok().map(SetField::TunId),
             _ if header == CT_MARK_HDR => r.u32().ok().map(SetField::CtMark),
             _ if header == ETH_DST_HDR => r.array::<6>().ok().map(|a| SetField::EthDst(MacAddr(a))),
+            _ if header == IPV6_SRC_HDR => r.array::<16>().ok().map(|a| SetField::Ipv6Src(a.into())),
+            _ if header == IPV6_DST_HDR => r.array::<16>().ok().map(|a| SetField::Ipv6Dst(a.into())),
+            NxmField::TunIpv6Dst => r.array::<16>().ok().map(|a| SetField::TunIpv6Dst(a.into())),
+            NxmField::TunIpv6Src => r.array::<16>().ok().map(|a| SetField::TunIpv6Src(a.into())),
             NxmField::TunIpv4Dst => r.array::<4>().ok().map(|a| SetField::TunDst(a.into())),
             NxmField::TunIpv4Src => r.array::<4>().ok().map(|a| SetField::TunSrc(a.into())),
             NxmField::Reg(n) => r.u32().ok().map(|v| SetField::Reg(n, v)),

@@ -41,6 +41,15 @@ pub const OXM_ARP_SPA: u8 = 22;
 pub const OXM_ARP_TPA: u8 = 23;
 pub const OXM_ARP_SHA: u8 = 24;
 pub const OXM_ARP_THA: u8 = 25;
+pub const OXM_IPV6_SRC: u8 = 26;
+pub const OXM_IPV6_DST: u8 = 27;
+/// OXM_OF_IPV6_FLABEL: 32 bits on the wire, of which the low 20 are the flow label.
+pub const OXM_IPV6_FLABEL: u8 = 28;
+pub const OXM_ICMPV6_TYPE: u8 = 29;
+pub const OXM_ICMPV6_CODE: u8 = 30;
+pub const OXM_IPV6_ND_TARGET: u8 = 31;
+pub const OXM_IPV6_ND_SLL: u8 = 32;
+pub const OXM_IPV6_ND_TLL: u8 = 33;
 pub const OXM_TUNNEL_ID: u8 = 38;
 
 // NXM_OF_* (class 0) numbers: the older names of the same fields.
@@ -59,7 +68,15 @@ pub const NXM0_ARP_TPA: u8 = 17;
 pub const NXM1_TUN_ID: u8 = 16;
 pub const NXM1_ARP_SHA: u8 = 17;
 pub const NXM1_ARP_THA: u8 = 18;
+pub const NXM1_IPV6_SRC: u8 = 19;
+pub const NXM1_IPV6_DST: u8 = 20;
+pub const NXM1_ICMPV6_TYPE: u8 = 21;
+pub const NXM1_ICMPV6_CODE: u8 = 22;
+pub const NXM1_ND_TARGET: u8 = 23;
+pub const NXM1_ND_SLL: u8 = 24;
+pub const NXM1_ND_TLL: u8 = 25;
 pub const NXM1_IP_FRAG: u8 = 26;
+pub const NXM1_IPV6_LABEL: u8 = 27;
 pub const NXM1_TUN_IPV4_SRC: u8 = 31;
 pub const NXM1_TUN_IPV4_DST: u8 = 32;
 /// NXM_NX_CONJ_ID (32 bits, not maskable, no OXM form): OVS's meta-flow.h `NXM_NX_CONJ_ID(37)`,
@@ -69,6 +86,9 @@ pub const NXM1_CT_STATE: u8 = 105;
 pub const NXM1_CT_ZONE: u8 = 106;
 pub const NXM1_CT_MARK: u8 = 107;
 pub const NXM1_CT_LABEL: u8 = 108;
+/// NXM_NX_TUN_IPV6_SRC/DST (128 bits, maskable, no OXM form): meta-flow.h `NXM_NX_TUN_IPV6_SRC(109)`.
+pub const NXM1_TUN_IPV6_SRC: u8 = 109;
+pub const NXM1_TUN_IPV6_DST: u8 = 110;
 
 /// A field named by its NXM header, as Nicira actions (load/move/output-reg) and OVS's
 /// `NXM_NX_REG0[0..15]` text name it. Headers are stored without the mask bit.
@@ -82,6 +102,14 @@ pub enum NxmField {
     TunIpv4Src,
     /// `NXM_NX_TUN_IPV4_DST` (32 bits).
     TunIpv4Dst,
+    /// `NXM_NX_TUN_IPV6_SRC` (128 bits).
+    TunIpv6Src,
+    /// `NXM_NX_TUN_IPV6_DST` (128 bits).
+    TunIpv6Dst,
+    /// `NXM_NX_IPV6_SRC` (128 bits), by its NXM header as OVS writes it in move/load actions.
+    Ipv6Src,
+    /// `NXM_NX_IPV6_DST` (128 bits).
+    Ipv6Dst,
     /// Any other field, by its unmasked header.
     Other(u32),
 }
@@ -94,6 +122,10 @@ impl NxmField {
             NxmField::TunId => header(CLASS_NXM1, NXM1_TUN_ID, 8, false),
             NxmField::TunIpv4Src => header(CLASS_NXM1, NXM1_TUN_IPV4_SRC, 4, false),
             NxmField::TunIpv4Dst => header(CLASS_NXM1, NXM1_TUN_IPV4_DST, 4, false),
+            NxmField::TunIpv6Src => header(CLASS_NXM1, NXM1_TUN_IPV6_SRC, 16, false),
+            NxmField::TunIpv6Dst => header(CLASS_NXM1, NXM1_TUN_IPV6_DST, 16, false),
+            NxmField::Ipv6Src => header(CLASS_NXM1, NXM1_IPV6_SRC, 16, false),
+            NxmField::Ipv6Dst => header(CLASS_NXM1, NXM1_IPV6_DST, 16, false),
             NxmField::Other(h) => h,
         }
     }
@@ -109,6 +141,10 @@ impl NxmField {
             (CLASS_NXM1, NXM1_TUN_ID, 8) => NxmField::TunId,
             (CLASS_NXM1, NXM1_TUN_IPV4_SRC, 4) => NxmField::TunIpv4Src,
             (CLASS_NXM1, NXM1_TUN_IPV4_DST, 4) => NxmField::TunIpv4Dst,
+            (CLASS_NXM1, NXM1_TUN_IPV6_SRC, 16) => NxmField::TunIpv6Src,
+            (CLASS_NXM1, NXM1_TUN_IPV6_DST, 16) => NxmField::TunIpv6Dst,
+            (CLASS_NXM1, NXM1_IPV6_SRC, 16) => NxmField::Ipv6Src,
+            (CLASS_NXM1, NXM1_IPV6_DST, 16) => NxmField::Ipv6Dst,
             _ => NxmField::Other(h),
         }
     }
@@ -129,6 +165,10 @@ impl fmt::Display for NxmField {
             NxmField::TunId => f.write_str("NXM_NX_TUN_ID"),
             NxmField::TunIpv4Src => f.write_str("NXM_NX_TUN_IPV4_SRC"),
             NxmField::TunIpv4Dst => f.write_str("NXM_NX_TUN_IPV4_DST"),
+            NxmField::TunIpv6Src => f.write_str("NXM_NX_TUN_IPV6_SRC"),
+            NxmField::TunIpv6Dst => f.write_str("NXM_NX_TUN_IPV6_DST"),
+            NxmField::Ipv6Src => f.write_str("NXM_NX_IPV6_SRC"),
+            NxmField::Ipv6Dst => f.write_str("NXM_NX_IPV6_DST"),
             NxmField::Other(h) => match field_name(*h) {
                 Some(n) => f.write_str(n),
                 None => write!(f, "NXM_{h:08x}"),
@@ -166,6 +206,12 @@ pub fn field_name(h: u32) -> Option<&'static str> {
         (CLASS_NXM1, 18) | (CLASS_OPENFLOW_BASIC, 25) => ("NXM_NX_ARP_THA", 6),
         (CLASS_NXM1, 19) | (CLASS_OPENFLOW_BASIC, 26) => ("NXM_NX_IPV6_SRC", 16),
         (CLASS_NXM1, 20) | (CLASS_OPENFLOW_BASIC, 27) => ("NXM_NX_IPV6_DST", 16),
+        (CLASS_NXM1, 21) | (CLASS_OPENFLOW_BASIC, 29) => ("NXM_NX_ICMPV6_TYPE", 1),
+        (CLASS_NXM1, 22) | (CLASS_OPENFLOW_BASIC, 30) => ("NXM_NX_ICMPV6_CODE", 1),
+        (CLASS_NXM1, 23) | (CLASS_OPENFLOW_BASIC, 31) => ("NXM_NX_ND_TARGET", 16),
+        (CLASS_NXM1, 24) | (CLASS_OPENFLOW_BASIC, 32) => ("NXM_NX_ND_SLL", 6),
+        (CLASS_NXM1, 25) | (CLASS_OPENFLOW_BASIC, 33) => ("NXM_NX_ND_TLL", 6),
+        (CLASS_NXM1, 27) | (CLASS_OPENFLOW_BASIC, 28) => ("NXM_NX_IPV6_LABEL", 4),
         (CLASS_NXM1, 28) | (CLASS_OPENFLOW_BASIC, 9) => ("NXM_NX_IP_ECN", 1),
         (CLASS_NXM1, 29) => ("NXM_NX_IP_TTL", 1),
         (CLASS_NXM1, 33) => ("NXM_NX_PKT_MARK", 4),
@@ -175,6 +221,8 @@ pub fn field_name(h: u32) -> Option<&'static str> {
         (CLASS_NXM1, NXM1_CT_ZONE) => ("NXM_NX_CT_ZONE", 2),
         (CLASS_NXM1, NXM1_CT_MARK) => ("NXM_NX_CT_MARK", 4),
         (CLASS_NXM1, NXM1_CT_LABEL) => ("NXM_NX_CT_LABEL", 16),
+        (CLASS_NXM1, NXM1_TUN_IPV6_SRC) => ("NXM_NX_TUN_IPV6_SRC", 16),
+        (CLASS_NXM1, NXM1_TUN_IPV6_DST) => ("NXM_NX_TUN_IPV6_DST", 16),
         (CLASS_OPENFLOW_BASIC, 0) => ("OXM_OF_IN_PORT", 4),
         (CLASS_OPENFLOW_BASIC, 2) => ("OXM_OF_METADATA", 8),
         (CLASS_OPENFLOW_BASIC, 6) => ("OXM_OF_VLAN_VID", 2),

@@ -6,10 +6,10 @@
 //! as `arp_spa`/`arp_tpa`, L4 ports as `tp_dst`, and `ip_frag` as `nw_frag`.
 
 use std::fmt::{self, Display, Formatter, Write};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::action::{Action, Ct, CtZone, SetField, Subfield, NX_CT_F_COMMIT, NX_CT_F_FORCE, NX_CT_RECIRC_NONE};
-use crate::flow_match::{ct_state, EthMatch, IpFrag, IpProto, MacAddr, MaskBits, Masked, Match, RawOxm};
+use crate::flow_match::{ct_state, EthMatch, Icmpv6Match, Ip6Proto, IpFrag, IpProto, MacAddr, MaskBits, Masked, Match, RawOxm};
 use crate::instruction::Instruction;
 use crate::msg::{FlowMod, FlowModFlags, FlowStats, OFP_DEFAULT_PRIORITY};
 use crate::port::PortNo;
@@ -49,6 +49,32 @@ fn ip_masked(m: &Masked<Ipv4Addr>) -> String {
         format!("{}/{}", m.value(), p)
     } else {
         format!("{}/{}", m.value(), m.mask())
+    }
+}
+
+/// An IPv6 address as OVS prints it (`ipv6_format_addr`, i.e. glibc's `inet_ntop`): RFC 5952
+/// like Rust's `Display`, except that an IPv4-compatible address (`::a.b.c.d`, the first 96 bits
+/// zero and the next 16 not) keeps the dotted tail.
+pub struct Ipv6Text(pub Ipv6Addr);
+impl Display for Ipv6Text {
+    fn fmt(&self, f: &mut Formatter<'_>) -> fmt::Result {
+        let seg = self.0.segments();
+        if seg[..6] == [0; 6] && seg[6] != 0 {
+            let [.., a, b, c, d] = self.0.octets();
+            return write!(f, "::{a}.{b}.{c}.{d}");
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+/// `ipv6_format_masked`: the address, then `/N` for a CIDR mask or `/mask` otherwise.
+fn ip6_masked(m: &Masked<Ipv6Addr>) -> String {
+    if m.is_exact() {
+        Ipv6Text(m.value()).to_string()
+    } else if let Some(p) = m.prefix_len() {
+        format!("{}/{}", Ipv6Text(m.value()), p)
+    } else {
+        format!("{}/{}", Ipv6Text(m.value()), Ipv6Text(m.mask()))
     }
 }
 
@@ -92,6 +118,20 @@ fn ip_proto_name(p: &IpProto) -> Option<&'static str> {
         IpProto::Other(1) => Some("icmp"),
         // No `igmp` keyword: OVS 3.1's match_format prints `ip,nw_proto=2`.
         IpProto::Other(_) => None,
+    }
+}
+
+/// match_format's keyword for an IPv6 match: `icmp6`, `tcp6`, `udp6`, `sctp6`, else `ipv6`.
+fn ip6_keyword(p: Option<&Ip6Proto>) -> &'static str {
+    match p {
+        Some(Ip6Proto::Icmpv6(_)) | Some(Ip6Proto::L4(IpProto::Other(58))) => "icmp6",
+        Some(Ip6Proto::L4(p)) => match p {
+            IpProto::Tcp { .. } | IpProto::Other(6) => "tcp6",
+            IpProto::Udp { .. } | IpProto::Other(17) => "udp6",
+            IpProto::Sctp { .. } | IpProto::Other(132) => "sctp6",
+            IpProto::Other(_) => "ipv6",
+        },
+        None => "ipv6",
     }
 }
 
@@ -205,6 +245,7 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
         EthMatch::Ipv4(ip) => {
             it.item(format_args!("{}", ip.proto.as_ref().and_then(ip_proto_name).unwrap_or("ip")))?
         }
+        EthMatch::Ipv6(ip) => it.item(format_args!("{}", ip6_keyword(ip.proto.as_ref())))?,
         EthMatch::Arp(_) => it.item(format_args!("arp"))?,
         EthMatch::Rarp(_) => it.item(format_args!("rarp"))?,
         EthMatch::Other(t) => {
@@ -227,6 +268,12 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
     }
     if let Some(t) = shown(&m.tun_dst) {
         it.item(format_args!("tun_dst={}", ip_masked(t)))?;
+    }
+    if let Some(t) = shown(&m.tun_ipv6_src) {
+        it.item(format_args!("tun_ipv6_src={}", ip6_masked(t)))?;
+    }
+    if let Some(t) = shown(&m.tun_ipv6_dst) {
+        it.item(format_args!("tun_ipv6_dst={}", ip6_masked(t)))?;
     }
     if let Some(p) = m.in_port {
         it.item(format_args!("in_port={p}"))?;
@@ -259,6 +306,37 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
                 _ => {}
             }
         }
+        EthMatch::Ipv6(ip) => {
+            if let Some(s) = shown(&ip.src) {
+                it.item(format_args!("ipv6_src={}", ip6_masked(s)))?;
+            }
+            if let Some(d) = shown(&ip.dst) {
+                it.item(format_args!("ipv6_dst={}", ip6_masked(d)))?;
+            }
+            // `0x%05x`, masked or not (match_format).
+            if let Some(l) = shown(&ip.label) {
+                if l.is_exact() {
+                    it.item(format_args!("ipv6_label=0x{:05x}", l.value()))?;
+                } else {
+                    it.item(format_args!("ipv6_label=0x{:05x}/0x{:05x}", l.value(), l.mask()))?;
+                }
+            }
+            if let Some(p) = ip.proto.as_ref().filter(|p| ip6_keyword(Some(p)) == "ipv6") {
+                it.item(format_args!("nw_proto={}", p.number()))?;
+            }
+            if let Some(t) = ip.frag.and_then(frag_text) {
+                it.item(format_args!("nw_frag={t}"))?;
+            }
+            match &ip.proto {
+                Some(Ip6Proto::L4(IpProto::Tcp { dst: Some(d) } | IpProto::Udp { dst: Some(d) } | IpProto::Sctp { dst: Some(d) }))
+                    if d.mask() != 0 =>
+                {
+                    it.item(format_args!("tp_dst={}", port_masked(d)))?
+                }
+                Some(Ip6Proto::Icmpv6(i)) => write_icmpv6(&mut it, i)?,
+                _ => {}
+            }
+        }
         EthMatch::Arp(a) | EthMatch::Rarp(a) => {
             if let Some(s) = shown(&a.spa) {
                 it.item(format_args!("arp_spa={}", ip_masked(s)))?;
@@ -280,6 +358,27 @@ pub fn write_match(f: &mut Formatter<'_>, m: &Match, priority: Option<u16>) -> f
     }
     for r in &m.other {
         it.item(format_args!("{}", raw_oxm(r)))?;
+    }
+    Ok(())
+}
+
+/// The ICMPv6 part of match_format: type and code as `icmp_type`/`icmp_code` (decimal), then
+/// the neighbour discovery fields.
+fn write_icmpv6(it: &mut Items<'_, '_>, i: &Icmpv6Match) -> fmt::Result {
+    if let Some(t) = i.typ {
+        it.item(format_args!("icmp_type={t}"))?;
+    }
+    if let Some(c) = i.code {
+        it.item(format_args!("icmp_code={c}"))?;
+    }
+    if let Some(t) = shown(&i.nd_target) {
+        it.item(format_args!("nd_target={}", ip6_masked(t)))?;
+    }
+    if let Some(s) = shown(&i.nd_sll) {
+        it.item(format_args!("nd_sll={}", mac_masked(s)))?;
+    }
+    if let Some(t) = shown(&i.nd_tll) {
+        it.item(format_args!("nd_tll={}", mac_masked(t)))?;
     }
     Ok(())
 }
@@ -318,6 +417,10 @@ impl Display for Action {
             Action::SetField(sf) => match sf {
                 SetField::TunDst(a) => write!(f, "set_field:{a}->tun_dst"),
                 SetField::TunSrc(a) => write!(f, "set_field:{a}->tun_src"),
+                SetField::TunIpv6Dst(a) => write!(f, "set_field:{}->tun_ipv6_dst", Ipv6Text(*a)),
+                SetField::TunIpv6Src(a) => write!(f, "set_field:{}->tun_ipv6_src", Ipv6Text(*a)),
+                SetField::Ipv6Src(a) => write!(f, "set_field:{}->ipv6_src", Ipv6Text(*a)),
+                SetField::Ipv6Dst(a) => write!(f, "set_field:{}->ipv6_dst", Ipv6Text(*a)),
                 SetField::TunId(v) => write!(f, "set_field:{}->tun_id", AltHex(*v)),
                 SetField::Reg(n, v) => write!(f, "set_field:{}->reg{n}", AltHex(*v as u64)),
                 SetField::CtMark(v) => write!(f, "set_field:{}->ct_mark", AltHex(*v as u64)),
