@@ -218,6 +218,7 @@ mod tests {
 
     fn pod_port(ofport: u32, ip: &str, vnid: u32) -> pod::PodPort {
         pod::PodPort {
+            ip6: None,
             ofport: OfPort(ofport),
             ip: ip.parse().unwrap(),
             mac: format!("0a:58:0a:80:02:{ofport:02x}").parse().unwrap(),
@@ -229,6 +230,7 @@ mod tests {
     #[test]
     fn the_pipeline_names_its_pods_and_networks() {
         let cfg = NodeConfig {
+            ipv6: None,
             plugin: Plugin::Multitenant,
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             service_network: "172.30.0.0/16".parse().unwrap(),
@@ -238,6 +240,7 @@ mod tests {
         flows.extend(pod::flows(&pod_port(3, "10.128.2.5", 11)));
         flows.extend(pod::flows(&pod_port(4, "10.128.3.200", 4097)));
         let remote = subnet::RemoteSubnet {
+            subnet6: None,
             host_ip: "172.17.0.3".parse().unwrap(),
             subnet: "10.129.0.0/23".parse().unwrap(),
             fixed_vnid: Some(Vnid::new(7).unwrap()),

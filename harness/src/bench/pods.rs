@@ -225,6 +225,7 @@ fn bpod(tag: char, i: u32) -> (String, PodPort) {
     let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 10)) + i);
     let cid = workload::pod(i).1.container_id;
     let p = PodPort {
+        ip6: None,
         ofport: OfPort(10 + i),
         ip,
         mac: sdn_node::domain::pod_mac(ip),

@@ -16,6 +16,7 @@ pub const VNIDS: u32 = 50;
 
 pub fn node() -> NodeConfig {
     NodeConfig {
+        ipv6: None,
         plugin: Plugin::Multitenant,
         cluster_network: "10.128.0.0/14".parse().unwrap_or_default(),
         service_network: "172.30.0.0/16".parse().unwrap_or_default(),
@@ -30,6 +31,7 @@ pub fn pod(i: u32) -> (Owner, PodPort) {
     id[..4].copy_from_slice(&i.to_be_bytes());
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
     let p = PodPort {
+        ip6: None,
         ofport: OfPort(10 + i),
         ip,
         mac: sdn_node::domain::pod_mac(ip),

@@ -107,6 +107,12 @@ fn node_config(state: &ClusterState) -> Option<NodeConfig> {
         cluster_network: state.cluster_network,
         service_network: state.service_network,
         local_subnet: local.subnet,
+        ipv6: match (state.cluster_network6, state.service_network6, local.subnet6) {
+            (Some(cluster_network), Some(service_network), Some(local_subnet)) => {
+                Some(crate::pipeline::NodeIpv6 { cluster_network, service_network, local_subnet })
+            }
+            _ => None,
+        },
     })
 }
 
@@ -207,7 +213,7 @@ fn flows_of_owner(
         Owner::PolicyPlugin => simple(policy::plugin_flows(state.plugin), "node".into()),
         Owner::HostSubnet { host } => {
             let flows = match state.host_subnets.iter().find(|h| &h.host == host && h.host != state.node) {
-                Some(h) => subnet::flows(&RemoteSubnet { host_ip: h.host_ip, subnet: h.subnet, fixed_vnid: h.fixed_vnid }),
+                Some(h) => subnet::flows(&RemoteSubnet { host_ip: h.host_ip, subnet: h.subnet, subnet6: h.subnet6, fixed_vnid: h.fixed_vnid }),
                 None => vec![],
             };
             simple(flows, format!("hostsubnet {host}"))
@@ -333,7 +339,7 @@ pub fn netpol_owners_for_pods_of(state: &ClusterState, namespace: &str) -> Vec<O
 fn pod_flows(plugin: Plugin, vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPort>, pod: &super::Pod) -> Vec<Flow> {
     match (ofports.get(&pod.key()), vnid) {
         (Some(&ofport), Some(vnid)) => {
-            let mut flows = pod::flows(&PodPort { ofport, ip: pod.ip, mac: pod.mac, container_id: pod.container_id.clone(), vnid });
+            let mut flows = pod::flows(&PodPort { ofport, ip: pod.ip, ip6: pod.ip6, mac: pod.mac, container_id: pod.container_id.clone(), vnid });
             if plugin == Plugin::NetworkPolicy {
                 flows.push(crate::pipeline::via_host::pod_flow(pod.ip, vnid));
             }

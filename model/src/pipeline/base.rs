@@ -126,6 +126,7 @@ mod tests {
 
     fn cfg() -> NodeConfig {
         NodeConfig {
+            ipv6: None,
             plugin: Plugin::Multitenant,
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             service_network: "172.30.0.0/16".parse().unwrap(),

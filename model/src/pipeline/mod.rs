@@ -205,6 +205,25 @@ pub struct NodeConfig {
     pub service_network: Ipv4Net,
     /// This node's HostSubnet.
     pub local_subnet: Ipv4Net,
+    /// The IPv6 side of a dual-stack node (`None`: IPv4 only, no IPv6 flow at all).
+    pub ipv6: Option<NodeIpv6>,
+}
+
+/// The IPv6 networks of a dual-stack node: every IPv4 flow that names a network has an IPv6
+/// twin naming these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeIpv6 {
+    pub cluster_network: ipnet::Ipv6Net,
+    pub service_network: ipnet::Ipv6Net,
+    /// This node's IPv6 pod subnet.
+    pub local_subnet: ipnet::Ipv6Net,
+}
+
+impl NodeIpv6 {
+    /// tun0's IPv6 address ([`gateway6`]).
+    pub fn gateway(&self) -> std::net::Ipv6Addr {
+        gateway6(self.local_subnet)
+    }
 }
 
 impl NodeConfig {

@@ -12,6 +12,8 @@ use crate::domain::{ContainerId, OfPort, Vnid};
 pub struct PodPort {
     pub ofport: OfPort,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address (dual-stack).
+    pub ip6: Option<std::net::Ipv6Addr>,
     pub mac: MacAddr,
     pub container_id: ContainerId,
     pub vnid: Vnid,
@@ -64,6 +66,7 @@ mod tests {
     #[test]
     fn seed_text() {
         let p = PodPort {
+            ip6: None,
             ofport: OfPort(3),
             ip: "10.128.2.5".parse().unwrap(),
             mac: "0a:58:0a:80:02:05".parse().unwrap(),

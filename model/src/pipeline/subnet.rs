@@ -13,6 +13,8 @@ use crate::domain::{OfPort, Vnid};
 pub struct RemoteSubnet {
     pub host_ip: Ipv4Addr,
     pub subnet: Ipv4Net,
+    /// Its IPv6 pod subnet (dual-stack).
+    pub subnet6: Option<ipnet::Ipv6Net>,
     /// The `pod.network.openshift.io/fixed-vnid-host` annotation: every packet to this node
     /// carries this VNID instead of the sender's.
     pub fixed_vnid: Option<Vnid>,
@@ -61,7 +63,7 @@ mod tests {
 
     #[test]
     fn both_variants() {
-        let mut r = RemoteSubnet { host_ip: "172.17.0.3".parse().unwrap(), subnet: "10.129.0.0/23".parse().unwrap(), fixed_vnid: None };
+        let mut r = RemoteSubnet { subnet6: None, host_ip: "172.17.0.3".parse().unwrap(), subnet: "10.129.0.0/23".parse().unwrap(), fixed_vnid: None };
         let t: Vec<String> = flows(&r).iter().map(|f| f.to_string()).collect();
         assert_eq!(t[0], "table=10, priority=100,tun_src=172.17.0.3 actions=goto_table:30");
         assert_eq!(

@@ -160,6 +160,7 @@ mod tests {
     #[test]
     fn text() {
         let cfg = NodeConfig {
+            ipv6: None,
             plugin: Plugin::NetworkPolicy,
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             service_network: "172.30.0.0/16".parse().unwrap(),
