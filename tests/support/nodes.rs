@@ -54,13 +54,13 @@
 //! deletes the node namespaces (which destroys every veth) and the underlay namespace.
 
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use sdn_node::apply::{converge, ApplyOptions, ApplyReport};
 use sdn_node::cluster::state_file;
 use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
@@ -69,6 +69,10 @@ use sdn_harness::sandbox::{OvsSandbox, SandboxOptions};
 pub const CLUSTER_NETWORK: &str = "10.128.0.0/14";
 /// The service network of every state this harness writes.
 pub const SERVICE_NETWORK: &str = "172.30.0.0/16";
+/// The IPv6 cluster network of a dual-stack cluster (a node given [`NodeSpec::ipv6`]).
+pub const CLUSTER_NETWORK6: &str = "fd00:10:128::/48";
+/// The IPv6 service network of a dual-stack cluster.
+pub const SERVICE_NETWORK6: &str = "fd00:172:30::/112";
 /// The underlay subnet the node IPs ([`NodeSpec::host_ip`]) are in.
 pub const UNDERLAY_PREFIX: u8 = 24;
 /// MTU of the pods' interfaces and tun0: the underlay's 1500 less VXLAN's 50 bytes, as
@@ -221,6 +225,9 @@ pub struct NodeSpec {
     pub host_ip: Ipv4Addr,
     /// The HostSubnet's subnet; its first address is the gateway on tun0.
     pub subnet: Ipv4Net,
+    /// The node's IPv6 subnet (dual-stack): its pods get an IPv6 address too, tun0 its
+    /// first address.
+    pub subnet6: Option<Ipv6Net>,
 }
 
 impl NodeSpec {
@@ -229,7 +236,17 @@ impl NodeSpec {
             name: name.to_string(),
             host_ip: host_ip.parse().expect("host IP"),
             subnet: subnet.parse().expect("subnet CIDR"),
+            subnet6: None,
         }
+    }
+    /// Dual-stack: the node's IPv6 subnet (inside [`CLUSTER_NETWORK6`]).
+    pub fn ipv6(mut self, subnet6: &str) -> NodeSpec {
+        self.subnet6 = Some(subnet6.parse().expect("IPv6 subnet CIDR"));
+        self
+    }
+    /// The IPv6 gateway (tun0) address: the IPv6 subnet's first address after the network's.
+    pub fn gateway6(&self) -> Option<Ipv6Addr> {
+        self.subnet6.map(|s| Ipv6Addr::from(u128::from(s.network()) + 1))
     }
     /// `node-<name>`: the HostSubnet's host and the state's `node:`.
     pub fn host(&self) -> String {
@@ -266,6 +283,9 @@ pub struct Pod {
     /// The host end of the veth, in the node's namespace: the OVS port name (`hostVeth`).
     pub host_veth: String,
     pub ip: Ipv4Addr,
+    /// The pod's IPv6 address on a dual-stack node: the IPv6 subnet's address with the same
+    /// host part as `ip` (10.128.0.5 -> fd00:10:128:1::5).
+    pub ip6: Option<Ipv6Addr>,
     pub mac: String,
     pub container_id: String,
 }
@@ -284,7 +304,16 @@ impl Pod {
     /// A TCP listener on `0.0.0.0:port` inside the pod (non-blocking, ready for
     /// `tokio::net::TcpListener::from_std`).
     pub async fn tcp_listen(&self, port: u16) -> std::net::TcpListener {
-        let l = in_netns(&self.netns, move || std::net::TcpListener::bind(("0.0.0.0", port)))
+        self.tcp_listen_on(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port).await
+    }
+
+    /// A TCP listener on `[::]:port` inside the pod (IPv6 only).
+    pub async fn tcp_listen6(&self, port: u16) -> std::net::TcpListener {
+        self.tcp_listen_on(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port).await
+    }
+
+    async fn tcp_listen_on(&self, addr: IpAddr, port: u16) -> std::net::TcpListener {
+        let l = in_netns(&self.netns, move || std::net::TcpListener::bind((addr, port)))
             .await
             .unwrap_or_else(|e| panic!("listen on {}:{port} in {}: {e}", self.ip, self.netns));
         l.set_nonblocking(true).expect("non-blocking listener");
@@ -295,11 +324,11 @@ impl Pod {
     /// for `tokio::net::TcpStream::from_std`).
     pub async fn tcp_connect(
         &self,
-        dst: Ipv4Addr,
+        dst: impl Into<IpAddr>,
         port: u16,
         timeout: Duration,
     ) -> std::io::Result<std::net::TcpStream> {
-        let addr = std::net::SocketAddr::from((dst, port));
+        let addr = std::net::SocketAddr::from((dst.into(), port));
         let s = in_netns(&self.netns, move || std::net::TcpStream::connect_timeout(&addr, timeout)).await?;
         s.set_nonblocking(true)?;
         Ok(s)
@@ -307,8 +336,9 @@ impl Pod {
 
     /// The pod's entry in a state file's `pods:`.
     pub fn state_entry(&self) -> String {
+        let ips = self.ip6.map(|ip6| format!(", ips: [{}, \"{ip6}\"]", self.ip)).unwrap_or_default();
         format!(
-            "  - {{namespace: {}, name: {}, containerID: \"{}\", hostVeth: {}, ip: {}, mac: \"{}\"}}\n",
+            "  - {{namespace: {}, name: {}, containerID: \"{}\", hostVeth: {}, ip: {}{ips}, mac: \"{}\"}}\n",
             self.namespace, self.name, self.container_id, self.host_veth, self.ip, self.mac
         )
     }
@@ -392,6 +422,8 @@ impl Node {
         // through a packet socket) and would answer ARP for its addresses on any interface:
         // a switch port is not an IP interface (8 = answer for no local address).
         sysctl_in(&node_ns, &format!("net/ipv4/conf/{host_veth}/arp_ignore"), "8").await;
+        // Nor is it an IPv6 interface: no link-local address, no neighbour discovery.
+        sysctl_in(&node_ns, &format!("net/ipv6/conf/{host_veth}/disable_ipv6"), "1").await;
         ip_in(&node_ns, &format!("link set {host_veth} mtu {POD_MTU}")).await;
         ip_in(&node_ns, &format!("link set {host_veth} up")).await;
         ip_in(&netns, "link set lo up").await;
@@ -401,6 +433,14 @@ impl Node {
         run(&["ip", "netns", "exec", &netns, "ethtool", "-K", "eth0", "tx", "off"]).await;
         ip_in(&netns, &format!("route add {CLUSTER_NETWORK} dev eth0")).await;
         ip_in(&netns, &format!("route add default via {}", self.spec.gateway())).await;
+        let ip6 = self.spec.subnet6.map(|s6| Ipv6Addr::from(u128::from(s6.network()) + u128::from(u32::from(ip) - u32::from(self.spec.subnet.network()))));
+        if let (Some(ip6), Some(s6), Some(gw6)) = (ip6, self.spec.subnet6, self.spec.gateway6()) {
+            // No duplicate address detection here (hostnet's pod setup does it; these test
+            // pods are the harness's own): the address is usable at once.
+            ip_in(&netns, &format!("addr add {ip6}/{} dev eth0 nodad", s6.prefix_len())).await;
+            ip_in(&netns, &format!("-6 route add {CLUSTER_NETWORK6} dev eth0")).await;
+            ip_in(&netns, &format!("-6 route add default via {gw6}")).await;
+        }
         let pod = Pod {
             node: self.name().to_string(),
             namespace: namespace.to_string(),
@@ -408,6 +448,7 @@ impl Node {
             netns,
             host_veth,
             ip,
+            ip6,
             mac,
             container_id: format!("{:08x}", (self.index << 16) | k as u32).repeat(8),
         };
@@ -436,6 +477,10 @@ impl Node {
         ip_in(ns, &format!("addr replace {}/{} dev tun0", self.spec.gateway(), self.spec.subnet.prefix_len())).await;
         ip_in(ns, &format!("link set tun0 mtu {POD_MTU} up")).await;
         ip_in(ns, &format!("route replace {CLUSTER_NETWORK} dev tun0")).await;
+        if let (Some(s6), Some(gw6)) = (self.spec.subnet6, self.spec.gateway6()) {
+            ip_in(ns, &format!("addr replace {gw6}/{} dev tun0 nodad", s6.prefix_len())).await;
+            ip_in(ns, &format!("-6 route replace {CLUSTER_NETWORK6} dev tun0")).await;
+        }
         report
     }
 
@@ -553,6 +598,7 @@ impl Cluster {
         // in through it (strict rp_filter: the peers are routed through br-phy, not ul0).
         sysctl_in(&ns, "net/ipv4/conf/ul0/arp_ignore", "8").await;
         sysctl_in(&ns, "net/ipv4/conf/ul0/rp_filter", "1").await;
+        sysctl_in(&ns, "net/ipv6/conf/ul0/disable_ipv6", "1").await;
         ip_in(&ns, "link set ul0 up").await;
         node.vsctl(&["add-port", "br-phy", "ul0"]).await;
         // ovs-vsctl waited for vswitchd to apply the change: the br-phy tap exists.
@@ -578,13 +624,27 @@ impl Cluster {
     /// given netNamespaces (name, netid) and the pods added to that node so far.
     pub fn state_yaml(&self, name: &str, plugin: &str, net_namespaces: &[(&str, u32)]) -> String {
         let node = self.node(name);
-        let mut s = format!(
-            "node: {}\nplugin: {plugin}\nclusterNetwork: {CLUSTER_NETWORK}\nserviceNetwork: {SERVICE_NETWORK}\nhostSubnets:\n",
-            node.spec.host()
-        );
+        let dual = self.nodes.iter().any(|n| n.spec.subnet6.is_some());
+        let mut s = if dual {
+            format!(
+                "node: {}\nplugin: {plugin}\nclusterNetworks: [{CLUSTER_NETWORK}, \"{CLUSTER_NETWORK6}\"]\nserviceNetworks: [{SERVICE_NETWORK}, \"{SERVICE_NETWORK6}\"]\nhostSubnets:\n",
+                node.spec.host()
+            )
+        } else {
+            format!(
+                "node: {}\nplugin: {plugin}\nclusterNetwork: {CLUSTER_NETWORK}\nserviceNetwork: {SERVICE_NETWORK}\nhostSubnets:\n",
+                node.spec.host()
+            )
+        };
         for n in &self.nodes {
-            let _ =
-                writeln!(s, "  - {{host: {}, hostIP: {}, subnet: {}}}", n.spec.host(), n.spec.host_ip, n.spec.subnet);
+            match n.spec.subnet6 {
+                Some(s6) => {
+                    let _ = writeln!(s, "  - {{host: {}, hostIP: {}, subnets: [{}, \"{s6}\"]}}", n.spec.host(), n.spec.host_ip, n.spec.subnet);
+                }
+                None => {
+                    let _ = writeln!(s, "  - {{host: {}, hostIP: {}, subnet: {}}}", n.spec.host(), n.spec.host_ip, n.spec.subnet);
+                }
+            }
         }
         s.push_str("netNamespaces:\n");
         for (ns, id) in net_namespaces {

@@ -241,7 +241,11 @@ fn flows_of_owner(
             let flows = match (state.services.iter().find(|s| &s.namespace == namespace && &s.name == name), facts.vnid_of(namespace)) {
                 // networkpolicy: table 60 sends every service's traffic to tun0 (base flows).
                 _ if state.plugin == Plugin::NetworkPolicy => vec![],
-                (Some(s), Some(vnid)) => service::flows(s.cluster_ip, &s.ports, vnid),
+                (Some(s), Some(vnid)) => {
+                    let mut flows = service::flows(s.cluster_ip, &s.ports, vnid);
+                    flows.extend(s.cluster_ip6.map(|ip6| service::ipv6_flows(ip6, &s.ports, vnid)).into_iter().flatten());
+                    flows
+                }
                 _ => vec![],
             };
             simple(flows, format!("service {namespace}/{name}"))

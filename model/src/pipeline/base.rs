@@ -2,7 +2,10 @@
 
 use openflow::{Action, ArpMatch, EthMatch, Ipv4Match, Match, RegMove, Subfield};
 
-use super::{cidr, host, ip, multicast_net, output, output_reg2, tun_id_low32, Flow, NodeConfig, Reg, Table};
+use super::{
+    cidr, cidr6, host, ip, ip6, multicast_net, multicast_net6, nd, output, output_reg2, tun_id_low32, Flow, NodeConfig, NodeIpv6,
+    Reg, Table, NA, NS,
+};
 use crate::domain::OfPort;
 
 /// `move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[]`: the sender's VNID from the VXLAN header.
@@ -87,12 +90,70 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
         // Table 120: multicast to local pods.
         Flow::drop(MulticastLocal, 0, Match::any()),
     ];
+    if let Some(v6) = &cfg.ipv6 {
+        flows.extend(ipv6_flows(v6));
+    }
     if networkpolicy {
         flows.extend(super::netpol::conntrack_flows(cfg.cluster_network, cfg.service_network));
         flows.extend(super::netpol::egress::base_flows(cfg.gateway(), cfg.service_network));
         flows.extend(super::via_host::base_flows(cfg));
     }
     flows
+}
+
+/// The IPv6 twins of the base flows (dual-stack), and neighbour discovery where the IPv4
+/// flows handle ARP:
+///
+/// | table | priority | match | actions |
+/// |---|---|---|---|
+/// | 0 | 200 | `ipv6,in_port=1,ipv6_src=<cluster6>,ipv6_dst=<local6>` | VNID from the tunnel, `goto_table:10` |
+/// | 0 | 200 | `ipv6,in_port=1,ipv6_src=<cluster6>,ipv6_dst=ff00::/8` | same (multicast, and solicitations) |
+/// | 0 | 300 | `icmp6,in_port=2,icmp_type=135` | `goto_table:30` (the node's solicitations) |
+/// | 0 | 250 | `ipv6,in_port=2,ipv6_dst=ff00::/8` | `drop` |
+/// | 0 | 200 | `ipv6,in_port=2` | `goto_table:30` |
+/// | 0 | 100 | `ipv6` | `goto_table:20` (from a pod) |
+/// | 30 | 300 | `icmp6,icmp_type=135,nd_target=<gateway6>` / `ipv6,ipv6_dst=<gateway6>` | `output:2` |
+/// | 30 | 250 | `icmp6,icmp_type=135,nd_target=<local6>` / `icmp6,icmp_type=136,ipv6_dst=<local6>` | `goto_table:40` |
+/// | 30 | 150 | the same for `<cluster6>` | `goto_table:50` |
+/// | 30 | 120 | `icmp6,icmp_type=135` / `icmp6,icmp_type=136` | `drop` (to no one we know) |
+/// | 30 | 300/100/200/100 | `ipv6,ipv6_dst=` gateway6 / service6 / local6 / cluster6 | tun0 / 60 / 70 / 90 |
+/// | 30 | 50, 25 | `ipv6,ipv6_dst=ff00::/8` from vxlan0 / else | 120 / 110 |
+/// | 30 | 0 | `ipv6` | `goto_table:100` |
+/// | 80 | 300 | `ipv6,ipv6_src=<gateway6>` | `output:NXM_NX_REG2[]` |
+pub fn ipv6_flows(v6: &NodeIpv6) -> Vec<Flow> {
+    use Table::*;
+    let (vxlan, tun) = (OfPort::VXLAN, OfPort::TUN);
+    let cluster = cidr6(v6.cluster_network);
+    let local = cidr6(v6.local_subnet);
+    let gw = openflow::Masked::exact(v6.gateway());
+    let mcast = cidr6(multicast_net6());
+    let with = |port: Option<OfPort>, eth: EthMatch| Match { in_port: port.map(Into::into), eth, ..Default::default() };
+    let any = |eth: EthMatch| with(None, eth);
+    vec![
+        Flow::new(Classify, 200, with(Some(vxlan), ip6(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::new(Classify, 200, with(Some(vxlan), ip6(Some(cluster), Some(mcast))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::new(Classify, 300, with(Some(tun), nd(NS, None, None, None, None)), vec![], Some(Routing)),
+        Flow::drop(Classify, 250, with(Some(tun), ip6(None, Some(mcast)))),
+        Flow::new(Classify, 200, with(Some(tun), ip6(None, None)), vec![], Some(Routing)),
+        Flow::new(Classify, 100, any(ip6(None, None)), vec![], Some(PodIngress)),
+        // Neighbour discovery, as ARP.
+        Flow::new(Routing, 300, any(nd(NS, None, None, Some(gw), None)), vec![output(tun)], None),
+        Flow::new(Routing, 250, any(nd(NS, None, None, Some(local), None)), vec![], Some(ArpLocal)),
+        Flow::new(Routing, 250, any(nd(NA, None, Some(local), None, None)), vec![], Some(ArpLocal)),
+        Flow::new(Routing, 150, any(nd(NS, None, None, Some(cluster), None)), vec![], Some(ArpRemote)),
+        Flow::new(Routing, 150, any(nd(NA, None, Some(cluster), None, None)), vec![], Some(ArpRemote)),
+        Flow::drop(Routing, 120, any(nd(NS, None, None, None, None))),
+        Flow::drop(Routing, 120, any(nd(NA, None, None, None, None))),
+        // IP routing, as IPv4.
+        Flow::new(Routing, 300, any(ip6(None, Some(gw))), vec![output(tun)], None),
+        Flow::new(Routing, 100, any(ip6(None, Some(cidr6(v6.service_network)))), vec![], Some(ServiceIp)),
+        Flow::new(Routing, 200, any(ip6(None, Some(local))), vec![], Some(PodIp)),
+        Flow::new(Routing, 100, any(ip6(None, Some(cluster))), vec![], Some(RemoteIp)),
+        Flow::new(Routing, 50, with(Some(vxlan), ip6(None, Some(mcast))), vec![], Some(MulticastLocal)),
+        Flow::new(Routing, 25, any(ip6(None, Some(mcast))), vec![], Some(MulticastOut)),
+        Flow::new(Routing, 0, any(ip6(None, None)), vec![], Some(EgressPolicy)),
+        Flow::new(Policy, 300, any(ip6(Some(gw), None)), vec![output_reg2()], None),
+    ]
 }
 
 /// Table 253: the rule version note `%02X.%02X` (plugin id, VERSION).
@@ -174,6 +235,41 @@ mod tests {
         assert!(!already_set_up(&[], Plugin::Multitenant), "empty switch");
         let old = Flow::new(Table::Version, super::super::DEFAULT_PRIORITY, Match::any(), vec![Action::note([1, 2])], None);
         assert!(!already_set_up(&[stats(&old)], Plugin::Multitenant), "older VERSION");
+    }
+
+    fn cfg6() -> NodeConfig {
+        NodeConfig {
+            ipv6: Some(NodeIpv6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+                local_subnet: "fd00:10:128:2::/64".parse().unwrap(),
+            }),
+            ..cfg()
+        }
+    }
+
+    /// The IPv6 twins print as ovs-ofctl prints them, and only a dual-stack node has them.
+    #[test]
+    fn ipv6_text() {
+        let text: Vec<String> = flows(&cfg6()).iter().map(|f| f.to_string()).collect();
+        for want in [
+            "priority=200,ipv6,in_port=1,ipv6_src=fd00:10:128::/48,ipv6_dst=fd00:10:128:2::/64 actions=move:NXM_NX_TUN_ID[0..31]->NXM_NX_REG0[],goto_table:10",
+            "priority=300,icmp6,in_port=2,icmp_type=135 actions=goto_table:30",
+            "priority=250,ipv6,in_port=2,ipv6_dst=ff00::/8 actions=drop",
+            "priority=100,ipv6 actions=goto_table:20",
+            "table=30, priority=300,icmp6,icmp_type=135,nd_target=fd00:10:128:2::1 actions=output:2",
+            "table=30, priority=250,icmp6,ipv6_dst=fd00:10:128:2::/64,icmp_type=136 actions=goto_table:40",
+            "table=30, priority=150,icmp6,icmp_type=135,nd_target=fd00:10:128::/48 actions=goto_table:50",
+            "table=30, priority=100,ipv6,ipv6_dst=fd00:172:30::/112 actions=goto_table:60",
+            "table=30, priority=0,ipv6 actions=goto_table:100",
+            "table=80, priority=300,ipv6,ipv6_src=fd00:10:128:2::1 actions=output:NXM_NX_REG2[]",
+        ] {
+            assert!(text.iter().any(|t| t == want), "missing {want}\n{}", text.join("\n"));
+        }
+        assert!(!flows(&cfg()).iter().any(|f| f.to_string().contains("ipv6") || f.to_string().contains("icmp6")));
+        let f = flows(&cfg6());
+        let keys: std::collections::HashSet<_> = f.iter().map(Flow::key).collect();
+        assert_eq!(keys.len(), f.len());
     }
 
     #[test]

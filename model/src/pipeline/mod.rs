@@ -263,6 +263,60 @@ pub(crate) fn multicast_net() -> Ipv4Net {
     Ipv4Net::new(Ipv4Addr::new(224, 0, 0, 0), 4).unwrap_or_default()
 }
 
+/// An IPv6 network as a masked match value.
+pub(crate) fn cidr6(n: ipnet::Ipv6Net) -> Masked<std::net::Ipv6Addr> {
+    // prefix_len() <= 128 always holds for an Ipv6Net.
+    Masked::cidr(n.network(), n.prefix_len()).unwrap_or(Masked::exact(n.addr()))
+}
+
+/// `ipv6` with a source and destination (either may be any).
+pub(crate) fn ip6(src: Option<Masked<std::net::Ipv6Addr>>, dst: Option<Masked<std::net::Ipv6Addr>>) -> openflow::EthMatch {
+    openflow::EthMatch::Ipv6(openflow::flow_match::Ipv6Match { src, dst, ..Default::default() })
+}
+
+/// IPv6 multicast, `ff00::/8` (the IPv4 pipeline's 224.0.0.0/4).
+pub(crate) fn multicast_net6() -> ipnet::Ipv6Net {
+    ipnet::Ipv6Net::new(std::net::Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8).unwrap_or_default()
+}
+
+/// Link-local unicast, `fe80::/10`.
+pub(crate) fn link_local6() -> ipnet::Ipv6Net {
+    ipnet::Ipv6Net::new(std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0), 10).unwrap_or_default()
+}
+
+/// Neighbour discovery: ICMPv6 `typ` (135 solicitation, 136 advertisement) from `src` to
+/// `dst`, for `target`, with the solicitation's source or the advertisement's target link-layer
+/// address `ll` — each optional. Neighbour discovery is IPv6's ARP: the pipeline steers it as
+/// it steers ARP, a solicitation by its target (it is sent to a multicast address), an
+/// advertisement by its destination.
+pub(crate) fn nd(
+    typ: u8,
+    src: Option<Masked<std::net::Ipv6Addr>>,
+    dst: Option<Masked<std::net::Ipv6Addr>>,
+    target: Option<Masked<std::net::Ipv6Addr>>,
+    ll: Option<openflow::MacAddr>,
+) -> openflow::EthMatch {
+    use openflow::flow_match::{Icmpv6Match, Ip6Proto, Ipv6Match, ND_NEIGHBOR_SOLICIT};
+    let ll = ll.map(Masked::exact);
+    let solicit = typ == ND_NEIGHBOR_SOLICIT;
+    let icmp = Icmpv6Match {
+        typ: Some(typ),
+        nd_target: target,
+        nd_sll: if solicit { ll } else { None },
+        nd_tll: if solicit { None } else { ll },
+        ..Default::default()
+    };
+    openflow::EthMatch::Ipv6(Ipv6Match { src, dst, proto: Some(Ip6Proto::Icmpv6(icmp)), ..Default::default() })
+}
+
+/// ICMPv6 from `src`, any type.
+pub(crate) fn icmp6(src: Option<Masked<std::net::Ipv6Addr>>) -> openflow::EthMatch {
+    use openflow::flow_match::{Icmpv6Match, Ip6Proto, Ipv6Match};
+    openflow::EthMatch::Ipv6(Ipv6Match { src, proto: Some(Ip6Proto::Icmpv6(Icmpv6Match::default())), ..Default::default() })
+}
+
+pub(crate) use openflow::flow_match::{ND_NEIGHBOR_ADVERT as NA, ND_NEIGHBOR_SOLICIT as NS};
+
 pub(crate) fn output(p: OfPort) -> Action {
     Action::output(p)
 }

@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use openflow::{Action, ArpMatch, Ipv4Match, MacAddr, Masked, Match};
 
-use super::{host, load, output, Flow, Reg, Table};
+use super::{host, icmp6, ip6, link_local6, load, nd, output, Flow, Reg, Table, NA, NS};
 use crate::domain::{ContainerId, OfPort, Vnid};
 
 /// What the pipeline needs to know about a local pod.
@@ -20,8 +20,50 @@ pub struct PodPort {
 }
 
 /// The pod's flows: ARP and IP from the pod (table 20, the ARP one carrying the container ID
-/// as its note), ARP to the pod (40), IP to the pod (70).
+/// as its note), ARP to the pod (40), IP to the pod (70); and for a dual-stack pod the IPv6
+/// twins ([`ipv6_flows`]).
 pub fn flows(p: &PodPort) -> Vec<Flow> {
+    let mut flows = ipv4_flows(p);
+    if let Some(ip6) = p.ip6 {
+        flows.extend(ipv6_flows(p, ip6));
+    }
+    flows
+}
+
+/// A dual-stack pod's IPv6 flows. Spoofguard (table 20): IPv6 only from the pod's address;
+/// ICMPv6 also from a link-local address (MLD, router solicitation: the kernel sends them
+/// from fe80::/10, as Antrea allows); neighbour discovery only about itself — a solicitation
+/// from its address carrying its MAC, an advertisement of its own address with its MAC or no
+/// link-layer option — and straight to routing (table 30), as ARP bypasses conntrack; other
+/// ND from the pod is dropped (it would poison neighbours' caches). A duplicate address
+/// detection probe (from `::`, no link-layer option) is dropped too: addresses are unique by
+/// IPAM, and the probe's silence lets the kernel's DAD succeed. Tables 40 and 70 deliver a
+/// solicitation for the pod's address and an advertisement or IPv6 packet to it.
+pub fn ipv6_flows(p: &PodPort, ip6_addr: std::net::Ipv6Addr) -> Vec<Flow> {
+    let from_pod = |eth| Match { in_port: Some(p.ofport.into()), eth, ..Default::default() };
+    let me = Some(Masked::exact(ip6_addr));
+    let vnid = || vec![load(Reg::SrcVnid, p.vnid.get())];
+    vec![
+        Flow::new(Table::PodIngress, 110, from_pod(nd(NS, me, None, None, Some(p.mac))), vnid(), Some(Table::Routing)),
+        Flow::new(Table::PodIngress, 110, from_pod(nd(NA, me, None, me, Some(p.mac))), vnid(), Some(Table::Routing)),
+        Flow::new(Table::PodIngress, 110, from_pod(nd(NA, me, None, me, Some(openflow::MacAddr([0; 6])))), vnid(), Some(Table::Routing)),
+        Flow::drop(Table::PodIngress, 105, from_pod(nd(NS, None, None, None, None))),
+        Flow::drop(Table::PodIngress, 105, from_pod(nd(NA, None, None, None, None))),
+        Flow::new(Table::PodIngress, 100, from_pod(ip6(me, None)), vnid(), Some(Table::PolicyConntrack)),
+        Flow::new(Table::PodIngress, 100, from_pod(icmp6(Some(super::cidr6(link_local6())))), vnid(), Some(Table::PolicyConntrack)),
+        Flow::new(Table::ArpLocal, 100, Match { eth: nd(NS, None, None, me, None), ..Default::default() }, vec![output(p.ofport)], None),
+        Flow::new(Table::ArpLocal, 100, Match { eth: nd(NA, None, me, None, None), ..Default::default() }, vec![output(p.ofport)], None),
+        Flow::new(
+            Table::PodIp,
+            100,
+            Match { eth: ip6(None, me), ..Default::default() },
+            vec![load(Reg::DstVnid, p.vnid.get()), load(Reg::OutPort, p.ofport.0)],
+            Some(Table::Policy),
+        ),
+    ]
+}
+
+fn ipv4_flows(p: &PodPort) -> Vec<Flow> {
     let from_pod = |eth| Match { in_port: Some(p.ofport.into()), eth, ..Default::default() };
     vec![
         Flow::new(
@@ -82,6 +124,35 @@ mod tests {
                 "table=20, priority=100,ip,in_port=3,nw_src=10.128.2.5 actions=load:0xb->NXM_NX_REG0[],goto_table:21".to_string(),
                 "table=40, priority=100,arp,arp_tpa=10.128.2.5 actions=output:3".to_string(),
                 "table=70, priority=100,ip,nw_dst=10.128.2.5 actions=load:0xb->NXM_NX_REG1[],load:0x3->NXM_NX_REG2[],goto_table:80".to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn ipv6_text() {
+        let p = PodPort {
+            ofport: OfPort(3),
+            ip: "10.128.2.5".parse().unwrap(),
+            ip6: Some("fd00:10:128:2::5".parse().unwrap()),
+            mac: "0a:58:0a:80:02:05".parse().unwrap(),
+            container_id: ContainerId::parse(&"ab".repeat(32)).unwrap(),
+            vnid: Vnid::new(11).unwrap(),
+        };
+        let t: Vec<String> = flows(&p).iter().skip(4).map(|f| f.to_string()).collect();
+        let v = "load:0xb->NXM_NX_REG0[]";
+        assert_eq!(
+            t,
+            vec![
+                format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=fd00:10:128:2::5,icmp_type=135,nd_sll=0a:58:0a:80:02:05 actions={v},goto_table:30"),
+                format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=fd00:10:128:2::5,icmp_type=136,nd_target=fd00:10:128:2::5,nd_tll=0a:58:0a:80:02:05 actions={v},goto_table:30"),
+                format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=fd00:10:128:2::5,icmp_type=136,nd_target=fd00:10:128:2::5,nd_tll=00:00:00:00:00:00 actions={v},goto_table:30"),
+                "table=20, priority=105,icmp6,in_port=3,icmp_type=135 actions=drop".to_string(),
+                "table=20, priority=105,icmp6,in_port=3,icmp_type=136 actions=drop".to_string(),
+                format!("table=20, priority=100,ipv6,in_port=3,ipv6_src=fd00:10:128:2::5 actions={v},goto_table:21"),
+                format!("table=20, priority=100,icmp6,in_port=3,ipv6_src=fe80::/10 actions={v},goto_table:21"),
+                "table=40, priority=100,icmp6,icmp_type=135,nd_target=fd00:10:128:2::5 actions=output:3".to_string(),
+                "table=40, priority=100,icmp6,ipv6_dst=fd00:10:128:2::5,icmp_type=136 actions=output:3".to_string(),
+                "table=70, priority=100,ipv6,ipv6_dst=fd00:10:128:2::5 actions=load:0xb->NXM_NX_REG1[],load:0x3->NXM_NX_REG2[],goto_table:80".to_string(),
             ]
         );
     }

@@ -1,7 +1,8 @@
 //! AddServiceRules / DeleteServiceRules: traffic to a service's cluster IP.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
+use openflow::flow_match::{Ip6Proto, Ipv6Match};
 use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
 
 use super::{host, load, Flow, Reg, Table};
@@ -23,16 +24,21 @@ pub struct ServicePort {
 /// The service's flows: the blanket rule for later IP fragments (which carry no ports), then
 /// one rule per port. All load the service's VNID into reg1 and tun0 into reg2.
 pub fn flows(cluster_ip: Ipv4Addr, ports: &[ServicePort], vnid: Vnid) -> Vec<Flow> {
-    let actions = || vec![load(Reg::DstVnid, vnid.get()), load(Reg::OutPort, OfPort::TUN.0)];
-    let rule = |frag, proto| {
-        Flow::new(
-            Table::ServiceIp,
-            100,
-            Match::any().ipv4(Ipv4Match { dst: Some(host(cluster_ip)), frag, proto, ..Default::default() }),
-            actions(),
-            Some(Table::Policy),
-        )
+    let rule = |frag, proto| Match::any().ipv4(Ipv4Match { dst: Some(host(cluster_ip)), frag, proto, ..Default::default() });
+    family_flows(ports, vnid, rule)
+}
+
+/// A dual-stack service's IPv6 flows: the same rules for its IPv6 cluster IP (`tcp6`, `udp6`).
+pub fn ipv6_flows(cluster_ip6: Ipv6Addr, ports: &[ServicePort], vnid: Vnid) -> Vec<Flow> {
+    let rule = |frag, proto: Option<IpProto>| {
+        Match::any().ipv6(Ipv6Match { dst: Some(Masked::exact(cluster_ip6)), frag, proto: proto.map(Ip6Proto::L4), ..Default::default() })
     };
+    family_flows(ports, vnid, rule)
+}
+
+fn family_flows(ports: &[ServicePort], vnid: Vnid, matching: impl Fn(Option<IpFrag>, Option<IpProto>) -> Match) -> Vec<Flow> {
+    let actions = || vec![load(Reg::DstVnid, vnid.get()), load(Reg::OutPort, OfPort::TUN.0)];
+    let rule = |frag, proto| Flow::new(Table::ServiceIp, 100, matching(frag, proto), actions(), Some(Table::Policy));
     let mut out = vec![rule(Some(IpFrag::Later), None)];
     for p in ports {
         let dst = Some(Masked::exact(p.port));

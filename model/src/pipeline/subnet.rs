@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use openflow::{Action, ArpMatch, Ipv4Match, Match, RegMove, SetField, Subfield};
 
-use super::{cidr, output, tun_id_low32, Flow, Reg, Table};
+use super::{cidr, cidr6, ip6, nd, output, tun_id_low32, Flow, Reg, Table, NA, NS};
 use crate::domain::{OfPort, Vnid};
 
 /// Another node's subnet.
@@ -38,6 +38,22 @@ pub(crate) fn move_reg0_to_tun_id() -> Action {
 }
 
 pub fn flows(r: &RemoteSubnet) -> Vec<Flow> {
+    let mut flows = ipv4_flows(r);
+    if let Some(s6) = r.subnet6 {
+        // The IPv6 twins (inside the same IPv4 VXLAN underlay): neighbour discovery for the
+        // node's pods (table 50, as ARP) and IPv6 to them (90).
+        let net = Some(cidr6(s6));
+        let any = |eth| Match { eth, ..Default::default() };
+        flows.extend([
+            Flow::new(Table::ArpRemote, 100, any(nd(NS, None, None, net, None)), to_vxlan(r.host_ip, r.fixed_vnid), None),
+            Flow::new(Table::ArpRemote, 100, any(nd(NA, None, net, None, None)), to_vxlan(r.host_ip, r.fixed_vnid), None),
+            Flow::new(Table::RemoteIp, 100, any(ip6(None, net)), to_vxlan(r.host_ip, r.fixed_vnid), None),
+        ]);
+    }
+    flows
+}
+
+fn ipv4_flows(r: &RemoteSubnet) -> Vec<Flow> {
     vec![
         Flow::new(Table::VxlanIngress, 100, Match::any().tun_src(r.host_ip), vec![], Some(Table::Routing)),
         Flow::new(
