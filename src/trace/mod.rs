@@ -286,7 +286,7 @@ impl Inventory {
         s.host_subnets.iter().find(|h| h.host != s.node && h.subnet.contains(&ip))
     }
 
-    fn node_at(&self, host_ip: Ipv4Addr) -> Option<&crate::cluster::HostSubnet> {
+    fn node_at(&self, host_ip: std::net::IpAddr) -> Option<&crate::cluster::HostSubnet> {
         self.state.as_ref()?.host_subnets.iter().find(|h| h.host_ip == host_ip)
     }
 }
@@ -373,7 +373,7 @@ pub enum Endpoint {
     RemotePod {
         ip: Ipv4Addr,
         node: Option<String>,
-        node_ip: Ipv4Addr,
+        node_ip: std::net::IpAddr,
     },
     Service {
         namespace: String,
@@ -542,8 +542,8 @@ fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
             return Ok(Endpoint::Service { namespace: svc.namespace.clone(), name: svc.name.clone(), ip });
         }
         if let Some(r) = inv.view().and_then(|v| v.remote_of(ip)) {
-            let node = inv.node_at(r.host_ip).map(|h| h.host.clone());
-            return Ok(Endpoint::RemotePod { ip, node, node_ip: r.host_ip });
+            let node = inv.node_at(r.host_ip.into()).map(|h| h.host.clone());
+            return Ok(Endpoint::RemotePod { ip, node, node_ip: r.host_ip.into() });
         }
         if end == End::Source {
             inv.check_outside_pods(ip)?;
@@ -629,9 +629,11 @@ pub fn build_flow(
                     ))
                 }
             };
-            let _ = write!(f, "in_port={},tun_src={node_ip},", OfPort::VXLAN.0);
+            // The tunnel's outer addresses, by the underlay's family.
+            let v6 = |ip: &std::net::IpAddr| if ip.is_ipv6() { "_ipv6" } else { "" };
+            let _ = write!(f, "in_port={},tun{}_src={node_ip},", OfPort::VXLAN.0, v6(node_ip));
             if let Some(local) = inv.state.as_ref().and_then(|s| s.local_subnet()) {
-                let _ = write!(f, "tun_dst={},", local.host_ip);
+                let _ = write!(f, "tun{}_dst={},", v6(&local.host_ip), local.host_ip);
             }
             let _ = write!(f, "tun_id={:#x},", vnid.unwrap_or(0));
         }
@@ -895,7 +897,7 @@ fn output(port: u32, regs: &Regs, inv: &Inventory, steps: &[ReportStep]) -> Outp
     });
     let tunnel = (port == OfPort::VXLAN.0 || interface.as_deref() == Some("vxlan0")).then(|| {
         let dst = regs.0.get("tun_dst").and_then(|v| v.parse::<Ipv4Addr>().ok());
-        let node = dst.and_then(|d| inv.node_at(d)).map(|h| h.host.clone()).or_else(|| {
+        let node = dst.and_then(|d| inv.node_at(d.into())).map(|h| h.host.clone()).or_else(|| {
             steps
                 .iter()
                 .rev()

@@ -121,7 +121,9 @@ pub const EGRESS_ANNOTATION: &str = "kubernetes.io/egress-bandwidth";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostSubnet {
     pub host: String,
-    pub host_ip: Ipv4Addr,
+    /// The node's underlay address, VXLAN's tunnel endpoint: IPv4, or IPv6 for a node whose
+    /// underlay is IPv6 only (its pods keep their IPv4 and IPv6 overlay addresses).
+    pub host_ip: IpAddr,
     pub subnet: Ipv4Net,
     /// The node's IPv6 pod subnet (dual-stack; Kubernetes: the second of Node.spec.podCIDRs).
     pub subnet6: Option<Ipv6Net>,

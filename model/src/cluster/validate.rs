@@ -248,7 +248,7 @@ pub fn host_subnet(host: &str, host_ip: &str, subnets: &[&str], fixed_vnid: Opti
     };
     let field = if subnets.len() > 1 { "subnets" } else { "subnet" };
     let (subnet, subnet6) = dual_nets(field, subnets)?;
-    Ok((HostSubnet { host: host.to_string(), host_ip: addr(host_ip).map_err(at("hostIP"))?, subnet, subnet6, fixed_vnid }, Vec::new()))
+    Ok((HostSubnet { host: host.to_string(), host_ip: host_ip.parse::<IpAddr>().map_err(|_| ("hostIP".to_string(), format!("{host_ip:?} is not an IPv4 or IPv6 address")))?, subnet, subnet6, fixed_vnid }, Vec::new()))
 }
 
 /// Checks one NetNamespace. `netid`: the number, or why the value is not one.

@@ -1,10 +1,10 @@
 //! UpdateLocalMulticastFlows / UpdateVXLANMulticastFlows.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use openflow::{Action, Match, SetField};
+use openflow::Match;
 
-use super::{output, subnet::move_reg0_to_tun_id, Flow, Reg, Table, DEFAULT_PRIORITY};
+use super::{output, subnet::move_reg0_to_tun_id, subnet::set_tun_dst, Flow, Reg, Table, DEFAULT_PRIORITY};
 use crate::domain::{OfPort, Vnid};
 
 /// A VNID's local multicast flows: allowed out (110) if enabled, delivered to its local pods
@@ -28,15 +28,16 @@ pub fn local_flows(vnid: Vnid, enabled: bool, ofports: &[OfPort]) -> Vec<Flow> {
 
 /// Table 111's single flow: copy to every remote node (sorted as the seed sorts the strings
 /// `set_field:IP->tun_dst,output:1`), then deliver locally.
-pub fn vxlan_flow(remote_ips: &[Ipv4Addr]) -> Flow {
-    let mut ips: Vec<Ipv4Addr> = remote_ips.to_vec();
-    ips.sort_by_key(|ip| format!("set_field:{ip}->tun_dst,output:1"));
+pub fn vxlan_flow(remote_ips: &[IpAddr]) -> Flow {
+    let mut ips: Vec<IpAddr> = remote_ips.to_vec();
+    let field = |ip: &IpAddr| if ip.is_ipv4() { "tun_dst" } else { "tun_ipv6_dst" };
+    ips.sort_by_key(|ip| format!("set_field:{ip}->{},output:1", field(ip)));
     ips.dedup();
     let mut actions = Vec::new();
     if !ips.is_empty() {
         actions.push(move_reg0_to_tun_id());
         for ip in ips {
-            actions.push(Action::SetField(SetField::TunDst(ip)));
+            actions.push(set_tun_dst(ip));
             actions.push(output(OfPort::VXLAN));
         }
     }

@@ -1,6 +1,6 @@
 //! AddHostSubnetRules / DeleteHostSubnetRules: reaching pods on another node over VXLAN.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use ipnet::Ipv4Net;
 use openflow::{Action, ArpMatch, Ipv4Match, Match, RegMove, SetField, Subfield};
@@ -11,7 +11,8 @@ use crate::domain::{OfPort, Vnid};
 /// Another node's subnet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteSubnet {
-    pub host_ip: Ipv4Addr,
+    /// The node's underlay address (VXLAN endpoint), either family.
+    pub host_ip: IpAddr,
     pub subnet: Ipv4Net,
     /// Its IPv6 pod subnet (dual-stack).
     pub subnet6: Option<ipnet::Ipv6Net>,
@@ -21,12 +22,29 @@ pub struct RemoteSubnet {
 }
 
 /// The actions that send a packet to `host_ip` through vxlan0 with the right VNID.
-pub(crate) fn to_vxlan(host_ip: Ipv4Addr, fixed: Option<Vnid>) -> Vec<Action> {
+pub(crate) fn to_vxlan(host_ip: IpAddr, fixed: Option<Vnid>) -> Vec<Action> {
     let set_vnid = match fixed {
         Some(v) => Action::RegLoad { dst: tun_id_low32(), value: v.get() as u64 },
         None => move_reg0_to_tun_id(),
     };
-    vec![set_vnid, Action::SetField(SetField::TunDst(host_ip)), output(OfPort::VXLAN)]
+    vec![set_vnid, set_tun_dst(host_ip), output(OfPort::VXLAN)]
+}
+
+/// `set_field:<ip>->tun_dst`, or `->tun_ipv6_dst` for a node on an IPv6 underlay (vxlan0 is
+/// flow-based, `remote_ip=flow`, which OVS resolves for either family).
+pub(crate) fn set_tun_dst(host_ip: IpAddr) -> Action {
+    Action::SetField(match host_ip {
+        IpAddr::V4(ip) => SetField::TunDst(ip),
+        IpAddr::V6(ip) => SetField::TunIpv6Dst(ip),
+    })
+}
+
+/// Table 10's match of a packet that came through the tunnel from `host_ip`.
+pub(crate) fn from_node(host_ip: IpAddr) -> Match {
+    match host_ip {
+        IpAddr::V4(ip) => Match::any().tun_src(ip),
+        IpAddr::V6(ip) => Match { tun_ipv6_src: Some(openflow::Masked::exact(ip)), ..Match::any() },
+    }
 }
 
 /// `move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31]`.
@@ -55,7 +73,7 @@ pub fn flows(r: &RemoteSubnet) -> Vec<Flow> {
 
 fn ipv4_flows(r: &RemoteSubnet) -> Vec<Flow> {
     vec![
-        Flow::new(Table::VxlanIngress, 100, Match::any().tun_src(r.host_ip), vec![], Some(Table::Routing)),
+        Flow::new(Table::VxlanIngress, 100, from_node(r.host_ip), vec![], Some(Table::Routing)),
         Flow::new(
             Table::ArpRemote,
             100,
