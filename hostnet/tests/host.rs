@@ -14,6 +14,7 @@ fn cfg() -> HostConfig {
         mtu: 1450,
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         service_network: "172.30.0.0/16".parse().unwrap(),
+        ipv6: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn pod_cfg(ip: &str) -> PodConfig {
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         extra_routes: vec![],
         host_ifname: None,
+        ipv6: None,
     }
 }
 
@@ -42,6 +43,7 @@ async fn pods_talk_to_each_other_the_gateway_and_outside() {
         mtu: 1450,
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         service_network: "172.30.0.0/16".parse().unwrap(),
+        ipv6: None,
     };
     setup_host(&node.ns, &host).await.unwrap();
     let fw = FirewallConfig::new(host.cluster_network, host.service_network);
