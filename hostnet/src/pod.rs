@@ -6,6 +6,7 @@ use std::{
     fs::File,
     io::Write,
     net::{Ipv4Addr, Ipv6Addr},
+    os::unix::fs::FileExt,
     time::Duration,
 };
 
@@ -356,9 +357,11 @@ struct DadRestore {
 }
 
 impl DadRestore {
-    fn restore(mut self) -> Result<()> {
+    fn restore(self) -> Result<()> {
+        // At offset 0: the kernel ignores numeric sysctl writes at a later position
+        // (kernel.sysctl_writes_strict), and the first write moved this file's.
         self.file
-            .write_all(self.value.as_bytes())
+            .write_all_at(self.value.as_bytes(), 0)
             .map_err(|e| Error::io("write sysctl", format!("{}={}", self.name, self.value), e))
     }
 }
