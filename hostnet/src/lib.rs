@@ -13,6 +13,11 @@
 //! - [`install_firewall`] / [`remove_firewall`]: the node's nftables table.
 //! - [`veth_state`] / [`delete_owned`]: a pod's veth as recorded (name and ifindex), never by a
 //!   name alone.
+//!
+//! Dual-stack: IPv4 is always there; IPv6 is an optional second family in each configuration
+//! ([`PodConfig::ipv6`], [`HostConfig::ipv6`], [`FirewallConfig::ipv6`]), `None` leaving
+//! everything as it is for IPv4 only. A pod's IPv6 address has passed duplicate address
+//! detection when [`configure_pod`] answers ([`Error::DadFailed`] when it did not).
 
 pub mod error;
 pub mod ethtool;
