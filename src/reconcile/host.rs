@@ -31,15 +31,21 @@ pub struct HostPlan {
 /// The plan for `st`: `None` until the state names this node's subnet.
 pub fn plan(st: &ClusterState) -> Option<HostPlan> {
     let local = st.local_subnet()?;
+    // The IPv6 side exactly when the pipeline has one (a dual-stack cluster and node).
+    let v6 = match (st.cluster_network6, st.service_network6, local.subnet6) {
+        (Some(cluster_network), Some(service_network), Some(node_subnet)) => Some((cluster_network, service_network, node_subnet)),
+        _ => None,
+    };
     let host = hostnet::HostConfig {
         tun: "tun0".into(),
         node_subnet: local.subnet,
         mtu: st.mtu,
         cluster_network: st.cluster_network,
         service_network: st.service_network,
-        ipv6: None,
+        ipv6: v6.map(|(cluster_network, service_network, node_subnet)| hostnet::HostIpv6 { node_subnet, cluster_network, service_network }),
     };
     let mut firewall = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
+    firewall.ipv6 = v6.map(|(cluster_network, service_network, _)| hostnet::FirewallIpv6 { cluster_network, service_network });
     firewall.vxlan_port = st.vxlan_port;
     // networkpolicy keeps pod addresses inside the cluster network (Service traffic included)
     // so that policies can judge them; see src/pipeline/via_host.rs.
