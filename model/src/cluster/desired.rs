@@ -632,7 +632,7 @@ mod tests {
                             state.host_subnets.push(crate::cluster::HostSubnet {
                                 subnet6: None,
                                 host,
-                                host_ip: std::net::Ipv4Addr::new(172, 17, 2, i),
+                                host_ip: std::net::Ipv4Addr::new(172, 17, 2, i).into(),
                                 subnet: format!("10.131.{}.0/24", n % 200).parse().unwrap(),
                                 fixed_vnid: (ns == 0).then(|| Vnid::new(7).unwrap()),
                             });

@@ -36,8 +36,11 @@ pub fn flows(p: &PodPort) -> Vec<Flow> {
 /// from its address carrying its MAC, an advertisement of its own address with its MAC or no
 /// link-layer option — and straight to routing (table 30), as ARP bypasses conntrack; other
 /// ND from the pod is dropped (it would poison neighbours' caches). A duplicate address
-/// detection probe (from `::`, no link-layer option) is dropped too: addresses are unique by
-/// IPAM, and the probe's silence lets the kernel's DAD succeed. Tables 40 and 70 deliver a
+/// detection probe (from `::`, no link-layer option) passes for the pod's own address only,
+/// and reaches whoever table 40 says holds it: the pod itself (the probe is not sent back out
+/// of its in_port, and the kernel's DAD succeeds), or another port that still answers for the
+/// address, whose answer makes the ADD fail rather than leave two pods on one address.
+/// Tables 40 and 70 deliver a
 /// solicitation for the pod's address and an advertisement or IPv6 packet to it.
 pub fn ipv6_flows(p: &PodPort, ip6_addr: std::net::Ipv6Addr) -> Vec<Flow> {
     let from_pod = |eth| Match { in_port: Some(p.ofport.into()), eth, ..Default::default() };
@@ -45,6 +48,13 @@ pub fn ipv6_flows(p: &PodPort, ip6_addr: std::net::Ipv6Addr) -> Vec<Flow> {
     let vnid = || vec![load(Reg::SrcVnid, p.vnid.get())];
     vec![
         Flow::new(Table::PodIngress, 110, from_pod(nd(NS, me, None, None, Some(p.mac))), vnid(), Some(Table::Routing)),
+        Flow::new(
+            Table::PodIngress,
+            110,
+            from_pod(nd(NS, Some(Masked::exact(std::net::Ipv6Addr::UNSPECIFIED)), None, me, None)),
+            vnid(),
+            Some(Table::Routing),
+        ),
         Flow::new(Table::PodIngress, 110, from_pod(nd(NA, me, None, me, Some(p.mac))), vnid(), Some(Table::Routing)),
         Flow::new(Table::PodIngress, 110, from_pod(nd(NA, me, None, me, Some(openflow::MacAddr([0; 6])))), vnid(), Some(Table::Routing)),
         Flow::drop(Table::PodIngress, 105, from_pod(nd(NS, None, None, None, None))),
@@ -144,6 +154,7 @@ mod tests {
             t,
             vec![
                 format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=fd00:10:128:2::5,icmp_type=135,nd_sll=0a:58:0a:80:02:05 actions={v},goto_table:30"),
+                format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=::,icmp_type=135,nd_target=fd00:10:128:2::5 actions={v},goto_table:30"),
                 format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=fd00:10:128:2::5,icmp_type=136,nd_target=fd00:10:128:2::5,nd_tll=0a:58:0a:80:02:05 actions={v},goto_table:30"),
                 format!("table=20, priority=110,icmp6,in_port=3,ipv6_src=fd00:10:128:2::5,icmp_type=136,nd_target=fd00:10:128:2::5,nd_tll=00:00:00:00:00:00 actions={v},goto_table:30"),
                 "table=20, priority=105,icmp6,in_port=3,icmp_type=135 actions=drop".to_string(),
