@@ -576,13 +576,13 @@ fn ipv6_match_errors_agree_with_ovs() {
             continue;
         }
         f.check(tlvs, "OVS's error", &format!("***decode error: {ovs_says}***"), got.lines().next().unwrap_or_default().split_once("): ").map(|x| x.1).unwrap_or_default());
-        let ours_matches = match (&ours, *ovs_says) {
-            (Err(DecodeError::Prerequisite { .. }), "OFPBMC_BAD_PREREQ") => true,
-            (Err(DecodeError::BadValue { .. }), "OFPBMC_BAD_VALUE") => true,
-            (Err(DecodeError::NotMaskable { .. }), "OFPBMC_BAD_MASK") => true,
-            (Err(DecodeError::DuplicateField { .. }), "OFPBMC_DUP_FIELD") => true,
-            _ => false,
-        };
+        let ours_matches = matches!(
+            (&ours, *ovs_says),
+            (Err(DecodeError::Prerequisite { .. }), "OFPBMC_BAD_PREREQ")
+                | (Err(DecodeError::BadValue { .. }), "OFPBMC_BAD_VALUE")
+                | (Err(DecodeError::NotMaskable { .. }), "OFPBMC_BAD_MASK")
+                | (Err(DecodeError::DuplicateField { .. }), "OFPBMC_DUP_FIELD")
+        );
         if !ours_matches {
             f.0.push(format!("--- {tlvs}: OVS says {ovs_says}, we decode {ours:?}"));
         }
