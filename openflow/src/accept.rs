@@ -304,4 +304,25 @@ mod tests {
         assert!(!add_cannot_fail(1, &any, &[Instruction::Meter(1)], N));
         assert!(!add_cannot_fail(1, &any, &apply(vec![Action::Unknown(bytes::Bytes::from_static(&[0; 8]))]), N));
     }
+
+    #[test]
+    fn ipv6_flows() {
+        use crate::flow_match::Icmpv6Match;
+        use std::net::Ipv6Addr;
+        let a = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        let pod = Match::any().in_port(3u32).ipv6(Ipv6Match { src: Some(Masked::exact(a("fd00::5"))), ..Default::default() });
+        let tun = vec![Action::SetField(SetField::TunIpv6Dst(a("fd00::1"))), Action::output(1u32)];
+        assert!(add_cannot_fail(20, &pod, &apply(tun), N));
+        let nd = |typ, code| {
+            let i = Icmpv6Match { typ: Some(typ), code, nd_target: Some(Masked::exact(a("fd00::5"))), ..Default::default() };
+            Match::any().ipv6(Ipv6Match { proto: Some(Ip6Proto::Icmpv6(i)), ..Default::default() })
+        };
+        assert!(add_cannot_fail(20, &nd(135, Some(0)), &[], N));
+        assert!(!add_cannot_fail(20, &nd(128, None), &[], N), "nd_target needs type 135/136");
+        assert!(!add_cannot_fail(20, &nd(136, Some(1)), &[], N), "and code 0");
+        let label0 = Match::any().ipv6(Ipv6Match { label: Some(Masked::new(0, 0xfff0_0000)), ..Default::default() });
+        assert!(!add_cannot_fail(20, &label0, &[], N));
+        let set_ipv6_src = apply(vec![Action::SetField(SetField::Ipv6Src(a("fd00::1")))]);
+        assert!(!add_cannot_fail(20, &pod, &set_ipv6_src, N), "conservative: it has a prerequisite");
+    }
 }

@@ -33,7 +33,7 @@ pub use controller::Controller;
 pub use codec::{BadMessage, OfCodec};
 pub use error::{DecodeError, EncodeError, FrameError};
 pub use field::NxmField;
-pub use flow_match::{ArpMatch, EthMatch, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, RawOxm};
+pub use flow_match::{ArpMatch, EthMatch, Icmpv6Match, Ip6Proto, IpFrag, IpProto, Ipv4Match, Ipv6Match, MacAddr, Masked, Match, RawOxm};
 pub use instruction::Instruction;
 pub use msg::*;
 pub use port::PortNo;

@@ -3,7 +3,8 @@
 //! Field order, names and number formats follow OVS 3.1's `match_format` (lib/match.c),
 //! `ofpacts_format` (lib/ofp-actions.c) and `ofputil_flow_stats_format` (lib/ofp-flow.c): e.g.
 //! registers print as `reg0=0x5` but `reg1=0` (C's `%#x`), a CIDR mask as `/14`, ARP addresses
-//! as `arp_spa`/`arp_tpa`, L4 ports as `tp_dst`, and `ip_frag` as `nw_frag`.
+//! as `arp_spa`/`arp_tpa`, L4 ports as `tp_dst`, `ip_frag` as `nw_frag`, IPv6 protocols as
+//! `tcp6`/`udp6`/`sctp6`/`icmp6`, and ICMPv6 type/code as `icmp_type`/`icmp_code`.
 
 use std::fmt::{self, Display, Formatter, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -800,6 +801,39 @@ mod tests {
         assert_eq!(Action::conjunction(u32::MAX, 64, 64).unwrap().to_string(), "conjunction(4294967295,64/64)");
         let m = Match::any().conj_id(5).in_port(3).ct_state(0x20, 0x20).ipv4(Ipv4Match::default());
         assert_eq!(m.to_string(), "conj_id=5,ct_state=+trk,ip,in_port=3");
+    }
+
+    /// IPv6 spellings, each also checked against OVS 3.1 by the ofp_parse / ofctl_capture oracles.
+    #[test]
+    fn ipv6_spellings() {
+        use crate::flow_match::{Icmpv6Match, Ipv6Match};
+        let a = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(Ipv6Text(a("::10.0.0.1")).to_string(), "::10.0.0.1");
+        assert_eq!(Ipv6Text(a("::ffff:10.0.0.1")).to_string(), "::ffff:10.0.0.1");
+        assert_eq!(Ipv6Text(a("::1")).to_string(), "::1");
+        assert_eq!(Ipv6Text(a("fd00:0:0:1::")).to_string(), "fd00:0:0:1::");
+        let v6 = |ip: Ipv6Match| Match::any().ipv6(ip);
+        let m = v6(Ipv6Match {
+            src: Masked::cidr(a("fd00::9"), 64),
+            dst: Some(Masked::new(a("fd00::1"), a("ffff::ffff"))),
+            label: Some(Masked::new(5, 0xf)),
+            frag: Some(IpFrag::No),
+            proto: Some(Ip6Proto::L4(IpProto::Udp { dst: Some(Masked::exact(53)) })),
+        });
+        assert_eq!(m.to_string(), "udp6,ipv6_src=fd00::/64,ipv6_dst=fd00::1/ffff::ffff,ipv6_label=0x00005/0x0000f,nw_frag=no,tp_dst=53");
+        let nd = Icmpv6Match {
+            typ: Some(136),
+            code: Some(0),
+            nd_target: Some(Masked::exact(a("fd00::1"))),
+            nd_tll: Some(Masked::exact(MacAddr([0x0a, 0x58, 0, 0, 0, 1]))),
+            ..Default::default()
+        };
+        let m = v6(Ipv6Match { label: Some(Masked::exact(1)), proto: Some(Ip6Proto::Icmpv6(nd)), ..Default::default() });
+        assert_eq!(m.to_string(), "icmp6,ipv6_label=0x00001,icmp_type=136,icmp_code=0,nd_target=fd00::1,nd_tll=0a:58:00:00:00:01");
+        let m = v6(Ipv6Match { proto: Some(Ip6Proto::L4(IpProto::Other(47))), ..Default::default() });
+        assert_eq!(m.to_string(), "ipv6,nw_proto=47");
+        assert_eq!(Match::any().tun_ipv6_dst(a("fd00::2")).to_string(), "tun_ipv6_dst=fd00::2");
+        assert_eq!(Action::SetField(SetField::TunIpv6Dst(a("fd00::1"))).to_string(), "set_field:fd00::1->tun_ipv6_dst");
     }
 
     #[test]

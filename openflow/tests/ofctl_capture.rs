@@ -835,6 +835,169 @@ fn conntrack_and_rarp_flows_bytes_equal_ovs_ofctl() {
     add_flows_equal_ours("conntrack/rarp/resubmit", &cases);
 }
 
+/// IPv6 flows as the dual-stack pipeline writes them, in the text a person would hand to
+/// `ovs-ofctl add-flow`: OVS's encoding must equal our typed builder's byte for byte and decode
+/// to the same typed flow. (The first is the vector of flow_match.rs's `ipv6_tcp_bytes`.)
+#[test]
+fn ipv6_flows_bytes_equal_ovs_ofctl() {
+    if !have_ofctl("ipv6_flows_bytes_equal_ovs_ofctl") {
+        return;
+    }
+    let v6 = |ip: Ipv6Match| Match::any().ipv6(ip);
+    let icmp6 = |i: Icmpv6Match| v6(Ipv6Match { proto: Some(Ip6Proto::Icmpv6(i)), ..Default::default() });
+    let cases: Vec<(&str, FlowMod)> = vec![
+        (
+            "tcp6,ipv6_src=fd00::1/64,ipv6_dst=fd00::5,ipv6_label=0x12345,nw_frag=no,tp_dst=80,actions=drop",
+            FlowMod::add(
+                0,
+                DEFAULT_PRIORITY,
+                v6(Ipv6Match {
+                    src: Some(cidr6("fd00::/64")),
+                    dst: Some(cidr6("fd00::5")),
+                    label: Some(Masked::exact(0x12345)),
+                    frag: Some(IpFrag::No),
+                    proto: Some(Ip6Proto::L4(IpProto::Tcp { dst: Some(Masked::exact(80)) })),
+                }),
+                vec![],
+                None,
+            ),
+        ),
+        (
+            "table=20,priority=100,ipv6,in_port=3,ipv6_src=fd00:10:128:2::5,actions=load:0xb->NXM_NX_REG0[],goto_table:21",
+            FlowMod::add(
+                20,
+                100,
+                v6(Ipv6Match { src: Some(cidr6("fd00:10:128:2::5")), ..Default::default() }).in_port(3),
+                vec![Action::load_reg(0, 11)],
+                Some(21),
+            ),
+        ),
+        (
+            "table=90,priority=100,ipv6,ipv6_dst=fd00:10:128:4::/64,actions=move:NXM_NX_REG0[]->NXM_NX_TUN_ID[0..31],set_field:fd00::1->tun_ipv6_dst,output:1",
+            FlowMod::add(
+                90,
+                100,
+                v6(Ipv6Match { dst: Some(cidr6("fd00:10:128:4::/64")), ..Default::default() }),
+                vec![mv_reg0_to_tun_id(), Action::SetField(SetField::TunIpv6Dst(ip6("fd00::1"))), Action::output(1)],
+                None,
+            ),
+        ),
+        (
+            "table=10,tun_ipv6_src=fd00::2,tun_ipv6_dst=fd00::/16,actions=goto_table:30",
+            FlowMod::add(
+                10,
+                DEFAULT_PRIORITY,
+                Match { tun_ipv6_dst: Some(cidr6("fd00::/16")), ..Match::any().tun_ipv6_src(ip6("fd00::2")) },
+                vec![],
+                Some(30),
+            ),
+        ),
+        (
+            "table=20,priority=300,icmp6,in_port=3,icmp_type=135,icmp_code=0,nd_target=fd00::5,nd_sll=0a:58:0a:80:00:05,actions=goto_table:21",
+            FlowMod::add(
+                20,
+                300,
+                icmp6(Icmpv6Match {
+                    typ: Some(135),
+                    code: Some(0),
+                    nd_target: Some(cidr6("fd00::5")),
+                    nd_sll: Some(Masked::exact(mac("0a:58:0a:80:00:05"))),
+                    nd_tll: None,
+                })
+                .in_port(3),
+                vec![],
+                Some(21),
+            ),
+        ),
+        (
+            "table=20,priority=300,icmp6,icmp_type=136,nd_target=fd00::/64,nd_tll=0a:58:00:00:00:00/ff:ff:00:00:00:00,actions=NORMAL",
+            FlowMod::add(
+                20,
+                300,
+                icmp6(Icmpv6Match {
+                    typ: Some(136),
+                    code: None,
+                    nd_target: Some(cidr6("fd00::/64")),
+                    nd_sll: None,
+                    nd_tll: Some(Masked::new(mac("0a:58:00:00:00:00"), mac("ff:ff:00:00:00:00"))),
+                }),
+                vec![Action::output(PortNo::NORMAL)],
+                None,
+            ),
+        ),
+        (
+            "table=60,priority=100,udp6,ipv6_dst=fd00:172:30::a,tp_dst=53,actions=goto_table:80",
+            FlowMod::add(
+                60,
+                100,
+                v6(Ipv6Match {
+                    dst: Some(cidr6("fd00:172:30::a")),
+                    proto: Some(Ip6Proto::L4(IpProto::Udp { dst: Some(Masked::exact(53)) })),
+                    ..Default::default()
+                }),
+                vec![],
+                Some(80),
+            ),
+        ),
+        (
+            "table=60,priority=100,sctp6,tp_dst=0x2000/0xf000,ipv6_label=0x00005/0x0000f,nw_frag=later,actions=drop",
+            FlowMod::add(
+                60,
+                100,
+                v6(Ipv6Match {
+                    label: Some(Masked::new(5, 0xf)),
+                    frag: Some(IpFrag::Later),
+                    proto: Some(Ip6Proto::L4(IpProto::Sctp { dst: Some(Masked::new(0x2000, 0xf000)) })),
+                    ..Default::default()
+                }),
+                vec![],
+                None,
+            ),
+        ),
+        (
+            "table=31,ct_state=-new+est+trk,tcp6,actions=ct(commit,table=30,zone=5)",
+            FlowMod::add(
+                31,
+                DEFAULT_PRIORITY,
+                v6(Ipv6Match { proto: Some(Ip6Proto::L4(IpProto::Tcp { dst: None })), ..Default::default() }).ct_state(0x22, 0x23),
+                vec![Action::Ct(Ct::new().commit().table(30).zone(CtZone::Imm(5)))],
+                None,
+            ),
+        ),
+        (
+            "ipv6,nw_proto=47,actions=set_field:2001:db8::1->ipv6_src,set_field:::10.0.0.1->ipv6_dst,set_field:fd00::3->tun_ipv6_src",
+            FlowMod::add(
+                0,
+                DEFAULT_PRIORITY,
+                v6(Ipv6Match { proto: Some(Ip6Proto::L4(IpProto::Other(47))), ..Default::default() }),
+                vec![
+                    Action::SetField(SetField::Ipv6Src(ip6("2001:db8::1"))),
+                    Action::SetField(SetField::Ipv6Dst(ip6("::10.0.0.1"))),
+                    Action::SetField(SetField::TunIpv6Src(ip6("fd00::3"))),
+                ],
+                None,
+            ),
+        ),
+        (
+            "icmp6,actions=move:NXM_NX_IPV6_SRC[0..31]->NXM_NX_REG0[],move:NXM_NX_REG1[]->NXM_NX_TUN_IPV6_DST[96..127],load:0x1->NXM_NX_TUN_IPV6_SRC[0..63]",
+            FlowMod::add(
+                0,
+                DEFAULT_PRIORITY,
+                icmp6(Icmpv6Match::default()),
+                vec![
+                    Action::RegMove(RegMove::new(Subfield::bits(NxmField::Ipv6Src, 0, 31).unwrap(), Subfield::whole(NxmField::Reg(0))).unwrap()),
+                    Action::RegMove(
+                        RegMove::new(Subfield::whole(NxmField::Reg(1)), Subfield::bits(NxmField::TunIpv6Dst, 96, 127).unwrap()).unwrap(),
+                    ),
+                    Action::RegLoad { dst: Subfield::bits(NxmField::TunIpv6Src, 0, 63).unwrap(), value: 1 },
+                ],
+                None,
+            ),
+        ),
+    ];
+    add_flows_equal_ours("IPv6", &cases);
+}
+
 /// The conjunctive-match flows of OVS's tests/classifier.at (and `conj_id` beside other fields),
 /// written as there: OVS's encoding must equal our typed builder's, byte for byte, and decode to
 /// the same typed flow.

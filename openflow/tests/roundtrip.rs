@@ -11,7 +11,7 @@
 //! that cannot survive the wire unchanged by design, the strategy avoids it and a comment says
 //! why (search for "by design").
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use bytes::{Bytes, BytesMut};
 use proptest::collection::vec;
@@ -24,7 +24,7 @@ use openflow::field::{self, CLASS_EXPERIMENTER, CLASS_NXM0, CLASS_NXM1, CLASS_OP
 use openflow::{
     Action, AggregateStats, Conjunction, ArpMatch, BundleAdd, Ct, CtZone, FlowStatsEntry, RawFlowStats, BundleControl, BundleCtrlType, BundleFlags, ErrorCode, ErrorMsg,
     EthMatch, FeaturesReply, FlowMod, FlowRemoved, FlowModCommand, FlowModFlags, FlowStats, FlowStatsRequest, FragMode, Hello,
-    HelloElement, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, Message, MultipartReply,
+    HelloElement, Icmpv6Match, Instruction, Ip6Proto, IpFrag, IpProto, Ipv4Match, Ipv6Match, MacAddr, Masked, Match, Message, MultipartReply,
     MultipartReplyBody, MultipartRequest, MultipartRequestBody, NxmField, OfCodec, OfMessage, Port, PortNo, RawOxm,
     RegMove, SetField, Subfield, SwitchConfig, NX_VENDOR_ID, OFP_VERSION, ONF_VENDOR_ID,
 };
@@ -39,6 +39,14 @@ fn bytes_up_to(max: usize) -> impl Strategy<Value = Bytes> {
 
 fn ipv4() -> impl Strategy<Value = Ipv4Addr> {
     any::<u32>().prop_map(Ipv4Addr::from)
+}
+
+fn ipv6() -> impl Strategy<Value = Ipv6Addr> {
+    prop_oneof![
+        any::<u128>().prop_map(Ipv6Addr::from),
+        // Mostly-zero addresses, which print with `::` (and `::a.b.c.d`).
+        (any::<u16>(), any::<u32>()).prop_map(|(hi, lo)| Ipv6Addr::from(((hi as u128) << 112) | lo as u128)),
+    ]
 }
 
 fn mac() -> impl Strategy<Value = MacAddr> {
@@ -68,6 +76,14 @@ fn masked_ip() -> impl Strategy<Value = Masked<Ipv4Addr>> {
         ipv4().prop_map(Masked::exact),
         (ipv4(), 0u8..=32).prop_map(|(a, p)| Masked::cidr(a, p).expect("prefix <= 32")),
         (ipv4(), ipv4()).prop_map(|(a, m)| Masked::new(a, m)),
+    ]
+}
+
+fn masked_ip6() -> impl Strategy<Value = Masked<Ipv6Addr>> {
+    prop_oneof![
+        ipv6().prop_map(Masked::exact),
+        (ipv6(), 0u8..=128).prop_map(|(a, p)| Masked::cidr(a, p).expect("prefix <= 128")),
+        (ipv6(), ipv6()).prop_map(|(a, m)| Masked::new(a, m)),
     ]
 }
 
@@ -124,24 +140,74 @@ fn ipv4_match() -> impl Strategy<Value = Ipv4Match> {
     })
 }
 
+/// `ipv6_label` in canonical form. By design only the low 20 bits are a label (the encoder
+/// clears the others in the value), and a mask covering all 20 is an exact match
+/// (`Masked::exact` after decoding), so the strategy draws values below 2^20 and, for masked
+/// labels, masks that leave at least one label bit out (any bits above 20 are kept, as OVS
+/// keeps them).
+fn ipv6_label() -> impl Strategy<Value = Masked<u32>> {
+    prop_oneof![
+        (0u32..=0xfffff).prop_map(Masked::exact),
+        (0u32..=0xfffff, any::<u32>())
+            .prop_filter("mask covering the label is exact", |(_, m)| m & 0xfffff != 0xfffff)
+            .prop_map(|(v, m)| Masked::new(v, m)),
+    ]
+}
+
+/// ICMPv6 fields that satisfy OVS's neighbour discovery prerequisites (the decoder refuses
+/// the others, by design): ND fields only with type 135/136 and code 0 or unset.
+fn icmpv6_match() -> BoxedStrategy<Icmpv6Match> {
+    use proptest::option::of;
+    let plain = (of(any::<u8>()), of(any::<u8>())).prop_map(|(typ, code)| Icmpv6Match { typ, code, ..Default::default() });
+    let nd = (select(vec![135u8, 136]), of(Just(0u8)), of(masked_ip6()), of(masked_mac())).prop_map(|(typ, code, nd_target, ll)| {
+        Icmpv6Match {
+            typ: Some(typ),
+            code,
+            nd_target,
+            nd_sll: if typ == 135 { ll } else { None },
+            nd_tll: if typ == 136 { ll } else { None },
+        }
+    });
+    prop_oneof![plain, nd].boxed()
+}
+
+/// By design `L4(IpProto::Other(58))` decodes as `Icmpv6(default)` (58 is ICMPv6 whatever
+/// follows), so `L4` avoids 58 as well as the three typed numbers.
+fn ip6_proto() -> BoxedStrategy<Ip6Proto> {
+    prop_oneof![
+        ip_proto().prop_filter("58 is ICMPv6", |p| *p != IpProto::Other(58)).prop_map(Ip6Proto::L4),
+        icmpv6_match().prop_map(Ip6Proto::Icmpv6),
+    ]
+    .boxed()
+}
+
+fn ipv6_match() -> BoxedStrategy<Ipv6Match> {
+    use proptest::option::of;
+    (of(masked_ip6()), of(masked_ip6()), of(ipv6_label()), of(ip_frag()), of(ip6_proto()))
+        .prop_map(|(src, dst, label, frag, proto)| Ipv6Match { src, dst, label, frag, proto })
+        .boxed()
+}
+
 fn arp_match() -> impl Strategy<Value = ArpMatch> {
     use proptest::option::of;
     (of(any::<u16>()), of(masked_ip()), of(masked_ip()), of(masked_mac()), of(masked_mac()))
         .prop_map(|(op, spa, tpa, sha, tha)| ArpMatch { op, spa, tpa, sha, tha })
 }
 
-/// By design `EthMatch::Other(0x0800)`/`Other(0x0806)`/`Other(0x8035)` decode as
-/// `Ipv4`/`Arp`/`Rarp`.
-fn eth_match() -> impl Strategy<Value = EthMatch> {
+/// By design `EthMatch::Other(0x0800)`/`Other(0x86dd)`/`Other(0x0806)`/`Other(0x8035)` decode
+/// as `Ipv4`/`Ipv6`/`Arp`/`Rarp`.
+fn eth_match() -> BoxedStrategy<EthMatch> {
     prop_oneof![
         Just(EthMatch::Any),
         ipv4_match().prop_map(EthMatch::Ipv4),
+        ipv6_match().prop_map(EthMatch::Ipv6),
         arp_match().prop_map(EthMatch::Arp),
         arp_match().prop_map(EthMatch::Rarp),
         any::<u16>()
-            .prop_filter("IPv4/ARP/RARP are typed", |t| ![0x0800, 0x0806, 0x8035].contains(t))
+            .prop_filter("IPv4/IPv6/ARP/RARP are typed", |t| ![0x0800, 0x86dd, 0x0806, 0x8035].contains(t))
             .prop_map(EthMatch::Other),
     ]
+    .boxed()
 }
 
 /// OXM/NXM TLVs this crate does not model, with a payload length consistent with the header.
@@ -169,8 +235,8 @@ fn raw_oxm() -> BoxedStrategy<RawOxm> {
         }
     });
     // NXM1 fields past the modelled ones (e.g. 33+ are NXM_NX_* fields this crate ignores;
-    // 105..=107 are the typed ct_state/ct_zone/ct_mark).
-    let nxm1 = ((60u8..128).prop_filter("ct fields are typed", |f| !(105..=107).contains(f)), vec(any::<u8>(), 0..=8)).prop_map(|(f, data)| RawOxm {
+    // 105..=107 are the typed ct_state/ct_zone/ct_mark, 109/110 tun_ipv6_src/dst).
+    let nxm1 = ((60u8..128).prop_filter("ct and tun_ipv6 fields are typed", |f| !(105..=107).contains(f) && !(109..=110).contains(f)), vec(any::<u8>(), 0..=8)).prop_map(|(f, data)| RawOxm {
         header: ((CLASS_NXM1 as u32) << 16) | ((f as u32) << 9) | data.len() as u32,
         payload: Bytes::from(data),
     });
@@ -191,25 +257,28 @@ fn flow_match() -> BoxedStrategy<Match> {
         of(port_no()),
         eth_match(),
         of(masked_u64()),
-        of(masked_ip()),
-        of(masked_ip()),
+        (of(masked_ip()), of(masked_ip()), of(masked_ip6()), of(masked_ip6())),
         regs(),
         (of(masked_u32()), of(any::<u16>()), of(masked_u32()), of(any::<u32>())),
         vec(raw_oxm(), 0..3),
     )
-        .prop_map(|(in_port, eth, tun_id, tun_src, tun_dst, regs, (ct_state, ct_zone, ct_mark, conj_id), other)| Match {
+        .prop_map(
+            |(in_port, eth, tun_id, (tun_src, tun_dst, tun_ipv6_src, tun_ipv6_dst), regs, (ct_state, ct_zone, ct_mark, conj_id), other)| Match {
             conj_id,
             in_port,
             eth,
             tun_id,
             tun_src,
             tun_dst,
+            tun_ipv6_src,
+            tun_ipv6_dst,
             regs,
             ct_state,
             ct_zone,
             ct_mark,
             other,
-        })
+        },
+        )
         .boxed()
 }
 
@@ -227,6 +296,7 @@ fn nxm_field(experimenter: bool) -> BoxedStrategy<NxmField> {
         1 => Just(NxmField::TunId),
         1 => Just(NxmField::TunIpv4Src),
         1 => Just(NxmField::TunIpv4Dst),
+        1 => select(vec![NxmField::TunIpv6Src, NxmField::TunIpv6Dst, NxmField::Ipv6Src, NxmField::Ipv6Dst]),
     ];
     let other = prop_oneof![
         // Unmodelled NXM1 fields, 1..=8 bytes.
@@ -241,7 +311,9 @@ fn nxm_field(experimenter: bool) -> BoxedStrategy<NxmField> {
             len,
             false
         ))),
-        (60u8..128, 9u8..=16).prop_map(|(f, len)| NxmField::Other(field::header(CLASS_NXM1, f, len, false))),
+        (60u8..128, 9u8..=16)
+            .prop_filter("tun_ipv6_src/dst are typed", |(f, len)| !((109..=110).contains(f) && *len == 16))
+            .prop_map(|(f, len)| NxmField::Other(field::header(CLASS_NXM1, f, len, false))),
     ];
     let exp = (0u8..128, 5u8..=12)
         .prop_map(|(f, len)| NxmField::Other(((CLASS_EXPERIMENTER as u32) << 16) | ((f as u32) << 9) | len as u32));
@@ -290,6 +362,10 @@ fn set_field() -> BoxedStrategy<SetField> {
     prop_oneof![
         ipv4().prop_map(SetField::TunDst),
         ipv4().prop_map(SetField::TunSrc),
+        ipv6().prop_map(SetField::TunIpv6Dst),
+        ipv6().prop_map(SetField::TunIpv6Src),
+        ipv6().prop_map(SetField::Ipv6Src),
+        ipv6().prop_map(SetField::Ipv6Dst),
         any::<u64>().prop_map(SetField::TunId),
         (0u8..16, any::<u32>()).prop_map(|(n, v)| SetField::Reg(n, v)),
         raw_oxm().prop_map(SetField::Other),

@@ -9,14 +9,14 @@
 #![allow(dead_code)]
 
 use std::io::Read;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use openflow::{
-    Action, ArpMatch, Ct, CtZone, EthMatch, FlowMod, Instruction, IpFrag, IpProto, Ipv4Match, MacAddr, Masked, Match, NxmField,
-    PortNo, RegMove, SetField, Subfield,
+    Action, ArpMatch, Ct, CtZone, EthMatch, FlowMod, Icmpv6Match, Instruction, Ip6Proto, IpFrag, IpProto, Ipv4Match, Ipv6Match,
+    MacAddr, Masked, Match, NxmField, PortNo, RegMove, SetField, Subfield,
 };
 
 /// Deadline for one `ovs-ofctl` run; it is killed after this.
@@ -136,6 +136,125 @@ pub const DEFAULT_PRIORITY: u16 = 0x8000;
 
 pub fn ip(s: &str) -> Ipv4Addr {
     s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+pub fn ip6(s: &str) -> Ipv6Addr {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+/// An IPv6 address, exact or `addr/N`.
+pub fn cidr6(s: &str) -> Masked<Ipv6Addr> {
+    match s.split_once('/') {
+        Some((a, p)) => Masked::cidr(ip6(a), p.parse().unwrap()).unwrap(),
+        None => Masked::exact(ip6(s)),
+    }
+}
+
+/// The IPv6 shapes (name, match, instructions): every IPv6 field and action the crate types,
+/// exact and masked. Part of [`extra_shapes`], so every oracle that checks those checks these.
+pub fn ipv6_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
+    let v6 = |ip: Ipv6Match| Match::any().ipv6(ip);
+    let l4 = |p: IpProto| v6(Ipv6Match { proto: Some(Ip6Proto::L4(p)), ..Default::default() });
+    let icmp6 = |i: Icmpv6Match| v6(Ipv6Match { proto: Some(Ip6Proto::Icmpv6(i)), ..Default::default() });
+    let act = |a: Vec<Action>| vec![Instruction::ApplyActions(a)];
+    let mv = |src: Subfield, dst: Subfield| Action::RegMove(RegMove::new(src, dst).expect("same width"));
+    vec![
+        ("ipv6", v6(Ipv6Match::default()), vec![]),
+        (
+            "ipv6 cidr and exact",
+            v6(Ipv6Match { src: Some(cidr6("fd00:10:128::/64")), dst: Some(cidr6("fd00::5")), ..Default::default() })
+                .in_port(3),
+            vec![],
+        ),
+        (
+            "ipv6 non-cidr masks",
+            v6(Ipv6Match {
+                src: Some(Masked::new(ip6("fd00::1"), ip6("ffff::ffff"))),
+                dst: Some(cidr6("2001:db8::/32")),
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        // inet_ntop keeps the dotted tail of an IPv4-compatible address.
+        ("ipv6 v4-compatible and mapped", v6(Ipv6Match { src: Some(cidr6("::10.0.0.1")), dst: Some(cidr6("::ffff:10.0.0.2")), ..Default::default() }), vec![]),
+        ("ipv6 label", v6(Ipv6Match { label: Some(Masked::exact(0x12345)), ..Default::default() }), vec![]),
+        ("ipv6 label masked", v6(Ipv6Match { label: Some(Masked::new(0x5, 0xf)), ..Default::default() }), vec![]),
+        (
+            "ipv6 frag and label",
+            v6(Ipv6Match {
+                dst: Some(cidr6("fd00::/8")),
+                label: Some(Masked::exact(1)),
+                frag: Some(IpFrag::Later),
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        ("ipv6 frag not_later", v6(Ipv6Match { frag: Some(IpFrag::NotLater), ..Default::default() }), vec![]),
+        ("tcp6", l4(IpProto::Tcp { dst: None }), vec![]),
+        (
+            "tcp6 port",
+            v6(Ipv6Match {
+                dst: Some(cidr6("fd00::10")),
+                proto: Some(Ip6Proto::L4(IpProto::Tcp { dst: Some(Masked::exact(443)) })),
+                ..Default::default()
+            }),
+            vec![],
+        ),
+        ("udp6 masked port", l4(IpProto::Udp { dst: Some(Masked::new(0x1000, 0xf000)) }), vec![]),
+        ("sctp6 port", l4(IpProto::Sctp { dst: Some(Masked::exact(9000)) }), vec![]),
+        ("ipv6 gre", l4(IpProto::Other(47)), vec![]),
+        ("icmp6", icmp6(Icmpv6Match::default()), vec![]),
+        ("icmp6 echo", icmp6(Icmpv6Match { typ: Some(128), code: Some(0), ..Default::default() }), vec![]),
+        ("icmp6 code only", icmp6(Icmpv6Match { code: Some(3), ..Default::default() }), vec![]),
+        (
+            "nd solicit",
+            icmp6(Icmpv6Match {
+                typ: Some(135),
+                code: Some(0),
+                nd_target: Some(cidr6("fd00::1")),
+                nd_sll: Some(Masked::exact(mac("0a:58:0a:80:00:01"))),
+                nd_tll: None,
+            }),
+            vec![],
+        ),
+        (
+            "nd advert masked",
+            icmp6(Icmpv6Match {
+                typ: Some(136),
+                code: None,
+                nd_target: Some(cidr6("fd00::/64")),
+                nd_sll: None,
+                nd_tll: Some(Masked::new(mac("0a:58:00:00:00:00"), mac("ff:ff:00:00:00:00"))),
+            }),
+            vec![],
+        ),
+        (
+            "tunnel ipv6",
+            Match { tun_ipv6_dst: Some(cidr6("fd00:1::/48")), ..Match::any().tun_ipv6_src(ip6("fd00:1::7")) },
+            vec![],
+        ),
+        (
+            "ipv6 set_field forms",
+            v6(Ipv6Match::default()),
+            act(vec![
+                Action::SetField(SetField::TunIpv6Dst(ip6("fd00::1"))),
+                Action::SetField(SetField::TunIpv6Src(ip6("fd00::2"))),
+                Action::SetField(SetField::Ipv6Src(ip6("2001:db8::1"))),
+                Action::SetField(SetField::Ipv6Dst(ip6("::10.0.0.1"))),
+            ]),
+        ),
+        (
+            "ipv6 move and load forms",
+            v6(Ipv6Match::default()),
+            act(vec![
+                mv(Subfield::bits(NxmField::Ipv6Src, 0, 31).unwrap(), Subfield::whole(NxmField::Reg(0))),
+                mv(Subfield::bits(NxmField::Ipv6Dst, 64, 127).unwrap(), Subfield::whole(NxmField::TunId)),
+                mv(Subfield::bits(NxmField::Reg(1), 0, 31).unwrap(), Subfield::bits(NxmField::TunIpv6Dst, 96, 127).unwrap()),
+                Action::RegLoad { dst: Subfield::bits(NxmField::TunIpv6Dst, 0, 63).unwrap(), value: 1 },
+                Action::RegLoad { dst: Subfield::bits(NxmField::TunIpv6Src, 64, 127).unwrap(), value: 0xfd00_0000_0000_0000 },
+            ]),
+        ),
+    ]
 }
 
 /// `A.B.C.D` (exact) or `A.B.C.D/N`.
@@ -654,6 +773,7 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
     ] {
         shapes.push((n, ipm(Ipv4Match { frag: Some(f), ..Default::default() }), vec![]));
     }
+    shapes.extend(ipv6_shapes());
     let act = |a: Vec<Action>| vec![Instruction::ApplyActions(a)];
     let conj = |id, k, n| Action::conjunction(id, k, n).expect("valid conjunction");
     shapes.extend([
@@ -700,7 +820,6 @@ pub fn extra_shapes() -> Vec<(&'static str, Match, Vec<Instruction>)> {
             }),
             vec![],
         ),
-        ("ipv6", Match { eth: EthMatch::Other(0x86dd), ..Match::any() }, vec![]),
         ("rarp", Match { eth: EthMatch::Rarp(ArpMatch::default()), ..Match::any() }, vec![]),
         ("lldp dl_type", Match { eth: EthMatch::Other(0x88cc), ..Match::any().in_port(PortNo::LOCAL) }, vec![]),
         ("masked regs", masked_reg, vec![]),
