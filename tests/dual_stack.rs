@@ -178,3 +178,30 @@ async fn ipv6_from_a_foreign_address_is_dropped() {
         .expect("run ping");
     assert_eq!(out.status.code(), Some(1), "from {foreign}: expected no reply:\n{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// Nodes whose underlay is IPv6 only (hostIP an IPv6 address): VXLAN goes to
+/// `tun_ipv6_dst`, table 10 accepts by `tun_ipv6_src`, and pods of both families reach each
+/// other across it, isolated by VNID as over IPv4.
+#[tokio::test]
+async fn an_ipv6_underlay_carries_both_families() {
+    let Some(mut c) = Cluster::start(
+        "an_ipv6_underlay_carries_both_families",
+        &[
+            NodeSpec::new("a", "fd00:172:17::2", "10.128.0.0/23").ipv6("fd00:10:128:1::/64"),
+            NodeSpec::new("b", "fd00:172:17::3", "10.128.2.0/23").ipv6("fd00:10:128:2::/64"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let a1 = c.node_mut("a").add_pod("team-a", "a1", "10.128.0.5").await;
+    let a2 = c.node_mut("b").add_pod("team-a", "a2", "10.128.2.5").await;
+    let b1 = c.node_mut("b").add_pod("team-b", "b1", "10.128.2.6").await;
+    c.apply_all("multitenant", &NAMESPACES).await;
+    let flows = c.node("a").ofctl("dump-flows", "br0", &["table=90"]).await;
+    assert!(flows.contains("set_field:fd00:172:17::3->tun_ipv6_dst"), "{flows}");
+    both_families(&c, &a1, &a2, true, "team-a on a -> team-a on b, IPv6 underlay").await;
+    both_families(&c, &a2, &a1, true, "team-a on b -> team-a on a, IPv6 underlay").await;
+    both_families(&c, &a1, &b1, false, "team-a on a -> team-b on b, IPv6 underlay").await;
+}
