@@ -445,6 +445,7 @@ impl Node {
             ip_in(&netns, &format!("addr add {ip6}/{} dev eth0 nodad", s6.prefix_len())).await;
             ip_in(&netns, &format!("-6 route add {CLUSTER_NETWORK6} dev eth0")).await;
             ip_in(&netns, &format!("-6 route add default via {gw6}")).await;
+            ip_in(&netns, "-6 route add ff00::/8 dev eth0").await;
         }
         let pod = Pod {
             node: self.name().to_string(),
