@@ -45,6 +45,11 @@ pub enum Error {
     /// `check` found differences between the expected and the actual state.
     #[error("check of {object} failed: {}", problems.join("; "))]
     Check { object: String, problems: Vec<String> },
+    /// IPv6 duplicate address detection found `address` already in use on the link (the kernel
+    /// marked it dadfailed): the pod is not usable. What was made is left as it is, for the
+    /// caller to remove like after any other failure.
+    #[error("duplicate address detection failed for {address} on {object}: another node on the link holds it")]
+    DadFailed { address: ipnet::Ipv6Net, object: String },
     /// An operation failed and so did undoing its partial work: both are reported, since the
     /// second one means something is left behind.
     #[error("{first}; undoing also failed: {undo}")]

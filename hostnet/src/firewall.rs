@@ -7,17 +7,22 @@
 //! add table, chains, rules". The kernel applies a batch all or nothing, so readers see either
 //! the old rule set or the new one — never an empty or half-built table — and running it
 //! again replaces rather than duplicates.
+//!
+//! Dual-stack: the same rule set for IPv6, in an `ip6` table of the same name beside the `ip`
+//! one (so the IPv4 table is exactly what it was), installed by the same batch: one
+//! transaction replaces both families or neither. Without IPv6 the batch removes any `ip6`
+//! table of ours left from a dual-stack configuration.
 
 use std::ffi::CString;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::{
     error::{Error, Result},
     names::check_ifname,
 };
 
-/// Default name of our table (family `ip`).
+/// Default name of our tables (family `ip`, and `ip6` for dual-stack).
 pub const DEFAULT_TABLE: &str = "sdn-node";
 
 /// Parameters of the rule set.
@@ -40,6 +45,16 @@ pub struct FirewallConfig {
     /// the client's address is kept so that NetworkPolicy can judge it; the flows send the
     /// endpoint's replies back through tun0 for the un-NAT instead.
     pub masquerade_within_cluster: bool,
+    /// The IPv6 side of a dual-stack node: the same rules for IPv6; None: IPv4 only.
+    pub ipv6: Option<FirewallIpv6>,
+}
+
+/// The IPv6 networks of a dual-stack node's rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FirewallIpv6 {
+    pub cluster_network: Ipv6Net,
+    /// Not matched on, as [`FirewallConfig::service_network`].
+    pub service_network: Ipv6Net,
 }
 
 impl FirewallConfig {
@@ -52,6 +67,7 @@ impl FirewallConfig {
             vxlan_port: 4789,
             tun: "tun0".into(),
             masquerade_within_cluster: true,
+            ipv6: None,
         }
     }
 
@@ -91,9 +107,10 @@ impl ChainId {
 /// One match of a rule; all matches of a rule must hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Match {
-    SaddrIn(Ipv4Net),
-    DaddrIn(Ipv4Net),
-    DaddrNotIn(Ipv4Net),
+    /// Source address in the network (the rule's family is the network's).
+    SaddrIn(IpNet),
+    DaddrIn(IpNet),
+    DaddrNotIn(IpNet),
     CtStateInvalid,
     UdpDport(u16),
     IifName(String),
@@ -116,9 +133,21 @@ pub struct RuleSpec {
     pub comment: &'static str,
 }
 
-/// The rule set, as data (so its order and content are unit-testable without a kernel).
+/// The IPv4 rule set, as data (so its order and content are unit-testable without a kernel).
 pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
-    let cn = cfg.cluster_network.trunc();
+    family_rules(cfg, IpNet::V4(cfg.cluster_network.trunc()))
+}
+
+/// The IPv6 rule set (empty without [`FirewallConfig::ipv6`]): [`rules`] for the IPv6 cluster
+/// network.
+pub fn rules6(cfg: &FirewallConfig) -> Vec<RuleSpec> {
+    match &cfg.ipv6 {
+        Some(v6) => family_rules(cfg, IpNet::V6(v6.cluster_network.trunc())),
+        None => Vec::new(),
+    }
+}
+
+fn family_rules(cfg: &FirewallConfig, cn: IpNet) -> Vec<RuleSpec> {
     let rule = |chain, matches, action, comment| RuleSpec { chain, matches, action, comment };
     let masquerade = if cfg.masquerade_within_cluster {
         rule(ChainId::Postrouting, vec![Match::SaddrIn(cn)], Action::Masquerade, "masquerade pod-to-service and pod-to-external traffic")
@@ -174,7 +203,7 @@ mod tests {
     #[test]
     fn masquerade_everything_from_the_cluster_network_by_default() {
         let r = rules(&cfg());
-        let cn: Ipv4Net = "10.128.0.0/14".parse().unwrap();
+        let cn: IpNet = "10.128.0.0/14".parse().unwrap();
         assert_eq!(r[0].matches, vec![Match::SaddrIn(cn)]);
         assert_eq!(r[0].action, Action::Masquerade);
     }
@@ -184,7 +213,7 @@ mod tests {
         let mut c = cfg();
         c.masquerade_within_cluster = false;
         let r = rules(&c);
-        let cn: Ipv4Net = "10.128.0.0/14".parse().unwrap();
+        let cn: IpNet = "10.128.0.0/14".parse().unwrap();
         assert_eq!(r[0].matches, vec![Match::SaddrIn(cn), Match::DaddrNotIn(cn)]);
         assert_eq!(r[0].action, Action::Masquerade);
     }
@@ -203,6 +232,34 @@ mod tests {
     fn host_bits_of_cluster_network_are_ignored() {
         let c = FirewallConfig::new("10.128.3.7/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap());
         assert_eq!(rules(&c)[1].matches[0], Match::SaddrIn("10.128.0.0/14".parse().unwrap()));
+    }
+
+    #[test]
+    fn ipv6_rules_are_the_ipv4_ones_for_the_ipv6_cluster_network() {
+        assert!(rules6(&cfg()).is_empty());
+        for within in [true, false] {
+            let mut c = cfg();
+            c.masquerade_within_cluster = within;
+            c.ipv6 = Some(FirewallIpv6 {
+                cluster_network: "fd00:10:128:5::/48".parse().unwrap(),
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+            });
+            let v4 = rules(&c);
+            let v6 = rules6(&c);
+            let cn4: IpNet = "10.128.0.0/14".parse().unwrap();
+            let cn6: IpNet = "fd00:10:128::/48".parse().unwrap();
+            let swap = |m: &Match| match m {
+                Match::SaddrIn(n) if *n == cn4 => Match::SaddrIn(cn6),
+                Match::DaddrIn(n) if *n == cn4 => Match::DaddrIn(cn6),
+                Match::DaddrNotIn(n) if *n == cn4 => Match::DaddrNotIn(cn6),
+                other => other.clone(),
+            };
+            let expected: Vec<RuleSpec> =
+                v4.iter().map(|r| RuleSpec { matches: r.matches.iter().map(swap).collect(), ..r.clone() }).collect();
+            assert_eq!(v6, expected);
+            // The IPv4 rules do not depend on the IPv6 side.
+            assert_eq!(v4, rules(&FirewallConfig { ipv6: None, ..c.clone() }));
+        }
     }
 
     #[test]

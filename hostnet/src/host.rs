@@ -1,11 +1,12 @@
 //! Host-side SDN setup (openshift-sdn's `SetupSDN`): the node's gateway interface (`tun0`, an
 //! OVS internal port the caller created), the routes that send cluster and service traffic
-//! into OVS, IPv4 forwarding, and removal of what openshift-sdn "version 1" (docker bridge
+//! into OVS, IPv4 forwarding (and, dual-stack, tun0's IPv6 side and IPv6 forwarding), and removal of what openshift-sdn "version 1" (docker bridge
 //! era) left behind. Idempotent: running it again on a configured host changes nothing.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use rtnetlink::packet_route::address::{AddressFlags, AddressScope};
 
 use crate::{
     error::{Error, Result},
@@ -32,6 +33,42 @@ pub struct HostConfig {
     pub cluster_network: Ipv4Net,
     /// The service network, routed through `tun` so OVS can hand it to kube-proxy's rules.
     pub service_network: Ipv4Net,
+    /// The IPv6 side of a dual-stack node; None: IPv4 only.
+    pub ipv6: Option<HostIpv6>,
+}
+
+/// The node's IPv6 side (dual-stack).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostIpv6 {
+    /// This node's IPv6 pod subnet; [`gateway6_of`] it goes on `tun`.
+    pub node_subnet: Ipv6Net,
+    /// The whole IPv6 cluster network, routed on-link through `tun`.
+    pub cluster_network: Ipv6Net,
+    /// The IPv6 service network, routed through `tun` as the IPv4 one is.
+    pub service_network: Ipv6Net,
+}
+
+impl HostIpv6 {
+    /// tun's IPv6 address: [`gateway6_of`] the node subnet, with its prefix length.
+    pub fn gateway(&self) -> Ipv6Net {
+        Ipv6Net::new_assert(gateway6_of(self.node_subnet), self.node_subnet.prefix_len())
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.node_subnet.prefix_len() > 126 {
+            return Err(Error::invalid(
+                format!("IPv6 node subnet {}", self.node_subnet),
+                "needs at least a /126 for gateway and pods",
+            ));
+        }
+        if !self.cluster_network.contains(&self.node_subnet) {
+            return Err(Error::invalid(
+                format!("IPv6 node subnet {}", self.node_subnet),
+                format!("not inside the IPv6 cluster network {}", self.cluster_network),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl HostConfig {
@@ -57,6 +94,9 @@ impl HostConfig {
         if !(68..=65535).contains(&self.mtu) {
             return Err(Error::invalid(format!("MTU {}", self.mtu), "outside 68..=65535"));
         }
+        if let Some(v6) = &self.ipv6 {
+            v6.validate()?;
+        }
         Ok(())
     }
 }
@@ -66,17 +106,26 @@ pub fn gateway_of(subnet: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(subnet.network()).saturating_add(1))
 }
 
+/// The IPv6 gateway of a subnet: its first address + 1 (fd00:10:128:1::1 for
+/// fd00:10:128:1::/64; the first, `::`, is the subnet-router anycast address).
+pub fn gateway6_of(subnet: Ipv6Net) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(subnet.network()).saturating_add(1))
+}
+
 /// What `setup_host` changed, for logging.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostChanges {
     /// Legacy interfaces that were found and deleted.
     pub removed_legacy_links: Vec<String>,
-    /// Addresses on `tun` other than the gateway address, removed.
-    pub removed_addresses: Vec<Ipv4Net>,
-    /// Whether the gateway address had to be added.
+    /// Addresses on `tun` other than the gateway addresses, removed (IPv6 link-local ones,
+    /// the kernel's own, are kept).
+    pub removed_addresses: Vec<IpNet>,
+    /// Whether the IPv4 gateway address had to be added.
     pub added_address: bool,
+    /// Whether the IPv6 gateway address had to be added.
+    pub added_address6: bool,
     /// Routes through `tun` that were missing (or pointed elsewhere) and were put in place.
-    pub added_routes: Vec<Ipv4Net>,
+    pub added_routes: Vec<IpNet>,
 }
 
 /// Configures the host side in namespace `ns` (the host's own, for the agent).
@@ -101,7 +150,7 @@ pub async fn setup_host(ns: &Netns, cfg: &HostConfig) -> Result<HostChanges> {
     let have = nl.addrs_v4(&tun).await?;
     for a in have.iter().filter(|a| **a != want) {
         nl.addr_del(&tun, *a).await?;
-        changes.removed_addresses.push(*a);
+        changes.removed_addresses.push(IpNet::V4(*a));
     }
     if !have.contains(&want) {
         // No prefix route: the node subnet is covered by the cluster-network route below, as
@@ -118,7 +167,7 @@ pub async fn setup_host(ns: &Netns, cfg: &HostConfig) -> Result<HostChanges> {
 
     for net in [cfg.cluster_network.trunc(), cfg.service_network.trunc()] {
         if !routes.iter().any(|r| r.dst == net && r.oif == Some(tun.index) && r.gateway.is_none()) {
-            changes.added_routes.push(net);
+            changes.added_routes.push(IpNet::V4(net));
         }
         nl.route_replace(net, None, &tun).await?;
     }
@@ -129,7 +178,52 @@ pub async fn setup_host(ns: &Netns, cfg: &HostConfig) -> Result<HostChanges> {
         sysctl::write(&["net", "ipv4", "conf", &tun_name, "forwarding"], "1")
     })
     .await?;
+    if let Some(v6) = &cfg.ipv6 {
+        setup_ipv6(ns, &nl, &cfg.tun, v6, &mut changes).await?;
+    }
     Ok(changes)
+}
+
+/// tun's IPv6 side, as the IPv4 one: the gateway address (NODAD: it is the gateway, unique by
+/// construction, and usable at once; no prefix route, the cluster route covers the subnet),
+/// other global addresses removed, the cluster and service networks on-link through tun, and
+/// forwarding.
+///
+/// `net.ipv6.conf.all.forwarding=1` turns forwarding on for every interface (and `default`),
+/// and a forwarding interface ignores router advertisements unless its `accept_ra` is 2: a
+/// host whose own addresses or default route come from SLAAC/RAs on its uplink stops
+/// refreshing them (they expire). Such a host needs `accept_ra=2` on the uplink, which is its
+/// administrator's setting, not ours.
+async fn setup_ipv6(ns: &Netns, nl: &Nl, tun_name: &str, v6: &HostIpv6, changes: &mut HostChanges) -> Result<()> {
+    // An interface with IPv6 disabled takes no IPv6 address: enable it first.
+    let name = tun_name.to_string();
+    ns.run("enable IPv6 on the gateway interface", move || {
+        sysctl::write(&["net", "ipv6", "conf", &name, "disable_ipv6"], "0")
+    })
+    .await?;
+    let tun = nl.require_link("gateway interface", tun_name).await?;
+    let want = v6.gateway();
+    let have = nl.addrs_v6(&tun).await?;
+    for a in have.iter().filter(|a| a.net != want && a.scope != AddressScope::Link) {
+        nl.addr_del_v6(&tun, a.net).await?;
+        changes.removed_addresses.push(IpNet::V6(a.net));
+    }
+    if !have.iter().any(|a| a.net == want) {
+        nl.addr_add_v6(&tun, want, AddressFlags::Nodad | AddressFlags::Noprefixroute).await?;
+        changes.added_address6 = true;
+    }
+    let subnet = v6.node_subnet.trunc();
+    let routes = nl.routes_v6().await?;
+    if routes.iter().any(|r| r.dst == subnet && r.oif == Some(tun.index) && r.gateway.is_none()) {
+        nl.route_del_v6(subnet, tun.index, tun_name).await?;
+    }
+    for net in [v6.cluster_network.trunc(), v6.service_network.trunc()] {
+        if !routes.iter().any(|r| r.dst == net && r.oif == Some(tun.index) && r.gateway.is_none()) {
+            changes.added_routes.push(IpNet::V6(net));
+        }
+        nl.route_replace_v6(net, None, &tun).await?;
+    }
+    ns.run("enable IPv6 forwarding", || sysctl::write(&["net", "ipv6", "conf", "all", "forwarding"], "1")).await
 }
 
 #[cfg(test)]
@@ -143,7 +237,34 @@ mod tests {
             mtu: 1450,
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             service_network: "172.30.0.0/16".parse().unwrap(),
+            ipv6: None,
         }
+    }
+
+    fn v6() -> HostIpv6 {
+        HostIpv6 {
+            node_subnet: "fd00:10:128:1::/64".parse().unwrap(),
+            cluster_network: "fd00:10:128::/48".parse().unwrap(),
+            service_network: "fd00:172:30::/112".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn ipv6_gateway_is_first_address_plus_one() {
+        assert_eq!(gateway6_of("fd00:10:128:1::/64".parse().unwrap()), "fd00:10:128:1::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(gateway6_of("fd00:10:128:1::77/64".parse().unwrap()), "fd00:10:128:1::1".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(v6().gateway().to_string(), "fd00:10:128:1::1/64");
+    }
+
+    #[test]
+    fn ipv6_validation() {
+        HostConfig { ipv6: Some(v6()), ..cfg() }.validate().unwrap();
+        let mut v = v6();
+        v.node_subnet = "fd00:99::/64".parse().unwrap();
+        assert!(HostConfig { ipv6: Some(v), ..cfg() }.validate().is_err());
+        let mut v = v6();
+        v.node_subnet = "fd00:10:128:1::/127".parse().unwrap();
+        assert!(HostConfig { ipv6: Some(v), ..cfg() }.validate().is_err());
     }
 
     #[test]

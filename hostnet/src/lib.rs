@@ -13,6 +13,11 @@
 //! - [`install_firewall`] / [`remove_firewall`]: the node's nftables table.
 //! - [`veth_state`] / [`delete_owned`]: a pod's veth as recorded (name and ifindex), never by a
 //!   name alone.
+//!
+//! Dual-stack: IPv4 is always there; IPv6 is an optional second family in each configuration
+//! ([`PodConfig::ipv6`], [`HostConfig::ipv6`], [`FirewallConfig::ipv6`]), `None` leaving
+//! everything as it is for IPv4 only. A pod's IPv6 address has passed duplicate address
+//! detection when [`configure_pod`] answers ([`Error::DadFailed`] when it did not).
 
 pub mod error;
 pub mod ethtool;
@@ -31,12 +36,15 @@ pub mod spare;
 pub mod sysctl;
 
 pub use error::{Error, Result};
-pub use firewall::{FirewallConfig, DEFAULT_TABLE};
+pub use firewall::{FirewallConfig, FirewallIpv6, DEFAULT_TABLE};
 pub use nfbatch::{install_firewall, remove_firewall};
-pub use host::{setup_host, HostChanges, HostConfig};
+pub use host::{gateway6_of, setup_host, HostChanges, HostConfig, HostIpv6};
 pub use hostif::{host_interface, HostInterface};
 pub use mac::MacAddr;
 pub use netns::{Netns, NsId, SandboxError};
 pub use owned::{delete_owned, veth_state, Deleted, VethState};
 pub use spare::{claim_spare, create_spare, move_spare};
-pub use pod::{add_veth_pairs, check_pod, configure_pod, make_pod_veth, setup_pod, teardown_pod, PodConfig, PodInterface, PodRoute};
+pub use pod::{
+    add_veth_pairs, check_pod, check_pod_config, configure_pod, make_pod_veth, setup_pod, teardown_pod, PodConfig, PodInterface,
+    PodIpv6, PodRoute, PodRoute6,
+};

@@ -4,11 +4,13 @@
 
 use std::ffi::CString;
 
-use ipnet::Ipv4Net;
+use std::net::Ipv6Addr;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nftnl::{
     expr::{
-        Bitwise, Cmp, CmpOp, Conntrack, InterfaceName, Ipv4HeaderField, Masquerade, Meta, NetworkHeaderField, Payload,
-        States, TransportHeaderField, UdpHeaderField, Verdict,
+        Bitwise, Cmp, CmpOp, Conntrack, InterfaceName, Ipv4HeaderField, Ipv6HeaderField, Masquerade, Meta,
+        NetworkHeaderField, Payload, States, TransportHeaderField, UdpHeaderField, Verdict,
     },
     Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table,
 };
@@ -20,22 +22,29 @@ use crate::{
     nfnl,
 };
 
-/// Installs (or atomically replaces) the rule set in namespace `ns`.
+/// Installs (or atomically replaces) the rule set in namespace `ns`: the `ip` table and, for
+/// a dual-stack configuration, the `ip6` one, in one batch (without IPv6, the same batch
+/// removes an `ip6` table of ours left from before).
 pub async fn install_firewall(ns: &Netns, cfg: &FirewallConfig) -> Result<()> {
     cfg.validate()?;
     let cfg = cfg.clone();
-    ns.run(&format!("install nftables table ip {}", cfg.table), move || {
-        let (batch, names) = install_batch(&cfg.table, &firewall::rules(&cfg))?;
+    let what = match cfg.ipv6 {
+        Some(_) => format!("install nftables tables ip and ip6 {}", cfg.table),
+        None => format!("install nftables table ip {}", cfg.table),
+    };
+    ns.run(&what, move || {
+        let rules6 = cfg.ipv6.as_ref().map(|_| firewall::rules6(&cfg));
+        let (batch, names) = install_batch(&cfg.table, &firewall::rules(&cfg), rules6.as_deref())?;
         nfnl::send_batch(&batch, &names)
     })
     .await
 }
 
-/// Removes our table from namespace `ns`; a missing table is success.
+/// Removes our tables (`ip` and `ip6`) from namespace `ns`; a missing table is success.
 pub async fn remove_firewall(ns: &Netns, table: &str) -> Result<()> {
     firewall::check_table_name(table)?;
     let table = table.to_string();
-    ns.run(&format!("remove nftables table ip {table}"), move || {
+    ns.run(&format!("remove nftables tables ip and ip6 {table}"), move || {
         let (batch, names) = remove_batch(&table)?;
         nfnl::send_batch(&batch, &names)
     })
@@ -49,17 +58,47 @@ fn cstring(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::invalid(format!("{what} {s:?}"), "contains NUL"))
 }
 
-/// "Create if missing, delete, create": the first add makes the delete valid whether or not
-/// the table existed (NEWTABLE on an existing table without NLM_F_EXCL is a no-op).
-pub(crate) fn install_batch(table_name: &str, rules: &[RuleSpec]) -> Result<Described> {
-    let table = Table::new(cstring("table", table_name)?, ProtoFamily::Ipv4);
-    let tname = format!("table ip {table_name}");
+/// "Create if missing, delete, create" for the `ip` table with `rules`, then the same for the
+/// `ip6` table with `rules6` or, without them, "create if missing, delete": the first add makes
+/// the delete valid whether or not the table existed (NEWTABLE on an existing table without
+/// NLM_F_EXCL is a no-op).
+pub(crate) fn install_batch(table_name: &str, rules: &[RuleSpec], rules6: Option<&[RuleSpec]>) -> Result<Described> {
     let mut batch = Batch::new();
     let mut names = Vec::new();
-    for (op, what) in [(MsgType::Add, "ensure"), (MsgType::Del, "delete"), (MsgType::Add, "add")] {
-        batch.add(&table, op);
+    add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv4, Some(rules))?;
+    add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv6, rules6)?;
+    Ok((batch.finalize(), names))
+}
+
+fn family_name(family: ProtoFamily) -> &'static str {
+    match family {
+        ProtoFamily::Ipv6 => "ip6",
+        _ => "ip",
+    }
+}
+
+/// Adds to `batch` the replacement of table `family` `table_name` by one with our chains and
+/// `rules`, or (None) its removal.
+fn add_table(
+    batch: &mut Batch,
+    names: &mut Vec<String>,
+    table_name: &str,
+    family: ProtoFamily,
+    rules: Option<&[RuleSpec]>,
+) -> Result<()> {
+    let table = Table::new(cstring("table", table_name)?, family);
+    let tname = format!("table {} {table_name}", family_name(family));
+    let steps: &[(MsgType, &str)] = match rules {
+        Some(_) => &[(MsgType::Add, "ensure"), (MsgType::Del, "delete"), (MsgType::Add, "add")],
+        None => &[(MsgType::Add, "ensure"), (MsgType::Del, "delete")],
+    };
+    for (op, what) in steps {
+        batch.add(&table, *op);
         names.push(format!("{what} {tname}"));
     }
+    let Some(rules) = rules else {
+        return Ok(());
+    };
     let chains: Vec<(ChainId, Chain<'_>)> =
         ChainId::ALL.iter().map(|id| Ok((*id, chain(&table, *id)?))).collect::<Result<_>>()?;
     for (id, c) in &chains {
@@ -70,19 +109,20 @@ pub(crate) fn install_batch(table_name: &str, rules: &[RuleSpec]) -> Result<Desc
         let Some((_, c)) = chains.iter().find(|(id, _)| *id == spec.chain) else {
             return Err(Error::invalid(format!("rule {i}"), "unknown chain"));
         };
-        batch.add(&rule(c, spec)?, MsgType::Add);
+        let r = rule(c, spec, family)?;
+        batch.add(&r, MsgType::Add);
         names.push(format!("add rule {i} ({}) in chain {} of {tname}", spec.comment, spec.chain.name()));
     }
-    Ok((batch.finalize(), names))
+    Ok(())
 }
 
-/// "Create if missing, delete": removal that succeeds whether or not the table exists.
+/// "Create if missing, delete" for both families: removal that succeeds whether or not the
+/// tables exist.
 pub(crate) fn remove_batch(table_name: &str) -> Result<Described> {
-    let table = Table::new(cstring("table", table_name)?, ProtoFamily::Ipv4);
     let mut batch = Batch::new();
-    batch.add(&table, MsgType::Add);
-    batch.add(&table, MsgType::Del);
-    let names = vec![format!("ensure table ip {table_name}"), format!("delete table ip {table_name}")];
+    let mut names = Vec::new();
+    add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv4, None)?;
+    add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv6, None)?;
     Ok((batch.finalize(), names))
 }
 
@@ -99,10 +139,10 @@ fn chain(table: &Table, id: ChainId) -> Result<Chain<'_>> {
     Ok(c)
 }
 
-fn rule<'a>(chain: &'a Chain<'_>, spec: &RuleSpec) -> Result<Rule<'a>> {
+fn rule<'a>(chain: &'a Chain<'_>, spec: &RuleSpec, family: ProtoFamily) -> Result<Rule<'a>> {
     let mut r = Rule::new(chain);
     for m in &spec.matches {
-        add_match(&mut r, m)?;
+        add_match(&mut r, m, family)?;
     }
     match spec.action {
         Action::Accept => r.add_expr(&Verdict::Accept),
@@ -114,11 +154,11 @@ fn rule<'a>(chain: &'a Chain<'_>, spec: &RuleSpec) -> Result<Rule<'a>> {
     Ok(r)
 }
 
-fn add_match(r: &mut Rule<'_>, m: &Match) -> Result<()> {
+fn add_match(r: &mut Rule<'_>, m: &Match, family: ProtoFamily) -> Result<()> {
     match m {
-        Match::SaddrIn(net) => prefix(r, Ipv4HeaderField::Saddr, *net, CmpOp::Eq),
-        Match::DaddrIn(net) => prefix(r, Ipv4HeaderField::Daddr, *net, CmpOp::Eq),
-        Match::DaddrNotIn(net) => prefix(r, Ipv4HeaderField::Daddr, *net, CmpOp::Neq),
+        Match::SaddrIn(net) => prefix(r, Field::Saddr, *net, CmpOp::Eq, family)?,
+        Match::DaddrIn(net) => prefix(r, Field::Daddr, *net, CmpOp::Eq, family)?,
+        Match::DaddrNotIn(net) => prefix(r, Field::Daddr, *net, CmpOp::Neq, family)?,
         Match::CtStateInvalid => {
             // ct state is a host-endian bit set: (state & INVALID) != 0.
             r.add_expr(&Conntrack::State);
@@ -140,11 +180,45 @@ fn add_match(r: &mut Rule<'_>, m: &Match) -> Result<()> {
     Ok(())
 }
 
-/// `ip saddr|daddr [!=] net`: load the address, mask it (unless /32), compare to the network.
-fn prefix(r: &mut Rule<'_>, field: Ipv4HeaderField, net: Ipv4Net, op: CmpOp) {
+#[derive(Clone, Copy)]
+enum Field {
+    Saddr,
+    Daddr,
+}
+
+/// `ip[6] saddr|daddr [!=] net`: load the address, mask it (unless a host prefix), compare to
+/// the network. A network of the other family than the table's is a bug of ours, reported.
+fn prefix(r: &mut Rule<'_>, field: Field, net: IpNet, op: CmpOp, family: ProtoFamily) -> Result<()> {
+    match (net, family) {
+        (IpNet::V4(net), ProtoFamily::Ipv4) => prefix4(r, field, net, op),
+        (IpNet::V6(net), ProtoFamily::Ipv6) => prefix6(r, field, net, op),
+        (net, family) => {
+            return Err(Error::invalid(format!("network {net}"), format!("in a table of family {}", family_name(family))))
+        }
+    }
+    Ok(())
+}
+
+fn prefix4(r: &mut Rule<'_>, field: Field, net: Ipv4Net, op: CmpOp) {
+    let field = match field {
+        Field::Saddr => Ipv4HeaderField::Saddr,
+        Field::Daddr => Ipv4HeaderField::Daddr,
+    };
     r.add_expr(&Payload::Network(NetworkHeaderField::Ipv4(field)));
     if net.prefix_len() < 32 {
         r.add_expr(&Bitwise::new(net.netmask(), 0u32));
+    }
+    r.add_expr(&Cmp::new(op, net.network()));
+}
+
+fn prefix6(r: &mut Rule<'_>, field: Field, net: Ipv6Net, op: CmpOp) {
+    let field = match field {
+        Field::Saddr => Ipv6HeaderField::Saddr,
+        Field::Daddr => Ipv6HeaderField::Daddr,
+    };
+    r.add_expr(&Payload::Network(NetworkHeaderField::Ipv6(field)));
+    if net.prefix_len() < 128 {
+        r.add_expr(&Bitwise::new(net.netmask(), Ipv6Addr::UNSPECIFIED));
     }
     r.add_expr(&Cmp::new(op, net.network()));
 }

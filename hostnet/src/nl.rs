@@ -3,16 +3,16 @@
 
 use std::{
     future::Future,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{FromRawFd, IntoRawFd},
     time::Duration,
 };
 
 use futures::{Stream, TryStreamExt};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::{
     packet_route::{
-        address::{AddressAttribute, AddressFlags, AddressMessage},
+        address::{AddressAttribute, AddressFlags, AddressMessage, AddressScope},
         link::{LinkAttribute, LinkFlags, LinkMessage},
         route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteScope},
         AddressFamily,
@@ -48,6 +48,36 @@ pub struct RouteInfo {
     pub gateway: Option<Ipv4Addr>,
     pub oif: Option<u32>,
     pub scope: RouteScope,
+}
+
+/// What we read back about an IPv6 route in the main table. (IPv6 routes have no scope: the
+/// kernel reports every one as universe, so "on-link" is "no gateway".)
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route6Info {
+    pub dst: Ipv6Net,
+    pub gateway: Option<Ipv6Addr>,
+    pub oif: Option<u32>,
+}
+
+/// What we read back about an IPv6 address: it, its flags (IFA_F_*: tentative while DAD runs,
+/// dadfailed when it found a duplicate) and its scope (link for fe80::/10).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Addr6Info {
+    pub net: Ipv6Net,
+    pub flags: AddressFlags,
+    pub scope: AddressScope,
+}
+
+impl Addr6Info {
+    /// Still being checked by duplicate address detection (and not failed).
+    pub fn tentative(&self) -> bool {
+        self.flags.contains(AddressFlags::Tentative) && !self.dad_failed()
+    }
+
+    /// Duplicate address detection found another holder: the kernel keeps the address, unusable.
+    pub fn dad_failed(&self) -> bool {
+        self.flags.contains(AddressFlags::Dadfailed)
+    }
 }
 
 /// A connection to rtnetlink inside one namespace. The background task is aborted on drop.
@@ -250,7 +280,77 @@ impl Nl {
         // Match any protocol/scope: the kernel's own prefix routes are proto kernel.
         msg.header.protocol = Default::default();
         msg.header.scope = RouteScope::NoWhere;
-        let what = route_name(dst, None, dev);
+        let what = route_name(dst, None::<Ipv4Addr>, dev);
+        match self.call("delete", &what, self.handle.route().del(msg).execute()).await {
+            Err(e) if e.errno() == Some(libc::ESRCH) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// IPv6 addresses on a link, with their flags and scope (link-local ones included).
+    pub async fn addrs_v6(&self, link: &Link) -> Result<Vec<Addr6Info>> {
+        let req = self.handle.address().get().set_link_index_filter(link.index).execute();
+        let what = format!("addresses of {}", link.name);
+        let msgs = self.collect("list", &what, req).await?;
+        Ok(msgs.iter().filter(|m| m.header.index == link.index).filter_map(addr_v6).collect())
+    }
+
+    /// Adds an IPv6 address with IFA_F_* `flags` (e.g. NOPREFIXROUTE, NODAD).
+    pub async fn addr_add_v6(&self, link: &Link, addr: Ipv6Net, flags: AddressFlags) -> Result<()> {
+        let mut req = self.handle.address().add(link.index, IpAddr::V6(addr.addr()), addr.prefix_len());
+        if !flags.is_empty() {
+            req.message_mut().attributes.push(AddressAttribute::Flags(flags));
+        }
+        let what = format!("address {addr} on {}", link.name);
+        self.call("add", &what, req.execute()).await
+    }
+
+    /// Removes an IPv6 address; one already gone is success.
+    pub async fn addr_del_v6(&self, link: &Link, addr: Ipv6Net) -> Result<()> {
+        let mut msg = AddressMessage::default();
+        msg.header.family = AddressFamily::Inet6;
+        msg.header.index = link.index;
+        msg.header.prefix_len = addr.prefix_len();
+        msg.attributes.push(AddressAttribute::Address(IpAddr::V6(addr.addr())));
+        let what = format!("address {addr} on {}", link.name);
+        match self.call("delete", &what, self.handle.address().del(msg).execute()).await {
+            Err(e) if e.errno() == Some(libc::EADDRNOTAVAIL) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// IPv6 routes of the main table.
+    pub async fn routes_v6(&self) -> Result<Vec<Route6Info>> {
+        let msg = rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new().build();
+        let req = self.handle.route().get(msg).execute();
+        let msgs = self.collect("list", "IPv6 routes", req).await?;
+        Ok(msgs.iter().filter_map(route6_info).collect())
+    }
+
+    /// Adds or replaces (NLM_F_REPLACE) an IPv6 route in the main table through `link`, via
+    /// `gateway` or, without one, on-link.
+    pub async fn route_replace_v6(&self, dst: Ipv6Net, gateway: Option<Ipv6Addr>, link: &Link) -> Result<()> {
+        let mut b = rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(dst.network(), dst.prefix_len())
+            .output_interface(link.index);
+        if let Some(gw) = gateway {
+            b = b.gateway(gw);
+        }
+        let what = route_name(dst, gateway, &link.name);
+        let req = self.handle.route().add(b.build()).replace();
+        self.call("add", &what, req.execute()).await
+    }
+
+    /// Deletes a main-table IPv6 route to `dst` through link index `oif`; a missing route is
+    /// success.
+    pub async fn route_del_v6(&self, dst: Ipv6Net, oif: u32, dev: &str) -> Result<()> {
+        let mut msg = rtnetlink::RouteMessageBuilder::<Ipv6Addr>::new()
+            .destination_prefix(dst.network(), dst.prefix_len())
+            .output_interface(oif)
+            .build();
+        msg.header.protocol = Default::default();
+        msg.header.scope = RouteScope::NoWhere;
+        let what = route_name(dst, None::<Ipv6Addr>, dev);
         match self.call("delete", &what, self.handle.route().del(msg).execute()).await {
             Err(e) if e.errno() == Some(libc::ESRCH) => Ok(()),
             other => other,
@@ -258,7 +358,7 @@ impl Nl {
     }
 }
 
-fn route_name(dst: Ipv4Net, gateway: Option<Ipv4Addr>, dev: &str) -> String {
+fn route_name(dst: impl std::fmt::Display, gateway: Option<impl std::fmt::Display>, dev: &str) -> String {
     match gateway {
         Some(gw) => format!("route {dst} via {gw} dev {dev}"),
         None => format!("route {dst} dev {dev}"),
@@ -302,6 +402,49 @@ fn addr_v4(m: &AddressMessage) -> Option<Ipv4Net> {
         }
     }
     Ipv4Net::new(local.or(address)?, m.header.prefix_len).ok()
+}
+
+fn addr_v6(m: &AddressMessage) -> Option<Addr6Info> {
+    if m.header.family != AddressFamily::Inet6 {
+        return None;
+    }
+    let mut local = None;
+    let mut address = None;
+    // IFA_FLAGS (32 bits) supersedes the header's 8 when present.
+    let mut flags = AddressFlags::from_bits_retain(u32::from(m.header.flags.bits()));
+    for a in &m.attributes {
+        match a {
+            AddressAttribute::Local(IpAddr::V6(ip)) => local = Some(*ip),
+            AddressAttribute::Address(IpAddr::V6(ip)) => address = Some(*ip),
+            AddressAttribute::Flags(f) => flags = *f,
+            _ => {}
+        }
+    }
+    let net = Ipv6Net::new(local.or(address)?, m.header.prefix_len).ok()?;
+    Some(Addr6Info { net, flags, scope: m.header.scope })
+}
+
+fn route6_info(m: &RouteMessage) -> Option<Route6Info> {
+    if m.header.address_family != AddressFamily::Inet6 {
+        return None;
+    }
+    let mut table = u32::from(m.header.table);
+    let mut dst = Ipv6Addr::UNSPECIFIED;
+    let mut gateway = None;
+    let mut oif = None;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = *ip,
+            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gateway = Some(*ip),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            _ => {}
+        }
+    }
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN) {
+        return None;
+    }
+    Some(Route6Info { dst: Ipv6Net::new(dst, m.header.destination_prefix_length).ok()?, gateway, oif })
 }
 
 fn route_info(m: &RouteMessage) -> Option<RouteInfo> {

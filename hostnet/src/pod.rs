@@ -2,10 +2,17 @@
 //! plugins): a veth pair whose host end stays in the host namespace (to be added to OVS by the
 //! caller) and whose other end becomes the pod's `eth0`, addressed and routed.
 
-use std::net::Ipv4Addr;
+use std::{
+    fs::File,
+    io::Write,
+    net::{Ipv4Addr, Ipv6Addr},
+    os::unix::fs::FileExt,
+    time::Duration,
+};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::{
+    address::AddressFlags,
     link::{InfoData, InfoVeth, LinkAttribute, LinkMessage},
     route::RouteScope,
 };
@@ -16,12 +23,31 @@ use crate::{
     mac::MacAddr,
     names::check_ifname,
     netns::Netns,
-    nl::Nl,
+    nl::{Link, Nl},
+    sysctl,
 };
 
 /// IPv4 multicast, routed on-link so pods can use multicast (openshift-sdn's CNI config did
 /// the same; OVS decides who receives it).
 pub const MULTICAST_NET: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(224, 0, 0, 0), 4);
+
+/// IPv6 multicast, routed on-link for the same reason as [`MULTICAST_NET`].
+pub const MULTICAST_NET6: Ipv6Net = Ipv6Net::new_assert(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8);
+
+/// How long the pod's interface waits for an answer to its one duplicate address detection
+/// probe (its `net.ipv6.neigh.<if>.retrans_time_ms` while DAD runs). A holder of the address
+/// answers from the same node's switch within microseconds, from another node over VXLAN
+/// within a round trip of the underlay (well under a millisecond in one site); the kernel's
+/// own floor is HZ/100 (10 ms). Measured here (HZ 250): 1 s default -> ~1.0 s to a usable
+/// address, 10 ms -> ~12-20 ms.
+pub const DAD_RETRANS_TIME_MS: u32 = 10;
+
+/// How often configure_pod looks at the pod's IPv6 address while DAD runs.
+pub const DAD_POLL_INTERVAL: Duration = Duration::from_millis(2);
+
+/// Bound on the wait for DAD's verdict (at most this / [`DAD_POLL_INTERVAL`] looks): far
+/// beyond the ~10 ms DAD takes with our settings, for a loaded machine's delayed workqueues.
+pub const DAD_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Attempts at picking an unused random host-side name before giving up.
 const NAME_ATTEMPTS: usize = 8;
@@ -31,6 +57,72 @@ const NAME_ATTEMPTS: usize = 8;
 pub struct PodRoute {
     pub dst: Ipv4Net,
     pub via: Option<Ipv4Addr>,
+}
+
+/// One IPv6 route inside the pod: via a gateway, or on-link when `via` is None.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PodRoute6 {
+    pub dst: Ipv6Net,
+    pub via: Option<Ipv6Addr>,
+}
+
+/// The pod's IPv6 side (dual-stack).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodIpv6 {
+    /// The pod's address with the node's IPv6 subnet prefix, e.g. fd00:10:128:1::5/64.
+    pub address: Ipv6Net,
+    /// tun0's IPv6 address in the node's IPv6 subnet (subnet::1); the default route's next hop.
+    pub gateway: Ipv6Addr,
+    /// The whole IPv6 cluster network, reached on-link like the IPv4 one.
+    pub cluster_network: Ipv6Net,
+}
+
+impl PodIpv6 {
+    /// The routes setup installs: `::/0` via the gateway, the cluster network and `ff00::/8`
+    /// on-link.
+    pub fn routes(&self) -> Vec<PodRoute6> {
+        vec![
+            PodRoute6 { dst: Ipv6Net::default(), via: Some(self.gateway) },
+            PodRoute6 { dst: self.cluster_network.trunc(), via: None },
+            PodRoute6 { dst: MULTICAST_NET6, via: None },
+        ]
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let subnet = self.address.trunc();
+        let addr = self.address.addr();
+        if self.address.prefix_len() > 126 {
+            return Err(Error::invalid(
+                format!("pod IPv6 address {}", self.address),
+                "its subnet needs room for the subnet-router anycast address, the gateway and the pod (at most /126)",
+            ));
+        }
+        if !is_global_unicast(addr) {
+            return Err(Error::invalid(
+                format!("pod IPv6 address {}", self.address),
+                "not a unicast address outside fe80::/10, ::1 and ::",
+            ));
+        }
+        if addr == subnet.network() {
+            return Err(Error::invalid(
+                format!("pod IPv6 address {}", self.address),
+                "is its subnet's first address (the subnet-router anycast address)",
+            ));
+        }
+        let gw = self.gateway;
+        if !subnet.contains(&gw) || gw == subnet.network() || gw == addr || !is_global_unicast(gw) {
+            return Err(Error::invalid(
+                format!("IPv6 gateway {gw}"),
+                format!("not another unicast address of the pod's IPv6 subnet {subnet} (nor its first)"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Unicast, and neither unspecified, loopback nor link-local.
+fn is_global_unicast(a: Ipv6Addr) -> bool {
+    !a.is_multicast() && !a.is_unspecified() && !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80
 }
 
 /// What a pod's interface must look like.
@@ -54,6 +146,8 @@ pub struct PodConfig {
     /// The host end's name; `None`: a fresh random one. A name derived from the container ID
     /// lets a later DEL find (and remove) the veth of a setup that never completed.
     pub host_ifname: Option<String>,
+    /// The IPv6 side of a dual-stack pod; None: IPv4 only.
+    pub ipv6: Option<PodIpv6>,
 }
 
 impl PodConfig {
@@ -67,6 +161,11 @@ impl PodConfig {
         ];
         routes.extend(self.extra_routes.iter().map(|r| PodRoute { dst: r.dst.trunc(), via: r.via }));
         routes
+    }
+
+    /// The IPv6 routes setup installs (none for an IPv4-only pod): see [`PodIpv6::routes`].
+    pub fn routes6(&self) -> Vec<PodRoute6> {
+        self.ipv6.as_ref().map(PodIpv6::routes).unwrap_or_default()
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -95,6 +194,9 @@ impl PodConfig {
                 format!("gateway {}", self.gateway),
                 format!("not another host address of the pod subnet {subnet}"),
             ));
+        }
+        if let Some(v6) = &self.ipv6 {
+            v6.validate()?;
         }
         Ok(())
     }
@@ -204,15 +306,31 @@ async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host
     let lo = pod_nl.require_link("loopback", "lo").await?;
     pod_nl.link_up(&lo, None).await?;
     pod_nl.addr_add(&link, cfg.address, false).await?;
+    let dad = match &cfg.ipv6 {
+        Some(v6) => {
+            let dad = prepare_ipv6(pod, &cfg.ifname).await?;
+            pod_nl.addr_add_v6(&link, v6.address, AddressFlags::empty()).await?;
+            Some(dad)
+        }
+        None => None,
+    };
     // Routes through a link need it up.
     pod_nl.link_up(&link, None).await?;
     for r in cfg.routes() {
         pod_nl.route_replace(r.dst, r.via, &link).await?;
     }
+    for r in cfg.routes6() {
+        pod_nl.route_replace_v6(r.dst, r.via, &link).await?;
+    }
     let ifname = cfg.ifname.clone();
     pod.run("disable tx checksum offload", move || ethtool::set_tx_checksum(&ifname, false)).await?;
     let host_link = host_nl.require_link("host veth", host_veth).await?;
+    // With both ends up the pod end has carrier: the kernel starts DAD now.
     host_nl.link_up(&host_link, None).await?;
+    if let (Some(v6), Some(dad)) = (&cfg.ipv6, dad) {
+        wait_for_dad(pod_nl, pod, &link, v6.address).await?;
+        dad.restore()?;
+    }
     let link = pod_nl.require_link("pod interface", &cfg.ifname).await?;
     let mac = link.mac.map(MacAddr).ok_or_else(|| Error::Reply {
         object: format!("pod interface {}", cfg.ifname),
@@ -227,6 +345,87 @@ async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host
         }
     }
     Ok(mac)
+}
+
+/// The pod interface's neighbour retransmission time as it was before DAD, to put back when
+/// DAD is over. The sysctl file stays open: /proc/sys/net resolves the namespace at open, so
+/// the write needs no second trip into the pod's namespace.
+struct DadRestore {
+    file: File,
+    name: String,
+    value: String,
+}
+
+impl DadRestore {
+    fn restore(self) -> Result<()> {
+        // At offset 0: the kernel ignores numeric sysctl writes at a later position
+        // (kernel.sysctl_writes_strict), and the first write moved this file's.
+        self.file
+            .write_all_at(self.value.as_bytes(), 0)
+            .map_err(|e| Error::io("write sysctl", format!("{}={}", self.name, self.value), e))
+    }
+}
+
+/// Makes the pod interface `ifname` ready for its IPv6 address, inside the pod's namespace:
+/// IPv6 on (`disable_ipv6=0`: a sandbox may inherit it off), no router advertisements
+/// (`accept_ra=0`: routes are ours), and a duplicate address detection that is real but quick.
+/// What the kernel does (net/ipv6/addrconf.c): addrconf_dad_kick waits a random
+/// 0..`router_solicitation_delay` (1 s) before the first probe, then addrconf_dad_work sends
+/// `dad_transmits` probes (1) one neighbour retransmission time apart
+/// (`neigh.<if>.retrans_time_ms`, 1 s; at least HZ/100) and declares success when the last
+/// one went unanswered. So: the delay 0, one probe, and [`DAD_RETRANS_TIME_MS`] to wait for an
+/// answer; `accept_dad=1` so the sandbox's defaults cannot skip DAD. The retransmission time
+/// also paces address resolution later (3 tries at 10 ms would give up on a slow neighbour in
+/// 30 ms), so it is put back when DAD is over.
+async fn prepare_ipv6(pod: &Netns, ifname: &str) -> Result<DadRestore> {
+    let ifname = ifname.to_string();
+    pod.run("prepare IPv6 on the pod interface", move || {
+        let conf = |key: &str, value: &str| sysctl::write(&["net", "ipv6", "conf", &ifname, key], value);
+        conf("disable_ipv6", "0")?;
+        conf("accept_ra", "0")?;
+        conf("accept_dad", "1")?;
+        conf("dad_transmits", "1")?;
+        conf("router_solicitation_delay", "0")?;
+        let components = ["net", "ipv6", "neigh", ifname.as_str(), "retrans_time_ms"];
+        let name = components.join(".");
+        let value = sysctl::read(&components)?;
+        let path = sysctl::sysctl_path(&components)?;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::io("open sysctl", name.clone(), e))?;
+        let short = DAD_RETRANS_TIME_MS.to_string();
+        file.write_all(short.as_bytes()).map_err(|e| Error::io("write sysctl", format!("{name}={short}"), e))?;
+        Ok(DadRestore { file, name, value })
+    })
+    .await
+}
+
+/// Waits until DAD is over for `address` on `link`: Ok once it is no longer tentative,
+/// [`Error::DadFailed`] when the kernel marked it dadfailed, [`Error::Timeout`] after
+/// [`DAD_TIMEOUT`]. Looks at the address flags every [`DAD_POLL_INTERVAL`], a bounded number of
+/// times.
+async fn wait_for_dad(nl: &Nl, pod: &Netns, link: &Link, address: Ipv6Net) -> Result<()> {
+    let object = || format!("{} (netns {})", link.name, pod.path().display());
+    let polls = (DAD_TIMEOUT.as_micros() / DAD_POLL_INTERVAL.as_micros()).max(1);
+    let deadline = tokio::time::Instant::now() + DAD_TIMEOUT;
+    for _ in 0..polls {
+        let addrs = nl.addrs_v6(link).await?;
+        let Some(a) = addrs.iter().find(|a| a.net == address) else {
+            return Err(Error::Reply { object: object(), reason: format!("IPv6 address {address} vanished during DAD") });
+        };
+        if a.dad_failed() {
+            return Err(Error::DadFailed { address, object: object() });
+        }
+        if !a.tentative() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(DAD_POLL_INTERVAL).await;
+    }
+    Err(Error::Timeout { op: "wait for duplicate address detection of", object: format!("{address} on {}", object()), after: DAD_TIMEOUT })
 }
 
 /// The error of a step that failed (`first`), given how undoing it went.
@@ -262,6 +461,24 @@ pub async fn check_pod(
     mac: Option<MacAddr>,
     routes: &[PodRoute],
 ) -> Result<()> {
+    check_interface(pod, ifname, address, mac, routes, None).await
+}
+
+/// [`check_pod`] for everything `cfg` asks for: its IPv4 address and routes (`cfg.routes()`)
+/// and, for a dual-stack pod, its IPv6 address (present and not dadfailed) and routes
+/// (`cfg.routes6()`). All differences are reported together.
+pub async fn check_pod_config(pod: &Netns, cfg: &PodConfig, mac: Option<MacAddr>) -> Result<()> {
+    check_interface(pod, &cfg.ifname, cfg.address, mac, &cfg.routes(), cfg.ipv6.as_ref()).await
+}
+
+async fn check_interface(
+    pod: &Netns,
+    ifname: &str,
+    address: Ipv4Net,
+    mac: Option<MacAddr>,
+    routes: &[PodRoute],
+    ipv6: Option<&PodIpv6>,
+) -> Result<()> {
     check_ifname(ifname)?;
     let nl = Nl::connect(pod).await?;
     let link = nl.require_link("pod interface", ifname).await?;
@@ -291,6 +508,29 @@ pub async fn check_pod(
             match r.via {
                 Some(gw) => problems.push(format!("route {} via {gw} missing", r.dst)),
                 None => problems.push(format!("on-link route {} missing", r.dst)),
+            }
+        }
+    }
+    if let Some(v6) = ipv6 {
+        let addrs = nl.addrs_v6(&link).await?;
+        match addrs.iter().find(|a| a.net == v6.address) {
+            None => problems.push(format!(
+                "IPv6 address {} missing (has {:?})",
+                v6.address,
+                addrs.iter().map(|a| a.net).collect::<Vec<_>>()
+            )),
+            Some(a) if a.dad_failed() => {
+                problems.push(format!("IPv6 address {} failed duplicate address detection", v6.address))
+            }
+            Some(_) => {}
+        }
+        let table = nl.routes_v6().await?;
+        for r in v6.routes() {
+            if !table.iter().any(|t| t.dst == r.dst && t.oif == Some(link.index) && t.gateway == r.via) {
+                match r.via {
+                    Some(gw) => problems.push(format!("route {} via {gw} missing", r.dst)),
+                    None => problems.push(format!("on-link route {} missing", r.dst)),
+                }
             }
         }
     }
@@ -346,7 +586,47 @@ mod tests {
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             extra_routes: vec![],
             host_ifname: None,
+            ipv6: None,
         }
+    }
+
+    fn v6() -> PodIpv6 {
+        PodIpv6 {
+            address: "fd00:10:128:1::5/64".parse().unwrap(),
+            gateway: "fd00:10:128:1::1".parse().unwrap(),
+            cluster_network: "fd00:10:128::/48".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn ipv6_routes_are_default_cluster_multicast() {
+        assert!(cfg().routes6().is_empty());
+        let c = PodConfig { ipv6: Some(v6()), ..cfg() };
+        let r = c.routes6();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[0], PodRoute6 { dst: "::/0".parse().unwrap(), via: Some("fd00:10:128:1::1".parse().unwrap()) });
+        assert_eq!(r[1], PodRoute6 { dst: "fd00:10:128::/48".parse().unwrap(), via: None });
+        assert_eq!(r[2], PodRoute6 { dst: "ff00::/8".parse().unwrap(), via: None });
+        // The IPv4 routes are not affected.
+        assert_eq!(c.routes(), cfg().routes());
+    }
+
+    #[test]
+    fn ipv6_validation() {
+        PodConfig { ipv6: Some(v6()), ..cfg() }.validate().unwrap();
+        let bad = |f: fn(&mut PodIpv6), needle: &str| {
+            let mut v = v6();
+            f(&mut v);
+            let e = PodConfig { ipv6: Some(v), ..cfg() }.validate().unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle} not in {e}");
+        };
+        bad(|v| v.address = "fd00:10:128:1::/64".parse().unwrap(), "first address");
+        bad(|v| v.gateway = "fd00:10:128:2::1".parse().unwrap(), "fd00:10:128:2::1");
+        bad(|v| v.gateway = "fd00:10:128:1::".parse().unwrap(), "gateway");
+        bad(|v| v.gateway = "fd00:10:128:1::5".parse().unwrap(), "gateway");
+        bad(|v| v.address = "fe80::5/64".parse().unwrap(), "unicast");
+        bad(|v| v.address = "ff02::5/64".parse().unwrap(), "unicast");
+        bad(|v| v.address = "fd00:10:128:1::5/127".parse().unwrap(), "/126");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{root_or_skip, TestNs};
-use hostnet::{install_firewall, remove_firewall, FirewallConfig};
+use hostnet::{install_firewall, remove_firewall, Error, FirewallConfig, FirewallIpv6};
 use serde_json::{json, Value};
 
 const TABLE: &str = "sdn-node";
@@ -14,10 +14,15 @@ fn cfg() -> FirewallConfig {
 
 /// The objects of `nft -j list table ip TABLE`, or None if the table does not exist.
 fn list(t: &TestNs, table: &str) -> Option<Vec<Value>> {
-    if !t.exec_ok(&["nft", "list", "table", "ip", table]) {
+    list_family(t, "ip", table)
+}
+
+/// The objects of `nft -j list table FAMILY TABLE`, or None if the table does not exist.
+fn list_family(t: &TestNs, family: &str, table: &str) -> Option<Vec<Value>> {
+    if !t.exec_ok(&["nft", "list", "table", family, table]) {
         return None;
     }
-    let out = t.exec(&["nft", "-j", "list", "table", "ip", table]);
+    let out = t.exec(&["nft", "-j", "list", "table", family, table]);
     let v: Value = serde_json::from_str(&out).unwrap();
     v["nftables"].as_array().cloned()
 }
@@ -31,13 +36,19 @@ fn rules(objs: &[Value]) -> Vec<(String, Value)> {
     of_kind(objs, "rule").into_iter().map(|r| (r["chain"].as_str().unwrap().to_string(), r["expr"].clone())).collect()
 }
 
-fn prefix(field: &str, op: &str, addr: &str, len: u32) -> Value {
-    json!({"match": {"left": {"payload": {"field": field, "protocol": "ip"}}, "op": op,
+fn prefix_of(proto: &str, field: &str, op: &str, addr: &str, len: u32) -> Value {
+    json!({"match": {"left": {"payload": {"field": field, "protocol": proto}}, "op": op,
                      "right": {"prefix": {"addr": addr, "len": len}}}})
 }
 
 /// The rules; `within`: traffic inside the cluster network is masqueraded too.
 fn expected_rules(cn: &str, len: u32, port: u16, tun: &str, within: bool) -> Vec<(String, Value)> {
+    expected_rules_of("ip", cn, len, port, tun, within)
+}
+
+/// The rules of the table of family `proto` (`ip`, `ip6`).
+fn expected_rules_of(proto: &str, cn: &str, len: u32, port: u16, tun: &str, within: bool) -> Vec<(String, Value)> {
+    let prefix = |field: &str, op: &str, addr: &str, len: u32| prefix_of(proto, field, op, addr, len);
     let r = |chain: &str, e: Value| (chain.to_string(), e);
     let masquerade = if within {
         json!([prefix("saddr", "==", cn, len), {"masquerade": null}])
@@ -174,4 +185,107 @@ async fn table_name_is_a_parameter() {
     assert!(list(&t, "sdn-node-test").is_some());
     assert!(list(&t, TABLE).is_none());
     assert!(install_firewall(&t.ns, &FirewallConfig { table: String::new(), ..cfg() }).await.is_err());
+}
+
+fn dual() -> FirewallConfig {
+    FirewallConfig {
+        ipv6: Some(FirewallIpv6 {
+            cluster_network: "fd00:10:128::/48".parse().unwrap(),
+            service_network: "fd00:172:30::/112".parse().unwrap(),
+        }),
+        ..cfg()
+    }
+}
+
+/// (name, hook, type, prio, policy) of each chain, sorted by name.
+fn chains(objs: &[Value]) -> Vec<(Value, Value, Value, Value, Value)> {
+    let mut chains: Vec<_> = of_kind(objs, "chain")
+        .into_iter()
+        .map(|c| (c["name"].clone(), c["hook"].clone(), c["type"].clone(), c["prio"].clone(), c["policy"].clone()))
+        .collect();
+    chains.sort_by_key(|c| c.0.to_string());
+    chains
+}
+
+#[tokio::test]
+async fn dual_stack_installs_the_same_rules_in_an_ip6_table() {
+    if !root_or_skip("dual_stack_installs_the_same_rules_in_an_ip6_table") {
+        return;
+    }
+    let t = TestNs::new("fw");
+    install_firewall(&t.ns, &cfg()).await.unwrap();
+    let v4_only = list(&t, TABLE).unwrap();
+    assert!(list_family(&t, "ip6", TABLE).is_none(), "no ip6 table without IPv6");
+
+    install_firewall(&t.ns, &dual()).await.unwrap();
+    let v4 = list(&t, TABLE).unwrap();
+    assert_eq!(rules(&v4), rules(&v4_only), "the IPv4 table does not change with IPv6");
+    assert_eq!(chains(&v4), chains(&v4_only));
+    let v6 = list_family(&t, "ip6", TABLE).expect("ip6 table");
+    assert_eq!(chains(&v6), chains(&v4));
+    assert_eq!(rules(&v6), expected_rules_of("ip6", "fd00:10:128::", 48, 4789, "tun0", true));
+
+    let mut keep = dual();
+    keep.masquerade_within_cluster = false;
+    install_firewall(&t.ns, &keep).await.unwrap();
+    assert_eq!(rules(&list_family(&t, "ip6", TABLE).unwrap()), expected_rules_of("ip6", "fd00:10:128::", 48, 4789, "tun0", false));
+    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.128.0.0", 14, 4789, "tun0", false));
+
+    // Back to IPv4 only: the ip6 table goes, in the same batch.
+    install_firewall(&t.ns, &cfg()).await.unwrap();
+    assert!(list_family(&t, "ip6", TABLE).is_none(), "ip6 table left behind");
+    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.128.0.0", 14, 4789, "tun0", true));
+
+    install_firewall(&t.ns, &dual()).await.unwrap();
+    remove_firewall(&t.ns, TABLE).await.unwrap();
+    assert!(list(&t, TABLE).is_none() && list_family(&t, "ip6", TABLE).is_none());
+}
+
+/// One transaction for both families: when the kernel refuses the IPv6 part (here: an ip6
+/// table of that name owned by another process, NFT_TABLE_F_OWNER), the IPv4 table is still
+/// the previous one.
+#[tokio::test]
+async fn a_refused_ipv6_part_leaves_the_previous_rules() {
+    if !root_or_skip("a_refused_ipv6_part_leaves_the_previous_rules") {
+        return;
+    }
+    let t = TestNs::new("fw");
+    install_firewall(&t.ns, &cfg()).await.unwrap();
+    let before = list(&t, TABLE).unwrap();
+
+    // `nft -i` keeps its netlink socket, and so its owned table, while it runs.
+    let mut owner = std::process::Command::new("ip")
+        .args(["netns", "exec", &t.name, "nft", "-i"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let stdin = owner.stdin.as_mut().unwrap();
+        writeln!(stdin, "add table ip6 {TABLE} {{ flags owner; }}").unwrap();
+        stdin.flush().unwrap();
+    }
+    let mut owned = false;
+    for _ in 0..100 {
+        if t.exec_ok(&["nft", "list", "table", "ip6", TABLE]) {
+            owned = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(owned, "nft -i did not make its table");
+
+    let mut changed = dual();
+    changed.cluster_network = "10.0.0.0/16".parse().unwrap();
+    let e = install_firewall(&t.ns, &changed).await.unwrap_err();
+    eprintln!("refused batch as reported: {e}");
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert!(e.to_string().contains("ip6"), "the error names the ip6 table: {e}");
+    assert_eq!(list(&t, TABLE).unwrap(), before, "the IPv4 table changed although the batch failed");
+
+    drop(owner.stdin.take());
+    owner.wait().unwrap();
+    install_firewall(&t.ns, &changed).await.unwrap();
+    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.0.0.0", 16, 4789, "tun0", true));
 }

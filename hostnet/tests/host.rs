@@ -5,7 +5,8 @@
 mod common;
 
 use common::{root_or_skip, route, TestNs};
-use hostnet::{setup_host, Error, HostConfig};
+use hostnet::{setup_host, Error, HostConfig, HostIpv6};
+use ipnet::IpNet;
 
 fn cfg() -> HostConfig {
     HostConfig {
@@ -14,6 +15,7 @@ fn cfg() -> HostConfig {
         mtu: 1450,
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         service_network: "172.30.0.0/16".parse().unwrap(),
+        ipv6: None,
     }
 }
 
@@ -117,4 +119,88 @@ async fn missing_tun_is_an_error_naming_it() {
     let e = setup_host(&t.ns, &cfg()).await.unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
     assert!(e.to_string().contains("tun0"), "{e}");
+}
+
+fn dual() -> HostConfig {
+    HostConfig {
+        ipv6: Some(HostIpv6 {
+            node_subnet: "fd00:10:128:1::/64".parse().unwrap(),
+            cluster_network: "fd00:10:128::/48".parse().unwrap(),
+            service_network: "fd00:172:30::/112".parse().unwrap(),
+        }),
+        ..cfg()
+    }
+}
+
+/// `ip -j -6 addr show dev DEV`'s addresses (with their flags as keys).
+fn addrs6(t: &TestNs, dev: &str) -> Vec<serde_json::Value> {
+    let v = t.ip_json(&["-6", "addr", "show", "dev", dev]);
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter(|a| a.get("local").is_some())
+        .collect()
+}
+
+fn assert_configured6(t: &TestNs) {
+    let global: Vec<_> = addrs6(t, "tun0").into_iter().filter(|a| a["scope"] == "global").collect();
+    assert_eq!(global.len(), 1, "{global:?}");
+    assert_eq!(global[0]["local"], "fd00:10:128:1::1");
+    assert_eq!(global[0]["prefixlen"], 64);
+    assert!(global[0].get("tentative").is_none(), "the gateway address is usable at once: {:?}", global[0]);
+    let routes = t.ip_json(&["-6", "route", "show", "table", "main"]).as_array().cloned().unwrap_or_default();
+    for dst in ["fd00:10:128::/48", "fd00:172:30::/112"] {
+        let r = route(&routes, dst).unwrap_or_else(|| panic!("{dst}: {routes:?}"));
+        assert_eq!(r["dev"], "tun0");
+        assert!(r.get("gateway").is_none(), "{r}");
+    }
+    assert!(route(&routes, "fd00:10:128:1::/64").is_none(), "node subnet prefix route: {routes:?}");
+    assert_eq!(sysctl(t, "/proc/sys/net/ipv6/conf/all/forwarding"), "1");
+    assert_eq!(sysctl(t, "/proc/sys/net/ipv6/conf/tun0/disable_ipv6"), "0");
+}
+
+#[tokio::test]
+async fn dual_stack_tun_gets_its_ipv6_side_idempotently() {
+    if !root_or_skip("dual_stack_tun_gets_its_ipv6_side_idempotently") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    t.ip(&["link", "set", "tun0", "up"]);
+    // A stale address, and the right one added the plain way (with its prefix route).
+    t.ip(&["addr", "add", "fd00:99::1/64", "dev", "tun0", "nodad"]);
+    t.ip(&["addr", "add", "fd00:10:128:1::1/64", "dev", "tun0", "nodad"]);
+    let changes = setup_host(&t.ns, &dual()).await.unwrap();
+    assert_eq!(changes.removed_addresses, vec!["fd00:99::1/64".parse::<IpNet>().unwrap()]);
+    assert!(!changes.added_address6);
+    assert!(changes.added_address, "the IPv4 side is set up as before");
+    assert_configured(&t);
+    assert_configured6(&t);
+    assert!(
+        addrs6(&t, "tun0").iter().any(|a| a["scope"] == "link"),
+        "the kernel's link-local address is kept: {:?}",
+        addrs6(&t, "tun0")
+    );
+
+    let again = setup_host(&t.ns, &dual()).await.unwrap();
+    assert_eq!(again, Default::default(), "second run changed something");
+    assert_configured6(&t);
+}
+
+#[tokio::test]
+async fn dual_stack_fresh_tun_with_ipv6_off_by_default() {
+    if !root_or_skip("dual_stack_fresh_tun_with_ipv6_off_by_default") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.exec(&["sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.all.forwarding=0"]);
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    assert_eq!(sysctl(&t, "/proc/sys/net/ipv6/conf/tun0/disable_ipv6"), "1");
+    let changes = setup_host(&t.ns, &dual()).await.unwrap();
+    assert!(changes.added_address && changes.added_address6);
+    let added: Vec<String> = changes.added_routes.iter().map(ToString::to_string).collect();
+    assert_eq!(added, ["10.128.0.0/14", "172.30.0.0/16", "fd00:10:128::/48", "fd00:172:30::/112"]);
+    assert_configured(&t);
+    assert_configured6(&t);
 }

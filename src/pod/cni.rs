@@ -105,6 +105,7 @@ fn pod_config(rec: &CniRecord, mac: Option<netif::MacAddr>, cluster: Option<Ipv4
         cluster_network: cluster.unwrap_or(address),
         extra_routes: vec![],
         host_ifname,
+        ipv6: None,
     })
 }
 

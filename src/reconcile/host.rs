@@ -37,6 +37,7 @@ pub fn plan(st: &ClusterState) -> Option<HostPlan> {
         mtu: st.mtu,
         cluster_network: st.cluster_network,
         service_network: st.service_network,
+        ipv6: None,
     };
     let mut firewall = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
     firewall.vxlan_port = st.vxlan_port;

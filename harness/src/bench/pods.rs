@@ -246,6 +246,7 @@ fn pod_config(veth: &str, p: &PodPort) -> hostnet::PodConfig {
         cluster_network: workload::node().cluster_network,
         extra_routes: vec![],
         host_ifname: Some(veth.to_string()),
+        ipv6: None,
     }
 }
 

@@ -141,6 +141,7 @@ pub fn pod_cfg(host: u8) -> hostnet::PodConfig {
         cluster_network: "10.128.0.0/14".parse().unwrap(),
         extra_routes: vec![],
         host_ifname: None,
+        ipv6: None,
     }
 }
 
