@@ -5,10 +5,7 @@
 //! past duplicate address detection); IPv6 addresses are never handed out twice, across DELs
 //! and agent restarts (IPAM's IPv6 cursor in the checkpoint), and an `ipam.json` from before
 //! dual-stack still loads; a real DAD failure fails the ADD and leaves nothing; DEL leaves
-//! nothing.
-//!
-//! `ping6_between_dual_stack_pods` needs the IPv6 flows of the OVS pipeline and is ignored
-//! until they land (run it with `--ignored`).
+//! nothing; pods ping each other and their gateway over IPv6.
 
 mod support;
 
@@ -295,11 +292,8 @@ async fn a_dad_failure_fails_the_add_and_leaves_nothing() {
     assert!(!sandbox_addrs6(&p).contains("dadfailed"));
 }
 
-/// Pod to pod over IPv6 through OVS. IGNORED until the IPv6 flows of the pipeline land (the
-/// lead's work): without them OVS drops every IPv6 packet. Run with
-/// `cargo test --test cni_dual_stack -- --ignored ping6_between_dual_stack_pods`.
+/// Pod to pod over IPv6 through OVS, pods made through libcni.
 #[tokio::test]
-#[ignore = "needs the IPv6 flows of the OVS pipeline (issue 36); run with --ignored once they land"]
 async fn ping6_between_dual_stack_pods() {
     if !can_run() {
         return;
