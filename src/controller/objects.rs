@@ -101,10 +101,17 @@ impl NodeInfo {
                 .parse::<IpAddr>()
                 .map_err(|_| format!("annotation {HOST_IP_ANNOTATION}: {a:?} is not an IP address"));
         }
-        let v4 = |v: &[IpAddr]| v.iter().find(|a| a.is_ipv4()).copied();
-        v4(&self.internal).or_else(|| v4(&self.external)).ok_or_else(|| {
-            format!("no IPv4 InternalIP or ExternalIP in status.addresses (set annotation {HOST_IP_ANNOTATION} to the address other nodes reach it at)")
-        })
+        // IPv4 first (the VXLAN underlay of every node that has it); a node with IPv6
+        // addresses only gets an IPv6 underlay address (VXLAN over IPv6). The nodes of one
+        // cluster must share the underlay's family to reach each other.
+        let of = |v: &[IpAddr], v4: bool| v.iter().find(|a| a.is_ipv4() == v4).copied();
+        of(&self.internal, true)
+            .or_else(|| of(&self.external, true))
+            .or_else(|| of(&self.internal, false))
+            .or_else(|| of(&self.external, false))
+            .ok_or_else(|| {
+                format!("no InternalIP or ExternalIP in status.addresses (set annotation {HOST_IP_ANNOTATION} to the address other nodes reach it at)")
+            })
     }
 }
 
@@ -319,8 +326,11 @@ mod tests {
         assert_eq!(n.bad_pod_cidrs, vec!["nope".to_string()]);
         let n = NodeInfo::from(&node(&[], &[], Some("x"))).unwrap();
         assert!(n.host_ip().unwrap_err().contains(HOST_IP_ANNOTATION));
-        let n = NodeInfo::from(&node(&[], &[("InternalIP", "fd00::1")], None)).unwrap();
-        assert!(n.host_ip().unwrap_err().contains("no IPv4 InternalIP"));
+        // IPv6 addresses only: an IPv6 underlay, InternalIP first.
+        let n = NodeInfo::from(&node(&[], &[("ExternalIP", "2001:db8::9"), ("InternalIP", "fd00::1")], None)).unwrap();
+        assert_eq!(n.host_ip().unwrap().to_string(), "fd00::1");
+        let n = NodeInfo::from(&node(&[], &[("Hostname", "n1")], None)).unwrap();
+        assert!(n.host_ip().unwrap_err().contains("no InternalIP or ExternalIP"));
     }
 
     #[test]
