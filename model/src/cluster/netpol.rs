@@ -10,9 +10,9 @@
 //! nothing.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use k8s_openapi::api::networking::v1 as knet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -141,9 +141,10 @@ pub enum Peer {
     /// `pods` selects (`None`: all of them). Both given = the intersection.
     Pods { namespaces: Option<Selector>, pods: Option<Selector> },
     /// Addresses (the source's for ingress, the destination's for egress) in `cidr` but in
-    /// none of `except` (IPv4 only: an IPv6 block matches no packet of this pipeline and is
-    /// kept out).
-    IpBlock { cidr: Ipv4Net, except: Vec<Ipv4Net> },
+    /// none of `except`, of either family (every `except` of `cidr`'s family, within it): a
+    /// block allows packets of its own family only (an IPv6 block, `ipv6` flows; on a node
+    /// without IPv6, no flow at all).
+    IpBlock { cidr: IpNet, except: Vec<IpNet> },
 }
 
 /// What a policy port says about the destination port.
@@ -330,14 +331,18 @@ fn peer(p: &knet::NetworkPolicyPeer, field: &str) -> Result<Option<Peer>, FieldE
         for (i, e) in b.except.iter().flatten().enumerate() {
             let n: IpNet = e.parse().map_err(|_| (format!("{field}.ipBlock.except[{i}]"), format!("{e:?} is not a CIDR")))?;
             match (cidr, n) {
-                (IpNet::V4(c), IpNet::V4(n)) if c.contains(&n) => except.push(n.trunc()),
+                (IpNet::V4(_), IpNet::V6(_)) | (IpNet::V6(_), IpNet::V4(_)) => {
+                    let fam = |n: IpNet| if matches!(n, IpNet::V4(_)) { "IPv4" } else { "IPv6" };
+                    return Err((
+                        format!("{field}.ipBlock.except[{i}]"),
+                        format!("{e} is {}, its cidr {} is {}: an except must be of its cidr's family", fam(n), b.cidr, fam(cidr)),
+                    ));
+                }
+                _ if cidr.contains(&n) => except.push(n.trunc()),
                 _ => return Err((format!("{field}.ipBlock.except[{i}]"), format!("{e} is not within {}", b.cidr))),
             }
         }
-        return Ok(match cidr {
-            IpNet::V4(c) => Some(Peer::IpBlock { cidr: c.trunc(), except }),
-            IpNet::V6(_) => None,
-        });
+        return Ok(Some(Peer::IpBlock { cidr: cidr.trunc(), except }));
     }
     let sel = |s: &Option<LabelSelector>, f: &str| -> Result<Option<Selector>, FieldError> {
         s.as_ref().map(|s| Selector::from_k8s(s, &format!("{field}.{f}"))).transpose()
@@ -379,8 +384,9 @@ fn port(p: &knet::NetworkPolicyPort, field: &str) -> Result<PolicyPort, FieldErr
     Ok(PolicyPort { proto, port: spec })
 }
 
-/// `cidr` without every `except` block, as disjoint CIDRs.
-pub fn subtract(cidr: Ipv4Net, except: &[Ipv4Net]) -> Vec<Ipv4Net> {
+/// `cidr` without every `except` block, as disjoint CIDRs (an `except` of the other family
+/// takes nothing away).
+pub fn subtract(cidr: IpNet, except: &[IpNet]) -> Vec<IpNet> {
     let mut parts = vec![cidr];
     for e in except {
         let mut next = Vec::new();
@@ -425,8 +431,17 @@ pub struct View<'a> {
 struct ViewPod<'a> {
     namespace: &'a str,
     ip: Ipv4Addr,
+    /// Its IPv6 address (dual-stack).
+    ip6: Option<Ipv6Addr>,
     labels: &'a Labels,
     container_ports: &'a [ContainerPort],
+}
+
+impl ViewPod<'_> {
+    /// The pod's addresses as peers: its IPv4 one, and its IPv6 one if it has one.
+    fn addresses(&self) -> impl Iterator<Item = Src> + '_ {
+        std::iter::once(Src::Net(IpNet::from(IpAddr::V4(self.ip)))).chain(self.ip6.map(|a| Src::Net(IpNet::from(IpAddr::V6(a)))))
+    }
 }
 
 impl<'a> View<'a> {
@@ -445,8 +460,14 @@ impl<'a> View<'a> {
         let pods = state
             .pods
             .iter()
-            .map(|p| ViewPod { namespace: &p.namespace, ip: p.ip, labels: state.pod_labels(p), container_ports: state.pod_container_ports(p) })
-            .chain(state.remote_pods.iter().map(|p| ViewPod { namespace: &p.namespace, ip: p.ip, labels: &p.labels, container_ports: &p.container_ports }))
+            .map(|p| ViewPod { namespace: &p.namespace, ip: p.ip, ip6: p.ip6, labels: state.pod_labels(p), container_ports: state.pod_container_ports(p) })
+            .chain(state.remote_pods.iter().map(|p| ViewPod {
+                namespace: &p.namespace,
+                ip: p.ip,
+                ip6: p.ip6,
+                labels: &p.labels,
+                container_ports: &p.container_ports,
+            }))
             .collect();
         View { namespaces, by_vnid, pods }
     }
@@ -467,7 +488,7 @@ impl<'a> View<'a> {
                 let pod_ips = |nss: &BTreeSet<&str>, sel: Option<&Selector>, out: &mut Vec<Src>| {
                     for p in &self.pods {
                         if nss.contains(p.namespace) && sel.is_none_or(|s| s.matches(p.labels)) {
-                            out.push(Src::Net(Ipv4Net::from(p.ip)));
+                            out.extend(p.addresses());
                         }
                     }
                 };
@@ -511,7 +532,7 @@ impl View<'_> {
         let Some(peers) = &r.peers else {
             out.push((Src::Any, numeric));
             if !named.is_empty() {
-                out.extend(self.pods.iter().map(|p| (Src::Net(Ipv4Net::from(p.ip)), named_on(p))).filter(|(_, d)| !d.is_empty()));
+                out.extend(self.pods.iter().flat_map(|p| p.addresses().map(move |a| (a, p))).map(|(a, p)| (a, named_on(p))).filter(|(_, d)| !d.is_empty()));
             }
             return out;
         };
@@ -520,8 +541,18 @@ impl View<'_> {
                 Peer::IpBlock { cidr, except } => {
                     let parts = subtract(*cidr, except);
                     if !named.is_empty() {
-                        let inside = self.pods.iter().filter(|p| parts.iter().any(|n| n.contains(&p.ip)));
-                        out.extend(inside.map(|p| (Src::Net(Ipv4Net::from(p.ip)), named_on(p))).filter(|(_, d)| !d.is_empty()));
+                        // Each of the pod's addresses the block holds (an IPv6 block, its IPv6 one).
+                        for p in &self.pods {
+                            for a in p.addresses() {
+                                let Src::Net(host) = a else { continue };
+                                if parts.iter().any(|n| n.contains(&host)) {
+                                    let d = named_on(p);
+                                    if !d.is_empty() {
+                                        out.push((a, d));
+                                    }
+                                }
+                            }
+                        }
                     }
                     out.extend(parts.into_iter().map(|n| (Src::Net(n), numeric.clone())));
                 }
@@ -531,7 +562,7 @@ impl View<'_> {
                         if selected.contains(p.namespace) && pods.as_ref().is_none_or(|s| s.matches(p.labels)) {
                             let mut d = numeric.clone();
                             d.extend(named_on(p));
-                            out.push((Src::Net(Ipv4Net::from(p.ip)), d));
+                            out.extend(p.addresses().map(|a| (a, d.clone())));
                         }
                     }
                 }
@@ -553,7 +584,7 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
     let mut isolated = [vec![false; pods.len()], vec![false; pods.len()]];
     let (mut rules, mut egress_rules) = (Vec::new(), Vec::new());
     let mut audit = Audit { meter_id: crate::pipeline::audit::AUDIT_METER_ID, ..Default::default() };
-    let mut deny: BTreeMap<(Side, Ipv4Addr), Vec<&str>> = BTreeMap::new();
+    let mut deny: BTreeMap<(Side, IpAddr), Vec<&str>> = BTreeMap::new();
     for p in &policies {
         let selected: Vec<usize> = (0..pods.len()).filter(|i| p.pod_selector.matches(state.pod_labels(pods[*i]))).collect();
         if selected.is_empty() {
@@ -571,7 +602,9 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
             for i in &selected {
                 isolated[usize::from(side == Side::Egress)][*i] = true;
                 if mode.deny {
-                    deny.entry((side, pods[*i].ip)).or_default().push(&p.name);
+                    for ip in std::iter::once(IpAddr::V4(pods[*i].ip)).chain(pods[*i].ip6.map(IpAddr::V6)) {
+                        deny.entry((side, ip)).or_default().push(&p.name);
+                    }
                 }
             }
             if mode.allow {
@@ -607,7 +640,9 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
     let pod_vnid = state.vnid_of(namespace);
     let vnid = pod_vnid.filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
     let [isolated, egress_isolated] = isolated.map(|flags| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect());
-    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit }, warnings)
+    // Dual-stack pods: their rules are compiled for their IPv6 addresses too.
+    let ip6 = pods.iter().filter_map(|p| p.ip6.map(|a| (p.ip, a))).collect();
+    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit, ip6 }, warnings)
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).
@@ -705,14 +740,14 @@ mod tests {
 
     #[test]
     fn subtract_leaves_disjoint_blocks() {
-        let c: Ipv4Net = "10.0.0.0/8".parse().unwrap();
+        let c: IpNet = "10.0.0.0/8".parse().unwrap();
         let parts = subtract(c, &["10.1.0.0/16".parse().unwrap(), "10.2.3.0/24".parse().unwrap()]);
         for a in ["10.0.0.1", "10.2.2.9", "10.255.0.1", "10.2.4.0"] {
-            let a: Ipv4Addr = a.parse().unwrap();
+            let a: IpAddr = a.parse().unwrap();
             assert_eq!(parts.iter().filter(|p| p.contains(&a)).count(), 1, "{a} {parts:?}");
         }
         for a in ["10.1.0.1", "10.2.3.200", "11.0.0.1"] {
-            let a: Ipv4Addr = a.parse().unwrap();
+            let a: IpAddr = a.parse().unwrap();
             assert!(parts.iter().all(|p| !p.contains(&a)), "{a} {parts:?}");
         }
         assert!(subtract(c, &[c]).is_empty());

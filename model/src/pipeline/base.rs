@@ -94,9 +94,7 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
         flows.extend(ipv6_flows(v6));
     }
     if networkpolicy {
-        flows.extend(super::netpol::conntrack_flows(cfg.cluster_network, cfg.service_network));
-        flows.extend(super::netpol::egress::base_flows(cfg.gateway(), cfg.service_network));
-        flows.extend(super::via_host::base_flows(cfg));
+        flows.extend(super::netpol::base_flows(cfg));
     }
     flows
 }

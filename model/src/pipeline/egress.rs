@@ -3,12 +3,34 @@
 //! The seed swaps rules with a temporary priority-65535 drop and cookie tricks; here the whole
 //! new rule set of a VNID is computed up front and the store swaps it in one atomic bundle, so
 //! there is no window where traffic is dropped or leaks.
+//!
+//! IPv6 (a dual-stack node, [`flows_for`] with `ipv6`): an EgressNetworkPolicy governs the
+//! namespace's IPv6 egress too, and never lets it escape the policy:
+//!
+//! - an IPv6 `cidrSelector` ([`Target::Cidr6`]) matches IPv6 destinations (`ipv6` flows), an
+//!   IPv4 one IPv4 destinations;
+//! - `0.0.0.0/0` (and `0.0.0.0/32`, corrected to it as the seed does) is the policy's
+//!   catch-all, "every destination", as openshift-sdn documents it: it matches IPv6 too, so the
+//!   usual last rule `Deny 0.0.0.0/0` denies IPv6 egress and an `Allow 0.0.0.0/0` allows it;
+//!   `::/0` is every IPv6 destination only;
+//! - a `dnsName` matches the IPv4 addresses its name resolves to ([`DnsAnswers`]: no AAAA
+//!   lookup), so no IPv6 destination;
+//! - IPv6 traffic no rule matches is **denied** (`ipv6,reg0=<VNID>` drop at priority 1, the
+//!   IPv6 rules one priority above their IPv4 twins' to make room; the two families' flows
+//!   never overlap). IPv4 traffic no rule matches goes out, as openshift-sdn has it; for IPv6
+//!   there is no such legacy, and a policy written with IPv4 rules only (a deny list of IPv4
+//!   ranges, say) must not leave the namespace's IPv6 egress open: fail closed, allowed only
+//!   where a rule says so.
+//!
+//! The error branches (a shared NetNamespace, several policies, an unresolved name) drop every
+//! packet of the VNID whatever its family (`reg0=<VNID>`, no `ip` match), as before.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
-use openflow::{Ipv4Match, Match};
+use ipnet::{Ipv4Net, Ipv6Net};
+use openflow::flow_match::Ipv6Match;
+use openflow::{Ipv4Match, Masked, Match};
 
 use super::{cidr, host, output, Flow, Reg, Table};
 use crate::domain::{OfPort, Vnid};
@@ -22,6 +44,8 @@ pub enum RuleType {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     Cidr(Ipv4Net),
+    /// An IPv6 `cidrSelector` (IPv6 destinations only; see the module documentation).
+    Cidr6(Ipv6Net),
     DnsName(String),
 }
 
@@ -63,7 +87,15 @@ fn drop_all(vnid: Vnid) -> Flow {
 
 /// The four branches of the seed: no policy; VNID 0 (ignored, error); a shared NetNamespace or
 /// several policies (drop all, error); one policy (its rules in order, first rule highest).
+/// IPv4 only (a node without IPv6): [`flows_for`] without `ipv6`.
 pub fn flows(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAnswers) -> Outcome {
+    flows_for(vnid, policies, namespaces, dns, false)
+}
+
+/// [`flows`], and with `ipv6` (a dual-stack node) the policy's IPv6 flows: its IPv6 rules,
+/// the catch-all `0.0.0.0/0`'s IPv6 twin, and the IPv6 default deny (see the module
+/// documentation). Without `ipv6`, IPv6 rules make no flow (no IPv6 packet reaches table 100).
+pub fn flows_for(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAnswers, ipv6: bool) -> Outcome {
     let mut out = Outcome::default();
     if policies.is_empty() {
         return out;
@@ -100,9 +132,12 @@ pub fn flows(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAn
             RuleType::Deny => vec![],
         };
         let mut dsts: Vec<Option<openflow::Masked<Ipv4Addr>>> = Vec::new();
+        // IPv6 destinations (`Some(None)`: every one).
+        let mut dsts6: Vec<Option<Masked<Ipv6Addr>>> = Vec::new();
         match &rule.to {
             Target::Cidr(net) if net.prefix_len() == 0 => {
                 dsts.push(None);
+                dsts6.push(None);
             }
             Target::Cidr(net) if *net == Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 32).unwrap_or_default() => {
                 out.warnings.push(format!(
@@ -110,7 +145,10 @@ pub fn flows(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAn
                     policy.namespace, policy.name
                 ));
                 dsts.push(None);
+                dsts6.push(None);
             }
+            Target::Cidr6(net) if net.prefix_len() == 0 => dsts6.push(None),
+            Target::Cidr6(net) => dsts6.push(Some(Masked::cidr(net.network(), net.prefix_len()).unwrap_or(Masked::exact(net.network())))),
             Target::Cidr(net) => {
                 dsts.push(Some(cidr(*net)));
             }
@@ -135,6 +173,21 @@ pub fn flows(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAn
                 None,
             ));
         }
+        if ipv6 {
+            for dst in dsts6 {
+                out.flows.push(Flow::new(
+                    Table::EgressPolicy,
+                    priority + 1,
+                    Match::any().reg(Reg::SrcVnid.n(), vnid.get()).ipv6(Ipv6Match { dst, ..Default::default() }),
+                    actions.clone(),
+                    None,
+                ));
+            }
+        }
+    }
+    if ipv6 {
+        // IPv6 no rule matched: denied (fail closed; see the module documentation).
+        out.flows.push(Flow::drop(Table::EgressPolicy, 1, Match::any().reg(Reg::SrcVnid.n(), vnid.get()).ipv6(Ipv6Match::default())));
     }
     if let Some(e) = dns_failure {
         let ns = &policy.namespace;
@@ -151,7 +204,7 @@ pub fn dns_names(policies: &[Policy]) -> BTreeSet<String> {
         .flat_map(|p| p.rules.iter())
         .filter_map(|r| match &r.to {
             Target::DnsName(n) => Some(n.clone()),
-            Target::Cidr(_) => None,
+            Target::Cidr(_) | Target::Cidr6(_) => None,
         })
         .collect()
 }
@@ -215,5 +268,54 @@ mod tests {
         assert_eq!(text(&unresolved), vec!["table=100, priority=1,reg0=0xb actions=drop"]);
         assert!(unresolved.dns_error.unwrap().contains("DNS resolver failed"));
         assert!(unresolved.error.is_none());
+    }
+
+    #[test]
+    fn ipv6_obeys_the_policy() {
+        let v = Vnid::new(11).unwrap();
+        let mut dns = DnsAnswers::new();
+        dns.insert("www.example.com".into(), Ok(vec!["93.184.216.34".parse().unwrap()]));
+        let p = policy(vec![
+            allow(Target::Cidr("1.2.3.0/24".parse().unwrap())),
+            allow(Target::Cidr6("2001:db8:1::/48".parse().unwrap())),
+            allow(Target::DnsName("www.example.com".into())),
+            deny(Target::Cidr("0.0.0.0/0".parse().unwrap())),
+        ]);
+        let o = flows_for(v, std::slice::from_ref(&p), &["team-a".into()], &dns, true);
+        assert_eq!(o.error, None);
+        assert_eq!(
+            text(&o),
+            vec![
+                "table=100, priority=4,ip,reg0=0xb,nw_dst=1.2.3.0/24 actions=output:2",
+                "table=100, priority=4,ipv6,reg0=0xb,ipv6_dst=2001:db8:1::/48 actions=output:2",
+                "table=100, priority=2,ip,reg0=0xb,nw_dst=93.184.216.34 actions=output:2",
+                // The catch-all is both families'.
+                "table=100, priority=1,ip,reg0=0xb actions=drop",
+                "table=100, priority=2,ipv6,reg0=0xb actions=drop",
+                "table=100, priority=1,ipv6,reg0=0xb actions=drop",
+            ]
+        );
+        // Without IPv6 on the node: exactly the IPv4 flows of `flows`, the IPv6 rule makes none.
+        assert_eq!(text(&flows_for(v, std::slice::from_ref(&p), &["team-a".into()], &dns, false)), text(&flows(v, &[p], &["team-a".into()], &dns)));
+        // IPv4 rules only (a deny list): IPv4 goes out past them, IPv6 is denied by default.
+        let deny_list = policy(vec![deny(Target::Cidr("10.0.0.0/8".parse().unwrap()))]);
+        assert_eq!(
+            text(&flows_for(v, &[deny_list], &["team-a".into()], &dns, true)),
+            vec!["table=100, priority=1,ip,reg0=0xb,nw_dst=10.0.0.0/8 actions=drop", "table=100, priority=1,ipv6,reg0=0xb actions=drop"]
+        );
+        // Allow everything: both families (`::/0` too).
+        let open = policy(vec![allow(Target::Cidr6("::/0".parse().unwrap())), allow(Target::Cidr("0.0.0.0/0".parse().unwrap()))]);
+        assert_eq!(
+            text(&flows_for(v, &[open], &["team-a".into()], &dns, true)),
+            vec![
+                "table=100, priority=3,ipv6,reg0=0xb actions=output:2",
+                "table=100, priority=1,ip,reg0=0xb actions=output:2",
+                "table=100, priority=2,ipv6,reg0=0xb actions=output:2",
+                "table=100, priority=1,ipv6,reg0=0xb actions=drop",
+            ]
+        );
+        // A shared NetNamespace: every packet of the VNID, both families.
+        let shared = flows_for(v, &[policy(vec![])], &["a".into(), "b".into()], &dns, true);
+        assert_eq!(text(&shared), vec!["table=100, priority=1,reg0=0xb actions=drop"]);
     }
 }

@@ -26,10 +26,15 @@
 //! | 25 | 0 | | `drop` |
 //! | 30 | 250 | `ct_state=-trk,ip,nw_dst=<local subnet>` | `ct(commit,zone=Z,table=30)` |
 //! | 30 | 250 | `ct_state=+rpl+trk,ct_mark=0x1/0x1,ip,nw_dst=<local subnet>` | `set_field:<tun0 MAC>->eth_dst,output:2` |
+//!
+//! On a dual-stack node every one of these `ip` flows has its `ipv6` twin (the IPv6 gateway,
+//! cluster network and local subnet; tun0's MAC is the same), and each local pod its IPv6
+//! table-25 flow ([`pod_flow6`]): the node's kube-proxy DNATs IPv6 Services the same way.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
+use openflow::flow_match::Ipv6Match;
 use openflow::field;
 use openflow::flow_match::ct_state;
 use openflow::{Action, Ct, CtZone, Ipv4Match, MacAddr, Masked, Match, NxmField, SetField, Subfield};
@@ -84,6 +89,15 @@ fn ip(src: Option<Ipv4Net>, dst: Option<Ipv4Net>) -> Match {
     Match::any().ipv4(Ipv4Match { src: src.map(cidr), dst: dst.map(cidr), ..Default::default() })
 }
 
+fn cidr6(n: Ipv6Net) -> Masked<Ipv6Addr> {
+    // prefix_len() <= 128 always holds for an Ipv6Net.
+    Masked::cidr(n.network(), n.prefix_len()).unwrap_or(Masked::exact(n.addr()))
+}
+
+fn ip6(src: Option<Ipv6Net>, dst: Option<Ipv6Net>) -> Match {
+    Match::any().ipv6(Ipv6Match { src: src.map(cidr6), dst: dst.map(cidr6), ..Default::default() })
+}
+
 /// `ct(commit,zone=Z,exec(load:1->NXM_NX_CT_MARK[0]),table=T)`: a connection back from the
 /// node (table 25, and table 28 for an egress-isolated pod's).
 pub fn commit_marked(table: Table) -> Action {
@@ -115,17 +129,41 @@ pub fn track(table: Table) -> Action {
     commit(table)
 }
 
-/// The fixed flows (networkpolicy only).
+/// The fixed flows (networkpolicy only), with their IPv6 twins on a dual-stack node.
 pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
-    let tun = Match::any().in_port(OfPort::TUN);
-    let from_tun = |src: Ipv4Net| Match { in_port: tun.in_port, ..ip(Some(src), Some(cfg.cluster_network)) };
+    let tun_mac = tun0_mac(cfg.gateway());
     let gateway = Ipv4Net::new(cfg.gateway(), 32).expect("/32 is a valid prefix");
-    let to_local = || ip(None, Some(cfg.local_subnet));
+    let mut flows = family_flows(
+        |src| ip(Some(src), Some(cfg.cluster_network)).in_port(OfPort::TUN),
+        gateway,
+        cfg.local_subnet,
+        || ip(None, Some(cfg.local_subnet)),
+        tun_mac,
+    );
+    if let Some(v6) = &cfg.ipv6 {
+        let gateway6 = Ipv6Net::new(v6.gateway(), 128).expect("/128 is a valid prefix");
+        let mut twins = family_flows(
+            |src| ip6(Some(src), Some(v6.cluster_network)).in_port(OfPort::TUN),
+            gateway6,
+            v6.local_subnet,
+            || ip6(None, Some(v6.local_subnet)),
+            tun_mac,
+        );
+        // Table 25's default drop is the IPv4 side's (no match: both families).
+        twins.retain(|f| f.table != Table::ViaHost);
+        flows.extend(twins);
+    }
+    flows
+}
+
+/// One family's base flows: `from_tun(src)` matches tun0 traffic from `src` to the cluster
+/// network, `to_local()` traffic to the local subnet.
+fn family_flows<N: Copy>(from_tun: impl Fn(N) -> Match, gateway: N, local_subnet: N, to_local: impl Fn() -> Match, tun_mac: MacAddr) -> Vec<Flow> {
     vec![
         // The node's own traffic to pods (probes, host-network pods): as any tun0 traffic.
         Flow::new(Table::Classify, 400, from_tun(gateway), vec![], Some(Table::Routing)),
         // A local pod's address coming back from the node: a DNATed Service connection.
-        Flow::new(Table::Classify, 300, from_tun(cfg.local_subnet), vec![], Some(Table::ViaHost)),
+        Flow::new(Table::Classify, 300, from_tun(local_subnet), vec![], Some(Table::ViaHost)),
         Flow::drop(Table::ViaHost, 0, Match::any()),
         Flow::new(Table::Routing, 250, to_local().ct_state(0, ct_state::TRK), vec![track(Table::Routing)], None),
         Flow::new(
@@ -135,7 +173,7 @@ pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
                 ct_mark: Some(has_mark(VIA_HOST_MARK)),
                 ..to_local().ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK)
             },
-            vec![Action::SetField(SetField::EthDst(tun0_mac(cfg.gateway()))), output(OfPort::TUN)],
+            vec![Action::SetField(SetField::EthDst(tun_mac)), output(OfPort::TUN)],
             None,
         ),
     ]
@@ -147,6 +185,17 @@ pub fn pod_flow(pod_ip: Ipv4Addr, vnid: Vnid) -> Flow {
         Table::ViaHost,
         100,
         Match::any().ipv4(Ipv4Match { src: Some(host(pod_ip)), ..Default::default() }),
+        vec![load(Reg::SrcVnid, vnid.get()), commit_marked(Table::Routing)],
+        None,
+    )
+}
+
+/// A local pod's IPv6 table-25 flow (dual-stack): [`pod_flow`] for its IPv6 address.
+pub fn pod_flow6(pod_ip6: Ipv6Addr, vnid: Vnid) -> Flow {
+    Flow::new(
+        Table::ViaHost,
+        100,
+        Match::any().ipv6(Ipv6Match { src: Some(Masked::exact(pod_ip6)), ..Default::default() }),
         vec![load(Reg::SrcVnid, vnid.get()), commit_marked(Table::Routing)],
         None,
     )

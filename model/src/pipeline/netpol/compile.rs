@@ -2,26 +2,31 @@
 //! flows than the product, plain flows otherwise (see the parent module's documentation).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use openflow::{Ipv4Match, Match};
+use openflow::Match;
 
 use super::cube::{cubes, peer_member, plain_flows_seen, Cube};
+use super::family::{any_ip, Family};
 use super::super::audit::Verdict;
-use super::{conj_id_on, next_conj_id, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, CONJUNCTIONS_PER_NAMESPACE};
+use super::{conj_id_for, next_conj_id, Allow, Audit, Dst, IsolatedPod, Side, Src, ALLOW_PRIORITY, CONJUNCTIONS_PER_NAMESPACE};
 use crate::domain::Vnid;
 use crate::pipeline::Flow;
 
 /// One conjunction's worth of one rule: the peers (`None`: any), the selected pods and the
 /// ports they share. An ingress rule gives one group per set of ports its pods resolve to (a
 /// named port differs by destination pod); an egress rule one group per set of ports its
-/// peers resolve to (a named port resolves on the destination).
+/// peers resolve to (a named port resolves on the destination). A group is of one family: its
+/// pods' addresses and its address peers are of `family` (a rule of a dual-stack namespace is
+/// two groups, two conjunctions with ids of their own).
 #[derive(Clone, Debug)]
 pub(super) struct Group<'a> {
+    pub(super) family: Family,
     pub(super) policy: &'a str,
     pub(super) rule: usize,
+    /// Peers of `family` or of any family (any, VNIDs).
     pub(super) peers: Option<Vec<Src>>,
-    pub(super) pods: Vec<Ipv4Addr>,
+    pub(super) pods: Vec<IpAddr>,
     /// Sorted, deduplicated, not empty.
     pub(super) ports: Vec<Dst>,
 }
@@ -29,7 +34,7 @@ pub(super) struct Group<'a> {
 impl Group<'_> {
     /// The rule allows its pods everything from (or to) everywhere: any peer, any port.
     fn opens(&self) -> bool {
-        self.peers.as_ref().is_none_or(|s| s.iter().any(|s| peer_member(s).is_none())) && self.ports.contains(&Dst::Any)
+        self.peers.as_ref().is_none_or(|s| s.iter().any(|s| peer_member(s, self.family).is_none())) && self.ports.contains(&Dst::Any)
     }
 }
 
@@ -39,8 +44,9 @@ pub(super) struct Direction<'a> {
     pub(super) namespace: &'a str,
     /// The namespace's own VNID (see [`super::NamespacePolicy::vnid`]).
     pub(super) vnid: Option<Vnid>,
-    /// The pods some policy of this direction selects, in pod order.
-    pub(super) isolated: &'a [Ipv4Addr],
+    /// The addresses of the pods some policy of this direction selects, in pod order (IPv4
+    /// then IPv6).
+    pub(super) isolated: Vec<IpAddr>,
     pub(super) groups: Vec<Group<'a>>,
     pub(super) audit: &'a Audit,
     /// Say what each flow counts ([`Role`]); off where only the flows are wanted.
@@ -55,8 +61,9 @@ pub(super) enum Role<'a> {
     /// Connections one rule of one policy allowed: a plain flow made for the rule (the first
     /// rule, in group order, that asked for its box), or a conjunction's `conj_id` flow.
     Allowed { policy: &'a str, rule: usize },
-    /// Packets dropped for this isolated pod: none of its rules allowed them.
-    Dropped(Ipv4Addr),
+    /// Packets dropped for this isolated pod (by its address of the flow's family): none of
+    /// its rules allowed them.
+    Dropped(IpAddr),
 }
 
 /// The direction's flows, what each counts (empty unless [`Direction::roles`]; else one per
@@ -65,11 +72,11 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
     let side = d.side;
     let mut errors = Vec::new();
     // The rule each pod's plain box came from (the first to ask for it), for the counters.
-    let mut origin: HashMap<Ipv4Addr, HashMap<Cube, (&'a str, usize)>> = HashMap::new();
-    let mut note = |ip: Ipv4Addr, a: &Allow, policy: &'a str, rule: usize| {
+    let mut origin: HashMap<IpAddr, HashMap<Cube, (&'a str, usize)>> = HashMap::new();
+    let mut note = |ip: IpAddr, a: &Allow, policy: &'a str, rule: usize| {
         if d.roles {
             let o = origin.entry(ip).or_default();
-            for c in cubes(a) {
+            for c in cubes(a, Family::of(ip)) {
                 o.entry(c).or_insert((policy, rule));
             }
         }
@@ -77,11 +84,11 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
     // With some rule logged, every rule that can be is a conjunction (its conj_id flow names
     // the rule); a pod's plain flows are logged as the first logged rule among theirs.
     let audited = d.audit.any_allow(side);
-    let mut plain_rule: BTreeMap<Ipv4Addr, (&str, usize)> = BTreeMap::new();
+    let mut plain_rule: BTreeMap<IpAddr, (&str, usize)> = BTreeMap::new();
     // Pods allowed everything from (or to) everywhere: one plain flow, in no conjunction (its
     // match, `ip,nw_dst=<pod>` or `ip,nw_src=<pod>`, is the pod's clause flow's).
-    let open: BTreeSet<Ipv4Addr> = d.groups.iter().filter(|g| g.opens()).flat_map(|g| g.pods.iter().copied()).collect();
-    let mut plain: BTreeMap<Ipv4Addr, Vec<Allow>> = BTreeMap::new();
+    let open: BTreeSet<IpAddr> = d.groups.iter().filter(|g| g.opens()).flat_map(|g| g.pods.iter().copied()).collect();
+    let mut plain: BTreeMap<IpAddr, Vec<Allow>> = BTreeMap::new();
     for ip in &open {
         plain.entry(*ip).or_default().push(Allow { src: Src::Any, dst: Dst::Any });
     }
@@ -95,25 +102,30 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
             plain_rule.entry(*ip).or_insert((g.policy, g.rule));
         }
     }
-    // Conjunction units: (policy, rule, ports) -> peers, peer members, pods, port members.
-    type Unit = (Option<Vec<Src>>, Option<Vec<Cube>>, Vec<Ipv4Addr>, Option<Vec<Cube>>);
-    let mut units: BTreeMap<(&str, usize, Vec<Dst>), Unit> = BTreeMap::new();
+    // Conjunction units: (family, policy, rule, ports) -> peers, peer members, pods, port
+    // members. A unit is of one family: its clauses match `ip` or `ipv6` packets only.
+    type Unit = (Option<Vec<Src>>, Option<Vec<Cube>>, Vec<IpAddr>, Option<Vec<Cube>>);
+    type UnitKey<'k> = (Family, &'k str, usize, Vec<Dst>);
+    let mut units: BTreeMap<UnitKey<'_>, Unit> = BTreeMap::new();
     // Rules (or parts) made plain flows: (policy, rule, peers, ports, pods).
-    type PlainRule<'p> = (&'p str, usize, Vec<Src>, Vec<Dst>, Vec<Ipv4Addr>);
+    type PlainRule<'p> = (&'p str, usize, Vec<Src>, Vec<Dst>, Vec<IpAddr>);
     let mut plain_rules: Vec<PlainRule<'a>> = Vec::new();
     for g in &d.groups {
-        let peer_members: Option<Vec<Cube>> = g.peers.as_ref().and_then(|peers| {
-            let m: Option<BTreeSet<Cube>> = peers.iter().map(peer_member).collect();
+        let family = g.family;
+        // Peers of the other family allow nothing here (callers leave them out already).
+        let peers: Option<Vec<Src>> = g.peers.as_ref().map(|p| p.iter().copied().filter(|s| s.family().is_none_or(|f| f == family)).collect());
+        let peer_members: Option<Vec<Cube>> = peers.as_ref().and_then(|peers| {
+            let m: Option<BTreeSet<Cube>> = peers.iter().map(|s| peer_member(s, family)).collect();
             m.map(|m| m.into_iter().collect())
         });
-        let mut pods: Vec<Ipv4Addr> = g.pods.iter().copied().filter(|ip| !open.contains(ip)).collect();
+        let mut pods: Vec<IpAddr> = g.pods.iter().copied().filter(|ip| Family::of(*ip) == family && !open.contains(ip)).collect();
         pods.sort_unstable();
         pods.dedup();
         if pods.is_empty() {
             continue;
         }
         let port_members: Option<Vec<Cube>> = (!g.ports.contains(&Dst::Any)).then(|| {
-            let m: BTreeSet<Cube> = g.ports.iter().flat_map(|p| cubes(&Allow { src: Src::Any, dst: *p })).collect();
+            let m: BTreeSet<Cube> = g.ports.iter().flat_map(|p| cubes(&Allow { src: Src::Any, dst: *p }, family)).collect();
             m.into_iter().collect()
         });
         if peer_members.as_ref().is_some_and(|m| m.is_empty()) || port_members.as_ref().is_some_and(|m| m.is_empty()) {
@@ -123,20 +135,20 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
         let clauses = 1 + usize::from(s > 0) + usize::from(p > 0);
         let product = s.max(1) * pods.len() * p.max(1);
         if d.vnid.is_none() || clauses < 2 || (!audited && product <= s + pods.len() + p + 1) {
-            plain_rules.push((g.policy, g.rule, g.peers.clone().unwrap_or_else(|| vec![Src::Any]), g.ports.clone(), pods));
+            plain_rules.push((g.policy, g.rule, peers.unwrap_or_else(|| vec![Src::Any]), g.ports.clone(), pods));
         } else {
-            let u = units.entry((g.policy, g.rule, g.ports.clone())).or_insert_with(|| (g.peers.clone(), peer_members.clone(), vec![], port_members));
+            let u = units.entry((family, g.policy, g.rule, g.ports.clone())).or_insert_with(|| (peers, peer_members.clone(), vec![], port_members));
             u.2.extend(pods);
         }
     }
     // Conjunction ids, unique on the node: the namespace's VNID, then one of 255 per direction
-    // (see `conj_id_on`). Units beyond them are plain flows.
-    let mut ids: BTreeMap<(&str, usize, Vec<Dst>), u32> = BTreeMap::new();
+    // (see `conj_id_on`), shared by the two families. Units beyond them are plain flows.
+    let mut ids: BTreeMap<UnitKey<'_>, u32> = BTreeMap::new();
     if let Some(vnid) = d.vnid {
         let mut used: BTreeSet<u32> = BTreeSet::new();
         let mut beyond = Vec::new();
-        for (policy, rule, ports) in units.keys() {
-            let first = conj_id_on(side, vnid, d.namespace, policy, *rule, ports);
+        for (family, policy, rule, ports) in units.keys() {
+            let first = conj_id_for(side, *family, vnid, d.namespace, policy, *rule, ports);
             let mut id = first;
             while used.contains(&id) {
                 id = next_conj_id(id);
@@ -145,9 +157,9 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
                 }
             }
             if used.insert(id) {
-                ids.insert((*policy, *rule, ports.clone()), id);
+                ids.insert((*family, *policy, *rule, ports.clone()), id);
             } else {
-                beyond.push((*policy, *rule, ports.clone()));
+                beyond.push((*family, *policy, *rule, ports.clone()));
             }
         }
         if !beyond.is_empty() {
@@ -159,7 +171,7 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
         }
         for k in beyond {
             if let Some((peers, _, pods, _)) = units.remove(&k) {
-                plain_rules.push((k.0, k.1, peers.unwrap_or_else(|| vec![Src::Any]), k.2, pods));
+                plain_rules.push((k.1, k.2, peers.unwrap_or_else(|| vec![Src::Any]), k.3, pods));
             }
         }
     }
@@ -209,10 +221,10 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
     let ns_vnid = Some(vnid.get());
     let mut conj_flows = Vec::new();
     let mut conj_roles = Vec::new();
-    for ((policy, rule, ports), (_, peers, mut pods, port_members)) in units {
+    for ((family, policy, rule, ports), (_, peers, mut pods, port_members)) in units {
         pods.sort_unstable();
         pods.dedup();
-        let Some(&id) = ids.get(&(policy, rule, ports)) else { continue };
+        let Some(&id) = ids.get(&(family, policy, rule, ports)) else { continue };
         let n = 1 + u8::from(peers.is_some()) + u8::from(port_members.is_some());
         let mut k = 0u8;
         let clause = |k: &mut u8| {
@@ -229,7 +241,7 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
         }
         let c = clause(&mut k);
         for ip in pods {
-            add(Match::any().ipv4(side.pod_match(ip)), c);
+            add(side.pod_match(ip), c);
         }
         if let Some(port_members) = port_members {
             let c = clause(&mut k);
@@ -240,7 +252,7 @@ pub(super) fn compile<'a>(d: Direction<'a>) -> (Vec<Flow>, Vec<Role<'a>>, Vec<St
         conj_roles.push(Role::Allowed { policy, rule });
         conj_flows.push(side.allow_logged(
             ALLOW_PRIORITY,
-            Match::any().conj_id(id).ipv4(Ipv4Match::default()).reg(side.namespace_reg().n(), vnid.get()),
+            any_ip(family).conj_id(id).reg(side.namespace_reg().n(), vnid.get()),
             d.audit.allow_action(side, d.namespace, policy, rule),
         ));
     }

@@ -24,7 +24,7 @@
 //! nothing.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::compile::Role;
 use super::{build, NamespacePolicy, Side};
@@ -35,7 +35,9 @@ use crate::pipeline::FlowKey;
 pub enum Counted {
     /// Packets (a TCP or UDP connection's first) that rule `rule` of `policy` allowed.
     Allowed { side: Side, policy: String, rule: usize },
-    /// Packets dropped for the isolated pod `pod`: no rule of `side` allowed them.
+    /// Packets dropped for the isolated pod `pod` (its IPv4 address, the pod's key, whichever
+    /// family the packets were: a dual-stack pod's `ip` and `ipv6` drops count together): no
+    /// rule of `side` allowed them.
     Dropped { side: Side, pod: Ipv4Addr },
 }
 
@@ -69,12 +71,18 @@ impl Counting {
 /// What each of `ns`'s flows ([`super::namespace_flows`] of the same input) counts.
 pub fn counting(ns: &NamespacePolicy) -> Counting {
     let (flows, roles, _) = build(ns, true);
+    let v4_of: HashMap<Ipv6Addr, Ipv4Addr> = ns.ip6.iter().map(|(v4, v6)| (*v6, *v4)).collect();
     let mut out = HashMap::with_capacity(roles.len());
     for (f, (side, role)) in flows.iter().zip(roles) {
         let c = match role {
             Role::Uncounted => continue,
             Role::Allowed { policy, rule } => Counted::Allowed { side, policy: policy.to_string(), rule },
-            Role::Dropped(pod) => Counted::Dropped { side, pod },
+            Role::Dropped(IpAddr::V4(pod)) => Counted::Dropped { side, pod },
+            Role::Dropped(IpAddr::V6(pod6)) => match v4_of.get(&pod6) {
+                Some(pod) => Counted::Dropped { side, pod: *pod },
+                // Every IPv6 address of the flows is one of `ns.ip6`'s.
+                None => continue,
+            },
         };
         out.insert(f.key(), c);
     }
@@ -236,7 +244,7 @@ mod tests {
         assert_complete(&ns);
         ns.audit.meter_id = 1;
         ns.audit.allow.insert((Side::Ingress, "one".into(), 0));
-        ns.audit.deny.insert((Side::Ingress, ip("10.128.0.6")), "web".into());
+        ns.audit.deny.insert((Side::Ingress, IpAddr::V4(ip("10.128.0.6"))), "web".into());
         assert_complete(&ns);
         let c = counting(&ns);
         assert!(c.iter().any(|(_, x)| *x == allowed(Side::Egress, "out", 1)) && c.iter().any(|(_, x)| *x == allowed(Side::Ingress, "one", 0)));

@@ -2,24 +2,27 @@
 //! directions share, and the product form (one flow per pod and box).
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use openflow::flow_match::ct_state;
-use openflow::{IpFrag, IpProto, Ipv4Match, Masked, Match};
+use openflow::{IpFrag, IpProto, Masked, Match};
 
 use super::super::audit::Verdict;
+use super::family::{ip_match, Bits, BitsOf, Family};
 use super::{Allow, Dst, IsolatedPod, Side, Src, L4, ALLOW_PRIORITY, ISOLATED_PRIORITY};
-use crate::pipeline::{host, Flow, Reg};
+use crate::pipeline::{Flow, Reg};
 
 /// A match as a box of constraints, for the overlap and containment checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) struct Cube {
+    /// The packets' family: a box is of one family (an `ip` or an `ipv6` flow).
+    pub(super) family: Family,
     /// The peer's VNID (reg0; ingress only: the source's VNID is known, the destination's is
     /// not where egress is judged).
     pub(super) reg0: Option<u32>,
-    /// The peer's address (value, mask), value pre-masked: the source (ingress) or the
-    /// destination (egress).
-    pub(super) peer: Option<(u32, u32)>,
+    /// The peer's address (value, mask), value pre-masked, of `family` (an IPv4 address in
+    /// the low 32 bits): the source (ingress) or the destination (egress).
+    pub(super) peer: Option<Bits>,
     pub(super) proto: Option<L4>,
     /// (value, mask), only with `proto`; the value is non-zero (policy ports are 1..=65535),
     /// so a later fragment (`tp_dst` 0) never matches.
@@ -42,7 +45,8 @@ fn masked_within<T: Copy + std::ops::BitXor<Output = T> + std::ops::BitAnd<Outpu
 
 impl Cube {
     pub(super) fn within(&self, o: &Cube) -> bool {
-        (o.reg0.is_none() || self.reg0 == o.reg0)
+        self.family == o.family
+            && (o.reg0.is_none() || self.reg0 == o.reg0)
             && masked_within(self.peer, o.peer)
             && (o.proto.is_none() || self.proto == o.proto)
             && masked_within(self.port, o.port)
@@ -51,7 +55,8 @@ impl Cube {
 
     /// The match of this box on `side`, for the selected pod `pod` if given, in the namespace
     /// of VNID `ns_vnid` (reg1 for ingress, reg0 for egress) if given.
-    pub(super) fn to_match(self, side: Side, pod: Option<Ipv4Addr>, ns_vnid: Option<u32>) -> Match {
+    /// `pod` is of the box's family (the caller pairs them).
+    pub(super) fn to_match(self, side: Side, pod: Option<IpAddr>, ns_vnid: Option<u32>) -> Match {
         let proto = self.proto.map(|p| {
             let dst = self.port.map(|(v, m)| Masked::new(v, m));
             match p {
@@ -60,13 +65,13 @@ impl Cube {
                 L4::Sctp => IpProto::Sctp { dst },
             }
         });
-        let peer = self.peer.map(|(v, m)| Masked::new(Ipv4Addr::from(v), Ipv4Addr::from(m)));
         let frag = self.later.then_some(IpFrag::Later);
+        let pod = pod.map(Bits::host);
         let (src, dst) = match side {
-            Side::Ingress => (peer, pod.map(host)),
-            Side::Egress => (pod.map(host), peer),
+            Side::Ingress => (self.peer, pod),
+            Side::Egress => (pod, self.peer),
         };
-        let mut m = Match::any().ipv4(Ipv4Match { src, dst, proto, frag });
+        let mut m = ip_match(self.family, src, dst, proto, frag);
         if let Some(v) = self.reg0 {
             m = m.reg(Reg::SrcVnid.n(), v);
         }
@@ -96,35 +101,40 @@ pub fn port_masks(start: u16, end: u16) -> Vec<(u16, u16)> {
     out
 }
 
-pub(super) fn cubes(a: &Allow) -> Vec<Cube> {
+/// The boxes of `a` in `family`: none when its peer is an address range of the other family
+/// (an IPv4 ipBlock allows no IPv6 packet, and the reverse); a peer of any address (any, a
+/// VNID, a `/0`) has boxes in both.
+pub(super) fn cubes(a: &Allow, family: Family) -> Vec<Cube> {
     let (reg0, peer) = match a.src {
         Src::Any => (None, None),
         Src::Vnid(v) => (Some(v.get()), None),
+        Src::Net(n) if Family::of_net(n) != family => return vec![],
         Src::Net(n) if n.prefix_len() == 0 => (None, None),
-        Src::Net(n) => (None, Some((u32::from(n.network()), u32::from(n.netmask())))),
+        Src::Net(n) => (None, Some(Bits::net(n))),
     };
     match a.dst {
-        Dst::Any => vec![Cube { reg0, peer, proto: None, port: None, later: false }],
+        Dst::Any => vec![Cube { family, reg0, peer, proto: None, port: None, later: false }],
         Dst::Ports { proto, start, end } if start == 0 && end == u16::MAX => {
-            vec![Cube { reg0, peer, proto: Some(proto), port: None, later: false }]
+            vec![Cube { family, reg0, peer, proto: Some(proto), port: None, later: false }]
         }
         // Port 0 is no policy port; a range from 0 starts at 1 (a later fragment's tp_dst is 0).
         Dst::Ports { proto, start, end } if start.max(1) <= end => {
             let mut out: Vec<Cube> = port_masks(start.max(1), end)
                 .into_iter()
-                .map(|p| Cube { reg0, peer, proto: Some(proto), port: Some(p), later: false })
+                .map(|p| Cube { family, reg0, peer, proto: Some(proto), port: Some(p), later: false })
                 .collect();
             // The twin for later fragments (see the module documentation).
-            out.push(Cube { reg0, peer, proto: Some(proto), port: None, later: true });
+            out.push(Cube { family, reg0, peer, proto: Some(proto), port: None, later: true });
             out
         }
         Dst::Ports { .. } => vec![],
     }
 }
 
-/// A peer as a clause member: `None` for any peer.
-pub(super) fn peer_member(s: &Src) -> Option<Cube> {
-    let c = cubes(&Allow { src: *s, dst: Dst::Any }).into_iter().next()?;
+/// A peer as a clause member of `family`: `None` for any peer. (A peer of the other family
+/// is no member: callers keep only peers of the group's family, [`Src::family`].)
+pub(super) fn peer_member(s: &Src, family: Family) -> Option<Cube> {
+    let c = cubes(&Allow { src: *s, dst: Dst::Any }, family).into_iter().next()?;
     (c.reg0.is_some() || c.peer.is_some()).then_some(c)
 }
 
@@ -136,6 +146,7 @@ pub(super) fn prune(mut cubes: Vec<Cube>) -> Vec<Cube> {
     // Wider cubes first, so that containment drops the narrow ones.
     cubes.sort_by_key(|c| {
         (
+            c.family,
             c.reg0.is_some() as u8 + c.proto.is_some() as u8 + c.later as u8,
             c.peer.map_or(0, |(_, m)| m.count_ones()),
             c.port.map_or(0, |(_, m)| m.count_ones()),
@@ -155,7 +166,7 @@ pub(super) fn prune(mut cubes: Vec<Cube>) -> Vec<Cube> {
 /// another box of the pod contains left out, then the pod's drop at [`ISOLATED_PRIORITY`].
 /// Pods allowed the same boxes share one pruning (quadratic in a pod's boxes). `log` gives a
 /// pod's audit action for its allowed flows and for its drop, if they are logged.
-pub fn plain_flows_on(side: Side, pods: &[IsolatedPod], log: impl Fn(Ipv4Addr, Verdict) -> Option<openflow::Action>) -> Vec<Flow> {
+pub fn plain_flows_on(side: Side, pods: &[IsolatedPod], log: impl Fn(IpAddr, Verdict) -> Option<openflow::Action>) -> Vec<Flow> {
     plain_flows_seen(side, pods, log, |_, _| {})
 }
 
@@ -165,19 +176,21 @@ pub fn plain_flows_on(side: Side, pods: &[IsolatedPod], log: impl Fn(Ipv4Addr, V
 pub(super) fn plain_flows_seen(
     side: Side,
     pods: &[IsolatedPod],
-    log: impl Fn(Ipv4Addr, Verdict) -> Option<openflow::Action>,
-    mut seen: impl FnMut(Ipv4Addr, Option<&Cube>),
+    log: impl Fn(IpAddr, Verdict) -> Option<openflow::Action>,
+    mut seen: impl FnMut(IpAddr, Option<&Cube>),
 ) -> Vec<Flow> {
     let mut flows = Vec::new();
-    let mut memo: HashMap<Vec<Allow>, std::rc::Rc<Vec<Cube>>> = HashMap::new();
+    let mut memo: HashMap<(Family, Vec<Allow>), std::rc::Rc<Vec<Cube>>> = HashMap::new();
     for p in pods {
+        let family = Family::of(p.ip);
         let mut key = p.allows.clone();
         key.sort_unstable();
         key.dedup();
+        let key = (family, key);
         let kept = match memo.get(&key) {
             Some(l) => l.clone(),
             None => {
-                let l = std::rc::Rc::new(prune(key.iter().flat_map(cubes).collect()));
+                let l = std::rc::Rc::new(prune(key.1.iter().flat_map(|a| cubes(a, family)).collect()));
                 memo.insert(key, l.clone());
                 l
             }
@@ -194,8 +207,8 @@ pub(super) fn plain_flows_seen(
 }
 
 /// The drop of a pod some policy of `side` selects: what no allowed flow took.
-pub(super) fn isolated_drop(side: Side, pod: Ipv4Addr, log: Option<openflow::Action>) -> Flow {
-    Flow::new(side.table(), ISOLATED_PRIORITY, Match::any().ipv4(side.pod_match(pod)), log.into_iter().collect(), None)
+pub(super) fn isolated_drop(side: Side, pod: IpAddr, log: Option<openflow::Action>) -> Flow {
+    Flow::new(side.table(), ISOLATED_PRIORITY, side.pod_match(pod), log.into_iter().collect(), None)
 }
 
 #[cfg(test)]
@@ -227,7 +240,7 @@ mod tests {
             allows.push(Allow { src: Src::Net(format!("10.128.{i}.0/24").parse().unwrap()), dst: Dst::Any });
         }
         allows.push(Allow { src: Src::Net("10.128.0.0/16".parse().unwrap()), dst: Dst::Ports { proto: L4::Tcp, start: 1, end: 65535 } });
-        let all: Vec<Cube> = allows.iter().flat_map(cubes).collect();
+        let all: Vec<Cube> = allows.iter().flat_map(|a| cubes(a, Family::V4)).collect();
         let kept = prune(all.clone());
         assert!(kept.len() < all.len());
         for c in &all {

@@ -34,13 +34,14 @@
 //! (a host-network pod, the API server on a node address) is routed by the node itself and
 //! never comes back to br0: that traffic is not judged (docs/networkpolicy.md lists it as unsupported).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use openflow::flow_match::ct_state;
-use openflow::{Action, Ct, CtZone, Ipv4Match, Match};
+use openflow::{Action, Ct, CtZone, Match};
 
-use super::{cidr, host, Flow, Side, Table};
+use super::family::{any_ip, dst_net, host_match, Family};
+use super::{Flow, NodeConfig, Side, Table};
 use crate::domain::{OfPort, Vnid};
 use crate::pipeline::via_host::{self, CT_ZONE};
 use crate::pipeline::{load, Reg};
@@ -50,41 +51,49 @@ fn lookup() -> Action {
     Action::Ct(Ct::new().zone(CtZone::Imm(CT_ZONE)).table(Table::PolicyEgress.id()))
 }
 
-/// The fixed flows of tables 27 and 28 (networkpolicy plugin).
-pub fn base_flows(gateway: Ipv4Addr, service_network: Ipv4Net) -> Vec<Flow> {
-    let ip = |m: Ipv4Match| Match::any().ipv4(m);
+/// The fixed flows of tables 27 and 28 (networkpolicy plugin); on a dual-stack node each
+/// `ip` flow has its `ipv6` twin (the IPv6 gateway and service network).
+pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
+    let mut sides = vec![(Family::V4, IpAddr::V4(cfg.gateway()), IpNet::V4(cfg.service_network))];
+    if let Some(v6) = &cfg.ipv6 {
+        sides.push((Family::V6, IpAddr::V6(v6.gateway()), IpNet::V6(v6.service_network)));
+    }
     let pass = |priority: u16, m: Match| Flow::new(Table::PolicyEgress, priority, m, vec![], Some(Table::PolicyEgressCommit));
-    let state = |bit: u32| ip(Ipv4Match::default()).ct_state(bit | ct_state::TRK, bit | ct_state::TRK);
-    vec![
-        pass(300, ip(Ipv4Match { dst: Some(host(gateway)), ..Default::default() })),
-        pass(250, ip(Ipv4Match { dst: Some(cidr(service_network)), ..Default::default() })),
-        // Replies, established TCP and UDP (not SCTP: see the plugin's table-80 flows), and
-        // related packets (ICMP errors).
-        pass(200, state(ct_state::RPL)),
-        super::established(Table::PolicyEgress, openflow::IpProto::Tcp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
-        super::established(Table::PolicyEgress, openflow::IpProto::Udp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
-        // UDP an egress policy flow allowed (a one-way stream is never +est).
-        super::allowed_udp(Side::Egress, vec![], Some(Table::PolicyEgressCommit)),
-        pass(200, state(ct_state::REL)),
-        Flow::drop(Table::PolicyEgress, 0, Match::any()),
-        Flow::new(
-            Table::PolicyEgressCommit,
-            100,
-            ip(Ipv4Match::default()).in_port(OfPort::TUN),
-            vec![via_host::commit_marked(Table::Routing)],
-            None,
-        ),
-        // ct() needs an IP match (OVS refuses it otherwise: OFPBAC_MATCH_INCONSISTENT).
-        Flow::new(Table::PolicyEgressCommit, 0, ip(Ipv4Match::default()), vec![via_host::commit(Table::Routing)], None),
-    ]
+    let mut table27 = Vec::new();
+    let mut table28 = Vec::new();
+    for &(family, gateway, service_network) in &sides {
+        let state = |bit: u32| any_ip(family).ct_state(bit | ct_state::TRK, bit | ct_state::TRK);
+        table27.extend([
+            pass(300, host_match(gateway, false)),
+            pass(250, dst_net(service_network)),
+            // Replies, established TCP and UDP (not SCTP: see the plugin's table-80 flows), and
+            // related packets (ICMP errors).
+            pass(200, state(ct_state::RPL)),
+            super::established(Table::PolicyEgress, family, openflow::IpProto::Tcp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
+            super::established(Table::PolicyEgress, family, openflow::IpProto::Udp { dst: None }, vec![], Some(Table::PolicyEgressCommit)),
+            // UDP an egress policy flow allowed (a one-way stream is never +est).
+            super::allowed_udp(Side::Egress, family, vec![], Some(Table::PolicyEgressCommit)),
+            pass(200, state(ct_state::REL)),
+        ]);
+        table28.extend([
+            Flow::new(Table::PolicyEgressCommit, 100, any_ip(family).in_port(OfPort::TUN), vec![via_host::commit_marked(Table::Routing)], None),
+            // ct() needs an IP match (OVS refuses it otherwise: OFPBAC_MATCH_INCONSISTENT).
+            Flow::new(Table::PolicyEgressCommit, 0, any_ip(family), vec![via_host::commit(Table::Routing)], None),
+        ]);
+    }
+    let mut flows = table27;
+    flows.push(Flow::drop(Table::PolicyEgress, 0, Match::any()));
+    flows.extend(table28);
+    flows
 }
 
-/// The hooks of the pods some Egress policy selects: their own packets (table 21) and their
+/// The hooks of the pods some Egress policy selects, by each of their addresses (`ip` flows
+/// for the IPv4 ones, `ipv6` for the IPv6 ones): their own packets (table 21) and their
 /// Service connections back from the node (table 25, reloading `vnid`) go to table 27.
-pub fn pod_hooks(pods: &[Ipv4Addr], vnid: Option<Vnid>) -> Vec<Flow> {
+pub fn pod_hooks(pods: &[IpAddr], vnid: Option<Vnid>) -> Vec<Flow> {
     let mut flows = Vec::with_capacity(pods.len() * 2);
     for &pod in pods {
-        let m = Match::any().ipv4(Ipv4Match { src: Some(host(pod)), ..Default::default() });
+        let m = host_match(pod, true);
         flows.push(Flow::new(Table::PolicyConntrack, 300, m.clone(), vec![lookup()], None));
         if let Some(v) = vnid {
             flows.push(Flow::new(Table::ViaHost, 150, m, vec![load(Reg::SrcVnid, v.get()), lookup()], None));
@@ -93,14 +102,62 @@ pub fn pod_hooks(pods: &[Ipv4Addr], vnid: Option<Vnid>) -> Vec<Flow> {
     flows
 }
 
+/// [`pod_hooks`] of IPv4 pods only.
+pub fn pod_hooks_v4(pods: &[Ipv4Addr], vnid: Option<Vnid>) -> Vec<Flow> {
+    pod_hooks(&pods.iter().copied().map(IpAddr::V4).collect::<Vec<_>>(), vnid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Plugin;
+    use crate::pipeline::NodeIpv6;
+
+    fn cfg(dual: bool) -> NodeConfig {
+        NodeConfig {
+            plugin: Plugin::NetworkPolicy,
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv6: dual.then(|| NodeIpv6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+                local_subnet: "fd00:10:128:2::/64".parse().unwrap(),
+            }),
+        }
+    }
+
+    #[test]
+    fn dual_stack_twins() {
+        let t: Vec<String> = base_flows(&cfg(true)).iter().map(|f| f.to_string()).collect();
+        for w in [
+            "table=27, priority=300,ipv6,ipv6_dst=fd00:10:128:2::1 actions=goto_table:28",
+            "table=27, priority=250,ipv6,ipv6_dst=fd00:172:30::/112 actions=goto_table:28",
+            "table=27, priority=200,ct_state=+rpl+trk,ipv6 actions=goto_table:28",
+            "table=27, priority=200,ct_state=+est+trk,tcp6 actions=goto_table:28",
+            "table=27, priority=200,ct_state=+est+trk,udp6 actions=goto_table:28",
+            "table=27, priority=200,ct_state=+trk,ct_mark=0x4/0x4,udp6 actions=goto_table:28",
+            "table=27, priority=200,ct_state=+rel+trk,ipv6 actions=goto_table:28",
+            "table=28, priority=100,ipv6,in_port=2 actions=ct(commit,table=30,zone=64000,exec(load:0x1->NXM_NX_CT_MARK[0]))",
+            "table=28, priority=0,ipv6 actions=ct(commit,table=30,zone=64000)",
+        ] {
+            assert!(t.contains(&w.to_string()), "missing {w}\n{}", t.join("\n"));
+        }
+        // Twice the IPv4 flows but one table-27 default drop.
+        assert_eq!(t.len(), 2 * base_flows(&cfg(false)).len() - 1);
+        let h: Vec<String> = pod_hooks(&["fd00:10:128:2::5".parse().unwrap()], Some(Vnid::new(11).unwrap())).iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            h,
+            vec![
+                "table=21, priority=300,ipv6,ipv6_src=fd00:10:128:2::5 actions=ct(table=27,zone=64000)",
+                "table=25, priority=150,ipv6,ipv6_src=fd00:10:128:2::5 actions=load:0xb->NXM_NX_REG0[],ct(table=27,zone=64000)",
+            ]
+        );
+    }
 
     #[test]
     fn text() {
-        let t: Vec<String> =
-            base_flows("10.128.2.1".parse().unwrap(), "172.30.0.0/16".parse().unwrap()).iter().map(|f| f.to_string()).collect();
+        let t: Vec<String> = base_flows(&cfg(false)).iter().map(|f| f.to_string()).collect();
         assert_eq!(
             t,
             vec![
@@ -116,7 +173,7 @@ mod tests {
                 "table=28, priority=0,ip actions=ct(commit,table=30,zone=64000)",
             ]
         );
-        let h: Vec<String> = pod_hooks(&["10.128.2.5".parse().unwrap()], Some(Vnid::new(11).unwrap())).iter().map(|f| f.to_string()).collect();
+        let h: Vec<String> = pod_hooks_v4(&["10.128.2.5".parse().unwrap()], Some(Vnid::new(11).unwrap())).iter().map(|f| f.to_string()).collect();
         assert_eq!(
             h,
             vec![

@@ -91,18 +91,21 @@ mod compile;
 pub mod counted;
 mod cube;
 pub mod egress;
+mod family;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
-use openflow::flow_match::ct_state;
-use openflow::{Ipv4Match, Match};
+use ipnet::{IpNet, Ipv4Net};
+use openflow::flow_match::{ct_state, Icmpv6Match, Ip6Proto, Ipv6Match};
+use openflow::Match;
 
-use super::{cidr, host, output_reg2, Flow, Reg, Table};
+use super::{output_reg2, Flow, NodeConfig, Reg, Table};
 use crate::domain::Vnid;
 use compile::{compile, Direction, Group, Role};
 pub use cube::port_masks;
+pub use family::Family;
+use family::{any_ip, dst_net, host_match, ip_match};
 
 /// Which end of a connection a policy's rules judge: ingress rules the connections to the
 /// pods they select (table 80, the peer is the source), egress rules the connections from them
@@ -130,12 +133,10 @@ impl Side {
         }
     }
 
-    /// The selected pod's address in the packet: the destination or the source.
-    pub fn pod_match(self, pod: Ipv4Addr) -> Ipv4Match {
-        match self {
-            Side::Ingress => Ipv4Match { dst: Some(host(pod)), ..Default::default() },
-            Side::Egress => Ipv4Match { src: Some(host(pod)), ..Default::default() },
-        }
+    /// The selected pod's address in the packet, the destination or the source:
+    /// `ip,nw_dst=<pod>` or `ipv6,ipv6_dst=<pod>` (ingress), `…_src=` (egress).
+    pub fn pod_match(self, pod: IpAddr) -> Match {
+        host_match(pod, self == Side::Egress)
     }
 
     /// An allowed entry: the connection marked allowed on this side ([`Side::allowed_mark`]),
@@ -200,9 +201,10 @@ pub struct Audit {
     pub meter_id: u32,
     /// The rules whose allowed connections are logged: (side, policy, rule index).
     pub allow: BTreeSet<(Side, String, usize)>,
-    /// The isolated pods whose denied connections are logged, with the logged policies that
-    /// isolate them (names, comma-separated: the log's `policy`).
-    pub deny: BTreeMap<(Side, Ipv4Addr), String>,
+    /// The isolated pods whose denied connections are logged, by each of their addresses
+    /// (IPv4 and IPv6), with the logged policies that isolate them (names, comma-separated:
+    /// the log's `policy`).
+    pub deny: BTreeMap<(Side, IpAddr), String>,
 }
 
 /// The rule index a deny is logged with: no rule matched (the pod's isolation).
@@ -225,7 +227,7 @@ impl Audit {
         })
     }
 
-    fn deny_action(&self, side: Side, namespace: &str, pod: Ipv4Addr) -> Option<openflow::Action> {
+    fn deny_action(&self, side: Side, namespace: &str, pod: IpAddr) -> Option<openflow::Action> {
         let policies = self.deny.get(&(side, pod))?;
         Some(super::audit::log_action(self.meter_id, super::audit::Verdict::Deny, side.audit_direction(), namespace, policies, NO_RULE))
     }
@@ -249,8 +251,24 @@ pub enum Src {
     Any,
     /// A VNID (reg0): every pod of the namespaces carrying it.
     Vnid(Vnid),
-    /// A source address range (a pod's IP is a /32).
-    Net(Ipv4Net),
+    /// A source address range of either family (a pod's IP is a /32 or a /128). It allows
+    /// packets of its family only.
+    Net(IpNet),
+}
+
+impl Src {
+    /// The family of the packets this source can allow: `None` for either (any, a VNID).
+    pub fn family(&self) -> Option<Family> {
+        match self {
+            Src::Net(n) => Some(Family::of_net(*n)),
+            Src::Any | Src::Vnid(_) => None,
+        }
+    }
+
+    /// An IPv4 range (the common case in tests and callers).
+    pub fn v4(n: Ipv4Net) -> Src {
+        Src::Net(IpNet::V4(n))
+    }
 }
 
 /// An L4 protocol whose destination port the datapath matches.
@@ -282,7 +300,8 @@ pub struct Allow {
 /// destination peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IsolatedPod {
-    pub ip: Ipv4Addr,
+    /// One of the pod's addresses: its boxes are made in that address's family.
+    pub ip: IpAddr,
     pub allows: Vec<Allow>,
 }
 
@@ -337,6 +356,26 @@ pub struct NamespacePolicy {
     pub egress_rules: Vec<EgressRule>,
     /// What is copied to the audit log.
     pub audit: Audit,
+    /// The IPv6 address of each of the namespace's local pods that has one (dual-stack), by
+    /// its IPv4 address (the pods' key in the fields above): the pod's rules are compiled for
+    /// it too, as `ipv6` flows. A pod without one has no IPv6 flow (and no IPv6 address to
+    /// reach it by).
+    pub ip6: BTreeMap<Ipv4Addr, Ipv6Addr>,
+}
+
+/// The networkpolicy plugin's fixed flows beyond table 80's ([`plugin_flows`]): table 21's
+/// conntrack ([`conntrack_flows`]), tables 27 and 28 ([`egress::base_flows`]), tables 0, 25 and
+/// 30 for connections through the node ([`super::via_host::base_flows`]) — and on a
+/// dual-stack node the IPv6 twins of table 80's plugin flows ([`plugin_flows6`]: fixed flows
+/// like these, which the node's configuration alone decides).
+pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
+    let mut flows = conntrack_flows(cfg);
+    flows.extend(egress::base_flows(cfg));
+    flows.extend(super::via_host::base_flows(cfg));
+    if cfg.ipv6.is_some() {
+        flows.extend(plugin_flows6());
+    }
+    flows
 }
 
 /// Table 21 (base flows in networkpolicy mode): connections from local pods to the cluster
@@ -349,14 +388,19 @@ pub struct NamespacePolicy {
 /// table 30's lookup must find them as replies, or a pod some Ingress policy isolates could
 /// not hear back from outside the cluster.
 ///
+/// On a dual-stack node each has its `ipv6` twin (the IPv6 cluster and service networks).
+///
 /// [`via_host::CT_ZONE`]: super::via_host::CT_ZONE
-pub fn conntrack_flows(cluster_network: Ipv4Net, service_network: Ipv4Net) -> Vec<Flow> {
-    let commit = |priority: u16, m: Ipv4Match| {
-        Flow::new(Table::PolicyConntrack, priority, Match::any().ipv4(m), vec![super::via_host::commit(Table::Routing)], None)
-    };
-    let mut flows: Vec<Flow> =
-        [cluster_network, service_network].into_iter().map(|net| commit(200, Ipv4Match { dst: Some(cidr(net)), ..Default::default() })).collect();
-    flows.push(commit(100, Ipv4Match::default()));
+pub fn conntrack_flows(cfg: &NodeConfig) -> Vec<Flow> {
+    let commit = |priority: u16, m: Match| Flow::new(Table::PolicyConntrack, priority, m, vec![super::via_host::commit(Table::Routing)], None);
+    let mut nets = vec![IpNet::V4(cfg.cluster_network), IpNet::V4(cfg.service_network)];
+    let mut families = vec![Family::V4];
+    if let Some(v6) = &cfg.ipv6 {
+        nets.extend([IpNet::V6(v6.cluster_network), IpNet::V6(v6.service_network)]);
+        families.push(Family::V6);
+    }
+    let mut flows: Vec<Flow> = nets.into_iter().map(|net| commit(200, dst_net(net))).collect();
+    flows.extend(families.into_iter().map(|f| commit(100, any_ip(f))));
     flows
 }
 
@@ -364,13 +408,30 @@ pub fn conntrack_flows(cluster_network: Ipv4Net, service_network: Ipv4Net) -> Ve
 /// packet reaches table 80 tracked: from a local pod through table 21, otherwise through table
 /// 30's lookup of traffic to the local subnet (registers survive the recirculation).
 pub fn plugin_flows() -> Vec<Flow> {
-    let ip = |m: Ipv4Match| Match::any().ipv4(m);
+    plugin_flows_of(Family::V4)
+}
+
+/// The IPv6 twins of [`plugin_flows`] (a dual-stack node: `ipv6`, `tcp6`, `udp6`), and
+/// neighbour discovery: solicitations and advertisements (ICMPv6 135 and 136) to a pod always
+/// pass, as ARP never meets table 80 — they are no connection (conntrack leaves them
+/// untracked or invalid) and an isolated pod that cannot resolve its neighbours cannot answer
+/// even what its policies allow.
+pub fn plugin_flows6() -> Vec<Flow> {
+    let mut flows = plugin_flows_of(Family::V6);
+    for typ in [135, 136] {
+        let nd = Match::any().ipv6(Ipv6Match { proto: Some(Ip6Proto::Icmpv6(Icmpv6Match { typ: Some(typ), ..Default::default() })), ..Default::default() });
+        flows.insert(flows.len() - 1, Flow::new(Table::Policy, REPLY_PRIORITY, nd, vec![output_reg2()], None));
+    }
+    flows
+}
+
+fn plugin_flows_of(family: Family) -> Vec<Flow> {
     vec![
         // OVS accepts ct_state bits only together with +trk.
         Flow::new(
             Table::Policy,
             REPLY_PRIORITY,
-            ip(Ipv4Match::default()).ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK),
+            any_ip(family).ct_state(ct_state::RPL | ct_state::TRK, ct_state::RPL | ct_state::TRK),
             vec![output_reg2()],
             None,
         ),
@@ -378,32 +439,31 @@ pub fn plugin_flows() -> Vec<Flow> {
         // connection's first packet meets the policy flows (and the audit log). Not SCTP: OVS
         // 3.1's userspace conntrack keys SCTP by address pair, without ports, and an
         // established entry would let every SCTP port of the pair through.
-        established(Table::Policy, openflow::IpProto::Tcp { dst: None }, vec![output_reg2()], None),
-        established(Table::Policy, openflow::IpProto::Udp { dst: None }, vec![output_reg2()], None),
+        established(Table::Policy, family, openflow::IpProto::Tcp { dst: None }, vec![output_reg2()], None),
+        established(Table::Policy, family, openflow::IpProto::Udp { dst: None }, vec![output_reg2()], None),
         // UDP an ingress policy flow allowed: a one-way stream (statsd, syslog) is never +est.
-        allowed_udp(Side::Ingress, vec![output_reg2()], None),
-        Flow::new(Table::Policy, OPEN_PRIORITY, ip(Ipv4Match::default()), vec![output_reg2()], None),
+        allowed_udp(Side::Ingress, family, vec![output_reg2()], None),
+        Flow::new(Table::Policy, OPEN_PRIORITY, any_ip(family), vec![output_reg2()], None),
     ]
 }
 
-/// `ct_state=+est+trk,<proto>` at [`REPLY_PRIORITY`] with `actions`/`goto`.
-pub(crate) fn established(table: Table, proto: openflow::IpProto, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
-    let m = Match::any().ipv4(Ipv4Match { proto: Some(proto), ..Default::default() }).ct_state(ct_state::EST | ct_state::TRK, ct_state::EST | ct_state::TRK);
+/// `ct_state=+est+trk,<proto>` (`tcp`, `tcp6`...) at [`REPLY_PRIORITY`] with `actions`/`goto`.
+pub(crate) fn established(table: Table, family: Family, proto: openflow::IpProto, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
+    let m = ip_match(family, None, None, Some(proto), None).ct_state(ct_state::EST | ct_state::TRK, ct_state::EST | ct_state::TRK);
     Flow::new(table, REPLY_PRIORITY, m, actions, goto)
 }
 
-/// `ct_state=+trk,ct_mark=<bit>/<bit>,udp` at [`REPLY_PRIORITY`] with `actions`/`goto`: UDP
+/// `ct_state=+trk,ct_mark=<bit>/<bit>,udp` (or `udp6`) at [`REPLY_PRIORITY`] with
+/// `actions`/`goto`: UDP
 /// whose conntrack entry an allowed flow of `side` marked ([`Side::allow_logged`]). A one-way
 /// stream gets no reply, so conntrack never calls it `+est`; without this flow each of its
 /// datagrams would meet the policy flows again (counted and logged as a new connection).
 /// Like the `+est` flows, it passes the stream for as long as its entry lives (OVS's UDP
 /// timeouts, refreshed by its traffic), even after a policy change that denies it now.
-pub(crate) fn allowed_udp(side: Side, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
+pub(crate) fn allowed_udp(side: Side, family: Family, actions: Vec<openflow::Action>, goto: Option<Table>) -> Flow {
     let m = Match {
         ct_mark: Some(super::via_host::has_mark(side.allowed_mark())),
-        ..Match::any()
-            .ipv4(Ipv4Match { proto: Some(openflow::IpProto::Udp { dst: None }), ..Default::default() })
-            .ct_state(ct_state::TRK, ct_state::TRK)
+        ..ip_match(family, None, None, Some(openflow::IpProto::Udp { dst: None }), None).ct_state(ct_state::TRK, ct_state::TRK)
     };
     Flow::new(side.table(), REPLY_PRIORITY, m, actions, goto)
 }
@@ -427,6 +487,14 @@ pub fn conj_id(vnid: Vnid, namespace: &str, policy: &str, rule: usize, ports: &[
 /// one direction makes the rest plain flows. An egress rule's hash also eats `egress` first
 /// (ids are per table anyway).
 pub fn conj_id_on(side: Side, vnid: Vnid, namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
+    conj_id_for(side, Family::V4, vnid, namespace, policy, rule, ports)
+}
+
+/// [`conj_id_on`] for the conjunction of one family: a dual-stack rule is two conjunctions
+/// (each of one family: its clause flows are `ip` or `ipv6` flows), with ids from the same
+/// 255 of the namespace and direction; the IPv6 one's hash eats `ipv6` first (an IPv4
+/// conjunction's id is the same as on an IPv4-only node).
+pub fn conj_id_for(side: Side, family: Family, vnid: Vnid, namespace: &str, policy: &str, rule: usize, ports: &[Dst]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     let mut eat = |b: &[u8]| {
         for x in b {
@@ -434,6 +502,9 @@ pub fn conj_id_on(side: Side, vnid: Vnid, namespace: &str, policy: &str, rule: u
             h = h.wrapping_mul(0x0100_0193);
         }
     };
+    if family == Family::V6 {
+        eat(b"ipv6\0");
+    }
     if side == Side::Egress {
         eat(b"egress\0");
     }
@@ -487,6 +558,15 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
 /// direction; empty without `roles`): the one computation behind both the flows and the
 /// counters ([`counted`]), so they cannot drift apart.
 fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>, Vec<String>) {
+    // A pod's addresses: its IPv4 one, and its IPv6 one on a dual-stack node. Every group is
+    // made once per family its pods have, with the peers of that family (or of any).
+    let v6 = |ip: &Ipv4Addr| ns.ip6.get(ip).copied();
+    let of_family = |peers: &Option<Vec<Src>>, family: Family| -> Option<Vec<Src>> {
+        peers.as_ref().map(|p| p.iter().copied().filter(|s| s.family().is_none_or(|f| f == family)).collect())
+    };
+    let both = |ips: &[Ipv4Addr]| -> Vec<IpAddr> {
+        ips.iter().map(|ip| IpAddr::V4(*ip)).chain(ips.iter().filter_map(v6).map(IpAddr::V6)).collect()
+    };
     let mut ingress = Vec::new();
     for r in &ns.rules {
         let mut by_ports: BTreeMap<Vec<Dst>, Vec<Ipv4Addr>> = BTreeMap::new();
@@ -495,13 +575,21 @@ fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>
                 by_ports.entry(d).or_default().push(*ip);
             }
         }
-        ingress.extend(by_ports.into_iter().map(|(ports, pods)| Group { policy: &r.policy, rule: r.rule, peers: r.srcs.clone(), pods, ports }));
+        for (ports, pods) in by_ports {
+            let pods6: Vec<IpAddr> = pods.iter().filter_map(v6).map(IpAddr::V6).collect();
+            let v4 = Group { family: Family::V4, policy: &r.policy, rule: r.rule, peers: of_family(&r.srcs, Family::V4), pods: pods.into_iter().map(IpAddr::V4).collect(), ports: ports.clone() };
+            ingress.push(v4);
+            if !pods6.is_empty() {
+                ingress.push(Group { family: Family::V6, policy: &r.policy, rule: r.rule, peers: of_family(&r.srcs, Family::V6), pods: pods6, ports });
+            }
+        }
     }
+    let isolated = both(&ns.isolated);
     let (mut flows, ingress_roles, mut errors) = compile(Direction {
         side: Side::Ingress,
         namespace: &ns.namespace,
         vnid: ns.vnid,
-        isolated: &ns.isolated,
+        isolated,
         groups: ingress,
         audit: &ns.audit,
         roles,
@@ -522,18 +610,24 @@ fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>
                 by_ports.entry(d).or_default().push(*peer);
             }
         }
+        let pods6: Vec<IpAddr> = r.pods.iter().filter_map(v6).map(IpAddr::V6).collect();
         for (ports, mut peers) in by_ports {
             peers.sort_unstable();
             peers.dedup();
             let peers = (!peers.contains(&Src::Any)).then_some(peers);
-            groups.push(Group { policy: &r.policy, rule: r.rule, peers, pods: r.pods.clone(), ports });
+            let v4 = Group { family: Family::V4, policy: &r.policy, rule: r.rule, peers: of_family(&peers, Family::V4), pods: r.pods.iter().copied().map(IpAddr::V4).collect(), ports: ports.clone() };
+            groups.push(v4);
+            if !pods6.is_empty() {
+                groups.push(Group { family: Family::V6, policy: &r.policy, rule: r.rule, peers: of_family(&peers, Family::V6), pods: pods6.clone(), ports });
+            }
         }
     }
+    let egress_isolated = both(&ns.egress_isolated);
     let (egress, egress_roles, e) = compile(Direction {
         side: Side::Egress,
         namespace: &ns.namespace,
         vnid: ns.vnid,
-        isolated: &ns.egress_isolated,
+        isolated: egress_isolated.clone(),
         groups,
         audit: &ns.audit,
         roles,
@@ -541,7 +635,7 @@ fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>
     flows.extend(egress);
     errors.extend(e);
     all_roles.extend(egress_roles.into_iter().map(|r| (Side::Egress, r)));
-    let hooks = egress::pod_hooks(&ns.egress_isolated, ns.pod_vnid);
+    let hooks = egress::pod_hooks(&egress_isolated, ns.pod_vnid);
     if roles {
         // Tables 21 and 25 only send packets on to table 27: nothing to count there.
         all_roles.extend(hooks.iter().map(|_| (Side::Egress, Role::Uncounted)));
@@ -555,10 +649,24 @@ mod tests {
     use super::*;
     use std::collections::{BTreeSet, HashMap};
 
+    pub(super) fn cfg(dual: bool) -> NodeConfig {
+        NodeConfig {
+            plugin: crate::domain::Plugin::NetworkPolicy,
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv6: dual.then(|| crate::pipeline::NodeIpv6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+                local_subnet: "fd00:10:128:2::/64".parse().unwrap(),
+            }),
+        }
+    }
+
     #[test]
     fn text() {
         assert_eq!(
-            conntrack_flows("10.128.0.0/14".parse().unwrap(), "172.30.0.0/16".parse().unwrap())
+            conntrack_flows(&cfg(false))
                 .iter()
                 .map(|f| f.to_string())
                 .collect::<Vec<_>>(),
