@@ -264,3 +264,99 @@ async fn multicast_in_both_families_stays_in_its_vnid() {
         }
     }
 }
+
+/// NetworkPolicy in both families (networkpolicy plugin, two dual-stack nodes): the same
+/// verdict for a connection over IPv4 and over IPv6 when a policy selects by namespace and
+/// port, and an IPv6 `ipBlock` admits exactly its IPv6 source (not the same pod over IPv4).
+#[tokio::test]
+async fn network_policy_holds_in_both_families() {
+    use serde_json::json;
+    use support::netpol_eval::EvalPod;
+    let Some((c, p)) = two_dual_stack_nodes("network_policy_holds_in_both_families", "networkpolicy").await else {
+        return;
+    };
+    let all = [&p.a1, &p.a3, &p.d1, &p.a2, &p.b1];
+    let pods: Vec<(Pod, EvalPod)> = all
+        .iter()
+        .map(|x| {
+            let e = EvalPod { namespace: x.namespace.clone(), name: x.name.clone(), ip: x.ip, labels: [("app".to_string(), x.name.clone())].into(), container_ports: vec![] };
+            ((*x).clone(), e)
+        })
+        .collect();
+    let namespaces = vec![
+        json!({"name": "default", "netid": 0, "labels": {"kubernetes.io/metadata.name": "default"}}),
+        json!({"name": "team-a", "netid": 11, "labels": {"kubernetes.io/metadata.name": "team-a"}}),
+        json!({"name": "team-b", "netid": 12, "labels": {"kubernetes.io/metadata.name": "team-b"}}),
+    ];
+    let apply = |policies: Vec<serde_json::Value>| {
+        let (c, pods, namespaces) = (&c, &pods, &namespaces);
+        async move {
+            for n in c.nodes() {
+                let r = n.apply(&support::netpol_state::state_json(c, n.name(), namespaces.clone(), pods, &policies)).await;
+                assert!(r.problems.is_empty(), "node {}: {:?}", n.name(), r.problems);
+                n.appctl(&["revalidator/purge"]).await;
+            }
+        }
+    };
+    // b1 serves TCP 8080 and 9090 on both families (one dual-stack socket each).
+    let mut servers = Vec::new();
+    for port in [8080u16, 9090] {
+        servers.push(support::nodes::tcp_echo(p.b1.tcp_listen6(port).await));
+    }
+    apply(vec![]).await;
+    check(&p.b1, "no policy", &[(&p.a1, 8080, true, true), (&p.d1, 9090, true, true), (&p.a2, 8080, true, true)]).await;
+
+    apply(vec![json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"namespace": "team-b", "name": "from-team-a-8080"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}}],
+            "ports": [{"protocol": "TCP", "port": 8080}]}]}
+    })])
+    .await;
+    check(
+        &p.b1,
+        "team-a may reach team-b on 8080",
+        &[(&p.a1, 8080, true, true), (&p.a2, 8080, true, true), (&p.a1, 9090, false, false), (&p.d1, 8080, false, false)],
+    )
+    .await;
+
+    let a1_6 = format!("{}/128", v6(&p.a1));
+    apply(vec![json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"namespace": "team-b", "name": "from-a1-ipv6"},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{"from": [{"ipBlock": {"cidr": a1_6}}]}]}
+    })])
+    .await;
+    check(
+        &p.b1,
+        "an IPv6 ipBlock admits its IPv6 source only",
+        &[(&p.a1, 8080, false, true), (&p.a1, 9090, false, true), (&p.a3, 8080, false, false), (&p.d1, 8080, false, false)],
+    )
+    .await;
+    for s in servers {
+        s.abort();
+    }
+}
+
+/// A new TCP connection from `from` to `dst:port` that echoes: true if it did.
+async fn connects(from: &Pod, dst: IpAddr, port: u16) -> bool {
+    let Ok(s) = from.tcp_connect(dst, port, Duration::from_millis(1500)).await else { return false };
+    let Ok(mut s) = tokio::net::TcpStream::from_std(s) else { return false };
+    let ok = async {
+        s.write_all(b"np").await.ok()?;
+        let mut b = [0u8; 2];
+        s.read_exact(&mut b).await.ok()?;
+        (&b == b"np").then_some(())
+    };
+    tokio::time::timeout(Duration::from_secs(3), ok).await.ok().flatten().is_some()
+}
+
+/// Each (source, port, IPv4 verdict, IPv6 verdict) to `dst`'s two addresses.
+async fn check(dst: &Pod, what: &str, want: &[(&Pod, u16, bool, bool)]) {
+    for &(from, port, want4, want6) in want {
+        let got4 = connects(from, IpAddr::V4(dst.ip), port).await;
+        let got6 = connects(from, v6(dst), port).await;
+        assert_eq!((got4, got6), (want4, want6), "{what}: {} -> {}:{port} (IPv4, IPv6)", from.name, dst.name);
+    }
+}

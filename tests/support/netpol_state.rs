@@ -6,15 +6,25 @@
 use serde_json::{json, Value};
 
 use super::netpol_eval::EvalPod;
-use super::nodes::{Cluster, Pod, CLUSTER_NETWORK, SERVICE_NETWORK};
+use super::nodes::{Cluster, Pod, CLUSTER_NETWORK, CLUSTER_NETWORK6, SERVICE_NETWORK, SERVICE_NETWORK6};
 
 /// Node `node`'s state with `net_namespaces` (state-file entries) and `policies`.
 pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(Pod, EvalPod)], policies: &[Value]) -> String {
     let host_subnets: Vec<Value> = c
         .nodes()
         .iter()
-        .map(|n| json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnet": n.spec.subnet.to_string()}))
+        .map(|n| match n.spec.subnet6 {
+            Some(s6) => json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnets": [n.spec.subnet.to_string(), s6.to_string()]}),
+            None => json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnet": n.spec.subnet.to_string()}),
+        })
         .collect();
+    // A dual-stack harness (nodes with IPv6 subnets): every address of both families.
+    let dual = c.nodes().iter().any(|n| n.spec.subnet6.is_some());
+    let ips = |p: &Pod| -> Value {
+        let mut v = vec![p.ip.to_string()];
+        v.extend(p.ip6.map(|a| a.to_string()));
+        json!(v)
+    };
     let mut local = Vec::new();
     let mut remote = Vec::new();
     for (p, e) in pods {
@@ -23,15 +33,20 @@ pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(
         if p.node == node {
             local.push(json!({
                 "namespace": p.namespace, "name": p.name, "containerID": p.container_id, "hostVeth": p.host_veth,
-                "ip": p.ip.to_string(), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
+                "ip": p.ip.to_string(), "ips": ips(p), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
             }));
         } else {
-            remote.push(json!({"namespace": p.namespace, "name": p.name, "ip": p.ip.to_string(), "labels": e.labels, "containerPorts": ports}));
+            remote.push(json!({"namespace": p.namespace, "name": p.name, "ips": ips(p), "labels": e.labels, "containerPorts": ports}));
         }
     }
+    let (clusters, services) = if dual {
+        (json!([CLUSTER_NETWORK, CLUSTER_NETWORK6]), json!([SERVICE_NETWORK, SERVICE_NETWORK6]))
+    } else {
+        (json!([CLUSTER_NETWORK]), json!([SERVICE_NETWORK]))
+    };
     json!({
         "node": format!("node-{node}"), "plugin": "networkpolicy",
-        "clusterNetwork": CLUSTER_NETWORK, "serviceNetwork": SERVICE_NETWORK,
+        "clusterNetworks": clusters, "serviceNetworks": services,
         "hostSubnets": host_subnets, "netNamespaces": net_namespaces, "pods": local,
         "remotePods": remote, "networkPolicies": policies,
     })

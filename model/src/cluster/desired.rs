@@ -279,7 +279,9 @@ fn flows_of_owner(
                 }
                 Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
             };
-            let out = egress::flows(*vnid, policies, &namespaces, dns);
+            // A dual-stack node's policies govern IPv6 egress too (fail closed: egress.rs).
+            let ipv6 = node_config(state).is_some_and(|c| c.ipv6.is_some());
+            let out = egress::flows_for(*vnid, policies, &namespaces, dns, ipv6);
             let object =
                 policies.iter().map(|p| format!("egressnetworkpolicy {}/{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ");
             let warnings = out.warnings.iter().chain(&out.dns_error).map(|w| Problem::new(object.clone(), "", w.clone())).collect();
@@ -346,6 +348,7 @@ fn pod_flows(plugin: Plugin, vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPor
             let mut flows = pod::flows(&PodPort { ofport, ip: pod.ip, ip6: pod.ip6, mac: pod.mac, container_id: pod.container_id.clone(), vnid });
             if plugin == Plugin::NetworkPolicy {
                 flows.push(crate::pipeline::via_host::pod_flow(pod.ip, vnid));
+                flows.extend(pod.ip6.map(|ip6| crate::pipeline::via_host::pod_flow6(ip6, vnid)));
             }
             flows
         }

@@ -450,7 +450,10 @@ pub fn egress_policy<'a>(namespace: &str, name_: &str, rules_in: impl ExactSizeI
             other => return Err((format!("egress[{i}].type"), format!("{other:?} is neither Allow nor Deny"))),
         };
         let to = match (rule.cidr_selector, rule.dns_name) {
-            (Some(c), None) => Target::Cidr(net(c).map_err(at(&format!("egress[{i}].to.cidrSelector")))?),
+            (Some(c), None) => match c.parse::<IpNet>() {
+                Ok(IpNet::V6(n)) => Target::Cidr6(n.trunc()),
+                _ => Target::Cidr(net(c).map_err(|_| (format!("egress[{i}].to.cidrSelector"), format!("{c:?} is not an IPv4 or IPv6 CIDR")))?),
+            },
             (None, Some(d)) if valid_dns_name(d) => Target::DnsName(d.trim_end_matches('.').to_ascii_lowercase()),
             (None, Some(d)) => return Err((format!("egress[{i}].to.dnsName"), format!("{d:?} is not a valid DNS name"))),
             _ => return Err((format!("egress[{i}].to"), "exactly one of cidrSelector and dnsName is required".into())),
