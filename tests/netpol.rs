@@ -16,7 +16,7 @@
 mod support;
 
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,11 +81,21 @@ fn eval_pod(i: usize) -> EvalPod {
 }
 
 async fn world(test: &str) -> Option<World> {
-    let mut c = Cluster::start(
-        test,
-        &[NodeSpec::new("a", "172.17.0.2", "10.128.0.0/23"), NodeSpec::new("b", "172.17.0.3", "10.128.2.0/23")],
-    )
-    .await?;
+    world_with(test, false).await
+}
+
+/// The dual-stack nodes' IPv6 subnets, beside [`NODE_SUBNETS`]: a pod's IPv6 address has its
+/// IPv4 address's host part (tests/support/nodes.rs).
+const NODE_SUBNETS: [(&str, &str); 2] = [("10.128.0.0/23", "fd00:10:128:1::/64"), ("10.128.2.0/23", "fd00:10:128:2::/64")];
+
+/// The world, with `dual`: dual-stack nodes, every pod with an IPv6 address, servers on both
+/// families.
+async fn world_with(test: &str, dual: bool) -> Option<World> {
+    let spec = |name: &str, ip: &str, (v4, v6): (&str, &str)| {
+        let s = NodeSpec::new(name, ip, v4);
+        if dual { s.ipv6(v6) } else { s }
+    };
+    let mut c = Cluster::start(test, &[spec("a", "172.17.0.2", NODE_SUBNETS[0]), spec("b", "172.17.0.3", NODE_SUBNETS[1])]).await?;
     let mut pods = Vec::new();
     for (i, (node, ns, name, ip, _, _)) in PODS.iter().enumerate() {
         let p = c.node_mut(node).add_pod(ns, name, ip).await;
@@ -99,9 +109,11 @@ async fn world(test: &str) -> Option<World> {
     apply(&w, &[]).await;
     for (p, _) in &w.pods {
         for port in PORTS {
-            w.servers.push(tcp_echo(p.tcp_listen(port).await));
+            // Dual-stack: one socket of each kind takes both families (IPv4-mapped).
+            w.servers.push(tcp_echo(if dual { p.tcp_listen6(port).await } else { p.tcp_listen(port).await }));
             let ns = p.netns.clone();
-            let u = in_netns(&ns, move || std::net::UdpSocket::bind(("0.0.0.0", port))).await.expect("bind udp");
+            let any = if dual { "::" } else { "0.0.0.0" };
+            let u = in_netns(&ns, move || std::net::UdpSocket::bind((any, port))).await.expect("bind udp");
             u.set_nonblocking(true).unwrap();
             w.servers.push(udp_echo(u));
         }
@@ -148,7 +160,8 @@ async fn apply(w: &World, policies: &[Value]) -> Vec<String> {
 
 /// Opens a new connection and checks that data comes back (both directions work): true if
 /// it did within `timeout`.
-async fn probe(src: &Pod, dst: Ipv4Addr, proto: Proto, port: u16, timeout: Duration) -> bool {
+async fn probe(src: &Pod, dst: impl Into<IpAddr>, proto: Proto, port: u16, timeout: Duration) -> bool {
+    let dst: IpAddr = dst.into();
     match proto {
         Proto::Tcp => {
             let Ok(s) = src.tcp_connect(dst, port, timeout).await else { return false };
@@ -168,7 +181,8 @@ async fn probe(src: &Pod, dst: Ipv4Addr, proto: Proto, port: u16, timeout: Durat
             // new exchange from an old one).
             let sport = next_udp_port();
             let ns = src.netns.clone();
-            let Ok(u) = in_netns(&ns, move || std::net::UdpSocket::bind(("0.0.0.0", sport))).await else { return false };
+            let any = if dst.is_ipv6() { "::" } else { "0.0.0.0" };
+            let Ok(u) = in_netns(&ns, move || std::net::UdpSocket::bind((any, sport))).await else { return false };
             u.set_nonblocking(true).unwrap();
             let u = tokio::net::UdpSocket::from_std(u).expect("tokio udp");
             let msg = format!("{}->{dst}:{port}", src.ip);
@@ -213,7 +227,17 @@ fn cases(n: usize) -> Vec<Case> {
 /// Applies `policies`, probes the whole matrix and compares it with the evaluator's. Returns
 /// the number of probes and of allowed ones.
 async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usize) {
-    apply(w, policies).await;
+    check_matrix_in(w, name, policies, false).await
+}
+
+/// [`check_matrix`] over IPv6 (`ipv6`, a dual-stack world): the switch gets the policies with
+/// every ipBlock translated to the IPv6 plan ([`ipv6_policies`]), the probes go to the pods'
+/// IPv6 addresses, and the evaluator judges the original policies by the pods' IPv4
+/// addresses — the translation keeps which pods each block holds, so its verdicts are the
+/// IPv6 matrix's.
+async fn check_matrix_in(w: &World, name: &str, policies: &[Value], ipv6: bool) -> (usize, usize) {
+    let on_switch = if ipv6 { ipv6_policies(policies) } else { policies.to_vec() };
+    apply(w, &on_switch).await;
     let eval_pods: Vec<EvalPod> = w.pods.iter().map(|(_, e)| e.clone()).collect();
     let ev = Evaluator { namespaces: &w.namespaces, pods: &eval_pods, policies };
     let all = cases(w.pods.len());
@@ -225,7 +249,8 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
             let mut set = tokio::task::JoinSet::new();
             for (i, (s, d, proto, port)) in cases.into_iter().enumerate() {
                 let pods = pods.clone();
-                set.spawn(async move { (i, probe(&pods[s], pods[d].ip, proto, port, timeout).await) });
+                let dst: IpAddr = if ipv6 { IpAddr::V6(pods[d].ip6.expect("a dual-stack world")) } else { IpAddr::V4(pods[d].ip) };
+                set.spawn(async move { (i, probe(&pods[s], dst, proto, port, timeout).await) });
             }
             let mut got = Vec::new();
             while let Some(r) = set.join_next().await {
@@ -280,6 +305,55 @@ async fn check_matrix(w: &World, name: &str, policies: &[Value]) -> (usize, usiz
         );
     }
     (all.len(), want.iter().filter(|w| **w).count())
+}
+
+/// An IPv4 CIDR of the harness's plan as the IPv6 CIDR that holds the same pods: inside a node's
+/// /23, the same offset in its /64 (`10.128.2.12/31` -> `fd00:10:128:2::c/127`); a wider one,
+/// the IPv6 subnets of the node subnets it contains (both: the IPv6 cluster network, or `::/0`
+/// for `0.0.0.0/0`; none: a block holding no pod).
+fn ipv6_cidr(v4: &str) -> String {
+    let n: ipnet::Ipv4Net = v4.parse().expect("an IPv4 CIDR of the scenario");
+    let subnets: Vec<(ipnet::Ipv4Net, ipnet::Ipv6Net)> = NODE_SUBNETS.iter().map(|(a, b)| (a.parse().unwrap(), b.parse().unwrap())).collect();
+    if let Some((s4, s6)) = subnets.iter().find(|(s4, _)| s4.contains(&n)) {
+        let offset = u32::from(n.network()) - u32::from(s4.network());
+        let addr = Ipv6Addr::from(u128::from(s6.network()) + u128::from(offset));
+        return format!("{addr}/{}", 96 + n.prefix_len());
+    }
+    let held: Vec<&ipnet::Ipv6Net> = subnets.iter().filter(|(s4, _)| n.contains(s4)).map(|(_, s6)| s6).collect();
+    match held.as_slice() {
+        [] => "fd00:dead::/64".to_string(),
+        [one] => one.to_string(),
+        _ if n.prefix_len() == 0 => "::/0".to_string(),
+        _ => support::nodes::CLUSTER_NETWORK6.to_string(),
+    }
+}
+
+/// `policies` with every ipBlock's `cidr` and `except` translated by [`ipv6_cidr`].
+fn ipv6_policies(policies: &[Value]) -> Vec<Value> {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                if let Some(b) = m.get_mut("ipBlock").and_then(Value::as_object_mut) {
+                    if let Some(Value::String(c)) = b.get_mut("cidr") {
+                        *c = ipv6_cidr(c);
+                    }
+                    if let Some(Value::Array(ex)) = b.get_mut("except") {
+                        for e in ex.iter_mut() {
+                            if let Value::String(s) = e {
+                                *s = ipv6_cidr(s);
+                            }
+                        }
+                    }
+                }
+                m.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut out = policies.to_vec();
+    out.iter_mut().for_each(walk);
+    out
 }
 
 fn np(ns: &str, name: &str, spec: Value) -> Value {
@@ -528,6 +602,24 @@ async fn truth_table_hand_written_and_random_scenarios_on_two_nodes() {
         n += 1;
     }
     eprintln!("truth table: {n} scenarios, {probes} probes ({allowed} allowed, {} denied), 6 pods on 2 nodes", probes - allowed);
+}
+
+/// The truth table on dual-stack nodes, in both families: every scenario's matrix over IPv6
+/// (ipBlocks translated to the IPv6 plan, see [`check_matrix_in`]) and over IPv4, against the
+/// same evaluator. Same node and across the tunnel, as the IPv4 table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truth_table_in_both_families_on_dual_stack_nodes() {
+    let Some(w) = world_with("truth_table_dual_stack", true).await else { return };
+    let (mut probes, mut n) = (0, 0);
+    let mut named: Vec<(String, Vec<Value>)> = scenarios().into_iter().map(|(n, p)| (n.to_string(), p)).collect();
+    named.extend((0..RANDOM_SCENARIOS / 2).map(|s| (format!("random seed {s}"), random_scenario(s))));
+    let only = std::env::var("NETPOL_ONLY").unwrap_or_default();
+    for (name, policies) in named.iter().filter(|(n, _)| n.contains(&only)) {
+        probes += check_matrix_in(&w, &format!("{name} (IPv6)"), policies, true).await.0;
+        probes += check_matrix_in(&w, &format!("{name} (IPv4, dual-stack)"), policies, false).await.0;
+        n += 1;
+    }
+    eprintln!("dual-stack truth table: {n} scenarios in both families, {probes} probes, 6 pods on 2 nodes");
 }
 
 
