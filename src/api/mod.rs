@@ -286,6 +286,10 @@ pub struct ModelPod {
     pub name: String,
     pub host_veth: String,
     pub ip: std::net::Ipv4Addr,
+    /// The pod's IPv6 address (dual-stack); absent for an IPv4-only pod, and from an older
+    /// agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<std::net::Ipv6Addr>,
     pub mac: String,
     /// The namespace's VNID, when the model knows the namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,6 +311,7 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
                     name: p.name.clone(),
                     host_veth: p.host_veth.clone(),
                     ip: p.ip,
+                    ip6: p.ip6,
                     mac: p.mac.to_string(),
                     vnid: vnid_of(&p.namespace),
                 })
@@ -319,7 +324,7 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
         }
         // The model's pods are IPv4 (a record of another family is not one of them).
         let std::net::IpAddr::V4(ip) = r.ip else { continue };
-        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, mac: r.mac.to_string() });
+        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, ip6: None, mac: r.mac.to_string() });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Json(pods)
