@@ -796,3 +796,41 @@ async fn without_agent_or_state_ipv6_is_placed_by_the_switch() {
     assert_eq!(code, 1);
     assert!(err.contains("no pods are known by name"), "{err}");
 }
+
+/// `status` lists both families' networks, subnets and gateways, and the pods per family, in
+/// JSON (typed) and in the text.
+#[tokio::test]
+async fn status_lists_both_families() {
+    let n = dual_stack_node().await;
+    let s = sdn_node::api::status::fetch(&n.agent.socket).await.unwrap();
+    let nets = s.networks.as_ref().expect("a state");
+    assert_eq!(nets.ipv4.gateway, Some("10.128.2.1".parse().unwrap()));
+    assert_eq!(nets.ipv4.pods, 4);
+    let v6 = nets.ipv6.as_ref().expect("dual-stack");
+    assert_eq!(
+        (v6.cluster_network.to_string(), v6.service_network.to_string()),
+        ("fd00:10:128::/48".to_string(), "fd00:172:30::/112".to_string())
+    );
+    assert_eq!(v6.local_subnet, Some("fd00:10:128:2::/64".parse().unwrap()));
+    assert_eq!(v6.gateway, Some("fd00:10:128:2::1".parse().unwrap()));
+    assert_eq!(v6.pods, 3, "b4 is IPv4-only");
+    for json in [false, true] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"));
+        cmd.arg("status").arg("--socket").arg(&n.agent.socket);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().await.unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["networks"]["ipv6"]["gateway"], "fd00:10:128:2::1", "{v}");
+            assert_eq!(v["networks"]["ipv4"]["local_subnet"], "10.128.2.0/23", "{v}");
+        } else {
+            assert!(text.contains("networks:   dual-stack"), "{text}");
+            assert!(text.contains("  IPv6  cluster fd00:10:128::/48, service fd00:172:30::/112, subnet fd00:10:128:2::/64, gateway fd00:10:128:2::1, 3 pods"), "{text}");
+            assert!(text.contains("  by family: 4 IPv4, 3 IPv6"), "{text}");
+        }
+    }
+}
