@@ -130,6 +130,9 @@ enum PodCmd {
         host_veth: String,
         #[arg(long)]
         ip: String,
+        /// A dual-stack pod's IPv6 address (from this node's IPv6 subnet).
+        #[arg(long)]
+        ip6: Option<String>,
         #[arg(long)]
         mac: String,
         /// kubernetes.io/ingress-bandwidth, e.g. 10M.
@@ -300,7 +303,7 @@ async fn pod(socket: std::path::PathBuf, op: PodCmd) -> ExitCode {
         _ => None,
     };
     let (method, path, body) = match op {
-        PodCmd::Add { namespace, name, container_id, host_veth, ip, mac, ingress_bandwidth, egress_bandwidth, internal } => {
+        PodCmd::Add { namespace, name, container_id, host_veth, ip, ip6, mac, ingress_bandwidth, egress_bandwidth, internal } => {
             let mut annotations = std::collections::BTreeMap::new();
             if let Some(v) = ingress_bandwidth {
                 annotations.insert(sdn_node::cluster::INGRESS_ANNOTATION.to_string(), v);
@@ -308,7 +311,9 @@ async fn pod(socket: std::path::PathBuf, op: PodCmd) -> ExitCode {
             if let Some(v) = egress_bandwidth {
                 annotations.insert(sdn_node::cluster::EGRESS_ANNOTATION.to_string(), v);
             }
-            let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, mac, annotations, internal, cni: None };
+            // Kubernetes' podIPs shape: the IPv4 address first.
+            let ips = ip6.map(|ip6| vec![ip.clone(), ip6]).unwrap_or_default();
+            let req = sdn_node::api::PodRequest { container_id, namespace, name, host_veth, ip, ips, mac, annotations, internal, cni: None };
             ("POST", "/v1/pods".to_string(), serde_json::to_string(&req).ok())
         }
         PodCmd::Del { namespace, name } => ("DELETE", format!("/v1/pods/{namespace}/{name}"), None),

@@ -447,6 +447,139 @@ async fn a_standby_takes_over_within_the_lease_duration_and_changes_nothing() {
     c.ready_again("takeover").await;
 }
 
+const DUAL: [&str; 4] = ["--cluster-network-ipv6", "fd00:10:128::/48", "--service-network-ipv6", "fd00:172:30::/112"];
+
+/// A Node with dual-stack podCIDRs (kube-controller-manager with two `--cluster-cidr`s).
+fn node_dual(name: &str, cidrs: &[&str], internal: &str) -> Value {
+    let mut n = node(name, None, internal);
+    n["spec"] = json!({"podCIDR": cidrs[0], "podCIDRs": cidrs});
+    n
+}
+
+/// HostSubnets by name: (subnet, IPv6 subnet annotation).
+fn subnets_dual(fake: &FakeKube) -> BTreeMap<String, (String, String)> {
+    fake.objects("hostsubnets")
+        .into_iter()
+        .map(|h| {
+            let six = h["metadata"]["annotations"]["sdn-node.openshift.io/subnet-ipv6"].as_str().unwrap_or_default();
+            (h["metadata"]["name"].as_str().unwrap().to_string(), (h["subnet"].as_str().unwrap_or_default().to_string(), six.to_string()))
+        })
+        .collect()
+}
+
+fn pairs(p: &[(&str, &str, &str)]) -> BTreeMap<String, (String, String)> {
+    p.iter().map(|(n, a, b)| (n.to_string(), (a.to_string(), b.to_string()))).collect()
+}
+
+/// Dual-stack from podCIDRs: each HostSubnet's IPv6 subnet is its Node's IPv6 podCIDR (in
+/// either order in spec.podCIDRs); the IPv6 networks are annotations of ClusterNetwork
+/// "default" (its clusterNetworks stays IPv4, which openshift-sdn's agents require); a Node
+/// whose IPv6 podCIDR is outside the IPv6 cluster network gets an IPv4-only HostSubnet and an
+/// Event naming the problem, and its IPv6 subnet once the podCIDR is fixed.
+#[tokio::test]
+async fn dual_stack_pod_cidrs_become_ipv6_host_subnets() {
+    let fake = FakeKube::start().await;
+    fake.put("nodes", node_dual("master-0", &["10.128.0.0/24", "fd00:10:128::/64"], "192.168.10.10"));
+    fake.put("nodes", node_dual("worker-1", &["fd00:10:128:1::/64", "10.128.1.0/24"], "192.168.10.11"));
+    fake.put("nodes", node_dual("worker-2", &["10.128.2.0/24", "fd00:99::/64"], "192.168.10.12"));
+    fake.put("namespaces", namespace("default"));
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::spawn(&fake, dir.path(), "c1", &[&["--host-subnet-length", "8"][..], &DUAL].concat());
+    c.settled("dual-stack decisions").await;
+    let cn = fake.object("clusternetworks", "", "default").expect("ClusterNetwork default");
+    assert_eq!(cn["clusterNetworks"], json!([{"CIDR": "10.128.0.0/14", "hostSubnetLength": 8}]));
+    assert_eq!(
+        cn["metadata"]["annotations"],
+        json!({"sdn-node.openshift.io/cluster-network-ipv6": "fd00:10:128::/48",
+               "sdn-node.openshift.io/host-subnet-length-ipv6": "64",
+               "sdn-node.openshift.io/service-network-ipv6": "fd00:172:30::/112"})
+    );
+    assert_eq!(
+        subnets_dual(&fake),
+        pairs(&[
+            ("master-0", "10.128.0.0/24", "fd00:10:128::/64"),
+            ("worker-1", "10.128.1.0/24", "fd00:10:128:1::/64"),
+            ("worker-2", "10.128.2.0/24", ""),
+        ])
+    );
+    let outside = poll("the Event", || Some(events(&fake, "PodCIDROutsideClusterNetwork")).filter(|e| !e.is_empty())).await;
+    assert_eq!(outside.len(), 1, "{outside:?}");
+    assert!(
+        outside[0].starts_with("Node/worker-2: Node worker-2: IPv6 podCIDR fd00:99::/64 is not inside the IPv6 cluster network fd00:10:128::/48"),
+        "{outside:?}"
+    );
+    // Fixed: the HostSubnet gains its IPv6 subnet (one replace), its IPv4 subnet unchanged.
+    let before = writes(&fake);
+    fake.put("nodes", node_dual("worker-2", &["10.128.2.0/24", "fd00:10:128:2::/64"], "192.168.10.12"));
+    poll("worker-2 gains its IPv6 subnet", || (subnets_dual(&fake)["worker-2"].1 == "fd00:10:128:2::/64").then_some(())).await;
+    c.settled("after the fix").await;
+    assert_eq!(writes(&fake) - before, 1);
+    assert_eq!(subnets_dual(&fake)["worker-2"].0, "10.128.2.0/24");
+    c.ready_again("dual-stack podCIDRs").await;
+}
+
+/// Dual-stack without podCIDRs: the controller's second allocator cuts the IPv6 cluster
+/// network into /64s; a restart reads the IPv6 subnets back from the HostSubnets' annotations
+/// and writes nothing; a new Node gets the next free pair. An IPv4 cluster turned dual-stack
+/// (its ClusterNetwork deleted to be recreated) gives the existing HostSubnets IPv6 subnets
+/// and keeps their IPv4 ones.
+#[tokio::test]
+async fn dual_stack_allocation_is_stable_across_restarts() {
+    let fake = FakeKube::start().await;
+    for (i, n) in ["node-a", "node-b"].iter().enumerate() {
+        fake.put("nodes", node(n, None, &format!("10.0.0.{}", i + 1)));
+    }
+    fake.put("namespaces", namespace("default"));
+    let dir = tempfile::tempdir().unwrap();
+    // IPv4 first.
+    let mut c = Controller::spawn(&fake, dir.path(), "c1", &[]);
+    c.settled("IPv4 allocation").await;
+    assert_eq!(subnets_dual(&fake), pairs(&[("node-a", "10.128.0.0/23", ""), ("node-b", "10.128.2.0/23", "")]));
+    c.kill9();
+    c.wait_exit().await;
+    // Turned dual-stack: the ClusterNetwork is recreated with the IPv6 networks.
+    fake.delete("clusternetworks", "", "default");
+    let mut c = Controller::spawn(&fake, dir.path(), "c2", &DUAL);
+    c.settled("dual-stack").await;
+    let want = pairs(&[("node-a", "10.128.0.0/23", "fd00:10:128::/64"), ("node-b", "10.128.2.0/23", "fd00:10:128:1::/64")]);
+    assert_eq!(subnets_dual(&fake), want);
+    fake.put("nodes", node("node-c", None, "10.0.0.3"));
+    poll("node-c allocated", || subnets_dual(&fake).get("node-c").cloned()).await;
+    c.settled("node-c").await;
+    assert_eq!(subnets_dual(&fake)["node-c"], ("10.128.4.0/23".to_string(), "fd00:10:128:2::/64".to_string()));
+
+    // A restart: nothing written; a freed pair is reused only after its HostSubnet is gone.
+    c.kill9();
+    c.wait_exit().await;
+    let before = writes(&fake);
+    let mut c = Controller::spawn(&fake, dir.path(), "c3", &DUAL);
+    c.settled("restarted").await;
+    assert_eq!(writes(&fake), before, "a restart changes nothing");
+    fake.put("nodes", node("node-d", None, "10.0.0.4"));
+    poll("node-d allocated", || subnets_dual(&fake).get("node-d").cloned()).await;
+    assert_eq!(subnets_dual(&fake)["node-d"], ("10.128.6.0/23".to_string(), "fd00:10:128:3::/64".to_string()));
+    fake.delete("nodes", "", "node-b");
+    poll("node-b's HostSubnet deleted", || (!subnets_dual(&fake).contains_key("node-b")).then_some(())).await;
+    fake.put("nodes", node("node-e", None, "10.0.0.5"));
+    poll("node-e allocated", || subnets_dual(&fake).get("node-e").cloned()).await;
+    assert_eq!(subnets_dual(&fake)["node-e"], ("10.128.2.0/23".to_string(), "fd00:10:128:1::/64".to_string()));
+    c.settled("node-e").await;
+    c.ready_again("dual-stack allocator").await;
+    c.kill9();
+    c.wait_exit().await;
+
+    // An IPv4-only controller now meets a dual-stack ClusterNetwork: a conflict, named.
+    let c = Controller::spawn(&fake, dir.path(), "c4", &[]);
+    c.wait("the conflict is seen", |s| s["cluster_network"].as_str().is_some_and(|m| m.contains("cluster-network-ipv6"))).await;
+    let conflict = poll("the Event", || Some(events(&fake, "ClusterNetworkConflict")).filter(|e| !e.is_empty())).await;
+    assert!(
+        conflict.iter().any(|e| e.contains(
+            "metadata.annotations[sdn-node.openshift.io/cluster-network-ipv6] is fd00:10:128::/48 in the cluster, (unset) in this controller's configuration"
+        )),
+        "{conflict:?}"
+    );
+}
+
 /// `sdn-node controller ARGS`: its exit code and stderr.
 fn controller_exit(args: &[&str]) -> (Option<i32>, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node")).arg("controller").args(args).output().unwrap();
@@ -462,6 +595,11 @@ async fn bad_flags_exit_with_one_line() {
     let (code, err) = controller_exit(&[&base[..], &["--service-network", "172.30.0.0/16"]].concat());
     assert_eq!(code, Some(1));
     assert!(err.starts_with("sdn-node controller: --kubeconfig /nonexistent:") && err.lines().count() == 1, "{err}");
+    // A bad IPv6 value: one line, before the API server is tried.
+    let v6 = ["--service-network", "172.30.0.0/16", "--cluster-network-ipv6", "fd00:10:128::/48", "--service-network-ipv6", "nope"];
+    let (code, err) = controller_exit(&[&base[..], &v6].concat());
+    assert_eq!(code, Some(1));
+    assert_eq!(err, "sdn-node controller: --service-network-ipv6 \"nope\" is not an IPv6 CIDR (e.g. fd00:10:128::/48)");
 }
 
 #[tokio::test]

@@ -178,3 +178,89 @@ async fn ipv6_from_a_foreign_address_is_dropped() {
         .expect("run ping");
     assert_eq!(out.status.code(), Some(1), "from {foreign}: expected no reply:\n{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// Nodes whose underlay is IPv6 only (hostIP an IPv6 address): VXLAN goes to
+/// `tun_ipv6_dst`, table 10 accepts by `tun_ipv6_src`, and pods of both families reach each
+/// other across it, isolated by VNID as over IPv4.
+#[tokio::test]
+async fn an_ipv6_underlay_carries_both_families() {
+    let Some(mut c) = Cluster::start(
+        "an_ipv6_underlay_carries_both_families",
+        &[
+            NodeSpec::new("a", "fd00:172:17::2", "10.128.0.0/23").ipv6("fd00:10:128:1::/64"),
+            NodeSpec::new("b", "fd00:172:17::3", "10.128.2.0/23").ipv6("fd00:10:128:2::/64"),
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    let a1 = c.node_mut("a").add_pod("team-a", "a1", "10.128.0.5").await;
+    let a2 = c.node_mut("b").add_pod("team-a", "a2", "10.128.2.5").await;
+    let b1 = c.node_mut("b").add_pod("team-b", "b1", "10.128.2.6").await;
+    c.apply_all("multitenant", &NAMESPACES).await;
+    let flows = c.node("a").ofctl("dump-flows", "br0", &["table=90"]).await;
+    assert!(flows.contains("set_field:fd00:172:17::3->tun_ipv6_dst"), "{flows}");
+    both_families(&c, &a1, &a2, true, "team-a on a -> team-a on b, IPv6 underlay").await;
+    both_families(&c, &a2, &a1, true, "team-a on b -> team-a on a, IPv6 underlay").await;
+    both_families(&c, &a1, &b1, false, "team-a on a -> team-b on b, IPv6 underlay").await;
+}
+
+/// Multicast in both families stays in its VNID, on the node and across the tunnel: a group
+/// datagram from team-a reaches team-a's members on both nodes (tables 110, 111, 120), not a
+/// member in team-b (multicast enabled too) nor one in default (multicast off).
+#[tokio::test]
+async fn multicast_in_both_families_stays_in_its_vnid() {
+    let Some((c, p)) = two_dual_stack_nodes("multicast_in_both_families_stays_in_its_vnid", "multitenant").await else {
+        return;
+    };
+    // Multicast on for team-a and team-b (NetNamespace `multicast: true`), off for default.
+    for n in c.nodes() {
+        let yaml = c
+            .state_yaml(n.name(), "multitenant", &NAMESPACES)
+            .replace("{name: team-a, netid: 11}", "{name: team-a, netid: 11, multicast: true}")
+            .replace("{name: team-b, netid: 12}", "{name: team-b, netid: 12, multicast: true}");
+        assert!(yaml.contains("multicast: true"), "{yaml}");
+        n.apply(&yaml).await;
+    }
+    for (group, port) in [("ff15::101".parse::<IpAddr>().unwrap(), 5001u16), ("239.1.1.101".parse().unwrap(), 5002)] {
+        let mut receivers = Vec::new();
+        for (member, expect) in [(&p.a3, true), (&p.a2, true), (&p.b1, false), (&p.d1, false)] {
+            let sock = in_netns(&member.netns, move || -> std::io::Result<std::net::UdpSocket> {
+                match group {
+                    IpAddr::V6(g) => {
+                        let s = std::net::UdpSocket::bind(("::", port))?;
+                        s.join_multicast_v6(&g, 0)?;
+                        Ok(s)
+                    }
+                    IpAddr::V4(g) => {
+                        let s = std::net::UdpSocket::bind(("0.0.0.0", port))?;
+                        s.join_multicast_v4(&g, &std::net::Ipv4Addr::UNSPECIFIED)?;
+                        Ok(s)
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{} joins {group}: {e}", member.name));
+            sock.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
+            let name = member.name.clone();
+            receivers.push((name, expect, tokio::task::spawn_blocking(move || {
+                let mut buf = [0u8; 64];
+                sock.recv_from(&mut buf).ok().map(|(n, _)| buf[..n].to_vec())
+            })));
+        }
+        let sender = in_netns(&p.a1.netns, move || {
+            std::net::UdpSocket::bind(if group.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" })
+        })
+        .await
+        .expect("sender socket");
+        for _ in 0..3 {
+            sender.send_to(b"group", (group, port)).expect("send to the group");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for (name, expect, r) in receivers {
+            let got = r.await.expect("receiver");
+            assert_eq!(got.is_some(), expect, "{name} on {group}: received {got:?}, expected {}", if expect { "the datagram" } else { "nothing" });
+        }
+    }
+}

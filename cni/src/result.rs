@@ -51,6 +51,12 @@ pub fn parse_add_reply(body: &[u8], object: &str, if_name: &str, netns: &str) ->
     } else {
         for (i, ip) in r.ips.iter().enumerate() {
             check_ip(ip).map_err(|(f, m)| bad(&format!("ips[{i}].{f}"), m))?;
+            // One address per family (Kubernetes' podIPs): a second one would be a second pod IP
+            // the cluster never hears of.
+            let v4 = |c: &IpConfig| c.address.is_some_and(|a| a.addr().is_ipv4());
+            if let Some(j) = r.ips[..i].iter().position(|e| v4(e) == v4(ip)) {
+                return Err(bad(&format!("ips[{i}].address"), format!("a second address of the family of ips[{j}]")));
+            }
         }
         let first = &r.ips[0];
         if r.ip.is_some_and(|ip| Some(ip) != first.address) || r.gateway.is_some_and(|g| Some(g) != first.gateway) {
@@ -220,6 +226,44 @@ mod tests {
                 {"version": "6", "address": "fd00::5/64", "gateway": "fd00::1", "interface": 1}
             ])
         );
+    }
+
+    /// A dual-stack answer gives CNI 1.0.0's result with both addresses on the pod's interface
+    /// (index 1), each with its gateway, and the routes of both families.
+    #[test]
+    fn dual_stack_result_1_0_0() {
+        let both = r#"{"hostVeth":"veth1a2b3c4d","ifName":"eth0","mac":"0a:58:0a:80:02:05","sandbox":"/var/run/netns/x",
+            "ips":[{"address":"10.128.2.5/23","gateway":"10.128.2.1"},{"address":"fd00:10:128:2::5/64","gateway":"fd00:10:128:2::1"}],
+            "ip":"10.128.2.5/23","gateway":"10.128.2.1",
+            "routes":[{"dst":"0.0.0.0/0","gw":"10.128.2.1"},{"dst":"10.128.0.0/14"},{"dst":"224.0.0.0/4"},
+                      {"dst":"::/0","gw":"fd00:10:128:2::1"},{"dst":"fd00:10:128::/48"},{"dst":"ff00::/8"}],"mtu":1450}"#;
+        let r = parse_add_reply(both.as_bytes(), "pod ns/p", "eth0", "/ns").unwrap();
+        assert_eq!(
+            format_result(&r, "1.0.0"),
+            json!({
+                "cniVersion": "1.0.0",
+                "interfaces": [
+                    {"name": "veth1a2b3c4d"},
+                    {"name": "eth0", "mac": "0a:58:0a:80:02:05", "sandbox": "/var/run/netns/x"}
+                ],
+                "ips": [
+                    {"address": "10.128.2.5/23", "gateway": "10.128.2.1", "interface": 1},
+                    {"address": "fd00:10:128:2::5/64", "gateway": "fd00:10:128:2::1", "interface": 1}
+                ],
+                "routes": [
+                    {"dst": "0.0.0.0/0", "gw": "10.128.2.1"},
+                    {"dst": "10.128.0.0/14"},
+                    {"dst": "224.0.0.0/4"},
+                    {"dst": "::/0", "gw": "fd00:10:128:2::1"},
+                    {"dst": "fd00:10:128::/48"},
+                    {"dst": "ff00::/8"}
+                ]
+            })
+        );
+        // Two addresses of one family are refused by field.
+        let twice = both.replace("fd00:10:128:2::5/64", "10.128.2.6/23").replace(r#""gateway":"fd00:10:128:2::1""#, r#""gateway":"10.128.2.1""#);
+        let e = parse_add_reply(twice.as_bytes(), "pod ns/p", "eth0", "/ns").unwrap_err();
+        assert!(e.msg.contains("field ips[1].address: a second address of the family of ips[0]"), "{e}");
     }
 
     #[test]

@@ -42,6 +42,11 @@ pub struct PodRequest {
     #[serde(rename = "hostVeth")]
     pub host_veth: String,
     pub ip: String,
+    /// Kubernetes' `podIPs` shape for a dual-stack pod: its addresses, one per family, the
+    /// IPv4 one being `ip` (the IPv6 one from this node's IPv6 subnet). Empty (and not
+    /// written) for an IPv4-only pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<String>,
     pub mac: String,
     /// The pod's annotations; the bandwidth ones are used.
     #[serde(default)]
@@ -77,7 +82,7 @@ impl PodRequest {
             container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
             ip: self.ip.clone(),
-            ips: Vec::new(),
+            ips: self.ips.clone(),
             mac: self.mac.clone(),
             ingress_bps,
             egress_bps,
@@ -91,6 +96,7 @@ impl PodRequest {
             name: self.name.clone(),
             host_veth: self.host_veth.clone(),
             ip: pod.ip.into(),
+            ip6: pod.ip6,
             mac: pod.mac,
             annotations: self.annotations.clone(),
             internal: self.internal,
@@ -286,8 +292,7 @@ pub struct ModelPod {
     pub name: String,
     pub host_veth: String,
     pub ip: std::net::Ipv4Addr,
-    /// The pod's IPv6 address (dual-stack); absent for an IPv4-only pod, and from an older
-    /// agent.
+    /// A dual-stack pod's IPv6 address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip6: Option<std::net::Ipv6Addr>,
     pub mac: String,
@@ -324,7 +329,7 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
         }
         // The model's pods are IPv4 (a record of another family is not one of them).
         let std::net::IpAddr::V4(ip) = r.ip else { continue };
-        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, ip6: None, mac: r.mac.to_string() });
+        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, ip6: r.ip6, mac: r.mac.to_string() });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Json(pods)

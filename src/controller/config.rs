@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 use serde::Deserialize;
 
 use crate::domain::Plugin;
@@ -39,7 +39,8 @@ pub struct ControllerArgs {
     #[arg(long, env = "POD_NAMESPACE")]
     pub namespace: Option<String>,
     /// A YAML file with the network keys (clusterNetwork, hostSubnetLength, serviceNetwork,
-    /// plugin, vxlanPort, mtu, nodeSubnets); a flag given on the command line wins.
+    /// clusterNetworkIpv6, hostSubnetLengthIpv6, serviceNetworkIpv6, plugin, vxlanPort, mtu,
+    /// nodeSubnets); a flag given on the command line wins.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// The cluster network the pods' subnets are carved from (CIDR).
@@ -51,6 +52,16 @@ pub struct ControllerArgs {
     /// The service network (CIDR).
     #[arg(long)]
     pub service_network: Option<String>,
+    /// Dual-stack: the IPv6 cluster network (CIDR) each Node also gets an IPv6 subnet of; with
+    /// --service-network-ipv6.
+    #[arg(long)]
+    pub cluster_network_ipv6: Option<String>,
+    /// Host bits of each node's IPv6 subnet [default: 64, a /64 per node].
+    #[arg(long)]
+    pub host_subnet_length_ipv6: Option<u8>,
+    /// Dual-stack: the IPv6 service network (CIDR); with --cluster-network-ipv6.
+    #[arg(long)]
+    pub service_network_ipv6: Option<String>,
     /// The openshift-sdn plugin the cluster runs [default: networkpolicy].
     #[arg(long)]
     pub plugin: Option<PluginArg>,
@@ -126,6 +137,9 @@ struct File {
     cluster_network: Option<String>,
     host_subnet_length: Option<u8>,
     service_network: Option<String>,
+    cluster_network_ipv6: Option<String>,
+    host_subnet_length_ipv6: Option<u8>,
+    service_network_ipv6: Option<String>,
     plugin: Option<PluginArg>,
     vxlan_port: Option<u16>,
     mtu: Option<u32>,
@@ -138,9 +152,21 @@ pub struct Network {
     pub cluster_network: IpNet,
     pub host_subnet_length: u8,
     pub service_network: IpNet,
+    /// Dual-stack (`None`: IPv4 only).
+    pub ipv6: Option<Network6>,
     pub plugin: Plugin,
     pub vxlan_port: u16,
     pub mtu: u32,
+}
+
+/// The IPv6 side of a dual-stack cluster network: ClusterNetwork "default" carries it in
+/// annotations and each HostSubnet its IPv6 subnet (see [`crate::kube::types`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Network6 {
+    pub cluster_network: Ipv6Net,
+    /// Host bits of a node's IPv6 subnet.
+    pub host_subnet_length: u8,
+    pub service_network: Ipv6Net,
 }
 
 impl Network {
@@ -203,7 +229,12 @@ impl ControllerArgs {
         let service_network = cidr("service-network", self.service_network.or(file.service_network))?;
         if let IpNet::V6(_) = cluster_network {
             return Err(format!(
-                "--cluster-network {cluster_network}: HostSubnet holds an IPv4 subnet only; IPv6 pod networks come with dual-stack support"
+                "--cluster-network {cluster_network}: must be IPv4 (HostSubnet's subnet is IPv4; IPv6-only is not supported): give the IPv6 network with --cluster-network-ipv6 for dual-stack"
+            ));
+        }
+        if let IpNet::V6(_) = service_network {
+            return Err(format!(
+                "--service-network {service_network}: must be IPv4 (IPv6-only is not supported): give the IPv6 network with --service-network-ipv6 for dual-stack"
             ));
         }
         if cluster_network.contains(&service_network.network()) || service_network.contains(&cluster_network.network())
@@ -220,6 +251,11 @@ impl ControllerArgs {
                 "--host-subnet-length {host_subnet_length}: must be 2 to {free} for --cluster-network {cluster_network} (a node's subnet is at most the whole network and holds a gateway and a pod)"
             ));
         }
+        let ipv6 = network6(
+            self.cluster_network_ipv6.or(file.cluster_network_ipv6),
+            self.host_subnet_length_ipv6.or(file.host_subnet_length_ipv6),
+            self.service_network_ipv6.or(file.service_network_ipv6),
+        )?;
         let vxlan_port = self.vxlan_port.or(file.vxlan_port).unwrap_or(4789);
         if vxlan_port == 0 {
             return Err("--vxlan-port 0 is not a UDP port".into());
@@ -262,7 +298,7 @@ impl ControllerArgs {
             return Err("--kube-api-qps, --kube-api-burst and --concurrent-writes must be 1 or more".into());
         }
         Ok(Config {
-            network: Network { cluster_network, host_subnet_length, service_network, plugin, vxlan_port, mtu },
+            network: Network { cluster_network, host_subnet_length, service_network, ipv6, plugin, vxlan_port, mtu },
             node_subnets: self.node_subnets.or(file.node_subnets).unwrap_or(NodeSubnets::Auto),
             global_namespaces: self.global_namespaces,
             namespace,
@@ -279,6 +315,43 @@ impl ControllerArgs {
             kubeconfig: self.kubeconfig,
         })
     }
+}
+
+/// The IPv6 flags (or keys), checked: both networks or neither; the host subnet length only
+/// with them.
+fn network6(cluster: Option<String>, host_bits: Option<u8>, service: Option<String>) -> Result<Option<Network6>, String> {
+    let net = |flag: &str, v: &str| -> Result<Ipv6Net, String> {
+        let net: Ipv6Net = v.trim().parse().map_err(|_| {
+            format!("--{flag} {v:?} is not an IPv6 CIDR (e.g. fd00:10:128::/48)")
+        })?;
+        if net.network() != net.addr() {
+            return Err(format!("--{flag} {v}: host bits are set (the network is {})", net.trunc()));
+        }
+        Ok(net)
+    };
+    let (cluster, service) = match (cluster, service) {
+        (None, None) => {
+            return match host_bits {
+                None => Ok(None),
+                Some(_) => Err("--host-subnet-length-ipv6 is given without --cluster-network-ipv6".into()),
+            };
+        }
+        (Some(c), Some(s)) => (net("cluster-network-ipv6", &c)?, net("service-network-ipv6", &s)?),
+        (Some(_), None) | (None, Some(_)) => {
+            return Err("--cluster-network-ipv6 and --service-network-ipv6 (or clusterNetworkIpv6 and serviceNetworkIpv6 in --config) go together: a dual-stack cluster has both, or neither".into());
+        }
+    };
+    if cluster.contains(&service.network()) || service.contains(&cluster.network()) {
+        return Err(format!("--service-network-ipv6 {service} overlaps --cluster-network-ipv6 {cluster}"));
+    }
+    let host_subnet_length = host_bits.unwrap_or(64);
+    let free = 128 - cluster.prefix_len();
+    if !(2..=free).contains(&host_subnet_length) {
+        return Err(format!(
+            "--host-subnet-length-ipv6 {host_subnet_length}: must be 2 to {free} for --cluster-network-ipv6 {cluster} (a node's IPv6 subnet is at most the whole network)"
+        ));
+    }
+    Ok(Some(Network6 { cluster_network: cluster, host_subnet_length, service_network: service }))
 }
 
 fn camel(flag: &str) -> String {
@@ -402,5 +475,41 @@ mod tests {
         let e = check(&["--config", f.to_str().unwrap()]).unwrap_err();
         assert!(e.contains("clusterNetwrk") && e.contains("c.yaml"), "{e}");
         assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn ipv6_networks_are_checked_before_anything() {
+        let with = |extra: &[&str]| {
+            let mut a = OK.to_vec();
+            a.extend(extra);
+            check(&a)
+        };
+        assert_eq!(check(&OK).unwrap().network.ipv6, None);
+        let c = with(&["--cluster-network-ipv6", "fd00:10:128::/48", "--service-network-ipv6", "fd00:172:30::/112"]).unwrap();
+        let six = c.network.ipv6.unwrap();
+        assert_eq!(six.cluster_network.to_string(), "fd00:10:128::/48");
+        assert_eq!(six.service_network.to_string(), "fd00:172:30::/112");
+        assert_eq!(six.host_subnet_length, 64);
+        let e = with(&["--cluster-network-ipv6", "fd00:10:128::/48"]).unwrap_err();
+        assert!(e.contains("go together"), "{e}");
+        let e = with(&["--cluster-network-ipv6", "10.0.0.0/8", "--service-network-ipv6", "fd00:172:30::/112"]).unwrap_err();
+        assert_eq!(e, "--cluster-network-ipv6 \"10.0.0.0/8\" is not an IPv6 CIDR (e.g. fd00:10:128::/48)");
+        let e = with(&["--cluster-network-ipv6", "fd00:10:128::1/48", "--service-network-ipv6", "fd00:172:30::/112"]).unwrap_err();
+        assert!(e.contains("host bits are set (the network is fd00:10:128::/48)"), "{e}");
+        let e = with(&["--cluster-network-ipv6", "fd00::/16", "--service-network-ipv6", "fd00:172:30::/112"]).unwrap_err();
+        assert!(e.contains("overlaps"), "{e}");
+        let e = with(&["--cluster-network-ipv6", "fd00:10:128::/96", "--service-network-ipv6", "fd00:172:30::/112"]).unwrap_err();
+        assert!(e.contains("--host-subnet-length-ipv6 64: must be 2 to 32"), "{e}");
+        let e = with(&["--host-subnet-length-ipv6", "64"]).unwrap_err();
+        assert!(e.contains("without --cluster-network-ipv6"), "{e}");
+        let e = check(&["--cluster-network", "fd00::/48", "--host-subnet-length", "9", "--service-network", "172.30.0.0/16"]).unwrap_err();
+        assert!(e.contains("--cluster-network-ipv6"), "{e}");
+        assert!(!e.contains('\n'));
+        // The file's keys.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.yaml");
+        std::fs::write(&f, "clusterNetwork: 10.128.0.0/14\nhostSubnetLength: 9\nserviceNetwork: 172.30.0.0/16\nclusterNetworkIpv6: fd00:10:128::/56\nhostSubnetLengthIpv6: 64\nserviceNetworkIpv6: fd00:172:30::/112\n").unwrap();
+        let c = check(&["--config", f.to_str().unwrap()]).unwrap();
+        assert_eq!(c.network.ipv6.unwrap().cluster_network.to_string(), "fd00:10:128::/56");
     }
 }

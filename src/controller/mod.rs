@@ -9,10 +9,14 @@
 //! Namespaces, and the objects written), [`reconcile`] (the one loop that decides and writes),
 //! [`writer`] (rate limit, leadership check and deadline of every write), [`status`] (probes).
 //!
-//! HostSubnet carries one IPv4 `subnet`. With dual-stack (the next step) a Node's IPv6 podCIDR
-//! will travel beside it — an annotation of the HostSubnet (`sdn-node.openshift.io/subnet-ipv6`)
-//! that openshift-sdn's agents ignore, filled by a second [`subnets::Subnets`] over the IPv6
-//! cluster network (the allocator is family-agnostic already).
+//! HostSubnet carries one IPv4 `subnet`. Dual-stack (`--cluster-network-ipv6`,
+//! `--host-subnet-length-ipv6`, `--service-network-ipv6`): a Node's IPv6 subnet travels beside
+//! it as the HostSubnet's annotation `sdn-node.openshift.io/subnet-ipv6`, which openshift-sdn's
+//! agents ignore — the Node's IPv6 podCIDR where the cluster allocates them, else a second
+//! [`subnets::Subnets`] over the IPv6 cluster network — and the IPv6 networks as annotations
+//! of ClusterNetwork "default" (`sdn-node.openshift.io/cluster-network-ipv6`,
+//! `.../host-subnet-length-ipv6`, `.../service-network-ipv6`): openshift-sdn's agents refuse a
+//! ClusterNetwork with an IPv6 `clusterNetworks` entry ([`crate::kube::types`]).
 
 pub mod config;
 pub mod lease;
@@ -77,6 +81,7 @@ pub async fn run(args: ControllerArgs, terminated: impl std::future::Future<Outp
         lease = %format!("{}/{}", cfg.namespace, cfg.lease_name),
         cluster_network = %cfg.network.cluster_network,
         host_subnet_length = cfg.network.host_subnet_length,
+        cluster_network_ipv6 = %cfg.network.ipv6.as_ref().map(|s| s.cluster_network.to_string()).unwrap_or_default(),
         plugin = objects::plugin_name(cfg.network.plugin),
         node_subnets = ?cfg.node_subnets,
         "sdn-node controller starting"

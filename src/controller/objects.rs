@@ -5,12 +5,15 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::controller::config::Network;
-use crate::kube::types::{ClusterNetwork, ClusterNetworkEntry, HostSubnet, NetNamespace};
+use crate::kube::types::{
+    annotations, ClusterNetwork, ClusterNetworkEntry, HostSubnet, NetNamespace, CLUSTER_NETWORK_IPV6_ANNOTATION,
+    HOST_SUBNET_LENGTH_IPV6_ANNOTATION, SERVICE_NETWORK_IPV6_ANNOTATION, SUBNET_IPV6_ANNOTATION,
+};
 
 /// The annotation on a Node that names the address other nodes reach it at (the VXLAN
 /// underlay), overriding its InternalIP and ExternalIP.
@@ -122,10 +125,19 @@ fn meta(name: &str) -> ObjectMeta {
     ObjectMeta { name: Some(name.to_string()), ..Default::default() }
 }
 
-/// ClusterNetwork "default" as the configuration says.
+/// ClusterNetwork "default" as the configuration says; the IPv6 networks (dual-stack) as
+/// annotations (see [`crate::kube::types`] for why not `clusterNetworks`).
 pub fn cluster_network(n: &Network) -> ClusterNetwork {
+    let mut metadata = meta("default");
+    if let Some(six) = &n.ipv6 {
+        metadata.annotations = Some(BTreeMap::from([
+            (CLUSTER_NETWORK_IPV6_ANNOTATION.to_string(), six.cluster_network.to_string()),
+            (HOST_SUBNET_LENGTH_IPV6_ANNOTATION.to_string(), six.host_subnet_length.to_string()),
+            (SERVICE_NETWORK_IPV6_ANNOTATION.to_string(), six.service_network.to_string()),
+        ]));
+    }
     ClusterNetwork {
-        metadata: meta("default"),
+        metadata,
         network: Some(n.cluster_network.to_string()),
         host_subnet_length: Some(i64::from(n.host_subnet_length)),
         service_network: Some(n.service_network.to_string()),
@@ -193,6 +205,22 @@ pub fn cluster_network_differs(existing: &ClusterNetwork, n: &Network) -> Option
             n.vxlan_port
         ));
     }
+    let ann = annotations(&existing.metadata);
+    let want_ann = want.metadata.annotations.unwrap_or_default();
+    for key in [CLUSTER_NETWORK_IPV6_ANNOTATION, HOST_SUBNET_LENGTH_IPV6_ANNOTATION, SERVICE_NETWORK_IPV6_ANNOTATION] {
+        let (have, want) = (ann.get(key).map(|v| v.trim()).filter(|v| !v.is_empty()), want_ann.get(key).map(String::as_str));
+        let same = match (have, want) {
+            (Some(h), Some(w)) => h == w || (h.parse::<IpNet>().ok().is_some() && h.parse::<IpNet>().ok() == w.parse::<IpNet>().ok()),
+            (h, w) => h == w,
+        };
+        if !same {
+            return Some(format!(
+                "metadata.annotations[{key}] is {} in the cluster, {} in this controller's configuration",
+                have.unwrap_or("(unset)"),
+                want.unwrap_or("(unset)")
+            ));
+        }
+    }
     if existing.mtu.unwrap_or(1450) != i64::from(n.mtu) {
         return Some(format!(
             "mtu is {} in the cluster, {} in this controller's configuration",
@@ -203,11 +231,26 @@ pub fn cluster_network_differs(existing: &ClusterNetwork, n: &Network) -> Option
     None
 }
 
-/// A HostSubnet this controller creates for `node`.
-pub fn host_subnet(node: &str, host_ip: IpAddr, subnet: IpNet) -> HostSubnet {
+/// A HostSubnet this controller creates for `node`; its IPv6 subnet (dual-stack) as the
+/// annotation [`SUBNET_IPV6_ANNOTATION`].
+pub fn host_subnet(node: &str, host_ip: IpAddr, subnet: IpNet, subnet6: Option<Ipv6Net>) -> HostSubnet {
     let mut m = meta(node);
     m.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]));
-    HostSubnet { metadata: m, host: node.to_string(), host_ip: host_ip.to_string(), subnet: subnet.to_string() }
+    let mut h = HostSubnet { metadata: m, host: node.to_string(), host_ip: host_ip.to_string(), subnet: subnet.to_string() };
+    if let Some(s6) = subnet6 {
+        set_subnet6(&mut h, s6);
+    }
+    h
+}
+
+/// Sets a HostSubnet's IPv6 subnet annotation.
+pub fn set_subnet6(h: &mut HostSubnet, subnet6: Ipv6Net) {
+    h.metadata.annotations.get_or_insert_with(Default::default).insert(SUBNET_IPV6_ANNOTATION.to_string(), subnet6.to_string());
+}
+
+/// A HostSubnet's IPv6 subnet (the annotation), if it holds a valid one.
+pub fn subnet6_of(h: &HostSubnet) -> Option<Ipv6Net> {
+    annotations(&h.metadata).get(SUBNET_IPV6_ANNOTATION).and_then(|v| v.trim().parse::<Ipv6Net>().ok())
 }
 
 /// Whether this controller created `h` (and may delete it).
@@ -286,6 +329,7 @@ mod tests {
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             host_subnet_length: 9,
             service_network: "172.30.0.0/16".parse().unwrap(),
+            ipv6: None,
             plugin: Plugin::NetworkPolicy,
             vxlan_port: 4789,
             mtu: 1450,
@@ -313,5 +357,36 @@ mod tests {
         let mut other = cn.clone();
         other.cluster_networks[0].host_subnet_length = Some(8);
         assert!(cluster_network_differs(&other, &n).unwrap().starts_with("hostSubnetLength is 8"));
+
+        // Dual-stack: the IPv6 networks are annotations, compared too.
+        let six = Network {
+            ipv6: Some(crate::controller::config::Network6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                host_subnet_length: 64,
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+            }),
+            ..n.clone()
+        };
+        let cn6 = cluster_network(&six);
+        let a = annotations(&cn6.metadata);
+        assert_eq!(a[CLUSTER_NETWORK_IPV6_ANNOTATION], "fd00:10:128::/48");
+        assert_eq!(a[SERVICE_NETWORK_IPV6_ANNOTATION], "fd00:172:30::/112");
+        assert_eq!(a[HOST_SUBNET_LENGTH_IPV6_ANNOTATION], "64");
+        assert_eq!(cn6.cluster_networks.len(), 1, "openshift-sdn's agents refuse an IPv6 clusterNetworks entry");
+        assert_eq!(cluster_network_differs(&cn6, &six), None);
+        // The agent reads them back as the controller wrote them.
+        let read = crate::kube::mapping::cluster_network(&cn6).unwrap();
+        assert_eq!(read.cluster_network6, Some(six.ipv6.as_ref().unwrap().cluster_network));
+        assert_eq!(read.service_network6, Some(six.ipv6.as_ref().unwrap().service_network));
+        assert_eq!(
+            cluster_network_differs(&cn, &six).unwrap(),
+            format!("metadata.annotations[{CLUSTER_NETWORK_IPV6_ANNOTATION}] is (unset) in the cluster, fd00:10:128::/48 in this controller's configuration")
+        );
+        assert!(cluster_network_differs(&cn6, &n).unwrap().contains("is fd00:10:128::/48 in the cluster, (unset) in this"));
+        // A HostSubnet's IPv6 subnet travels as its annotation.
+        let h = host_subnet("n1", "10.0.0.1".parse().unwrap(), "10.128.0.0/24".parse().unwrap(), Some("fd00:10:128:5::/64".parse().unwrap()));
+        assert_eq!(annotations(&h.metadata)[SUBNET_IPV6_ANNOTATION], "fd00:10:128:5::/64");
+        assert_eq!(subnet6_of(&h), Some("fd00:10:128:5::/64".parse().unwrap()));
+        assert_eq!(crate::kube::mapping::host_subnet(&h).value.unwrap().subnet6, subnet6_of(&h));
     }
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt};
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 use k8s_openapi::api::core::v1::{Namespace, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
@@ -123,6 +123,9 @@ pub struct Controller {
     cluster_network: Option<ClusterNetwork>,
     synced: [bool; KINDS],
     subnets: Subnets,
+    /// Dual-stack: the IPv6 cluster network's allocator (marked from the HostSubnets' IPv6
+    /// annotations as `subnets` is from their `subnet`).
+    subnets6: Option<Subnets>,
     vnids: Vnids,
     dirty: BTreeSet<Key>,
     inflight: HashSet<Key>,
@@ -195,6 +198,17 @@ pub async fn run(
             return;
         }
     };
+    let subnets6 = match &cfg.network.ipv6 {
+        None => None,
+        Some(six) => match Subnets::new(IpNet::V6(six.cluster_network), six.host_subnet_length) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                // Checked with the configuration; unreachable in practice.
+                error!(error = %e, "cannot cut the IPv6 cluster network");
+                return;
+            }
+        },
+    };
     let apis = Apis {
         host_subnets: Api::all(client.clone()),
         net_namespaces: Api::all(client.clone()),
@@ -211,6 +225,7 @@ pub async fn run(
         cluster_network: None,
         synced: [false; KINDS],
         subnets,
+        subnets6,
         vnids: Vnids::new(),
         dirty: BTreeSet::new(),
         inflight: HashSet::new(),
@@ -637,6 +652,9 @@ impl Controller {
                 None => {
                     // A reservation of an unknown outcome for a Node now gone.
                     self.subnets.unmark(name);
+                    if let Some(a) = self.subnets6.as_mut() {
+                        a.unmark(name);
+                    }
                     None
                 }
             };
@@ -662,14 +680,29 @@ impl Controller {
                     problem = Some(("PodCIDRMismatch", format!("Node {name}: spec.podCIDRs has {p} but its HostSubnet has {s}, which stays (pods use it); delete the HostSubnet to have it recreated")));
                 }
             }
+            // A managed HostSubnet follows the Node's address and gains an IPv6 subnet when
+            // dual-stack is configured after it was made (or its IPv6 subnet was not free).
+            let mut new = h.clone();
+            let mut changed = false;
+            if objects::managed(&h) {
+                if h.host_ip != host_ip.to_string() {
+                    new.host_ip = host_ip.to_string();
+                    changed = true;
+                }
+                if self.subnets6.is_some() && objects::subnet6_of(&h).is_none() {
+                    match self.decide_subnet6(name, &node) {
+                        Ok(Some(s6)) => {
+                            objects::set_subnet6(&mut new, s6);
+                            changed = true;
+                        }
+                        Ok(None) => {}
+                        Err(p) => problem = problem.or(Some(p)),
+                    }
+                }
+            }
             let r = self.node_ref(name);
             self.problem(&key, Some(r), problem);
-            if h.host_ip != host_ip.to_string() && objects::managed(&h) {
-                let mut new = h.clone();
-                new.host_ip = host_ip.to_string();
-                return Some(Action::ReplaceHostSubnet(new));
-            }
-            return None;
+            return changed.then_some(Action::ReplaceHostSubnet(new));
         }
         // A reservation from a write of unknown outcome is used again.
         let reserved = self.subnets.subnet_of(name);
@@ -736,8 +769,64 @@ impl Controller {
                 p
             }
         };
-        self.problem(&key, None, None);
-        Some(Action::CreateHostSubnet(objects::host_subnet(name, host_ip, subnet)))
+        // Dual-stack: the IPv6 subnet; without one yet the HostSubnet is made with IPv4 alone
+        // (the node's IPv4 pods need not wait) and gains it later, with the problem meanwhile.
+        let (subnet6, problem) = match self.decide_subnet6(name, &node) {
+            Ok(s6) => (s6, None),
+            Err(p) => (None, Some(p)),
+        };
+        let r = problem.is_some().then(|| self.node_ref(name));
+        self.problem(&key, r, problem);
+        Some(Action::CreateHostSubnet(objects::host_subnet(name, host_ip, subnet, subnet6)))
+    }
+
+    /// A Node's IPv6 subnet (dual-stack; `Ok(None)` without an IPv6 cluster network): a
+    /// reservation for it first, else as for IPv4 by `nodeSubnets`: its IPv6 podCIDR
+    /// (kube-controller-manager with an IPv6 `--cluster-cidr`), else the IPv6 allocator
+    /// unless the cluster gives other Nodes IPv6 podCIDRs. `Err`: the problem (reason,
+    /// message).
+    fn decide_subnet6(&mut self, name: &str, node: &NodeInfo) -> Result<Option<Ipv6Net>, (&'static str, String)> {
+        let Some(network) = self.cfg.network.ipv6.as_ref().map(|six| IpNet::V6(six.cluster_network)) else {
+            return Ok(None);
+        };
+        let cluster_allocates = match self.cfg.node_subnets {
+            NodeSubnets::Allocate => false,
+            NodeSubnets::PodCidrs => true,
+            NodeSubnets::Auto => self.nodes.values().any(|n| n.pod_cidr(&network).is_some()),
+        };
+        let pod_cidr = match self.cfg.node_subnets {
+            NodeSubnets::Allocate => None,
+            _ => node.pod_cidr(&network),
+        };
+        let Some(alloc) = self.subnets6.as_mut() else { return Ok(None) };
+        let v6 = |s: IpNet| match s {
+            IpNet::V6(s) => Ok(Some(s)),
+            IpNet::V4(s) => Err(("SubnetConflict", format!("Node {name}: {s} is not an IPv6 subnet"))),
+        };
+        if let Some(s) = alloc.subnet_of(name) {
+            return v6(s);
+        }
+        match pod_cidr {
+            None if cluster_allocates => Err(("NoPodCIDR", format!("Node {name}: no IPv6 podCIDR yet{}; the cluster allocates them (kube-controller-manager --allocate-node-cidrs with an IPv6 --cluster-cidr): its HostSubnet has no IPv6 subnet until then", if node.bad_pod_cidrs.is_empty() { String::new() } else { format!(" (not CIDRs: {})", node.bad_pod_cidrs.join(", ")) }))),
+            None => match alloc.allocate(name) {
+                Some(s) => v6(s),
+                None => {
+                    let (used, all) = alloc.usage();
+                    Err(("ClusterNetworkFull", format!("Node {name}: no free IPv6 subnet left in {network} ({used} of {all} taken); its HostSubnet has no IPv6 subnet")))
+                }
+            },
+            Some(p) => {
+                if !(network.contains(&p.network()) && network.contains(&p.broadcast())) {
+                    return Err(("PodCIDROutsideClusterNetwork", format!("Node {name}: IPv6 podCIDR {p} is not inside the IPv6 cluster network {network}; its HostSubnet has no IPv6 subnet (fix kube-controller-manager's --cluster-cidr or the controller's --cluster-network-ipv6)")));
+                }
+                let others = alloc.overlapping(&p, name);
+                if !others.is_empty() {
+                    return Err(("SubnetConflict", format!("Node {name}: IPv6 podCIDR {p} overlaps the HostSubnet of {}; no IPv6 subnet", others.join(", "))));
+                }
+                alloc.mark(name, p);
+                v6(p)
+            }
+        }
     }
 
     /// `auto`: whether the cluster gives Nodes podCIDRs (some Node has one), so that a Node
@@ -879,7 +968,8 @@ impl Controller {
                         self.dirty.insert(Key::ClusterNetwork);
                     }
                     Written::HostSubnet(h) => {
-                        info!(node = %h.host, subnet = %h.subnet, host_ip = %h.host_ip, "HostSubnet written");
+                        let subnet6 = objects::subnet6_of(&h).map(|s| s.to_string()).unwrap_or_default();
+                        info!(node = %h.host, subnet = %h.subnet, subnet6 = %subnet6, host_ip = %h.host_ip, "HostSubnet written");
                         self.put(h);
                         // Nothing more to do for this key unless something changes.
                         self.dirty.remove(&key);
@@ -888,6 +978,9 @@ impl Controller {
                         info!(node = %name, "HostSubnet of a deleted Node deleted");
                         self.host_subnets.remove(&name);
                         self.subnets.unmark(&name);
+                        if let Some(a) = self.subnets6.as_mut() {
+                            a.unmark(&name);
+                        }
                     }
                     Written::NetNamespace(n) => {
                         self.put(n);
@@ -930,11 +1023,23 @@ impl Controller {
     /// (a reservation of unknown outcome is kept when `keep`).
     fn resync(&mut self, key: &Key, keep: bool) {
         match key {
-            Key::Node(name) => match self.host_subnets.get(name).and_then(|h| h.subnet.parse::<IpNet>().ok()) {
-                Some(s) => self.subnets.mark(name, s),
-                None if !keep => self.subnets.unmark(name),
-                None => {}
-            },
+            Key::Node(name) => {
+                match self.host_subnets.get(name).and_then(|h| h.subnet.parse::<IpNet>().ok()) {
+                    Some(s) => self.subnets.mark(name, s),
+                    None if !keep => self.subnets.unmark(name),
+                    None => {}
+                }
+                // An IPv6 subnet being added by a replace in flight stays reserved while a
+                // watch event brings the HostSubnet as it was.
+                let keep6 = keep || self.inflight.contains(key);
+                if let Some(a) = self.subnets6.as_mut() {
+                    match self.host_subnets.get(name).and_then(objects::subnet6_of) {
+                        Some(s) => a.mark(name, IpNet::V6(s)),
+                        None if !keep6 => a.unmark(name),
+                        None => {}
+                    }
+                }
+            }
             Key::Namespace(name) => match self.net_namespaces.get(name).and_then(objects::vnid_of) {
                 Some(v) => self.vnids.mark(name, v),
                 None if !keep => self.vnids.unmark(name),

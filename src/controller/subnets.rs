@@ -222,6 +222,27 @@ mod tests {
         assert_eq!(a.allocate("c"), None);
     }
 
+    /// Dual-stack sizes: a /48 cut into /64s (65,536 slots), and a /8 into /64s (2^56 slots):
+    /// u128 arithmetic, memory only for what is taken.
+    #[test]
+    fn ipv6_sizes_of_dual_stack_clusters() {
+        let mut a = Subnets::new(net("fd00:10:128::/48"), 64).unwrap();
+        assert_eq!(a.usage(), (0, 1 << 16));
+        a.mark("kcm", net("fd00:10:128::/64"));
+        assert_eq!(a.allocate("a"), Some(net("fd00:10:128:1::/64")));
+        assert_eq!(a.allocate("b"), Some(net("fd00:10:128:2::/64")));
+        a.mark("wide", net("fd00:10:128:4::/62"));
+        assert_eq!(a.allocate("c"), Some(net("fd00:10:128:3::/64")));
+        assert_eq!(a.allocate("d"), Some(net("fd00:10:128:8::/64")));
+        assert_eq!(a.usage(), (9, 1 << 16));
+        let mut big = Subnets::new(net("fd00::/8"), 64).unwrap();
+        assert_eq!(big.usage(), (0, 1 << 56));
+        big.mark("all-but", net("fd00::/9"));
+        assert_eq!(big.usage().0, MAX_SLOTS_PER_SUBNET, "a huge subnet marks a bounded number of slots");
+        assert!(big.allocate("x").is_some());
+        assert!(Subnets::new(net("fd00:10:128::/48"), 81).is_err());
+    }
+
     #[test]
     fn thousands_allocate_in_order() {
         let mut a = Subnets::new(net("10.0.0.0/8"), 8).unwrap();

@@ -4,9 +4,9 @@
 //! a time and from which each published state is assembled.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Pod as KubePod, Service as KubeService};
 use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -14,7 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::types::{
     Kind,
     annotations, ClusterNetwork, EgressNetworkPolicy, HostSubnet as KubeHostSubnet, NetNamespace as KubeNetNamespace,
-    FIXED_VNID_ANNOTATION, MULTICAST_ANNOTATION,
+    CLUSTER_NETWORK_IPV6_ANNOTATION, FIXED_VNID_ANNOTATION, MULTICAST_ANNOTATION, SERVICE_NETWORK_IPV6_ANNOTATION,
+    SUBNET_IPV6_ANNOTATION,
 };
 use crate::cluster::validate::{self, EgressRuleFields};
 use crate::cluster::{name_problems, Checked};
@@ -42,6 +43,11 @@ pub struct NetworkConfig {
     pub plugin: Plugin,
     pub cluster_network: String,
     pub service_network: String,
+    /// Dual-stack: the IPv6 cluster and service networks (annotations
+    /// [`CLUSTER_NETWORK_IPV6_ANNOTATION`] and [`SERVICE_NETWORK_IPV6_ANNOTATION`]: see
+    /// [`super::types`] for why not `clusterNetworks`); both or neither.
+    pub cluster_network6: Option<Ipv6Net>,
+    pub service_network6: Option<Ipv6Net>,
     /// VXLAN's UDP port (4789 unless set).
     pub vxlan_port: u16,
     /// The pod network's MTU (1450 unless set).
@@ -69,7 +75,21 @@ pub fn cluster_network(cn: &ClusterNetwork) -> Result<NetworkConfig, String> {
         None => 1450,
         Some(m) => u32::try_from(m).map_err(|_| format!("ClusterNetwork \"default\": mtu {m} is out of range"))?,
     };
-    Ok(NetworkConfig { plugin, cluster_network, service_network, vxlan_port, mtu })
+    let ann = annotations(&cn.metadata);
+    let net6 = |key: &str| -> Result<Option<Ipv6Net>, String> {
+        let Some(v) = ann.get(key).filter(|v| !v.trim().is_empty()) else { return Ok(None) };
+        v.trim().parse::<Ipv6Net>().map(|n| Some(n.trunc())).map_err(|_| {
+            format!("ClusterNetwork \"default\": field metadata.annotations[{key}]: {v:?} is not an IPv6 CIDR")
+        })
+    };
+    let cluster_network6 = net6(CLUSTER_NETWORK_IPV6_ANNOTATION)?;
+    let service_network6 = net6(SERVICE_NETWORK_IPV6_ANNOTATION)?;
+    if cluster_network6.is_some() != service_network6.is_some() {
+        return Err(format!(
+            "ClusterNetwork \"default\": fields metadata.annotations[{CLUSTER_NETWORK_IPV6_ANNOTATION}], metadata.annotations[{SERVICE_NETWORK_IPV6_ANNOTATION}]: a dual-stack cluster has an IPv6 cluster network and an IPv6 service network, or neither"
+        ));
+    }
+    Ok(NetworkConfig { plugin, cluster_network, service_network, cluster_network6, service_network6, vxlan_port, mtu })
 }
 
 /// One object converted to the model: the model object (`None` if rejected), the problems
@@ -102,7 +122,22 @@ pub fn host_subnet(h: &KubeHostSubnet) -> Converted<HostSubnet> {
     let fixed = annotations(&h.metadata)
         .get(FIXED_VNID_ANNOTATION)
         .map(|v| v.trim().parse::<u64>().map_err(|_| format!("invalid type: string {v:?}, expected u64")));
-    converted(host.to_string(), &format!("hostsubnet {host}"), validate::host_subnet(host, &h.host_ip, &[h.subnet.as_str()], fixed))
+    let mut checked = validate::host_subnet(host, &h.host_ip, &[h.subnet.as_str()], fixed);
+    // The IPv6 subnet ([`SUBNET_IPV6_ANNOTATION`]): a bad one is left out with a problem, and
+    // the node keeps its IPv4 subnet (as the model does with an IPv6 subnet that conflicts).
+    if let (Ok((hs, problems)), Some(v)) =
+        (&mut checked, annotations(&h.metadata).get(SUBNET_IPV6_ANNOTATION).filter(|v| !v.trim().is_empty()))
+    {
+        match v.trim().parse::<Ipv6Net>() {
+            Ok(net) => hs.subnet6 = Some(net.trunc()),
+            Err(_) => problems.push(Problem::new(
+                "",
+                format!("metadata.annotations[{SUBNET_IPV6_ANNOTATION}]"),
+                format!("{v:?} is not an IPv6 CIDR; the node's IPv6 subnet is left out"),
+            )),
+        }
+    }
+    converted(host.to_string(), &format!("hostsubnet {host}"), checked)
 }
 
 pub fn net_namespace(n: &KubeNetNamespace) -> Converted<NetNamespace> {
@@ -112,15 +147,20 @@ pub fn net_namespace(n: &KubeNetNamespace) -> Converted<NetNamespace> {
 }
 
 /// `None` for a service without a cluster IP (headless, ExternalName): nothing to program.
+/// A dual-stack service's `spec.clusterIPs` holds one address per family (`spec.ipFamilies`
+/// says which, in the same order); `clusterIP` is its first. IPv4 is required (a
+/// single-stack IPv6 service is a problem of the service).
 pub fn service(svc: &KubeService) -> Option<Converted<Service>> {
     let spec = svc.spec.as_ref()?;
-    let ip = spec.cluster_ip.as_deref().unwrap_or("");
-    if ip.is_empty() || ip == "None" {
+    let one = spec.cluster_ip.as_deref().filter(|ip| !ip.is_empty());
+    let many = spec.cluster_ips.as_deref().unwrap_or_default();
+    if one.or(many.first().map(String::as_str)).is_none_or(|ip| ip.is_empty() || ip == "None") {
         return None;
     }
     let (ns, name) = (svc.metadata.namespace.as_deref().unwrap_or_default(), name_of(&svc.metadata));
     let ports = spec.ports.iter().flatten().map(|p| (p.protocol.as_deref().unwrap_or("TCP"), i64::from(p.port)));
-    Some(converted(String::new(), &format!("service {ns}/{name}"), validate::service(ns, name, &[ip], ports)))
+    let checked = validate::singular_and_plural("clusterIPs", one, many).and_then(|ips| validate::service(ns, name, &ips, ports));
+    Some(converted(String::new(), &format!("service {ns}/{name}"), checked))
 }
 
 pub fn egress_policy(p: &EgressNetworkPolicy) -> Converted<Policy> {
@@ -171,9 +211,11 @@ pub struct PodInfo {
     pub annotations: BTreeMap<String, String>,
     /// `spec.nodeName` (`None`: not scheduled yet).
     pub node: Option<String>,
-    /// `status.podIP` if it is a pod-network IPv4 address in use (`None` for host-network
-    /// pods, finished pods and pods without an IP yet).
+    /// The IPv4 address of `status.podIPs` (or `status.podIP`) if the pod uses the pod network
+    /// (`None` for host-network pods, finished pods and pods without an IP yet).
     pub ip: Option<Ipv4Addr>,
+    /// The IPv6 address of `status.podIPs`, likewise (dual-stack).
+    pub ip6: Option<Ipv6Addr>,
     /// Labels and containerPorts (NetworkPolicy selection and named ports).
     pub meta: PodMeta,
 }
@@ -202,7 +244,15 @@ pub fn pod(p: &KubePod) -> PodInfo {
     let status = p.status.as_ref();
     let finished = status.and_then(|s| s.phase.as_deref()).is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
     if !host_network && !finished {
-        info.ip = status.and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok());
+        // One address per family: the first of each (the API server allows no second).
+        let plural: Vec<&str> = status.and_then(|s| s.pod_ips.as_ref()).into_iter().flatten().map(|p| p.ip.as_str()).collect();
+        let ips = if plural.is_empty() { status.and_then(|s| s.pod_ip.as_deref()).into_iter().collect() } else { plural };
+        for ip in ips.iter().filter_map(|ip| ip.trim().parse::<IpAddr>().ok()) {
+            match ip {
+                IpAddr::V4(a) => drop(info.ip.get_or_insert(a)),
+                IpAddr::V6(a) => drop(info.ip6.get_or_insert(a)),
+            }
+        }
     }
     info.meta.labels = p.metadata.labels.clone().unwrap_or_default();
     // The API server validates container ports: one out of range cannot occur (skipped).
@@ -297,6 +347,41 @@ struct Maps {
     network_policies: KindMap<NetworkPolicy>,
 }
 
+/// The keys of `items` reachable from what `hit` takes: each item hit is added to `out` and
+/// `take`s its own addresses, which may hit more, until none does (a fixed point; a change of
+/// one family's address can settle another item's conflict in the other family).
+fn closure<'a, K: Ord + ?Sized, T: ?Sized, S>(
+    items: &[(&'a K, &'a T)],
+    state: &mut S,
+    hit: impl Fn(&S, &T) -> bool,
+    take: impl Fn(&mut S, &T),
+    out: &mut BTreeSet<&'a K>,
+) {
+    loop {
+        let mut more = false;
+        for (k, t) in items {
+            if !out.contains(*k) && hit(state, t) {
+                out.insert(*k);
+                take(state, t);
+                more = true;
+            }
+        }
+        if !more {
+            return;
+        }
+    }
+}
+
+/// A service's cluster IPs, of both families.
+fn service_ips(s: &Service) -> impl Iterator<Item = IpAddr> {
+    std::iter::once(IpAddr::V4(s.cluster_ip)).chain(s.cluster_ip6.map(IpAddr::V6))
+}
+
+/// A remote pod's IPs, of both families.
+fn remote_ips(r: &RemotePod) -> impl Iterator<Item = IpAddr> {
+    std::iter::once(IpAddr::V4(r.ip)).chain(r.ip6.map(IpAddr::V6))
+}
+
 /// Files a pod: one of this node's (live, with its labels) or another node's with an IP (a
 /// policy peer); an unscheduled pod is neither.
 fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
@@ -311,7 +396,7 @@ fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
                     namespace: id.0.clone(),
                     name: id.1.clone(),
                     ip,
-                    ip6: None,
+                    ip6: info.ip6,
                     labels: info.meta.labels.clone(),
                     container_ports: info.meta.container_ports.clone(),
                 };
@@ -368,13 +453,15 @@ struct Changes {
     /// Anything may have changed: a (re)list, the ClusterNetwork, a NetNamespace.
     full: bool,
     services: BTreeSet<Id>,
-    /// The changed services' cluster IPs, before and after (a service that shares one may
-    /// become valid or invalid).
-    service_ips: HashSet<Ipv4Addr>,
+    /// The changed services' cluster IPs of both families, before and after (a service that
+    /// shares one may become valid or invalid).
+    service_ips: HashSet<IpAddr>,
     hosts: BTreeSet<String>,
     /// The changed HostSubnets' subnets, before and after (an overlapping one may become valid
     /// or invalid).
     subnets: Vec<Ipv4Net>,
+    /// Their IPv6 subnets, likewise (an overlapping one may lose or regain its IPv6 subnet).
+    subnets6: Vec<Ipv6Net>,
     egress_namespaces: BTreeSet<String>,
     gone_pods: BTreeSet<PodKey>,
     /// Namespaces whose NetworkPolicies changed (their NetworkPolicy owner, networkpolicy
@@ -382,9 +469,9 @@ struct Changes {
     policy_namespaces: BTreeSet<String>,
     /// Namespaces with a pod that came, went, or changed labels, IP or containerPorts.
     pod_namespaces: BTreeSet<String>,
-    /// The changed other-node pods' IPs, before and after (of two pods with one IP the first is
-    /// valid: a change to one may validate or reject the other).
-    remote_ips: HashSet<Ipv4Addr>,
+    /// The changed other-node pods' IPs of both families, before and after (of two pods with
+    /// one IP the first is valid: a change to one may validate or reject the other).
+    remote_ips: HashSet<IpAddr>,
     /// Namespaces whose labels changed, with their labels before the first change since the
     /// last publish as selectors saw them (without a Namespace object: the name label alone):
     /// a selector that matched the old labels may no longer.
@@ -595,6 +682,7 @@ impl Objects {
                     for h in old.iter().chain(&new) {
                         ch.hosts.insert(h.host.clone());
                         ch.subnets.push(h.subnet);
+                        ch.subnets6.extend(h.subnet6);
                     }
                 }
             }
@@ -615,7 +703,7 @@ impl Objects {
                 };
                 if let Some((old, new)) = m.services.put(id.clone(), new) {
                     ch.any = true;
-                    ch.service_ips.extend(old.iter().chain(&new).map(|s| s.cluster_ip));
+                    ch.service_ips.extend(old.iter().chain(&new).flat_map(service_ips));
                     ch.services.insert(id);
                 }
             }
@@ -646,7 +734,7 @@ impl Objects {
                 if old_meta.as_ref() != m.pod_meta.get(&id) || old_remote.as_ref() != new_remote {
                     ch.any = true;
                     ch.pod_namespaces.insert(id.0.clone());
-                    ch.remote_ips.extend(old_remote.iter().chain(new_remote).map(|r| r.ip));
+                    ch.remote_ips.extend(old_remote.iter().chain(new_remote).flat_map(remote_ips));
                 }
             }
             (Kind::NetworkPolicy, obj) => {
@@ -687,12 +775,18 @@ impl Objects {
         let mut services: BTreeSet<&Id> = ch.services.iter().collect();
         if !ch.service_ips.is_empty() {
             // Of two services with one cluster IP the first is valid: a change to one may
-            // change the other.
-            for ((_, id), c) in &self.live.services.items {
-                if c.value.as_ref().is_some_and(|s| ch.service_ips.contains(&s.cluster_ip)) {
-                    services.insert(id);
-                }
-            }
+            // change the other, and, through its other family's IP, a third (to a fixed
+            // point).
+            let mut ips = ch.service_ips.clone();
+            let live: Vec<(&Id, &Service)> =
+                self.live.services.items.iter().filter_map(|((_, id), c)| Some((id, c.value.as_ref()?))).collect();
+            closure(
+                &live,
+                &mut ips,
+                |ips, s| service_ips(s).any(|ip| ips.contains(&ip)),
+                |ips, s| ips.extend(service_ips(s)),
+                &mut services,
+            );
         }
         for (ns, name) in services {
             owners.insert(Owner::Service { namespace: ns.clone(), name: name.clone() });
@@ -703,17 +797,32 @@ impl Objects {
         if !ch.hosts.is_empty() {
             // Duplicates and overlaps are settled by order: a change may validate or
             // invalidate another HostSubnet of the same host or an overlapping subnet.
-            let mut hosts: BTreeSet<&str> = ch.hosts.iter().map(String::as_str).collect();
-            for h in self.live.host_subnets.values() {
-                if ch.subnets.iter().any(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network())) {
-                    hosts.insert(&h.host);
-                }
-            }
-            if hosts.contains(self.node.as_str()) {
+            // A HostSubnet rejected for its IPv4 subnet frees its IPv6 one too: to a fixed point.
+            let mut state = (ch.hosts.clone(), ch.subnets.clone(), ch.subnets6.clone());
+            let live: Vec<(&Id, &HostSubnet)> =
+                self.live.host_subnets.items.iter().filter_map(|((_, id), c)| Some((id, c.value.as_ref()?))).collect();
+            let mut reached = BTreeSet::new();
+            closure(
+                &live,
+                &mut state,
+                |(hosts, subnets, subnets6), h| {
+                    hosts.contains(&h.host)
+                        || subnets.iter().any(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network()))
+                        || h.subnet6.is_some_and(|h6| subnets6.iter().any(|s| s.contains(&h6.network()) || h6.contains(&s.network())))
+                },
+                |(hosts, subnets, subnets6), h| {
+                    hosts.insert(h.host.clone());
+                    subnets.push(h.subnet);
+                    subnets6.extend(h.subnet6);
+                },
+                &mut reached,
+            );
+            let hosts = state.0;
+            if hosts.contains(&self.node) {
                 // This node's own subnet: the whole pipeline depends on it.
                 return None;
             }
-            owners.extend(hosts.into_iter().map(|h| Owner::HostSubnet { host: h.to_string() }));
+            owners.extend(hosts.into_iter().map(|host| Owner::HostSubnet { host }));
             owners.insert(Owner::MulticastVxlan);
         }
         for ns in &ch.egress_namespaces {
@@ -742,7 +851,12 @@ impl Objects {
         let ch = &self.changes;
         let mut pods_of = ch.pod_namespaces.clone();
         if !ch.remote_ips.is_empty() {
-            pods_of.extend(self.live.remote_pods.iter().filter(|(_, r)| ch.remote_ips.contains(&r.ip)).map(|(id, _)| id.0.clone()));
+            // Through a pod's other family's IP, a third pod: to a fixed point.
+            let mut ips = ch.remote_ips.clone();
+            let live: Vec<(&PodKey, &RemotePod)> = self.live.remote_pods.iter().collect();
+            let mut pods = BTreeSet::new();
+            closure(&live, &mut ips, |ips, r| remote_ips(r).any(|ip| ips.contains(&ip)), |ips, r| ips.extend(remote_ips(r)), &mut pods);
+            pods_of.extend(pods.into_iter().map(|id| id.0.clone()));
         }
         let mut out = if pods_of.is_empty() && ch.relabelled.is_empty() {
             BTreeSet::new()
@@ -790,7 +904,7 @@ impl Objects {
             Some(Err(e)) => return Err(Unusable::ClusterNetwork(e.clone())),
             Some(Ok(c)) => c,
         };
-        let header = validate::header(
+        let mut header = validate::header(
             self.node.clone(),
             cfg.plugin,
             &[cfg.cluster_network.as_str()],
@@ -799,6 +913,9 @@ impl Objects {
             cfg.mtu,
         )
         .map_err(|e| Unusable::ClusterNetwork(format!("ClusterNetwork \"default\": {e}")))?;
+        // The IPv6 networks were parsed (typed) from their annotations, both or neither.
+        header.cluster_network6 = cfg.cluster_network6;
+        header.service_network6 = cfg.service_network6;
         // This node's own HostSubnet, as converted: none at all is a wait for whoever creates
         // HostSubnets; one rejected on its own names its fields.
         let own = format!("hostsubnet {}", self.node);
@@ -834,12 +951,23 @@ impl Objects {
                 }
             }
         }
-        let remote_pods = if netpol { m.remote_pods.values().cloned().collect() } else { Vec::new() };
+        // Without IPv6 networks in ClusterNetwork "default" the pods' and services' IPv6
+        // addresses cannot be served: left out, so that a dual-stack Kubernetes cluster whose
+        // ClusterNetwork is IPv4-only (openshift-sdn's master, a controller without IPv6)
+        // keeps its IPv4 side (the model would reject such a pod or service whole).
+        let remote_pods = if netpol {
+            let v6 = cfg.cluster_network6.is_some();
+            m.remote_pods.values().map(|r| RemotePod { ip6: r.ip6.filter(|_| v6), ..r.clone() }).collect()
+        } else {
+            Vec::new()
+        };
+        let v6 = cfg.service_network6.is_some();
+        let services = m.services.values().map(|s| Service { cluster_ip6: s.cluster_ip6.filter(|_| v6), ..s.clone() }).collect();
         let (mut state, problems) = validate::assemble_with_policies(
             header,
             m.host_subnets.values().cloned().collect(),
             net_namespaces,
-            m.services.values().cloned().collect(),
+            services,
             // Pods are set up through the pod API; the cluster only says which still exist
             // (and, for NetworkPolicies, their labels: `pod_meta`).
             Vec::new(),
@@ -943,6 +1071,31 @@ mod tests {
             "clusterNetworks": [{"CIDR": "10.128.0.0/14", "hostSubnetLength": 9}], "vxlanPort": 4789
         }))
         .unwrap()
+    }
+
+    /// [`cn`] with the IPv6 cluster and service networks (dual-stack).
+    fn cn6(plugin: &str) -> ClusterNetwork {
+        let mut c = cn(plugin);
+        c.metadata = meta(
+            None,
+            "default",
+            &[(CLUSTER_NETWORK_IPV6_ANNOTATION, "fd00:10:128::/48"), (SERVICE_NETWORK_IPV6_ANNOTATION, "fd00:172:30::/112")],
+        );
+        c
+    }
+
+    /// [`hs`] with an IPv6 subnet annotation.
+    fn hs6(host: &str, ip: &str, subnet: &str, subnet6: &str) -> KubeHostSubnet {
+        KubeHostSubnet { metadata: meta(None, host, &[(SUBNET_IPV6_ANNOTATION, subnet6)]), ..hs(host, ip, subnet) }
+    }
+
+    /// A service with `spec.clusterIPs` (the first is `clusterIP`).
+    fn svc_dual(ns: &str, name: &str, ips: &[&str], ports: &[(&str, i32)]) -> KubeService {
+        let mut s = svc(ns, name, ips[0], ports);
+        let spec = s.spec.as_mut().unwrap();
+        spec.cluster_ips = Some(ips.iter().map(|s| s.to_string()).collect());
+        spec.ip_families = Some(ips.iter().map(|s| if s.contains(':') { "IPv6" } else { "IPv4" }.to_string()).collect());
+        s
     }
 
     fn hs(host: &str, ip: &str, subnet: &str) -> KubeHostSubnet {
@@ -1087,6 +1240,126 @@ mod tests {
         // Listing: the kinds not listed yet.
         o.apply(Update::ListDone(Kind::ClusterNetwork));
         assert!(!o.unlisted().contains(&Kind::ClusterNetwork) && o.unlisted().contains(&Kind::HostSubnet));
+    }
+
+    /// Dual-stack objects reach the state with their IPv6 side: ClusterNetwork's annotations,
+    /// a HostSubnet's IPv6 subnet annotation, a Service's clusterIPs, pods' podIPs; bad IPv6
+    /// values are problems naming the object and the field.
+    #[test]
+    fn dual_stack_objects_reach_the_state() {
+        let c = cluster_network(&cn6("redhat/openshift-ovs-networkpolicy")).unwrap();
+        assert_eq!(c.cluster_network6, Some("fd00:10:128::/48".parse().unwrap()));
+        assert_eq!(c.service_network6, Some("fd00:172:30::/112".parse().unwrap()));
+        let p = |ns: &str, name: &str, node: &str, ips: &[&str]| {
+            let mut k = kpod(ns, name, node, ips[0], json!({"app": "client"}));
+            k.status.as_mut().unwrap().pod_ips =
+                Some(ips.iter().map(|ip| k8s_openapi::api::core::v1::PodIP { ip: ip.to_string() }).collect());
+            (id(ns, name), Object::Pod(pod(&k)))
+        };
+        let bad6 = hs6("node-c", "172.17.0.4", "10.130.0.0/23", "10.0.0.0/64");
+        let list = vec![
+            (id("", "default"), Object::ClusterNetwork(Ok(c.clone()))),
+            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs6("node-a", "172.17.0.2", "10.128.2.0/23", "fd00:10:128:2::/64")))),
+            (id("", "node-b"), Object::HostSubnet(host_subnet(&hs6("node-b", "172.17.0.3", "10.129.0.0/23", "fd00:10:128:1::/64")))),
+            (id("", "node-c"), Object::HostSubnet(host_subnet(&bad6))),
+            (id("", "team-a"), Object::NetNamespace(net_namespace(&nn("team-a", json!(11), &[])))),
+            (id("team-a", "web"), Object::Service(service(&svc_dual("team-a", "web", &["172.30.0.10", "fd00:172:30::10"], &[("TCP", 80)])))),
+            // Families in either order; clusterIP is the first.
+            (id("team-a", "six-first"), Object::Service(service(&svc_dual("team-a", "six-first", &["fd00:172:30::11", "172.30.0.11"], &[("TCP", 80)])))),
+            (id("team-a", "headless"), Object::Service(service(&svc_dual("team-a", "headless", &["None"], &[])))),
+            (id("team-a", "only6"), Object::Service(service(&svc_dual("team-a", "only6", &["fd00:172:30::12"], &[("TCP", 80)])))),
+            p("team-a", "b1", "node-b", &["10.129.0.5", "fd00:10:128:1::5"]),
+            p("team-a", "b2", "node-b", &["fd00:10:128:1::6", "10.129.0.6"]),
+            p("team-a", "a1", "node-a", &["10.128.2.5", "fd00:10:128:2::5"]),
+        ];
+        let mut o = listed("node-a", list);
+        let l = o.publish(None).unwrap().unwrap();
+        let st = &l.state;
+        assert_eq!((st.cluster_network6, st.service_network6), (c.cluster_network6, c.service_network6));
+        let subnet6 = |host: &str| st.host_subnets.iter().find(|h| h.host == host).and_then(|h| h.subnet6).map(|s| s.to_string());
+        assert_eq!(subnet6("node-a").as_deref(), Some("fd00:10:128:2::/64"));
+        assert_eq!(subnet6("node-b").as_deref(), Some("fd00:10:128:1::/64"));
+        // A bad annotation: the IPv6 subnet is left out, the IPv4 one stays.
+        assert_eq!(subnet6("node-c"), None);
+        assert!(st.host_subnets.iter().any(|h| h.host == "node-c" && h.subnet.to_string() == "10.130.0.0/23"));
+        let svc6 = |name: &str| st.services.iter().find(|s| s.name == name).map(|s| (s.cluster_ip.to_string(), s.cluster_ip6.map(|i| i.to_string())));
+        assert_eq!(svc6("web"), Some(("172.30.0.10".into(), Some("fd00:172:30::10".into()))));
+        assert_eq!(svc6("six-first"), Some(("172.30.0.11".into(), Some("fd00:172:30::11".into()))));
+        assert_eq!(svc6("headless"), None);
+        assert_eq!(svc6("only6"), None);
+        let remote = |name: &str| st.remote_pods.iter().find(|r| r.name == name).map(|r| (r.ip.to_string(), r.ip6.map(|i| i.to_string())));
+        assert_eq!(remote("b1"), Some(("10.129.0.5".into(), Some("fd00:10:128:1::5".into()))));
+        assert_eq!(remote("b2"), Some(("10.129.0.6".into(), Some("fd00:10:128:1::6".into()))));
+        let t: Vec<String> = l.problems.iter().map(|p| p.to_string()).collect();
+        assert!(
+            t.contains(&format!("hostsubnet node-c: field metadata.annotations[{SUBNET_IPV6_ANNOTATION}]: \"10.0.0.0/64\" is not an IPv6 CIDR; the node's IPv6 subnet is left out")),
+            "{t:?}"
+        );
+        assert!(t.iter().any(|p| p.starts_with("service team-a/only6: field clusterIP: has no IPv4 value")), "{t:?}");
+        assert_eq!(t.len(), 2, "{t:?}");
+
+        // An IPv6 change alone is tracked: a pod's IPv6 address, a service's IPv6 cluster IP.
+        o.apply(p("team-a", "b1", "node-b", &["10.129.0.5", "fd00:10:128:1::7"]).into_update());
+        let l2 = o.publish(Some(&l)).unwrap().unwrap();
+        assert_eq!(remote_of(&l2, "b1").as_deref(), Some("fd00:10:128:1::7"));
+        assert!(l2.touched.is_some());
+        let s = svc_dual("team-a", "web", &["172.30.0.10", "fd00:172:30::20"], &[("TCP", 80)]);
+        o.apply(Update::Apply(id("team-a", "web"), Object::Service(service(&s))));
+        let l3 = o.publish(Some(&l2)).unwrap().unwrap();
+        let touched = l3.touched.clone().unwrap();
+        assert!(touched.contains(&Owner::Service { namespace: "team-a".into(), name: "web".into() }), "{touched:?}");
+        // Another node's IPv6 subnet changes: its owner only.
+        o.apply(Update::Apply(id("", "node-b"), Object::HostSubnet(host_subnet(&hs6("node-b", "172.17.0.3", "10.129.0.0/23", "fd00:10:128:3::/64")))));
+        let l4 = o.publish(Some(&l3)).unwrap().unwrap();
+        assert!(l4.touched.as_ref().unwrap().contains(&Owner::HostSubnet { host: "node-b".into() }), "{:?}", l4.touched);
+
+        // Without IPv6 networks in the ClusterNetwork, the IPv6 side is left out (the IPv4
+        // side stays), not a reason to reject pods and services.
+        o.apply(Update::Apply(id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-networkpolicy")))));
+        let l5 = o.publish(Some(&l4)).unwrap().unwrap();
+        assert_eq!(l5.state.cluster_network6, None);
+        assert!(l5.state.services.iter().any(|s| s.name == "web" && s.cluster_ip6.is_none()));
+        assert!(l5.state.remote_pods.iter().all(|r| r.ip6.is_none()) && l5.state.remote_pods.len() == 2);
+        assert!(l5.state.host_subnets.iter().all(|h| h.subnet6.is_none()));
+    }
+
+    fn remote_of(l: &Loaded, name: &str) -> Option<String> {
+        l.state.remote_pods.iter().find(|r| r.name == name).and_then(|r| r.ip6).map(|i| i.to_string())
+    }
+
+    trait IntoUpdate {
+        fn into_update(self) -> Update;
+    }
+
+    impl IntoUpdate for (Id, Object) {
+        fn into_update(self) -> Update {
+            Update::Apply(self.0, self.1)
+        }
+    }
+
+    /// A bad IPv6 network in ClusterNetwork "default" names its annotation; one IPv6 network
+    /// without the other is refused.
+    #[test]
+    fn bad_ipv6_cluster_networks_name_the_annotation() {
+        let mut c = cn6("redhat/openshift-ovs-subnet");
+        c.metadata.annotations.as_mut().unwrap().insert(CLUSTER_NETWORK_IPV6_ANNOTATION.into(), "fd00::/200".into());
+        let e = cluster_network(&c).unwrap_err();
+        assert_eq!(e, format!("ClusterNetwork \"default\": field metadata.annotations[{CLUSTER_NETWORK_IPV6_ANNOTATION}]: \"fd00::/200\" is not an IPv6 CIDR"));
+        c.metadata.annotations.as_mut().unwrap().remove(CLUSTER_NETWORK_IPV6_ANNOTATION);
+        let e = cluster_network(&c).unwrap_err();
+        assert!(e.contains("or neither"), "{e}");
+        let w = listed("node-a", vec![(id("", "default"), Object::ClusterNetwork(cluster_network(&c)))]).publish(None).unwrap().unwrap_err();
+        assert_eq!(w.reason(), "InvalidClusterNetwork");
+        // This node's HostSubnet with an IPv6 subnet outside the IPv6 cluster network: the
+        // node keeps its IPv4 subnet, with a problem (the model's rule).
+        let list = vec![
+            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn6("redhat/openshift-ovs-subnet")))),
+            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs6("node-a", "172.17.0.2", "10.128.2.0/23", "fd00:99::/64")))),
+        ];
+        let l = listed("node-a", list).publish(None).unwrap().unwrap();
+        assert_eq!(l.state.local_subnet().unwrap().subnet6, None);
+        let t: Vec<String> = l.problems.iter().map(|p| p.to_string()).collect();
+        assert!(t.iter().any(|p| p.starts_with("hostsubnet node-a: field subnets: fd00:99::/64 is outside the cluster network")), "{t:?}");
     }
 
     fn kpod(ns: &str, name: &str, node: &str, ip: &str, labels: serde_json::Value) -> KubePod {
@@ -1305,17 +1578,20 @@ mod tests {
     /// One random change to a small cluster (collisions of cluster IPs and subnets on purpose).
     #[derive(Clone, Debug)]
     enum Ev {
-        Service { name: u8, ns: u8, ip: u8, port: u16, delete: bool },
-        HostSubnet { host: u8, subnet: u8, delete: bool },
+        /// `ip6` 3: IPv4 only.
+        Service { name: u8, ns: u8, ip: u8, ip6: u8, port: u16, delete: bool },
+        /// `subnet6` 4: no IPv6 subnet.
+        HostSubnet { host: u8, subnet: u8, subnet6: u8, delete: bool },
         Egress { ns: u8, deny: bool, delete: bool },
         PodGone { name: u8 },
     }
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
-            (0..6u8, 0..3u8, 0..5u8, 1..4u16, any::<bool>())
-                .prop_map(|(name, ns, ip, port, delete)| Ev::Service { name, ns, ip, port, delete }),
-            (0..5u8, 0..6u8, any::<bool>()).prop_map(|(host, subnet, delete)| Ev::HostSubnet { host, subnet, delete }),
+            (0..6u8, 0..3u8, 0..5u8, 0..4u8, 1..4u16, any::<bool>())
+                .prop_map(|(name, ns, ip, ip6, port, delete)| Ev::Service { name, ns, ip, ip6, port, delete }),
+            (0..5u8, 0..6u8, 0..5u8, any::<bool>())
+                .prop_map(|(host, subnet, subnet6, delete)| Ev::HostSubnet { host, subnet, subnet6, delete }),
             (0..3u8, any::<bool>(), any::<bool>()).prop_map(|(ns, deny, delete)| Ev::Egress { ns, deny, delete }),
             (0..3u8).prop_map(|name| Ev::PodGone { name }),
         ]
@@ -1323,8 +1599,8 @@ mod tests {
 
     fn base_objects() -> Objects {
         let mut list = vec![
-            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-multitenant")))),
-            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23")))),
+            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn6("redhat/openshift-ovs-multitenant")))),
+            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs6("node-a", "172.17.0.2", "10.128.2.0/23", "fd00:10:128:2::/64")))),
         ];
         for (i, n) in ["ns0", "ns1", "ns2"].iter().enumerate() {
             // ns0 and ns2 share a VNID.
@@ -1339,22 +1615,27 @@ mod tests {
 
     fn update(e: &Ev) -> Update {
         match *e {
-            Ev::Service { name, ns, ip, port, delete } => {
+            Ev::Service { name, ns, ip, ip6, port, delete } => {
                 let i = id(&format!("ns{ns}"), &format!("s{name}"));
                 if delete {
                     return Update::Delete(Kind::Service, i);
                 }
-                let s = svc(&i.0, &i.1, &format!("172.30.0.{}", 10 + ip), &[("TCP", port as i32)]);
+                let v4 = format!("172.30.0.{}", 10 + ip);
+                let v6 = format!("fd00:172:30::{}", 10 + ip6);
+                let ips: Vec<&str> = if ip6 == 3 { vec![&v4] } else { vec![&v4, &v6] };
+                let s = svc_dual(&i.0, &i.1, &ips, &[("TCP", port as i32)]);
                 Update::Apply(i, Object::Service(service(&s)))
             }
-            Ev::HostSubnet { host, subnet, delete } => {
+            Ev::HostSubnet { host, subnet, subnet6, delete } => {
                 let name = format!("node-{}", (b'b' + host) as char);
                 if delete {
                     return Update::Delete(Kind::HostSubnet, id("", &name));
                 }
                 // /23s that overlap each other (and, for 5, this node's 10.128.2.0/23).
                 let net = ["10.129.0.0/23", "10.129.0.0/24", "10.129.2.0/23", "10.129.4.0/23", "10.130.0.0/23", "10.128.2.0/24"][subnet as usize];
-                Update::Apply(id("", &name), Object::HostSubnet(host_subnet(&hs(&name, &format!("172.17.1.{host}"), net))))
+                // IPv6 subnets that overlap each other and (3) this node's.
+                let net6 = ["fd00:10:128:10::/64", "fd00:10:128:10::/63", "fd00:10:128:11::/64", "fd00:10:128:2::/64", ""][subnet6 as usize];
+                Update::Apply(id("", &name), Object::HostSubnet(host_subnet(&hs6(&name, &format!("172.17.1.{host}"), net, net6))))
             }
             Ev::Egress { ns, deny, delete } => {
                 let i = id(&format!("ns{ns}"), "default");
@@ -1468,15 +1749,22 @@ mod tests {
         }
     }
 
-    /// Pod pN lives in namespace ns(N mod 3); here or on node-b; IP index 4 = no IP yet.
+    /// Pod pN lives in namespace ns(N mod 3); here or on node-b; IP index 4 = no IP yet. Its
+    /// IPv6 address collides with other pods' differently from its IPv4 one.
     fn np_pod(name: u8, local: bool, app: u8, ip: u8) -> (Id, Object) {
         let ns = format!("ns{}", name % 3);
-        let (node, ip) = match (local, ip) {
-            (_, 4) => (if local { "node-a" } else { "node-b" }, String::new()),
-            (true, i) => ("node-a", format!("10.128.2.{}", 10 + i)),
-            (false, i) => ("node-b", format!("10.129.0.{}", 10 + i)),
+        let i6 = (name + ip) % 4;
+        let (node, ip, ip6) = match (local, ip) {
+            (_, 4) => (if local { "node-a" } else { "node-b" }, String::new(), String::new()),
+            (true, i) => ("node-a", format!("10.128.2.{}", 10 + i), format!("fd00:10:128:2::{}", 10 + i6)),
+            (false, i) => ("node-b", format!("10.129.0.{}", 10 + i), format!("fd00:10:128:1::{}", 10 + i6)),
         };
-        let p = kpod(&ns, &format!("p{name}"), node, &ip, json!({"app": format!("a{app}")}));
+        let mut p = kpod(&ns, &format!("p{name}"), node, &ip, json!({"app": format!("a{app}")}));
+        if !ip6.is_empty() {
+            p.status.as_mut().unwrap().pod_ips = Some(
+                [&ip, &ip6].iter().map(|ip| k8s_openapi::api::core::v1::PodIP { ip: ip.to_string() }).collect(),
+            );
+        }
         (id(&ns, &format!("p{name}")), Object::Pod(pod(&p)))
     }
 
@@ -1509,9 +1797,9 @@ mod tests {
 
     fn np_base_objects() -> Objects {
         let mut list = vec![
-            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn("redhat/openshift-ovs-networkpolicy")))),
-            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs("node-a", "172.17.0.2", "10.128.2.0/23")))),
-            (id("", "node-b"), Object::HostSubnet(host_subnet(&hs("node-b", "172.17.0.3", "10.129.0.0/23")))),
+            (id("", "default"), Object::ClusterNetwork(cluster_network(&cn6("redhat/openshift-ovs-networkpolicy")))),
+            (id("", "node-a"), Object::HostSubnet(host_subnet(&hs6("node-a", "172.17.0.2", "10.128.2.0/23", "fd00:10:128:2::/64")))),
+            (id("", "node-b"), Object::HostSubnet(host_subnet(&hs6("node-b", "172.17.0.3", "10.129.0.0/23", "fd00:10:128:1::/64")))),
         ];
         for (i, team) in ["t0", "t1", "t0"].iter().enumerate() {
             let n = format!("ns{i}");

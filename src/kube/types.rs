@@ -16,6 +16,24 @@ pub const FIXED_VNID_ANNOTATION: &str = "pod.network.openshift.io/fixed-vnid-hos
 /// The annotation that enables multicast in a NetNamespace (value `"true"`).
 pub const MULTICAST_ANNOTATION: &str = "netnamespace.network.openshift.io/multicast-enabled";
 
+/// Dual-stack: the IPv6 side of openshift-sdn's objects travels in annotations, because their
+/// IPv4-only fields cannot hold it without breaking openshift-sdn's own agents: their
+/// `ValidateClusterNetwork` (github.com/openshift/sdn, pkg/network/common/validation.go) runs
+/// `validateCIDRv4` on every `clusterNetworks[i].CIDR` and on `serviceNetwork`, and
+/// `ValidateHostSubnet` on `subnet`, so a second, IPv6 `clusterNetworks` entry would make the
+/// whole ClusterNetwork invalid to them ("must be an IPv4 network"). Annotations they ignore.
+///
+/// On a HostSubnet: the node's IPv6 pod subnet (an IPv6 CIDR, e.g. `fd00:10:128:1::/64`).
+pub const SUBNET_IPV6_ANNOTATION: &str = "sdn-node.openshift.io/subnet-ipv6";
+/// On ClusterNetwork "default": the IPv6 cluster network (an IPv6 CIDR); with
+/// [`SERVICE_NETWORK_IPV6_ANNOTATION`], or neither (IPv4 only).
+pub const CLUSTER_NETWORK_IPV6_ANNOTATION: &str = "sdn-node.openshift.io/cluster-network-ipv6";
+/// On ClusterNetwork "default": the IPv6 service network (an IPv6 CIDR).
+pub const SERVICE_NETWORK_IPV6_ANNOTATION: &str = "sdn-node.openshift.io/service-network-ipv6";
+/// On ClusterNetwork "default": host bits of a node's IPv6 subnet (a decimal number; written by
+/// `sdn-node controller` so that a restart with another value is caught; agents do not need it).
+pub const HOST_SUBNET_LENGTH_IPV6_ANNOTATION: &str = "sdn-node.openshift.io/host-subnet-length-ipv6";
+
 /// Implements `k8s_openapi::Resource`, `ListableResource` and `Metadata` (and through them
 /// `kube::Resource`) for a `network.openshift.io/v1` type with a `metadata: ObjectMeta` field.
 macro_rules! resource {

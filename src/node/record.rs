@@ -10,9 +10,9 @@
 //! a different type: strict, and without the parts only the agent may set.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 use netif::MacAddr;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -43,6 +43,11 @@ pub struct PodRecord {
     /// Either family in the record (the pods the model takes are IPv4 for now: see
     /// [`PodRecord::to_pod`]).
     pub ip: IpAddr,
+    /// A dual-stack pod's IPv6 address. Absent for an IPv4-only pod, whose record is then
+    /// written byte for byte as before the field existed (and an older agent, which ignores
+    /// the field, reads a dual-stack record as the IPv4 pod it is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     /// Written canonically (`0a:58:0a:80:00:05`); read in the grammar the pod API has always
     /// taken (`0a:58:a:80:0:5`), which records it stored before the MAC was typed may hold.
     #[serde(deserialize_with = "lenient_mac")]
@@ -80,6 +85,9 @@ pub struct CniRecord {
     /// The address with the subnet's prefix, e.g. 10.128.0.5/23 (the host part kept).
     pub address: IpNet,
     pub gateway: IpAddr,
+    /// A dual-stack pod's IPv6 address and gateway (absent: IPv4 only, and not written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<CniIpv6>,
     pub mtu: u32,
     /// The sandbox's identity when the pod was set up (its nsfs device and inode): one pod per
     /// sandbox, whatever path names it.
@@ -89,6 +97,15 @@ pub struct CniRecord {
     /// another interface that has (or got) the name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_ifindex: Option<u32>,
+}
+
+/// The IPv6 side of a CNI pod's interface, as the ADD's reply and a CHECK need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CniIpv6 {
+    /// The address with the IPv6 subnet's prefix, e.g. fd00:10:128:2::5/64.
+    pub address: Ipv6Net,
+    /// The IPv6 gateway ([`crate::pipeline::gateway6`] of the node's IPv6 subnet).
+    pub gateway: Ipv6Addr,
 }
 
 /// A network namespace's identity (see [`hostnet::NsId`]).
@@ -124,7 +141,7 @@ impl PodRecord {
             container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
             ip,
-            ip6: None,
+            ip6: self.ip6,
             mac: self.mac,
             ingress_bps,
             egress_bps,
@@ -229,5 +246,24 @@ mod tests {
         assert_eq!(r.to_json(), v6);
         let p = r.to_pod().unwrap_err();
         assert_eq!(p.field, "ip", "{p}");
+    }
+
+    /// A dual-stack record: its IPv6 parts are typed, go to the pod, and are written back the
+    /// same; an IPv4-only record has neither field (the byte-for-byte test above).
+    #[test]
+    fn a_dual_stack_record_round_trips_and_its_pod_has_ip6() {
+        let dual = OLDER
+            .replace(r#""ip":"10.128.0.5","#, r#""ip":"10.128.0.5","ip6":"fd00:10:128::5","#)
+            .replace(r#""gateway":"10.128.0.1","#, r#""gateway":"10.128.0.1","ipv6":{"address":"fd00:10:128::5/64","gateway":"fd00:10:128::1"},"#);
+        let r = PodRecord::from_json(&dual).unwrap();
+        assert_eq!(r.ip6, Some("fd00:10:128::5".parse().unwrap()));
+        let v6 = r.cni.as_ref().and_then(|c| c.ipv6).unwrap();
+        assert_eq!((v6.address.to_string(), v6.gateway.to_string()), ("fd00:10:128::5/64".into(), "fd00:10:128::1".into()));
+        assert_eq!(r.to_json(), dual);
+        assert_eq!(r.to_pod().unwrap().ip6, r.ip6);
+        let e = PodRecord::from_json(&dual.replace(r#""ip6":"fd00:10:128::5""#, r#""ip6":"10.0.0.1""#)).unwrap_err();
+        assert!(e.starts_with("ip6: "), "{e}");
+        let e = PodRecord::from_json(&dual.replace("fd00:10:128::5/64", "fd00:10:128::5")).unwrap_err();
+        assert!(e.starts_with("cni.ipv6.address: "), "{e}");
     }
 }

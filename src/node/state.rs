@@ -65,6 +65,8 @@ pub struct NodeState {
     /// The address IPAM handed out last: the next search starts after it, so a released
     /// address is not reused at once.
     last_ip: Option<std::net::Ipv4Addr>,
+    /// The IPv6 address IPAM handed out last (dual-stack), for the same reason.
+    last_ip6: Option<std::net::Ipv6Addr>,
     /// The source's state plus the API pods, validated together.
     effective: Option<ClusterState>,
     /// Problems of the last rebuild (API pods that no longer fit).
@@ -86,6 +88,21 @@ pub enum SourceChange {
     /// Only these owners' flows can have changed (the source said so, relative to the state the
     /// model had): recompute and commit just them.
     Owners(Vec<Owner>),
+}
+
+/// IPAM's position, per family: the address handed out last (the next search starts after
+/// it, so a released address is not reused at once). What the checkpoint's `ipam.json` keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IpamCursor {
+    pub v4: Option<std::net::Ipv4Addr>,
+    pub v6: Option<std::net::Ipv6Addr>,
+}
+
+impl IpamCursor {
+    /// No position in either family (nothing to keep).
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_none() && self.v6.is_none()
+    }
 }
 
 /// The names the agent itself owns on the bridge.
@@ -260,6 +277,8 @@ impl NodeState {
         for other in self.reserved.values().chain(self.doomed.values().map(|(p, _)| p)) {
             let conflict = if other.ip == pod.ip {
                 Some(("ip", format!("{} is already used by pod {}/{}", pod.ip, other.namespace, other.name)))
+            } else if let Some(ip6) = pod.ip6.filter(|a| other.ip6 == Some(*a)) {
+                Some(("ips", format!("{ip6} is already used by pod {}/{}", other.namespace, other.name)))
             } else if other.mac == pod.mac {
                 Some(("mac", format!("{} is already used by pod {}/{}", pod.mac, other.namespace, other.name)))
             } else if other.host_veth == pod.host_veth {
@@ -405,8 +424,52 @@ impl NodeState {
         Err(Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnet", format!("no free address left in {net}"))))
     }
 
+    /// IPAM for IPv6 (dual-stack): the next free address of this node's IPv6 subnet after the
+    /// last one handed out (not the network's subnet-router anycast address, not the gateway
+    /// `::1`, not used by any pod, reservation or unfinished teardown); `None` when this node
+    /// has no IPv6 subnet. A /64 has 2^64 addresses: the search looks at no more candidates
+    /// than there are pods using one plus one (one of those is free), and the set it builds is
+    /// of the pods' addresses, never of the subnet. The caller reserves the address with the
+    /// pod (under the same lock), as for [`NodeState::allocate_ip`].
+    pub fn allocate_ip6(&mut self) -> Result<Option<std::net::Ipv6Addr>, Refusal> {
+        use std::net::Ipv6Addr;
+        let Some(st) = &self.effective else { return Err(Refusal::NoState) };
+        let Some(local) = st.local_subnet() else { return Err(Refusal::NoState) };
+        let Some(net) = local.subnet6 else { return Ok(None) };
+        let no_room = || Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnets", format!("no free address left in {net}")));
+        let base = u128::from(net.network());
+        // The host part's size, minus one: every address of the subnet is base + 0..=span.
+        let span = u128::MAX.checked_shr(u32::from(net.prefix_len())).unwrap_or(0);
+        // Candidates: base + 2 ..= base + span (the network and the gateway skipped).
+        let Some(count) = span.checked_sub(1) else { return Err(no_room()) };
+        let used: HashSet<Ipv6Addr> = st
+            .pods
+            .iter()
+            .filter_map(|p| p.ip6)
+            .chain(self.api_pods.values().filter_map(|(p, _)| p.ip6))
+            .chain(self.reserved.values().filter_map(|p| p.ip6))
+            .chain(self.doomed.values().filter_map(|(p, _)| p.ip6))
+            .collect();
+        // The offset (from the first candidate) to start at: after the last one handed out.
+        let start = self
+            .last_ip6
+            .map(|a| u128::from(a).wrapping_sub(base + 2))
+            .filter(|off| *off < count)
+            .map(|off| (off + 1) % count)
+            .unwrap_or(0);
+        let tries = u128::try_from(used.len()).unwrap_or(u128::MAX).saturating_add(1).min(count);
+        for i in 0..tries {
+            let a = Ipv6Addr::from(base + 2 + (start + i) % count);
+            if !used.contains(&a) {
+                self.last_ip6 = Some(a);
+                return Ok(Some(a));
+            }
+        }
+        Err(no_room())
+    }
+
     /// The records of the API pods, set up or doomed (both hold their address), in key order:
-    /// what the agent's checkpoint keeps, with [`NodeState::last_address`].
+    /// what the agent's checkpoint keeps, with [`NodeState::ipam_cursor`].
     pub fn held_records(&self) -> Vec<PodRecord> {
         let mut pods: Vec<(&PodKey, &PodRecord)> =
             self.api_pods.iter().chain(self.doomed.iter()).map(|(k, (_, r))| (k, r)).collect();
@@ -420,16 +483,16 @@ impl NodeState {
         self.api_pods.get(key).or_else(|| self.doomed.get(key)).map(|(_, r)| r.clone())
     }
 
-    /// IPAM's position: the address handed out last (the next search starts after it).
-    pub fn last_address(&self) -> Option<std::net::Ipv4Addr> {
-        self.last_ip
+    /// IPAM's position, per family (the next search starts after it).
+    pub fn ipam_cursor(&self) -> IpamCursor {
+        IpamCursor { v4: self.last_ip, v6: self.last_ip6 }
     }
 
-    /// IPAM's position as a checkpoint kept it (only where this run has none yet).
-    pub fn restore_last_ip(&mut self, ip: Option<std::net::Ipv4Addr>) {
-        if self.last_ip.is_none() {
-            self.last_ip = ip;
-        }
+    /// IPAM's position as a checkpoint kept it, or as the addresses still held say: per
+    /// family, only where this run has none yet.
+    pub fn restore_ipam_cursor(&mut self, cursor: IpamCursor) {
+        self.last_ip = self.last_ip.or(cursor.v4);
+        self.last_ip6 = self.last_ip6.or(cursor.v6);
     }
 
     /// The doomed pod's port is gone and its flows are off the switch.
@@ -600,6 +663,7 @@ mod tests {
             name: p.name.clone(),
             host_veth: p.host_veth.clone(),
             ip: p.ip.into(),
+            ip6: p.ip6,
             mac: p.mac,
             annotations: Default::default(),
             internal: p.internal,
@@ -732,5 +796,74 @@ mod tests {
         assert!(matches!(m.reserve(&a), Err(Refusal::Conflict(_))), "until its removal is confirmed");
         m.buried(&a.key());
         m.reserve(&a).unwrap();
+    }
+
+    fn dual_stack() -> NodeState {
+        let (state, problems) = parse(include_str!("../../deploy/examples/dual-stack.yaml")).unwrap();
+        let mut m = NodeState::new("br0");
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
+        m
+    }
+
+    /// Allocates and reserves one dual-stack pod, as a CNI ADD does.
+    fn add_dual(m: &mut NodeState, name: &str) -> Pod {
+        let ip = m.allocate_ip().unwrap();
+        let ip6 = m.allocate_ip6().unwrap();
+        let mut p = pod(m, name, &ip.to_string(), &format!("v{name}"));
+        p.ip6 = ip6;
+        m.reserve(&p).unwrap();
+        p
+    }
+
+    /// IPv6 IPAM: after the network's address and the gateway (::1), skipping what pods hold
+    /// (the state file's ::5-::7), never the same address twice while the cursor goes round,
+    /// and a released address not at once.
+    #[test]
+    fn ipv6_addresses_come_after_the_cursor_and_skip_what_pods_hold() {
+        let mut m = dual_stack();
+        let got: Vec<String> = (0..8).map(|i| add_dual(&mut m, &format!("p{i}")).ip6.unwrap().to_string()).collect();
+        assert_eq!(got, ["fd00:10:128:2::2", "fd00:10:128:2::3", "fd00:10:128:2::4", "fd00:10:128:2::8", "fd00:10:128:2::9", "fd00:10:128:2::a", "fd00:10:128:2::b", "fd00:10:128:2::c"]);
+        assert_eq!(m.ipam_cursor().v6, Some("fd00:10:128:2::c".parse().unwrap()));
+        // Released (::2): the next one is still after the cursor.
+        m.unreserve(&("team-a".to_string(), "p0".to_string()));
+        assert_eq!(add_dual(&mut m, "q").ip6.unwrap().to_string(), "fd00:10:128:2::d");
+        // A cursor restored from a checkpoint is where the search resumes; this run's wins.
+        let mut fresh = dual_stack();
+        fresh.restore_ipam_cursor(IpamCursor { v4: None, v6: Some("fd00:10:128:2::40".parse().unwrap()) });
+        fresh.restore_ipam_cursor(IpamCursor { v4: None, v6: Some("fd00:10:128:2::2".parse().unwrap()) });
+        assert_eq!(add_dual(&mut fresh, "r").ip6.unwrap().to_string(), "fd00:10:128:2::41");
+        // A node without an IPv6 subnet gives none.
+        assert_eq!(state().allocate_ip6(), Ok(None));
+    }
+
+    /// At the end of the subnet the search wraps to its start; a full subnet is refused, after
+    /// looking at no more candidates than pods hold addresses (a /64 is never walked).
+    #[test]
+    fn ipv6_allocation_wraps_and_a_full_subnet_is_refused() {
+        let mut m = dual_stack();
+        m.restore_ipam_cursor(IpamCursor { v4: None, v6: Some("fd00:10:128:2:ffff:ffff:ffff:fffe".parse().unwrap()) });
+        assert_eq!(add_dual(&mut m, "last").ip6.unwrap().to_string(), "fd00:10:128:2:ffff:ffff:ffff:ffff");
+        assert_eq!(add_dual(&mut m, "wrapped").ip6.unwrap().to_string(), "fd00:10:128:2::2");
+        // A /125 (eight addresses: network, gateway and six for pods; three pods of the
+        // state file hold ::5-::7): three more fit, then none.
+        let (mut state, problems) = parse(include_str!("../../deploy/examples/dual-stack.yaml")).unwrap();
+        for h in state.host_subnets.iter_mut() {
+            h.subnet6 = h.subnet6.map(|n| ipnet::Ipv6Net::new(n.network(), 125).unwrap());
+        }
+        let mut small = NodeState::new("br0");
+        small.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
+        let got: Vec<String> = (0..3).map(|i| add_dual(&mut small, &format!("s{i}")).ip6.unwrap().to_string()).collect();
+        assert_eq!(got, ["fd00:10:128:2::2", "fd00:10:128:2::3", "fd00:10:128:2::4"]);
+        assert!(matches!(small.allocate_ip6(), Err(Refusal::Conflict(p)) if p.field == "subnets"));
+    }
+
+    /// Two reservations never share an IPv6 address.
+    #[test]
+    fn reservations_conflict_on_ip6() {
+        let mut m = dual_stack();
+        let a = add_dual(&mut m, "a");
+        let mut b = pod(&m, "b", "10.128.2.200", "vb");
+        b.ip6 = a.ip6;
+        assert!(matches!(m.reserve(&b), Err(Refusal::Conflict(p)) if p.field == "ips"), "{:?}", m.reserve(&b));
     }
 }

@@ -10,6 +10,14 @@
 //!   flows exactly as a pod API setup. The address is recorded in the pod's record on its OVS
 //!   port, written in the port's OVSDB transaction: the port and its address exist together or
 //!   not at all, and a restarted agent knows every address in use. Any failure undoes every step.
+//! - Dual-stack: when this node's HostSubnet has an IPv6 subnet, every ADD also gets one IPv6
+//!   address from it ([`crate::node::NodeState::allocate_ip6`], reserved with the IPv4 one), its
+//!   gateway ([`crate::pipeline::gateway6`]) and routes (default, the IPv6 cluster network and
+//!   `ff00::/8`); the reply lists both families. The MAC stays `0a:58:` + the IPv4 bytes (one
+//!   MAC per interface, as openshift-sdn's rule gives it: the IPv6 address does not change it).
+//!   The interface is ready only once duplicate address detection is over: an address another
+//!   station on the link holds fails the ADD (409, field `ips`), undone like any other failure;
+//!   IPAM's cursor has moved past that address, so a retry gets another one.
 //! - DEL: idempotent. A known pod is torn down (flows, port, veth); an unknown one still gets its
 //!   veth removed by the name its container ID gives (a setup that died halfway).
 //! - Both are durable before they are answered: an ADD's pod is in the agent's checkpoint
@@ -20,14 +28,14 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::fs::MetadataExt;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tokio::time::Instant;
 
 use super::setup::ready;
 use super::teardown::finish_teardown;
 use super::undo::{Step, Undo};
 use super::Pods;
-use crate::node::record::{CniRecord, PodRecord, SandboxId};
+use crate::node::record::{CniIpv6, CniRecord, PodRecord, SandboxId};
 use super::PodError;
 use crate::cluster::validate::{dns1123_label, dns1123_subdomain};
 use crate::cluster::Problem;
@@ -91,11 +99,22 @@ pub async fn handle(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<O
 }
 
 /// The pod's interface as hostnet makes and checks it, from the pod's CNI record: `cluster`
-/// is the cluster network (`None`: not known, the pod's own subnet stands for it).
-fn pod_config(rec: &CniRecord, mac: Option<netif::MacAddr>, cluster: Option<Ipv4Net>, host_ifname: Option<String>) -> Result<hostnet::PodConfig, PodError> {
+/// and `cluster6` are the cluster networks (`None`: not known, the pod's own subnet stands for
+/// it). A record with an IPv6 part gives a dual-stack interface.
+fn pod_config(
+    rec: &CniRecord,
+    mac: Option<netif::MacAddr>,
+    (cluster, cluster6): (Option<Ipv4Net>, Option<Ipv6Net>),
+    host_ifname: Option<String>,
+) -> Result<hostnet::PodConfig, PodError> {
     let (IpNet::V4(address), IpAddr::V4(gateway)) = (rec.address, rec.gateway) else {
         return Err(PodError::Failed(format!("address {} (gateway {}): the agent sets up IPv4 pods only", rec.address, rec.gateway)));
     };
+    let ipv6 = rec.ipv6.map(|v6| hostnet::PodIpv6 {
+        address: v6.address,
+        gateway: v6.gateway,
+        cluster_network: cluster6.unwrap_or(v6.address.trunc()),
+    });
     Ok(hostnet::PodConfig {
         ifname: rec.if_name.clone(),
         mac,
@@ -105,23 +124,28 @@ fn pod_config(rec: &CniRecord, mac: Option<netif::MacAddr>, cluster: Option<Ipv4
         cluster_network: cluster.unwrap_or(address),
         extra_routes: vec![],
         host_ifname,
-        ipv6: None,
+        ipv6,
     })
 }
 
-/// ADD's answer: the interface `cfg` describes (its address, gateway and routes are what the
-/// pod got), with host end `host_veth` and MAC `mac`, in sandbox `sandbox`.
+/// ADD's answer: the interface `cfg` describes (its addresses, gateways and routes, of both
+/// families for a dual-stack pod: IPv4 first, as `ip`/`gateway` for plugins before `ips`
+/// need), with host end `host_veth` and MAC `mac`, in sandbox `sandbox`.
 fn reply_of(cfg: &hostnet::PodConfig, host_veth: &str, mac: netif::MacAddr, sandbox: &str) -> CniReply {
+    let routes4 = cfg.routes().into_iter().map(|r| Route { dst: Some(r.dst.into()), gw: r.via.map(IpAddr::from) });
+    let routes6 = cfg.routes6().into_iter().map(|r| Route { dst: Some(r.dst.into()), gw: r.via.map(IpAddr::from) });
+    let mut ips = vec![IpConfig { address: Some(cfg.address.into()), gateway: Some(cfg.gateway.into()) }];
+    ips.extend(cfg.ipv6.as_ref().map(|v6| IpConfig { address: Some(v6.address.into()), gateway: Some(v6.gateway.into()) }));
     CniReply {
         host_veth: Some(host_veth.to_string()),
         if_name: Some(cfg.ifname.clone()),
         mac: Some(mac),
         sandbox: Some(sandbox.to_string()),
-        routes: cfg.routes().into_iter().map(|r| Route { dst: Some(r.dst.into()), gw: r.via.map(IpAddr::from) }).collect(),
+        routes: routes4.chain(routes6).collect(),
         mtu: Some(cfg.mtu),
         ..Default::default()
     }
-    .with_ips(vec![IpConfig { address: Some(cfg.address.into()), gateway: Some(cfg.gateway.into()) }])
+    .with_ips(ips)
 }
 
 async fn add(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<CniReply, PodError> {
@@ -157,14 +181,14 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
     let (pod, mut record, cluster) = {
         let mut m = pods.state.lock();
         let Some(st) = m.effective() else { return Err(PodError::NotReady("no cluster state yet".into())) };
-        let cluster = st.cluster_network;
+        let cluster = (Some(st.cluster_network), st.cluster_network6);
         let mtu = st.mtu;
         let Some(local) = st.local_subnet().cloned() else { return Err(PodError::NotReady("no HostSubnet for this node".into())) };
         // A repeated ADD of the same container answers what the first one did.
         if let Some((p, r)) = m.api_pod(&key) {
             return match &r.cni {
                 Some(rec) if r.container_id == req.container_id => {
-                    pod_config(rec, None, Some(cluster), None).map(|cfg| reply_of(&cfg, &p.host_veth, p.mac, &rec.netns))
+                    pod_config(rec, None, cluster, None).map(|cfg| reply_of(&cfg, &p.host_veth, p.mac, &rec.netns))
                 }
                 _ => Err(PodError::Conflict(Problem::new(obj(&req), "containerID", "the pod is set up with another container; DEL it first"))),
             };
@@ -182,11 +206,21 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
         let ip = m.allocate_ip().map_err(PodError::from)?;
         let gateway = Ipv4Addr::from(u32::from(local.subnet.network()) + 1);
         let address = Ipv4Net::new(ip, local.subnet.prefix_len()).map_err(|e| PodError::Failed(format!("address {ip}: {e}")))?;
+        // Dual-stack: an IPv6 address too, reserved with the pod below (under this lock).
+        let ip6 = m.allocate_ip6().map_err(PodError::from)?;
+        let ipv6 = match (ip6, local.subnet6) {
+            (Some(ip6), Some(subnet6)) => Some(CniIpv6 {
+                address: Ipv6Net::new(ip6, subnet6.prefix_len()).map_err(|e| PodError::Failed(format!("address {ip6}: {e}")))?,
+                gateway: crate::pipeline::gateway6(subnet6),
+            }),
+            _ => None,
+        };
         let rec = CniRecord {
             netns: req.netns.clone(),
             if_name: req.if_name.clone(),
             address: address.into(),
             gateway: gateway.into(),
+            ipv6,
             mtu,
             sandbox: Some(sandbox),
             // Known once the interface is made (below).
@@ -199,6 +233,8 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
             name: req.name.clone(),
             host_veth,
             ip: ip.into(),
+            ip6,
+            // The IPv4 address's bytes, dual-stack or not (see the module documentation).
             mac: crate::domain::pod_mac(ip),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
             annotations: m.source().and_then(|l| l.pod_annotations.get(&key)).cloned().unwrap_or_default(),
@@ -214,7 +250,7 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
     pods.faults.hit(FaultPoint::Netns).map_err(PodError::Failed)?;
     {
         let Some(rec) = record.cni.clone() else { return Err(PodError::Failed("no CNI record".into())) };
-        let cfg = pod_config(&rec, Some(pod.mac), Some(cluster), Some(pod.host_veth.clone()))?;
+        let cfg = pod_config(&rec, Some(pod.mac), cluster, Some(pod.host_veth.clone()))?;
         // A DEL of a pod of this sandbox may still be deleting its interface.
         drop(tokio::time::timeout_at(deadline, pods.locks.lock(&super::teardown::sandbox_lock(&req.netns))).await);
         let iface = match taken.take() {
@@ -303,6 +339,8 @@ impl IfaceError {
     fn into_pod(self, req: &CniRequest) -> PodError {
         match self {
             IfaceError::Iface(e @ hostnet::Error::Exists { .. }) => PodError::Conflict(Problem::new(obj(req), "ifName", e.to_string())),
+            // Another station on the link holds the pod's IPv6 address.
+            IfaceError::Iface(e @ hostnet::Error::DadFailed { .. }) => PodError::Conflict(Problem::new(obj(req), "ips", e.to_string())),
             IfaceError::Iface(e) => PodError::Failed(format!("{}: pod interface: {e}", obj(req))),
             IfaceError::Timeout => PodError::Deadline("creating the pod interface took too long".into()),
             IfaceError::Pod(PodError::Failed(m)) => PodError::Failed(format!("{}: {m}", obj(req))),
@@ -452,9 +490,10 @@ async fn check(pods: &Pods, req: CniRequest) -> Result<(), PodError> {
         return Err(PodError::Failed(format!("{}: its flows are not on the switch ({want} desired)", obj(&req))));
     }
     let ns = open_sandbox(pods, &obj(&req), &rec.netns).await?;
-    let cluster = pods.state.lock().effective().map(|s| s.cluster_network);
-    let cfg = pod_config(&rec, None, cluster, None)?;
-    hostnet::check_pod(&ns, &req.if_name, cfg.address, Some(pod.mac), &cfg.routes())
+    let cluster = pods.state.lock().effective().map(|s| (Some(s.cluster_network), s.cluster_network6)).unwrap_or_default();
+    let mut cfg = pod_config(&rec, None, cluster, None)?;
+    cfg.ifname = req.if_name.clone();
+    hostnet::check_pod_config(&ns, &cfg, Some(pod.mac))
         .await
         .map_err(|e| PodError::Failed(format!("{}: {e}", obj(&req))))
 }
@@ -485,11 +524,12 @@ mod tests {
             if_name: "eth0".into(),
             address: "10.128.0.5/23".parse().unwrap(),
             gateway: [10, 128, 0, 1].into(),
+            ipv6: None,
             mtu: 1450,
             sandbox: None,
             host_ifindex: None,
         };
-        let cfg = pod_config(&rec, None, Some("10.128.0.0/14".parse().unwrap()), None).unwrap();
+        let cfg = pod_config(&rec, None, (Some("10.128.0.0/14".parse().unwrap()), None), None).unwrap();
         let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac([10, 128, 0, 5].into()), &rec.netns);
         let json = serde_json::to_string(&reply).unwrap();
         assert_eq!(
@@ -498,6 +538,34 @@ mod tests {
         );
         let checked = sdn_node_cni::result::parse_add_reply(json.as_bytes(), "pod a/b", "eth0", "/ns").unwrap();
         assert_eq!(checked.ips, reply.ips);
+    }
+
+    /// A dual-stack pod's answer: both addresses (IPv4 first, which `ip`/`gateway` copy) and
+    /// both families' routes, and the plugin takes it.
+    #[test]
+    fn a_dual_stack_reply_lists_both_families() {
+        let rec = CniRecord {
+            netns: "/var/run/netns/x".into(),
+            if_name: "eth0".into(),
+            address: "10.128.2.5/23".parse().unwrap(),
+            gateway: [10, 128, 2, 1].into(),
+            ipv6: Some(CniIpv6 { address: "fd00:10:128:2::5/64".parse().unwrap(), gateway: "fd00:10:128:2::1".parse().unwrap() }),
+            mtu: 1450,
+            sandbox: None,
+            host_ifindex: None,
+        };
+        let cfg = pod_config(&rec, None, (Some("10.128.0.0/14".parse().unwrap()), Some("fd00:10:128::/48".parse().unwrap())), None).unwrap();
+        let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac([10, 128, 2, 5].into()), &rec.netns);
+        let json = serde_json::to_string(&reply).unwrap();
+        assert_eq!(
+            json,
+            r#"{"hostVeth":"veth1","ifName":"eth0","mac":"0a:58:0a:80:02:05","sandbox":"/var/run/netns/x","ips":[{"address":"10.128.2.5/23","gateway":"10.128.2.1"},{"address":"fd00:10:128:2::5/64","gateway":"fd00:10:128:2::1"}],"ip":"10.128.2.5/23","gateway":"10.128.2.1","routes":[{"dst":"0.0.0.0/0","gw":"10.128.2.1"},{"dst":"10.128.0.0/14"},{"dst":"224.0.0.0/4"},{"dst":"::/0","gw":"fd00:10:128:2::1"},{"dst":"fd00:10:128::/48"},{"dst":"ff00::/8"}],"mtu":1450}"#
+        );
+        let checked = sdn_node_cni::result::parse_add_reply(json.as_bytes(), "pod a/b", "eth0", "/ns").unwrap();
+        assert_eq!(checked.ips, reply.ips);
+        // Without a known IPv6 cluster network, the pod's own IPv6 subnet stands for it.
+        let cfg = pod_config(&rec, None, (None, None), None).unwrap();
+        assert_eq!(cfg.ipv6.map(|v6| v6.cluster_network.to_string()), Some("fd00:10:128:2::/64".into()));
     }
 
     /// The names `sdn-node-cni` gives containers of runtimes that are not Kubernetes (the

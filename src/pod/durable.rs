@@ -27,7 +27,7 @@ fn pod_snapshot<'a>(pods: &'a Pods, key: &'a PodKey) -> impl FnOnce() -> (Option
 pub async fn persist_pod(pods: &Pods, key: &PodKey, deadline: Instant) -> Result<(), CheckpointError> {
     let cp = &pods.checkpoint;
     let (ipam, pod) = tokio::join!(
-        cp.persist_ipam(|| pods.state.lock().last_address(), deadline),
+        cp.persist_ipam(|| pods.state.lock().ipam_cursor(), deadline),
         cp.persist_pod(key, pod_snapshot(pods, key), deadline)
     );
     ipam.and(pod)
@@ -42,7 +42,7 @@ pub async fn persist(pods: &Pods, deadline: Instant) -> Result<(), CheckpointErr
     }
     let held = pods.state.lock().held_records();
     let keys = cp.differing(&held);
-    let ipam = cp.persist_ipam(|| pods.state.lock().last_address(), deadline).await;
+    let ipam = cp.persist_ipam(|| pods.state.lock().ipam_cursor(), deadline).await;
     let writes: Vec<Result<(), CheckpointError>> = futures::stream::iter(keys)
         .map(|k| async move { cp.persist_pod(&k, pod_snapshot(pods, &k), deadline).await })
         .buffer_unordered(PARALLEL_WRITES)

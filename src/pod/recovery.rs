@@ -201,16 +201,20 @@ pub async fn recover(pods: &Pods, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(
     {
         let mut m = pods.state.lock();
         m.recover(kept);
-        m.restore_last_ip(saved.last_address);
-        // No checkpoint (or a corrupt one moved aside): IPAM resumes after the highest address
-        // OVSDB and the kernel still held, kept or just torn down, rather than at the bottom of
-        // the subnet, where it would hand out a recently released address first.
-        let held =
-            decisions.iter().flat_map(|(_, d)| d.keep.iter().map(|(_, r)| r).chain(d.tear_down.iter().map(|(r, _)| r)));
-        m.restore_last_ip(held.filter_map(|r| match r.ip {
-            std::net::IpAddr::V4(ip) => Some(ip),
-            std::net::IpAddr::V6(_) => None,
-        }).max());
+        m.restore_ipam_cursor(saved.ipam);
+        // No checkpoint (or a corrupt one moved aside, or one from before dual-stack without an
+        // IPv6 position): IPAM resumes, per family, after the highest address OVSDB and the
+        // kernel still held, kept or just torn down, rather than at the bottom of the subnet,
+        // where it would hand out a recently released address first.
+        let held: Vec<&PodRecord> =
+            decisions.iter().flat_map(|(_, d)| d.keep.iter().map(|(_, r)| r).chain(d.tear_down.iter().map(|(r, _)| r))).collect();
+        m.restore_ipam_cursor(crate::node::state::IpamCursor {
+            v4: held.iter().filter_map(|r| match r.ip {
+                std::net::IpAddr::V4(ip) => Some(ip),
+                std::net::IpAddr::V6(_) => None,
+            }).max(),
+            v6: held.iter().filter_map(|r| r.ip6).max(),
+        });
         for p in std::mem::take(&mut m.rebuild_problems) {
             warn!("rejected: {p}");
         }
@@ -242,6 +246,7 @@ mod tests {
             name: name.into(),
             host_veth: format!("veth{container:02x}{name}"),
             ip: ip.parse().unwrap(),
+            ip6: None,
             mac: netif::MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x00, 0x05]),
             annotations: Default::default(),
             internal: false,
@@ -250,6 +255,7 @@ mod tests {
                 if_name: "eth0".into(),
                 address: format!("{ip}/23").parse().unwrap(),
                 gateway: [10, 128, 0, 1].into(),
+                ipv6: None,
                 mtu: 1450,
                 sandbox: None,
                 host_ifindex: None,

@@ -192,7 +192,8 @@ impl Inventory {
             if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
                 continue;
             }
-            // The model's pods are IPv4 (a record of another family is not one of them).
+            // The model's pods are IPv4 (a record of another family is not one of them); a
+            // dual-stack pod's record carries its IPv6 address beside.
             let std::net::IpAddr::V4(ip) = r.ip else { continue };
             pods.push(PodInfo {
                 vnid: vnid_of(&r.namespace),
@@ -201,7 +202,7 @@ impl Inventory {
                 name: r.name,
                 host_veth: r.host_veth,
                 ip,
-                ip6: None,
+                ip6: r.ip6,
                 mac: r.mac.to_string(),
             });
         }

@@ -66,6 +66,7 @@ pub fn pod(name: &str, ns: &str, ip: &str, n: u8) -> PodRequest {
         name: name.into(),
         host_veth: format!("veth-{name}"),
         ip: ip.into(),
+        ips: Vec::new(),
         mac: format!("0a:58:0a:80:00:{n:02x}"),
         annotations: Default::default(),
         internal: true,

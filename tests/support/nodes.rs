@@ -75,6 +75,8 @@ pub const CLUSTER_NETWORK6: &str = "fd00:10:128::/48";
 pub const SERVICE_NETWORK6: &str = "fd00:172:30::/112";
 /// The underlay subnet the node IPs ([`NodeSpec::host_ip`]) are in.
 pub const UNDERLAY_PREFIX: u8 = 24;
+/// The prefix of an IPv6 underlay (node IPs given as IPv6 addresses).
+pub const UNDERLAY_PREFIX6: u8 = 64;
 /// MTU of the pods' interfaces and tun0: the underlay's 1500 less VXLAN's 50 bytes, as
 /// openshift-sdn sets it (a full-size inner frame would not fit the underlay veth).
 pub const POD_MTU: u32 = 1450;
@@ -221,8 +223,8 @@ pub async fn ping_in(ns: &str, dst: &str) -> PingResult {
 pub struct NodeSpec {
     /// Short name ("a"): the netns suffix; the node is `node-<name>` in the state.
     pub name: String,
-    /// The HostSubnet's hostIP: the node's underlay address, on br-phy.
-    pub host_ip: Ipv4Addr,
+    /// The HostSubnet's hostIP: the node's underlay address (IPv4, or IPv6 for an IPv6 underlay), on br-phy.
+    pub host_ip: IpAddr,
     /// The HostSubnet's subnet; its first address is the gateway on tun0.
     pub subnet: Ipv4Net,
     /// The node's IPv6 subnet (dual-stack): its pods get an IPv6 address too, tun0 its
@@ -258,7 +260,10 @@ impl NodeSpec {
     }
     /// br-phy's fixed MAC: 02:00:<host IP>.
     pub fn phy_mac(&self) -> String {
-        let o = self.host_ip.octets();
+        let o: [u8; 4] = match self.host_ip {
+            IpAddr::V4(ip) => ip.octets(),
+            IpAddr::V6(ip) => ip.octets()[12..].try_into().expect("four bytes"),
+        };
         format!("02:00:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
     }
 }
@@ -440,6 +445,7 @@ impl Node {
             ip_in(&netns, &format!("addr add {ip6}/{} dev eth0 nodad", s6.prefix_len())).await;
             ip_in(&netns, &format!("-6 route add {CLUSTER_NETWORK6} dev eth0")).await;
             ip_in(&netns, &format!("-6 route add default via {gw6}")).await;
+            ip_in(&netns, "-6 route add ff00::/8 dev eth0").await;
         }
         let pod = Pod {
             node: self.name().to_string(),
@@ -602,7 +608,11 @@ impl Cluster {
         ip_in(&ns, "link set ul0 up").await;
         node.vsctl(&["add-port", "br-phy", "ul0"]).await;
         // ovs-vsctl waited for vswitchd to apply the change: the br-phy tap exists.
-        ip_in(&ns, &format!("addr add {}/{UNDERLAY_PREFIX} dev br-phy", node.spec.host_ip)).await;
+        match node.spec.host_ip {
+            IpAddr::V4(ip) => ip_in(&ns, &format!("addr add {ip}/{UNDERLAY_PREFIX} dev br-phy")).await,
+            // An IPv6 underlay: no duplicate address detection on the node's own address.
+            IpAddr::V6(ip) => ip_in(&ns, &format!("addr add {ip}/{UNDERLAY_PREFIX6} dev br-phy nodad")).await,
+        };
         ip_in(&ns, "link set br-phy up").await;
         node
     }

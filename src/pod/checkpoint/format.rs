@@ -4,7 +4,7 @@
 //! every record passes when read. Pure: no I/O.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use super::Saved;
 use crate::cluster::PodKey;
 use crate::node::record::PodRecord;
+use crate::node::state::IpamCursor;
 
 /// The format this agent writes and reads (the envelope's `version`).
 pub const VERSION: u32 = 1;
@@ -101,7 +102,7 @@ struct StateOut<'a> {
 
 /// `pods.json`'s bytes for `saved`, as earlier agents wrote them (tests of the migration).
 pub fn encode(saved: &Saved) -> Vec<u8> {
-    seal(&StateOut { last_address: saved.last_address, pods: &saved.pods })
+    seal(&StateOut { last_address: saved.ipam.v4, pods: &saved.pods })
 }
 
 /// Reads a `pods.json`; the error says what is wrong (the caller names the file).
@@ -113,7 +114,7 @@ pub fn decode(bytes: &[u8]) -> Result<Saved, String> {
     if let Some(e) = clashes(&labelled).into_iter().next() {
         return Err(e.to_string());
     }
-    Ok(Saved { pods: state.pods, last_address: state.last_address })
+    Ok(Saved { pods: state.pods, ipam: IpamCursor { v4: state.last_address, v6: None } })
 }
 
 // ---- one pod's file -------------------------------------------------------------------------
@@ -175,19 +176,25 @@ pub fn file_name(key: &PodKey) -> String {
 
 // ---- IPAM's file ----------------------------------------------------------------------------
 
+/// IPAM's file's state: the address of each family handed out last. `lastAddress6` is absent
+/// from the files of agents before dual-stack (read as none) and from an IPv4-only node's (so
+/// that file is written byte for byte as those agents wrote it, and they read this one's).
 #[derive(Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct IpamState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     last_address: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last_address6: Option<Ipv6Addr>,
 }
 
-pub fn encode_ipam(last: Option<Ipv4Addr>) -> Vec<u8> {
-    seal(&IpamState { last_address: last })
+pub fn encode_ipam(cursor: IpamCursor) -> Vec<u8> {
+    seal(&IpamState { last_address: cursor.v4, last_address6: cursor.v6 })
 }
 
-pub fn decode_ipam(bytes: &[u8]) -> Result<Option<Ipv4Addr>, String> {
-    Ok(unseal::<IpamState>(bytes)?.last_address)
+pub fn decode_ipam(bytes: &[u8]) -> Result<IpamCursor, String> {
+    let s = unseal::<IpamState>(bytes)?;
+    Ok(IpamCursor { v4: s.last_address, v6: s.last_address6 })
 }
 
 // ---- the checks -----------------------------------------------------------------------------
@@ -202,6 +209,11 @@ fn check_each(pods: &[(String, &PodRecord)]) -> Result<(), String> {
                     "{label} (pod {}/{}): cni.address {} is not its ip {}",
                     r.namespace, r.name, c.address, pod.ip
                 ));
+            }
+            if c.ipv6.map(|v6| v6.address.addr()) != pod.ip6 {
+                let have = c.ipv6.map_or("none".to_string(), |v6| v6.address.to_string());
+                let want = pod.ip6.map_or("none".to_string(), |a| a.to_string());
+                return Err(format!("{label} (pod {}/{}): cni.ipv6.address {have} is not its ip6 {want}", r.namespace, r.name));
             }
         }
     }
@@ -241,6 +253,9 @@ fn clashes(pods: &[(String, &PodRecord)]) -> Vec<Clash> {
         }
         if let Some(j) = ips.insert(r.ip, i) {
             out.push(clash(&format!("ip {}", r.ip), j));
+        }
+        if let Some(j) = r.ip6.and_then(|a| ips.insert(a.into(), i)) {
+            out.push(clash(&format!("ip6 {}", r.ip6.map(|a| a.to_string()).unwrap_or_default()), j));
         }
         if let Some(j) = veths.insert(r.host_veth.as_str(), i) {
             out.push(clash(&format!("hostVeth {:?}", r.host_veth), j));
@@ -295,6 +310,7 @@ pub(super) mod tests {
             name: name.into(),
             host_veth: veth.into(),
             ip: ip.parse().unwrap(),
+            ip6: None,
             mac: netif::MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x00, 0x05]),
             annotations: Default::default(),
             internal: false,
@@ -303,6 +319,7 @@ pub(super) mod tests {
                 if_name: "eth0".into(),
                 address: format!("{ip}/23").parse().unwrap(),
                 gateway: [10, 128, 0, 1].into(),
+                ipv6: None,
                 mtu: 1450,
                 sandbox: Some(SandboxId { dev: 4, ino: 4026532000 + name.bytes().map(u64::from).sum::<u64>() }),
                 host_ifindex: Some(17),
@@ -313,7 +330,7 @@ pub(super) mod tests {
     fn saved() -> Saved {
         Saved {
             pods: vec![record("a1", "10.128.0.5", "vethab12"), record("a2", "10.128.0.6", "vethab13")],
-            last_address: Some("10.128.0.6".parse().unwrap()),
+            ipam: IpamCursor { v4: Some("10.128.0.6".parse().unwrap()), v6: None },
         }
     }
 
@@ -334,8 +351,54 @@ pub(super) mod tests {
         assert_eq!(decode(&encode(&Saved::default())).unwrap(), Saved::default());
         let r = record("a1", "10.128.0.5", "vethab12");
         assert_eq!(decode_pod("team-a_a1.json", &encode_pod(7, &r)).unwrap(), (7, r));
-        assert_eq!(decode_ipam(&encode_ipam(s.last_address)).unwrap(), s.last_address);
-        assert_eq!(decode_ipam(&encode_ipam(None)).unwrap(), None);
+        assert_eq!(decode_ipam(&encode_ipam(s.ipam)).unwrap(), s.ipam);
+        assert_eq!(decode_ipam(&encode_ipam(IpamCursor::default())).unwrap(), IpamCursor::default());
+        let dual = IpamCursor { v6: Some("fd00:10:128:2::9".parse().unwrap()), ..s.ipam };
+        assert_eq!(decode_ipam(&encode_ipam(dual)).unwrap(), dual);
+    }
+
+    /// IPAM's file of an agent before dual-stack (no `lastAddress6`) loads, and an IPv4-only
+    /// node's is written byte for byte as such an agent wrote it; a dual-stack one adds the
+    /// IPv6 position.
+    #[test]
+    fn ipam_json_before_dual_stack_loads_and_ipv4_only_is_written_as_before() {
+        let before = reseal(r#"{"lastAddress":"10.128.0.9"}"#);
+        let v4 = IpamCursor { v4: Some("10.128.0.9".parse().unwrap()), v6: None };
+        assert_eq!(decode_ipam(before.as_bytes()).unwrap(), v4);
+        assert_eq!(String::from_utf8(encode_ipam(v4)).unwrap(), format!("{before}\n"));
+        let dual = IpamCursor { v6: Some("fd00:10:128:2::9".parse().unwrap()), ..v4 };
+        assert_eq!(
+            String::from_utf8(encode_ipam(dual)).unwrap(),
+            format!("{}\n", reseal(r#"{"lastAddress":"10.128.0.9","lastAddress6":"fd00:10:128:2::9"}"#))
+        );
+        let e = decode_ipam(reseal(r#"{"lastAddress6":"10.0.0.1"}"#).as_bytes()).unwrap_err();
+        assert!(e.starts_with("state.lastAddress6: "), "{e}");
+    }
+
+    /// A dual-stack record: its IPv6 address is its CNI interface's, and no two pods share one.
+    #[test]
+    fn dual_stack_records_are_checked_and_clash_on_ip6() {
+        let dual = |name: &str, ip: &str, ip6: &str, veth: &str| {
+            let mut r = record(name, ip, veth);
+            r.ip6 = Some(ip6.parse().unwrap());
+            if let Some(c) = r.cni.as_mut() {
+                c.ipv6 = Some(crate::node::record::CniIpv6 {
+                    address: format!("{ip6}/64").parse().unwrap(),
+                    gateway: "fd00:10:128::1".parse().unwrap(),
+                });
+            }
+            r
+        };
+        let a = dual("a1", "10.128.0.5", "fd00:10:128::5", "vethab12");
+        assert_eq!(decode_pod("team-a_a1.json", &encode_pod(1, &a)).unwrap(), (1, a.clone()));
+        let mut off = a.clone();
+        off.ip6 = Some("fd00:10:128::6".parse().unwrap());
+        let e = decode_pod("team-a_a1.json", &encode_pod(1, &off)).unwrap_err();
+        assert!(e.contains("cni.ipv6.address fd00:10:128::5/64 is not its ip6 fd00:10:128::6"), "{e}");
+        let b = dual("a2", "10.128.0.6", "fd00:10:128::5", "vethab13");
+        let (kept, stale) = resolve(vec![("team-a_a1.json".into(), 1, a), ("team-a_a2.json".into(), 2, b.clone())]).unwrap();
+        assert_eq!(kept.into_iter().map(|f| f.2).collect::<Vec<_>>(), vec![b]);
+        assert!(stale[0].1.contains("ip6 fd00:10:128::5 is also"), "{stale:?}");
     }
 
     #[test]

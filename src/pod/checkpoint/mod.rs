@@ -39,7 +39,6 @@ pub mod format;
 pub mod store;
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,6 +47,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::node::record::PodRecord;
+use crate::node::state::IpamCursor;
 use crate::cluster::PodKey;
 
 pub use format::{decode, encode, VERSION};
@@ -62,8 +62,8 @@ pub(super) const PARALLEL_WRITES: usize = 16;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Saved {
     pub pods: Vec<PodRecord>,
-    /// IPAM's position: the address handed out last.
-    pub last_address: Option<Ipv4Addr>,
+    /// IPAM's position: the address of each family handed out last.
+    pub ipam: IpamCursor,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +106,8 @@ pub struct Checkpoint {
     /// The pods that have a file, or a write under way: each file's slot. A pod without a slot
     /// has no file.
     pods: Mutex<HashMap<PodKey, Slot<PodRecord>>>,
-    ipam: Slot<Ipv4Addr>,
+    /// IPAM's file (`None`: no file, when there is no position in either family).
+    ipam: Slot<IpamCursor>,
     /// The next write number of a pod's file.
     seq: AtomicU64,
     /// Some write failed or timed out since the last full write: a file may be stale.
@@ -152,7 +153,7 @@ impl Checkpoint {
         }
         let slot = |r: &PodRecord| Arc::new(tokio::sync::Mutex::new(OnDisk::Holds(Some(r.clone()))));
         let pods = saved.iter().flat_map(|s| s.pods.iter()).map(|r| (key_of(r), slot(r))).collect();
-        let last = saved.as_ref().and_then(|s| s.last_address);
+        let last = saved.as_ref().map(|s| s.ipam).filter(|c| !c.is_empty());
         Ok(Checkpoint {
             store: Some(Arc::new(store)),
             pods: Mutex::new(pods),
@@ -253,11 +254,11 @@ impl Checkpoint {
     }
 
     /// Writes IPAM's file as `snapshot` says, unless it holds that already.
-    pub async fn persist_ipam(&self, snapshot: impl FnOnce() -> Option<Ipv4Addr>, deadline: Instant) -> Result<(), CheckpointError> {
+    pub async fn persist_ipam(&self, snapshot: impl FnOnce() -> IpamCursor, deadline: Instant) -> Result<(), CheckpointError> {
         let Some(store) = self.writable()?.cloned() else { return Ok(()) };
         let path = store.ipam_path();
-        let write = move |want: Option<&Ipv4Addr>, _| store.write_ipam(want.copied());
-        self.write(self.ipam.clone(), path, deadline, write, || (snapshot(), 0)).await
+        let write = move |want: Option<&IpamCursor>, _| store.write_ipam(want.copied().unwrap_or_default());
+        self.write(self.ipam.clone(), path, deadline, write, || (Some(snapshot()).filter(|c| !c.is_empty()), 0)).await
     }
 
     /// One file's write, under its slot's lock (see [`Checkpoint::persist_pod`]). A write that
@@ -346,8 +347,8 @@ mod tests {
             pods.push(format::decode_pod(&name, &std::fs::read(e.path()).unwrap()).unwrap().1);
         }
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        let last_address = std::fs::read(dir.join(store::IPAM)).ok().and_then(|b| format::decode_ipam(&b).unwrap());
-        Saved { pods, last_address }
+        let ipam = std::fs::read(dir.join(store::IPAM)).ok().map(|b| format::decode_ipam(&b).unwrap()).unwrap_or_default();
+        Saved { pods, ipam }
     }
 
     #[tokio::test]
@@ -370,11 +371,11 @@ mod tests {
         cp.persist_pod(&ka, || (Some(a.clone()), 2), dl()).await.unwrap();
         assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap()), ino);
         assert_eq!(cp.differing(std::slice::from_ref(&a)), Vec::<PodKey>::new());
-        cp.persist_ipam(|| Some("10.128.0.5".parse().unwrap()), dl()).await.unwrap();
+        cp.persist_ipam(|| IpamCursor { v4: Some("10.128.0.5".parse().unwrap()), v6: None }, dl()).await.unwrap();
         cp.persist_pod(&ka, || (None, 3), dl()).await.unwrap();
         assert!(!path.exists());
         assert!(locked(&cp.pods).is_empty(), "a pod without a file keeps no slot");
-        assert_eq!(read_back(dir.path()), Saved { pods: vec![], last_address: Some("10.128.0.5".parse().unwrap()) });
+        assert_eq!(read_back(dir.path()), Saved { pods: vec![], ipam: IpamCursor { v4: Some("10.128.0.5".parse().unwrap()), v6: None } });
         assert!(!cp.dirty.load(Ordering::Relaxed));
         // A write that fails says so, marks the checkpoint dirty and leaves the last complete
         // file.

@@ -15,13 +15,13 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use super::format::{self, PodFile};
 use super::{CheckpointError, Saved};
 use crate::cluster::PodKey;
 use crate::node::record::PodRecord;
+use crate::node::state::IpamCursor;
 
 /// The single file of earlier agents (read and migrated at start; never written).
 pub const LEGACY: &str = "pods.json";
@@ -160,11 +160,12 @@ impl Store {
         }
     }
 
-    /// Writes IPAM's file (no position: no file). Blocking.
-    pub fn write_ipam(&self, last: Option<Ipv4Addr>) -> std::io::Result<()> {
-        match last {
-            Some(_) => write_atomic(&self.dir, IPAM, &format::encode_ipam(last)),
-            None => remove_durably(&self.dir, IPAM),
+    /// Writes IPAM's file (no position in either family: no file). Blocking.
+    pub fn write_ipam(&self, cursor: IpamCursor) -> std::io::Result<()> {
+        if cursor.is_empty() {
+            remove_durably(&self.dir, IPAM)
+        } else {
+            write_atomic(&self.dir, IPAM, &format::encode_ipam(cursor))
         }
     }
 
@@ -186,7 +187,7 @@ impl Store {
                 remove_durably(&self.pods, &name).map_err(io("remove", &path))?;
             }
         }
-        self.write_ipam(saved.last_address).map_err(io("write", &self.ipam_path()))?;
+        self.write_ipam(saved.ipam).map_err(io("write", &self.ipam_path()))?;
         let legacy = self.dir.join(LEGACY);
         remove_durably(&self.dir, LEGACY).map_err(io("remove", &legacy))
     }
@@ -216,12 +217,12 @@ impl Store {
     /// [`format::resolve`]) once everything else was read without error.
     fn read(&self) -> Result<Opened, CheckpointError> {
         let ipam_path = self.ipam_path();
-        let last_address = match std::fs::read(&ipam_path) {
+        let ipam = match std::fs::read(&ipam_path) {
             Ok(bytes) => Some(format::decode_ipam(&bytes).map_err(|what| CheckpointError::Corrupt { path: ipam_path.clone(), what })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(CheckpointError::Io { op: "read", path: ipam_path, source: e }),
         };
-        if last_address.is_none() && !self.pods.is_dir() {
+        if ipam.is_none() && !self.pods.is_dir() {
             return Ok(Opened { saved: None, next_seq: 1 });
         }
         let mut files: Vec<PodFile> = Vec::new();
@@ -240,7 +241,7 @@ impl Store {
         }
         let mut pods: Vec<PodRecord> = kept.into_iter().map(|(_, _, r)| r).collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        Ok(Opened { saved: Some(Saved { pods, last_address: last_address.flatten() }), next_seq })
+        Ok(Opened { saved: Some(Saved { pods, ipam: ipam.unwrap_or_default() }), next_seq })
     }
 }
 
@@ -252,7 +253,7 @@ mod tests {
     fn saved() -> Saved {
         Saved {
             pods: vec![record("a1", "10.128.0.5", "vethab12"), record("a2", "10.128.0.6", "vethab13")],
-            last_address: Some("10.128.0.6".parse().unwrap()),
+            ipam: IpamCursor { v4: Some("10.128.0.6".parse().unwrap()), v6: None },
         }
     }
 
@@ -277,7 +278,7 @@ mod tests {
         for (i, r) in s.pods.iter().enumerate() {
             store.write_pod(&key(r), 10 + i as u64, Some(r)).unwrap();
         }
-        store.write_ipam(s.last_address).unwrap();
+        store.write_ipam(s.ipam).unwrap();
         // Writes a crash interrupted leave their temporary files: removed at the next start.
         std::fs::write(dir.path().join(PODS).join(".team-a_a3.json.abc"), b"half").unwrap();
         std::fs::write(dir.path().join(".ipam.json.abc"), b"half").unwrap();
@@ -293,10 +294,10 @@ mod tests {
         // A removal, and no position: no file.
         store.write_pod(&key(&s.pods[0]), 13, None).unwrap();
         store.write_pod(&key(&s.pods[0]), 14, None).unwrap();
-        store.write_ipam(None).unwrap();
+        store.write_ipam(IpamCursor::default()).unwrap();
         drop(store);
         let (_store, opened) = Store::open(dir.path()).unwrap();
-        assert_eq!(opened.saved, Some(Saved { pods: vec![s.pods[1].clone()], last_address: None }));
+        assert_eq!(opened.saved, Some(Saved { pods: vec![s.pods[1].clone()], ipam: IpamCursor::default() }));
     }
 
     /// An earlier agent's `pods.json`: its pods and position in the per-pod form, the file gone
