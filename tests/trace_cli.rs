@@ -46,6 +46,7 @@ impl Node {
             to: None,
             proto: None,
             vnid: None,
+            ipv6: false,
             flow: None,
             ovs_rundir: self.agent.sb.dir().to_path_buf(),
             bridge: "br0".into(),
@@ -416,9 +417,13 @@ pods:
 
 impl Applied {
     async fn start() -> Applied {
+        Applied::start_with(APPLIED_STATE).await
+    }
+
+    async fn start_with(state_text: &str) -> Applied {
         let sb = sdn_harness::sandbox::OvsSandbox::start(Default::default()).await.expect("start ovs sandbox");
         let state = sb.dir().join("state.yaml");
-        std::fs::write(&state, APPLIED_STATE).unwrap();
+        std::fs::write(&state, state_text).unwrap();
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"))
             .args(["apply", "--datapath-type", "dummy", "--state"])
             .arg(&state)
@@ -610,4 +615,222 @@ async fn without_agent_or_state_recorded_pods_are_named() {
     let r = trace::run(&a).await.unwrap();
     assert_delivered_to_pod(&r, "team-b/x1");
     assert!(matches!(&r.from, Some(trace::Endpoint::PortPod { vnid: 12, .. })), "{:?}", r.from);
+}
+
+/// A dual-stack node-a: every node has an IPv6 subnet beside its IPv4 one, the pods an address
+/// of each family, the service a cluster IP of each; node-c is on an IPv6 underlay.
+const STATE6: &str = r#"
+node: node-a
+plugin: multitenant
+clusterNetworks: [10.128.0.0/14, "fd00:10:128::/48"]
+serviceNetworks: [172.30.0.0/16, "fd00:172:30::/112"]
+hostSubnets:
+  - {host: node-a, hostIP: 172.17.0.2, subnets: [10.128.2.0/23, "fd00:10:128:2::/64"]}
+  - {host: node-b, hostIP: 172.17.0.3, subnets: [10.129.0.0/23, "fd00:10:128:100::/64"]}
+  - {host: node-c, hostIP: "fd00:172:17::4", subnets: [10.130.0.0/23, "fd00:10:128:200::/64"], fixedVNID: 7}
+netNamespaces:
+  - {name: default, netid: 0}
+  - {name: team-a, netid: 11}
+  - {name: team-b, netid: 12}
+services:
+  - {namespace: team-a, name: web, clusterIPs: [172.30.0.10, "fd00:172:30::10"], ports: [{protocol: TCP, port: 80}]}
+  - {namespace: team-b, name: v4only, clusterIP: 172.30.0.20, ports: [{protocol: TCP, port: 80}]}
+pods:
+  - {namespace: team-a, name: a1, containerID: a100000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-a1, internal: true, ip: 10.128.2.5, ips: [10.128.2.5, "fd00:10:128:2::5"], mac: "0a:58:0a:80:02:05"}
+  - {namespace: team-a, name: a2, containerID: a200000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-a2, internal: true, ip: 10.128.2.6, ips: [10.128.2.6, "fd00:10:128:2::6"], mac: "0a:58:0a:80:02:06"}
+  - {namespace: team-b, name: b1, containerID: b100000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-b1, internal: true, ip: 10.128.2.7, ips: [10.128.2.7, "fd00:10:128:2::7"], mac: "0a:58:0a:80:02:07"}
+  - {namespace: team-b, name: b4, containerID: b400000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-b4, internal: true, ip: 10.128.2.8, mac: "0a:58:0a:80:02:08"}
+"#;
+
+async fn dual_stack_node() -> Node {
+    let agent = support::inproc::start(STATE6).await;
+    let ctl = trace::unixctl::find_vswitchd_ctl(agent.sb.dir()).expect("vswitchd control socket");
+    trace::unixctl::call(&ctl, "dpif/set-dp-features", &["br0", "tnl_push_pop", "false"], Duration::from_secs(10))
+        .await
+        .expect("set dp features");
+    Node { agent }
+}
+
+/// IPv6 between pods of one VNID is delivered, by address or by name with `--ipv6`, with the
+/// same owners as IPv4; the packet is IPv6 from end to end.
+#[tokio::test]
+async fn ipv6_same_vnid_is_delivered() {
+    let n = dual_stack_node().await;
+    let r = n.trace("fd00:10:128:2::5", "fd00:10:128:2::6", Some(Proto::Icmp)).await;
+    assert_delivered_to_pod(&r, "team-a/a2");
+    assert!(
+        r.flow.ends_with("icmp6,ipv6_src=fd00:10:128:2::5,ipv6_dst=fd00:10:128:2::6,icmpv6_type=128,icmpv6_code=0"),
+        "{}",
+        r.flow
+    );
+    assert!(r.ovs_flow.starts_with("icmp6,"), "OVS read an ICMPv6 packet: {}", r.ovs_flow);
+    assert_eq!(tables(&r), [0, 20, 21, 30, 70, 80]);
+    assert_eq!(owner_in(&r, 20), "pod/team-a/a1");
+    assert_eq!(owner_in(&r, 70), "pod/team-a/a2");
+    assert_eq!(owner_in(&r, 80), "vnid/11");
+    // By name, TCP to a port: the pods' IPv6 addresses.
+    let mut a = n.args();
+    (a.from, a.to, a.ipv6) = (Some("team-a/a1".into()), Some("a2:8080".into()), true);
+    let r = trace::run(&a).await.unwrap();
+    assert_delivered_to_pod(&r, "team-a/a2");
+    assert!(r.flow.ends_with("tcp6,ipv6_src=fd00:10:128:2::5,ipv6_dst=fd00:10:128:2::6,tcp_dst=8080"), "{}", r.flow);
+    // A bracketed address takes a port; UDP.
+    let r = n.trace("team-a/a2", "[fd00:10:128:2::5]:53", Some(Proto::Udp)).await;
+    assert_delivered_to_pod(&r, "team-a/a1");
+    assert!(r.flow.ends_with("udp6,ipv6_src=fd00:10:128:2::6,ipv6_dst=fd00:10:128:2::5,udp_dst=53"), "{}", r.flow);
+    // The IPv4 twin still holds.
+    let r = n.trace("team-a/a1", "team-a/a2", None).await;
+    assert_delivered_to_pod(&r, "team-a/a2");
+    assert!(r.flow.contains(",ip,nw_src=10.128.2.5,nw_dst=10.128.2.6"), "{}", r.flow);
+}
+
+/// VNID isolation holds for IPv6: another tenant's pod is dropped by table 80's default drop.
+#[tokio::test]
+async fn ipv6_other_vnid_is_dropped() {
+    let n = dual_stack_node().await;
+    let r = n.trace("fd00:10:128:2::5", "fd00:10:128:2::7", Some(Proto::Icmp)).await;
+    assert_eq!(owner_in(&r, 70), "pod/team-b/b1");
+    assert_dropped(&r, 80, "base");
+    assert!(r.summary.ends_with("no rule lets VNID 11 reach VNID 12"), "{}", r.summary);
+    // Services by their IPv6 cluster IP: same tenant to tun0, the other dropped.
+    let r = n.trace("fd00:10:128:2::5", "[fd00:172:30::10]:80", None).await;
+    assert_to_host(&r);
+    assert_eq!(owner_in(&r, 60), "service/team-a/web");
+    let mut a = n.args();
+    (a.from, a.to, a.ipv6) = (Some("team-b/b1".into()), Some("team-a/web:80".into()), true);
+    let r = trace::run(&a).await.unwrap();
+    assert_eq!(owner_in(&r, 60), "service/team-a/web");
+    assert_dropped(&r, 80, "base");
+}
+
+/// IPv6 to another node's pod is tunnelled (over the IPv4 underlay to node-b, the IPv6 one to
+/// node-c), and node-b's pod arrives over VXLAN.
+#[tokio::test]
+async fn ipv6_remote_pods_are_tunnelled() {
+    let n = dual_stack_node().await;
+    let r = n.trace("fd00:10:128:2::5", "fd00:10:128:100::9", None).await;
+    assert_tunnelled(&r, "node-b", "172.17.0.3", 11);
+    assert_eq!(owner_in(&r, 90), "hostsubnet/node-b");
+    assert_eq!(tables(&r), [0, 20, 21, 30, 90]);
+    assert!(r.summary.starts_with("TUNNELLED to node node-b (172.17.0.3) with VNID 11"), "{}", r.summary);
+    let r = n.trace("fd00:10:128:2::7", "fd00:10:128:200::9", None).await;
+    let o = outputs(&r);
+    let t = o[0].tunnel.as_ref().unwrap_or_else(|| panic!("{}", r.text()));
+    assert_eq!((t.node.as_deref(), t.dst.map(|d| d.to_string()), t.vnid), (Some("node-c"), Some("fd00:172:17::4".into()), Some(7)));
+    assert!(r.datapath_actions.as_deref().unwrap_or("").contains("ipv6_dst=fd00:172:17::4"), "{}", r.text());
+    // From node-b's pod, over VXLAN, with the destination's VNID.
+    let r = n.trace("fd00:10:128:100::9", "team-a/a1", Some(Proto::Icmp)).await;
+    assert!(r.flow.starts_with("in_port=1,tun_src=172.17.0.3,tun_dst=172.17.0.2,tun_id=0xb,"), "{}", r.flow);
+    assert_delivered_to_pod(&r, "team-a/a1");
+    assert_eq!(owner_in(&r, 10), "hostsubnet/node-b");
+    // An IPv6 address of no node's subnet: table 90's default drop.
+    let r = n.trace("team-a/a1", "fd00:10:128:300::9", Some(Proto::Icmp)).await;
+    assert_dropped(&r, 90, "base");
+}
+
+/// A trace's ends are of one family; a name without an address of the asked family is an
+/// error that says so.
+#[tokio::test]
+async fn ipv6_ends_must_have_ipv6() {
+    let n = dual_stack_node().await;
+    let err = |from: &str, to: &str, ipv6: bool| {
+        let mut a = n.args();
+        (a.from, a.to, a.ipv6) = (Some(from.into()), Some(to.into()), ipv6);
+        async move { trace::run(&a).await.unwrap_err() }
+    };
+    assert!(err("10.128.2.5", "fd00:10:128:2::6", false).await.contains("two IP families"));
+    assert!(err("team-b/b4", "team-b/b1", true).await.contains("pod team-b/b4 has no IPv6 address"));
+    assert!(err("team-b/b1", "team-b/v4only:80", true).await.contains("no IPv6 cluster IP"));
+    // The IPv4-only pod still traces IPv4.
+    let r = n.trace("team-b/b4", "team-b/b1", None).await;
+    assert_delivered_to_pod(&r, "team-b/b1");
+}
+
+/// Without the agent or the state file, br0's IPv6 flows place the addresses: the command
+/// traces IPv6 from the switch's own view.
+#[tokio::test]
+async fn without_agent_or_state_ipv6_is_placed_by_the_switch() {
+    let n = Applied::start_with(STATE6).await;
+    let ctl = trace::unixctl::find_vswitchd_ctl(n.sb.dir()).expect("vswitchd control socket");
+    trace::unixctl::call(&ctl, "dpif/set-dp-features", &["br0", "tnl_push_pop", "false"], Duration::from_secs(10))
+        .await
+        .expect("set dp features");
+    let (a1, a2) = (n.ofport("veth-a1"), n.ofport("veth-a2"));
+    let v = n.trace_json(&["--from", "fd00:10:128:2::5", "--to", "fd00:10:128:2::6", "--proto", "icmp"]);
+    assert_eq!(
+        (v["from"]["type"].as_str(), v["from"]["ofport"].as_u64(), v["from"]["vnid"].as_u64(), v["from"]["ip"].as_str()),
+        (Some("port_pod"), Some(u64::from(a1)), Some(11), Some("fd00:10:128:2::5")),
+        "{v}"
+    );
+    assert_eq!(v["from"]["mac"], "0a:58:0a:80:02:05");
+    assert_eq!((v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()), (Some("forwarded"), Some(u64::from(a2))), "{v}");
+    let v = n.trace_json(&["--from", "fd00:10:128:2::5", "--to", "fd00:10:128:2::7", "--proto", "icmp"]);
+    assert_eq!((v["verdict"].as_str(), v["table"].as_u64()), (Some("dropped"), Some(80)), "{v}");
+    assert!(v["reason"].as_str().unwrap().ends_with("no rule lets VNID 11 reach VNID 12"), "{v}");
+    let v = n.trace_json(&["--from", "fd00:10:128:2::5", "--to", "fd00:10:128:100::9"]);
+    assert_eq!(v["verdict"], "forwarded", "{v}");
+    assert_eq!((v["outputs"][0]["tunnel"]["dst"].as_str(), v["outputs"][0]["tunnel"]["vnid"].as_u64()), (Some("172.17.0.3"), Some(11)), "{v}");
+    // node-b's pod over VXLAN, with the VNID given.
+    let v = n.trace_json(&["--from", "fd00:10:128:100::9", "--to", "fd00:10:128:2::5", "--vnid", "11", "--proto", "icmp"]);
+    assert_eq!((v["from"]["type"].as_str(), v["from"]["node_ip"].as_str()), (Some("remote_pod"), Some("172.17.0.3")), "{v}");
+    assert_eq!((v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()), (Some("forwarded"), Some(u64::from(a1))), "{v}");
+    // An unknown IPv6 source in the node's IPv6 subnet is an error naming table 20's IPv6 flow.
+    n.trace_error(
+        &["--from", "fd00:10:128:2::99", "--to", "fd00:10:128:2::5"],
+        &["source fd00:10:128:2::99", "pod subnet fd00:10:128:2::/64", "ipv6_src=fd00:10:128:2::99"],
+    );
+    n.trace_error(
+        &["--from", "fd00:10:128:300::9", "--to", "fd00:10:128:2::5"],
+        &["cluster network fd00:10:128::/48", "no table 90 flow"],
+    );
+    // An outside IPv6 sender comes in through tun0 (VNID 0, which every pod accepts).
+    let v = n.trace_json(&["--from", "2001:db8::1", "--to", "fd00:10:128:2::5", "--proto", "icmp"]);
+    assert!(v["flow"].as_str().unwrap().starts_with("in_port=2,"), "{v}");
+    assert_eq!((v["verdict"].as_str(), v["outputs"][0]["port"].as_u64()), (Some("forwarded"), Some(u64::from(a1))), "{v}");
+    // `-6` names the family for named ends... which need the model: without it, names fail.
+    let (code, _, err) = n.trace(&["-6", "--from", "team-a/a1", "--to", "team-a/a2"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no pods are known by name"), "{err}");
+}
+
+/// `status` lists both families' networks, subnets and gateways, and the pods per family, in
+/// JSON (typed) and in the text.
+#[tokio::test]
+async fn status_lists_both_families() {
+    let n = dual_stack_node().await;
+    let s = sdn_node::api::status::fetch(&n.agent.socket).await.unwrap();
+    let nets = s.networks.as_ref().expect("a state");
+    assert_eq!(nets.ipv4.gateway, Some("10.128.2.1".parse().unwrap()));
+    assert_eq!(nets.ipv4.pods, 4);
+    let v6 = nets.ipv6.as_ref().expect("dual-stack");
+    assert_eq!(
+        (v6.cluster_network.to_string(), v6.service_network.to_string()),
+        ("fd00:10:128::/48".to_string(), "fd00:172:30::/112".to_string())
+    );
+    assert_eq!(v6.local_subnet, Some("fd00:10:128:2::/64".parse().unwrap()));
+    assert_eq!(v6.gateway, Some("fd00:10:128:2::1".parse().unwrap()));
+    assert_eq!(v6.pods, 3, "b4 is IPv4-only");
+    for json in [false, true] {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_sdn-node"));
+        cmd.arg("status").arg("--socket").arg(&n.agent.socket);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().await.unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["networks"]["ipv6"]["gateway"], "fd00:10:128:2::1", "{v}");
+            assert_eq!(v["networks"]["ipv4"]["local_subnet"], "10.128.2.0/23", "{v}");
+        } else {
+            assert!(text.contains("networks:   dual-stack"), "{text}");
+            assert!(text.contains("  IPv6  cluster fd00:10:128::/48, service fd00:172:30::/112, subnet fd00:10:128:2::/64, gateway fd00:10:128:2::1, 3 pods"), "{text}");
+            assert!(text.contains("  by family: 4 IPv4, 3 IPv6"), "{text}");
+        }
+    }
 }

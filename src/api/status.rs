@@ -86,6 +86,75 @@ pub struct Pods {
     pub names: Vec<String>,
 }
 
+/// One IP family's networks on this node, from the effective state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyNetworks<Net, Addr> {
+    pub cluster_network: Net,
+    pub service_network: Net,
+    /// This node's pod subnet of the family (its HostSubnet).
+    pub local_subnet: Option<Net>,
+    /// tun0's address in it: the pods' gateway (the subnet's first host address).
+    pub gateway: Option<Addr>,
+    /// Pods of the effective state with an address of this family.
+    pub pods: usize,
+}
+
+/// The node's networks: IPv4's always, IPv6's on a dual-stack cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Networks {
+    pub ipv4: FamilyNetworks<ipnet::Ipv4Net, std::net::Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<FamilyNetworks<ipnet::Ipv6Net, std::net::Ipv6Addr>>,
+}
+
+impl Networks {
+    /// The networks of `s` (IPv6's when it has an IPv6 cluster and service network).
+    pub fn of(s: &crate::cluster::ClusterState) -> Networks {
+        let local = s.local_subnet();
+        let ipv4 = FamilyNetworks {
+            cluster_network: s.cluster_network,
+            service_network: s.service_network,
+            local_subnet: local.map(|h| h.subnet),
+            gateway: local.map(|h| crate::pipeline::gateway(h.subnet)),
+            pods: s.pods.len(),
+        };
+        let ipv6 = match (s.cluster_network6, s.service_network6) {
+            (Some(cluster_network), Some(service_network)) => {
+                let subnet6 = local.and_then(|h| h.subnet6);
+                Some(FamilyNetworks {
+                    cluster_network,
+                    service_network,
+                    local_subnet: subnet6,
+                    gateway: subnet6.map(crate::pipeline::gateway6),
+                    pods: s.pods.iter().filter(|p| p.ip6.is_some()).count(),
+                })
+            }
+            _ => None,
+        };
+        Networks { ipv4, ipv6 }
+    }
+
+    fn write_text(&self, s: &mut String) {
+        fn family<N: std::fmt::Display, A: std::fmt::Display>(s: &mut String, name: &str, f: &FamilyNetworks<N, A>) {
+            let or_none = |x: Option<String>| x.unwrap_or_else(|| "none (no HostSubnet of this family)".into());
+            let _ = writeln!(
+                s,
+                "  {name}  cluster {}, service {}, subnet {}, gateway {}, {} pods",
+                f.cluster_network,
+                f.service_network,
+                or_none(f.local_subnet.as_ref().map(ToString::to_string)),
+                or_none(f.gateway.as_ref().map(ToString::to_string)),
+                f.pods
+            );
+        }
+        let _ = writeln!(s, "networks:   {}", if self.ipv6.is_some() { "dual-stack" } else { "IPv4" });
+        family(s, "IPv4", &self.ipv4);
+        if let Some(v6) = &self.ipv6 {
+            family(s, "IPv6", v6);
+        }
+    }
+}
+
 /// One executor (host, ovsdb, flows): each converges on its own.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecutorStatus {
@@ -160,6 +229,10 @@ pub struct Status {
     /// The pipeline's rule version (the table-253 note).
     pub pipeline_version: u8,
     pub plugin: Option<String>,
+    /// The cluster, service and local networks and the gateway of each IP family (`None`
+    /// before the first state).
+    #[serde(default)]
+    pub networks: Option<Networks>,
     /// `None` while the engine has not started (no switch connection yet).
     pub flows: Option<Flows>,
     pub pods: Pods,
@@ -205,18 +278,18 @@ pub async fn status(path: &pod::Pods) -> Status {
     for kind in ["pod", "service", "hostsubnet", "netnamespace", "egressnetworkpolicy"] {
         rejected.insert(kind.to_string(), counter("objects_rejected", &format!("kind=\"{kind}\"")));
     }
-    let (pods, plugin, model_version) = {
+    let (pods, plugin, networks, model_version) = {
         let m = path.state.lock();
         let api = m.api_records().len();
-        let (names, plugin) = match m.effective() {
+        let (names, plugin, networks) = match m.effective() {
             Some(s) => {
                 let mut n: Vec<String> = s.pods.iter().map(|p| format!("{}/{}", p.namespace, p.name)).collect();
                 n.sort();
-                (n, Some(format!("{:?}", s.plugin).to_lowercase()))
+                (n, Some(format!("{:?}", s.plugin).to_lowercase()), Some(Networks::of(s)))
             }
-            None => (vec![], None),
+            None => (vec![], None, None),
         };
-        (Pods { total: names.len(), api, with_port: m.ofports().len(), names }, plugin, m.version)
+        (Pods { total: names.len(), api, with_port: m.ofports().len(), names }, plugin, networks, m.version)
     };
     let flows = match path.conns.engine() {
         None => None,
@@ -332,6 +405,7 @@ pub async fn status(path: &pod::Pods) -> Status {
         converged: h.converged.load(Ordering::Relaxed),
         pipeline_version: crate::pipeline::VERSION,
         plugin,
+        networks,
         flows,
         pods,
         rejected,
@@ -391,6 +465,9 @@ impl std::fmt::Display for Status {
             self.pipeline_version,
             self.plugin.as_deref().unwrap_or("no state yet")
         );
+        if let Some(n) = &self.networks {
+            n.write_text(&mut s);
+        }
         match &self.flows {
             None => {
                 let _ = writeln!(s, "flows:      engine not started (no switch connection yet)");
@@ -439,6 +516,9 @@ impl std::fmt::Display for Status {
             "pods:       {} ({} through the pod API, {} with a port)",
             self.pods.total, self.pods.api, self.pods.with_port
         );
+        if let Some(v6) = self.networks.as_ref().and_then(|n| n.ipv6.as_ref()) {
+            let _ = writeln!(s, "  by family: {} IPv4, {} IPv6", self.networks.as_ref().map_or(0, |n| n.ipv4.pods), v6.pods);
+        }
         for p in &self.pods.names {
             let _ = writeln!(s, "  {p}");
         }
@@ -478,5 +558,53 @@ impl std::fmt::Display for Status {
             let _ = writeln!(s, "  {}: {field}{} (since {})", r.object, r.message, ago(r.since_unix_ms));
         }
         f.write_str(&s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(text: &str) -> crate::cluster::ClusterState {
+        let (s, problems) = crate::cluster::state_file::parse(text).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        s
+    }
+
+    /// Both families' networks, typed in JSON and listed in the text; IPv4 alone has no IPv6
+    /// section (in either form).
+    #[test]
+    fn networks_of_each_family() {
+        let s = state(include_str!("../../deploy/examples/dual-stack.yaml"));
+        let n = Networks::of(&s);
+        assert_eq!(n.ipv4.local_subnet, Some("10.128.2.0/23".parse().unwrap()));
+        assert_eq!(n.ipv4.gateway, Some("10.128.2.1".parse().unwrap()));
+        let v6 = n.ipv6.as_ref().expect("dual-stack");
+        assert_eq!(v6.cluster_network, "fd00:10:128::/48".parse::<ipnet::Ipv6Net>().unwrap());
+        assert_eq!(v6.service_network, "fd00:172:30::/112".parse::<ipnet::Ipv6Net>().unwrap());
+        assert_eq!(v6.local_subnet, Some("fd00:10:128:2::/64".parse().unwrap()));
+        assert_eq!(v6.gateway, Some("fd00:10:128:2::1".parse().unwrap()));
+        assert_eq!((n.ipv4.pods, v6.pods), (s.pods.len(), s.pods.iter().filter(|p| p.ip6.is_some()).count()));
+        let json = serde_json::to_value(&n).unwrap();
+        assert_eq!(json["ipv6"]["gateway"], "fd00:10:128:2::1");
+        assert_eq!(json["ipv4"]["cluster_network"], "10.128.0.0/14");
+        let back: Networks = serde_json::from_value(json).unwrap();
+        assert_eq!(back, n);
+        let st = Status { networks: Some(n), ..Status::default() };
+        let text = st.to_string();
+        assert!(text.contains("networks:   dual-stack"), "{text}");
+        assert!(
+            text.contains("  IPv6  cluster fd00:10:128::/48, service fd00:172:30::/112, subnet fd00:10:128:2::/64, gateway fd00:10:128:2::1,"),
+            "{text}"
+        );
+        assert!(text.contains("  IPv4  cluster 10.128.0.0/14, service 172.30.0.0/16, subnet 10.128.2.0/23, gateway 10.128.2.1,"), "{text}");
+
+        let s4 = state(include_str!("../../deploy/examples/cluster.yaml"));
+        let n4 = Networks::of(&s4);
+        assert_eq!(n4.ipv6, None);
+        assert!(!serde_json::to_string(&n4).unwrap().contains("ipv6"));
+        let text = Status { networks: Some(n4), ..Status::default() }.to_string();
+        assert!(text.contains("networks:   IPv4\n  IPv4  cluster 10.128.0.0/14"), "{text}");
+        assert!(!text.contains("IPv6") && !text.contains("by family"), "{text}");
     }
 }

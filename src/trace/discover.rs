@@ -9,23 +9,31 @@
 //! its host IP. These are read over OpenFlow (a flow dump of the three tables), never by
 //! exec'ing ovs-ofctl.
 //!
+//! A dual-stack node has the IPv6 twins of these flows, read the same way: table 20's
+//! `ipv6,in_port=N,ipv6_src=IP6` (the pod's VNID load), table 30's `ipv6,ipv6_dst=NET` routes
+//! to 70, 90 and 60, and table 90's `ipv6,ipv6_dst=SUBNET6` to the node's underlay address
+//! (`tun_dst`, or `tun_ipv6_dst` for a node on an IPv6 underlay).
+//!
 //! A remote pod's VNID is not here: the sender's node puts it in the VXLAN header, and this node
 //! keeps no record of other nodes' namespaces. Callers must get it elsewhere (`--vnid`).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use openflow::{Action, EthMatch, FlowStatsRequest, Instruction, Masked, Match, NxmField, SetField};
 
 use crate::pipeline::{Reg, Table};
 use crate::switch::{Switch, SwitchOptions};
 
-/// A local pod as table 20 shows it.
+/// A local pod as table 20 shows it: one port, its IPv4 address and, on a dual-stack node,
+/// its IPv6 one (both flows load the same VNID).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortPod {
     pub ip: Ipv4Addr,
+    /// From the port's `ipv6,ipv6_src=` flow.
+    pub ip6: Option<Ipv6Addr>,
     pub ofport: u32,
     /// The VNID table 20 loads into reg0 for the pod's packets.
     pub vnid: u32,
@@ -35,11 +43,12 @@ pub struct PortPod {
     pub container_id: Option<String>,
 }
 
-/// Another node's subnet as table 90 shows it.
+/// Another node's subnet (of either family) as table 90 shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteSubnet {
-    pub subnet: Ipv4Net,
-    pub host_ip: Ipv4Addr,
+    pub subnet: IpNet,
+    /// The node's underlay address (either family, whatever the subnet's).
+    pub host_ip: IpAddr,
 }
 
 /// The pipeline's view of the node.
@@ -53,6 +62,13 @@ pub struct SwitchView {
     pub cluster_networks: Vec<Ipv4Net>,
     /// Table 30's route to table 60.
     pub service_network: Option<Ipv4Net>,
+    /// The IPv6 twins (dual-stack): table 30's `ipv6` routes to 70, 90 and 60.
+    pub local_subnet6: Option<Ipv6Net>,
+    pub cluster_networks6: Vec<Ipv6Net>,
+    pub service_network6: Option<Ipv6Net>,
+    /// IPv6 addresses table 20 admits from a port whose IPv4 flow was not seen (yet): joined
+    /// to the port's pod when it is, else left here (an inconsistent pipeline).
+    pending6: Vec<(u32, Ipv6Addr, u32)>,
 }
 
 /// The tables the view is built from.
@@ -62,8 +78,21 @@ fn net(m: &Masked<Ipv4Addr>) -> Option<Ipv4Net> {
     Ipv4Net::new(m.value(), m.prefix_len()?).ok()
 }
 
-fn host(m: &Option<Masked<Ipv4Addr>>) -> Option<Ipv4Addr> {
+fn net6(m: &Masked<Ipv6Addr>) -> Option<Ipv6Net> {
+    Ipv6Net::new(m.value(), m.prefix_len()?).ok()
+}
+
+fn host<A: openflow::flow_match::MaskBits>(m: &Option<Masked<A>>) -> Option<A> {
     m.as_ref().filter(|m| m.is_exact()).map(|m| m.value())
+}
+
+/// The underlay address a table-90 flow tunnels to.
+fn tunnel_dst(ins: &[Instruction]) -> Option<IpAddr> {
+    actions(ins).find_map(|a| match a {
+        Action::SetField(SetField::TunDst(h)) => Some(IpAddr::V4(*h)),
+        Action::SetField(SetField::TunIpv6Dst(h)) => Some(IpAddr::V6(*h)),
+        _ => None,
+    })
 }
 
 fn actions(ins: &[Instruction]) -> impl Iterator<Item = &Action> {
@@ -107,24 +136,38 @@ impl SwitchView {
     pub fn add(&mut self, table: u8, m: &Match, ins: &[Instruction]) {
         match table {
             t if t == Table::PodIngress.id() => self.add_pod_flow(m, ins),
-            t if t == Table::Routing.id() => {
-                let EthMatch::Ipv4(ip) = &m.eth else { return };
-                let (None, None, Some(dst)) = (m.in_port, ip.src, ip.dst.as_ref().and_then(net)) else { return };
-                match goto(ins) {
-                    Some(t) if t == Table::PodIp.id() => self.local_subnet = Some(dst),
-                    Some(t) if t == Table::RemoteIp.id() => self.cluster_networks.push(dst),
-                    Some(t) if t == Table::ServiceIp.id() => self.service_network = Some(dst),
-                    _ => {}
+            t if t == Table::Routing.id() => match &m.eth {
+                EthMatch::Ipv4(ip) => {
+                    let (None, None, Some(dst)) = (m.in_port, ip.src, ip.dst.as_ref().and_then(net)) else { return };
+                    match goto(ins) {
+                        Some(t) if t == Table::PodIp.id() => self.local_subnet = Some(dst),
+                        Some(t) if t == Table::RemoteIp.id() => self.cluster_networks.push(dst),
+                        Some(t) if t == Table::ServiceIp.id() => self.service_network = Some(dst),
+                        _ => {}
+                    }
                 }
-            }
+                // Plain `ipv6` routes only: neighbour discovery's go to 40 and 50.
+                EthMatch::Ipv6(ip) => {
+                    let (None, None, None, Some(dst)) = (m.in_port, ip.src, ip.proto, ip.dst.as_ref().and_then(net6))
+                    else {
+                        return;
+                    };
+                    match goto(ins) {
+                        Some(t) if t == Table::PodIp.id() => self.local_subnet6 = Some(dst),
+                        Some(t) if t == Table::RemoteIp.id() => self.cluster_networks6.push(dst),
+                        Some(t) if t == Table::ServiceIp.id() => self.service_network6 = Some(dst),
+                        _ => {}
+                    }
+                }
+                _ => {}
+            },
             t if t == Table::RemoteIp.id() => {
-                let EthMatch::Ipv4(ip) = &m.eth else { return };
-                let Some(subnet) = ip.dst.as_ref().and_then(net) else { return };
-                let host_ip = actions(ins).find_map(|a| match a {
-                    Action::SetField(SetField::TunDst(h)) => Some(*h),
+                let subnet = match &m.eth {
+                    EthMatch::Ipv4(ip) => ip.dst.as_ref().and_then(net).map(IpNet::V4),
+                    EthMatch::Ipv6(ip) if ip.proto.is_none() => ip.dst.as_ref().and_then(net6).map(IpNet::V6),
                     _ => None,
-                });
-                if let Some(host_ip) = host_ip {
+                };
+                if let (Some(subnet), Some(host_ip)) = (subnet, tunnel_dst(ins)) {
                     self.remote.push(RemoteSubnet { subnet, host_ip });
                 }
             }
@@ -139,8 +182,20 @@ impl SwitchView {
                 let (Some(ip), Some(vnid)) = (host(&ip.src), loaded(ins, Reg::SrcVnid)) else { return };
                 match self.pods.iter_mut().find(|p| p.ip == ip && p.ofport == ofport) {
                     Some(p) => p.vnid = vnid,
-                    None => self.pods.push(PortPod { ip, ofport, vnid, mac: None, container_id: None }),
+                    None => {
+                        self.pods.push(PortPod { ip, ip6: None, ofport, vnid, mac: None, container_id: None });
+                        self.join_pending6();
+                    }
                 }
+            }
+            // The pod's plain IPv6 flow (its ND and link-local flows have a next header).
+            EthMatch::Ipv6(ip6) if ip6.proto.is_none() => {
+                let (Some(ip6), Some(vnid)) = (host(&ip6.src), loaded(ins, Reg::SrcVnid)) else { return };
+                if ip6.is_unspecified() {
+                    return;
+                }
+                self.pending6.push((ofport, ip6, vnid));
+                self.join_pending6();
             }
             EthMatch::Arp(arp) => {
                 let Some(ip) = host(&arp.spa) else { return };
@@ -151,7 +206,8 @@ impl SwitchView {
                     // The VNID comes with the IP flow; an ARP flow alone says nothing of it.
                     None => {
                         if let Some(vnid) = loaded(ins, Reg::SrcVnid) {
-                            self.pods.push(PortPod { ip, ofport, vnid, mac, container_id });
+                            self.pods.push(PortPod { ip, ip6: None, ofport, vnid, mac, container_id });
+                            self.join_pending6();
                         }
                     }
                 }
@@ -160,19 +216,60 @@ impl SwitchView {
         }
     }
 
-    /// The local pods table 20 admits with source address `ip` (more than one is a conflict
-    /// the caller reports).
-    pub fn pods_with_ip(&self, ip: Ipv4Addr) -> Vec<&PortPod> {
-        self.pods.iter().filter(|p| p.ip == ip).collect()
+    /// Gives the IPv6 addresses seen so far to their ports' pods.
+    fn join_pending6(&mut self) {
+        let pods = &mut self.pods;
+        self.pending6.retain(|&(ofport, ip6, _)| match pods.iter_mut().find(|p| p.ofport == ofport) {
+            Some(p) => {
+                p.ip6 = Some(ip6);
+                false
+            }
+            None => true,
+        });
     }
 
-    pub fn remote_of(&self, ip: Ipv4Addr) -> Option<&RemoteSubnet> {
+    /// The local pods table 20 admits with source address `ip`, of either family (more than
+    /// one is a conflict the caller reports).
+    pub fn pods_with_ip(&self, ip: IpAddr) -> Vec<&PortPod> {
+        self.pods
+            .iter()
+            .filter(|p| match ip {
+                IpAddr::V4(ip) => p.ip == ip,
+                IpAddr::V6(ip) => p.ip6 == Some(ip),
+            })
+            .collect()
+    }
+
+    /// Ports whose IPv6 flow names an address while no IPv4 flow names their pod: the
+    /// pipeline is inconsistent there (every pod has an IPv4 address).
+    pub fn ports_with_ip6_only(&self, ip6: Ipv6Addr) -> Vec<u32> {
+        self.pending6.iter().filter(|(_, a, _)| *a == ip6).map(|(p, _, _)| *p).collect()
+    }
+
+    /// The remote subnet (of `ip`'s family) that holds `ip`, the longest prefix first.
+    pub fn remote_of(&self, ip: IpAddr) -> Option<&RemoteSubnet> {
         self.remote.iter().filter(|r| r.subnet.contains(&ip)).max_by_key(|r| r.subnet.prefix_len())
     }
 
     /// True if table 30 routes any address at all: the pipeline is there.
     pub fn has_pipeline(&self) -> bool {
         self.local_subnet.is_some() || !self.cluster_networks.is_empty()
+    }
+
+    /// The local pod subnet of `ip`'s family.
+    pub fn local_subnet_of(&self, ip: IpAddr) -> Option<IpNet> {
+        match ip {
+            IpAddr::V4(_) => self.local_subnet.map(IpNet::V4),
+            IpAddr::V6(_) => self.local_subnet6.map(IpNet::V6),
+        }
+    }
+
+    /// The cluster networks of `ip`'s family.
+    pub fn cluster_networks_of(&self, ip: IpAddr) -> Vec<IpNet> {
+        match ip {
+            IpAddr::V4(_) => self.cluster_networks.iter().copied().map(IpNet::V4).collect(),
+            IpAddr::V6(_) => self.cluster_networks6.iter().copied().map(IpNet::V6).collect(),
+        }
     }
 }
 
@@ -252,6 +349,7 @@ mod tests {
             vec![
                 PortPod {
                     ip: "10.128.2.5".parse().unwrap(),
+                    ip6: None,
                     ofport: 3,
                     vnid: 11,
                     mac: Some("0a:58:0a:80:02:03".into()),
@@ -259,6 +357,7 @@ mod tests {
                 },
                 PortPod {
                     ip: "10.128.3.200".parse().unwrap(),
+                    ip6: None,
                     ofport: 4,
                     vnid: 4097,
                     mac: Some("0a:58:0a:80:02:04".into()),
@@ -276,6 +375,74 @@ mod tests {
         assert_eq!(v.remote_of("10.130.0.1".parse().unwrap()), None);
         assert!(v.has_pipeline());
         assert!(v.pods_with_ip("10.128.2.6".parse().unwrap()).is_empty());
+    }
+
+    /// A dual-stack node: the IPv6 flows name the pods' IPv6 addresses (whatever the dump's
+    /// order), the IPv6 networks and the remote nodes' IPv6 subnets; ND and DAD flows do not
+    /// pass for pods.
+    #[test]
+    fn the_ipv6_flows_name_the_ipv6_pods_and_networks() {
+        let cfg = NodeConfig {
+            ipv6: Some(crate::pipeline::NodeIpv6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+                local_subnet: "fd00:10:128:2::/64".parse().unwrap(),
+            }),
+            plugin: Plugin::Multitenant,
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            local_subnet: "10.128.2.0/23".parse().unwrap(),
+        };
+        let mut a1 = pod_port(3, "10.128.2.5", 11);
+        a1.ip6 = Some("fd00:10:128:2::5".parse().unwrap());
+        let b1 = pod_port(4, "10.128.2.7", 12);
+        let mut flows = base::flows(&cfg);
+        // The IPv6 flows first: the dump's order is the switch's.
+        let mut pod_flows = pod::flows(&a1);
+        pod_flows.reverse();
+        flows.extend(pod_flows);
+        flows.extend(pod::flows(&b1));
+        flows.extend(subnet::flows(&subnet::RemoteSubnet {
+            subnet6: Some("fd00:10:128:100::/64".parse().unwrap()),
+            host_ip: "172.17.0.3".parse().unwrap(),
+            subnet: "10.129.0.0/23".parse().unwrap(),
+            fixed_vnid: None,
+        }));
+        flows.extend(subnet::flows(&subnet::RemoteSubnet {
+            subnet6: Some("fd00:10:128:200::/64".parse().unwrap()),
+            host_ip: "fd00:172:17::4".parse().unwrap(),
+            subnet: "10.130.0.0/23".parse().unwrap(),
+            fixed_vnid: None,
+        }));
+        let v = view_of(&flows);
+        assert_eq!(v.pods.len(), 2, "{:?}", v.pods);
+        let p = v.pods_with_ip("fd00:10:128:2::5".parse().unwrap());
+        assert_eq!(p.len(), 1);
+        assert_eq!((p[0].ofport, p[0].vnid, p[0].ip.to_string()), (3, 11, "10.128.2.5".to_string()));
+        assert_eq!(p[0].mac.as_deref(), Some("0a:58:0a:80:02:03"));
+        assert_eq!(v.pods_with_ip("10.128.2.7".parse().unwrap())[0].ip6, None);
+        assert!(v.pods_with_ip("::".parse().unwrap()).is_empty(), "the DAD probe's flow is not a pod's");
+        assert!(v.ports_with_ip6_only("fd00:10:128:2::5".parse().unwrap()).is_empty());
+        assert_eq!(v.local_subnet6, Some("fd00:10:128:2::/64".parse().unwrap()));
+        assert_eq!(v.cluster_networks6, vec!["fd00:10:128::/48".parse::<Ipv6Net>().unwrap()]);
+        assert_eq!(v.service_network6, Some("fd00:172:30::/112".parse().unwrap()));
+        let remote = |ip: &str| v.remote_of(ip.parse().unwrap()).map(|r| (r.subnet.to_string(), r.host_ip.to_string()));
+        assert_eq!(remote("fd00:10:128:100::9"), Some(("fd00:10:128:100::/64".into(), "172.17.0.3".into())));
+        assert_eq!(remote("fd00:10:128:200::9"), Some(("fd00:10:128:200::/64".into(), "fd00:172:17::4".into())));
+        assert_eq!(remote("10.130.0.9"), Some(("10.130.0.0/23".into(), "fd00:172:17::4".into())));
+        assert_eq!(remote("fd00:10:128:300::9"), None);
+        assert_eq!(v.local_subnet_of("fd00::1".parse().unwrap()), Some("fd00:10:128:2::/64".parse().unwrap()));
+        assert_eq!(v.cluster_networks_of("10.0.0.1".parse().unwrap()), vec!["10.128.0.0/14".parse::<IpNet>().unwrap()]);
+
+        // An IPv6 flow on a port without an IPv4 pod is kept aside, not made a pod.
+        let mut v = SwitchView::default();
+        let m = Match { in_port: Some(OfPort(9).into()), ..Match::any() }.ipv6(openflow::Ipv6Match {
+            src: Some(Masked::exact("fd00:10:128:2::9".parse().unwrap())),
+            ..Default::default()
+        });
+        v.add(20, &m, &[Instruction::ApplyActions(vec![Action::SetField(SetField::Reg(0, 12))])]);
+        assert!(v.pods.is_empty());
+        assert_eq!(v.ports_with_ip6_only("fd00:10:128:2::9".parse().unwrap()), vec![9]);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod unixctl;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -42,7 +42,8 @@ pub enum Proto {
     Ip,
 }
 
-/// `sdn-node trace`'s arguments.
+/// `sdn-node trace`'s arguments. Addresses may be of either family: an IPv6 address (or
+/// `--ipv6` with names) traces an IPv6 packet between the ends' IPv6 addresses.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TraceArgs {
     /// The sender: a local pod (NAMESPACE/NAME, or NAME if unique), or an IP (a local pod's,
@@ -51,10 +52,14 @@ pub struct TraceArgs {
     #[arg(long, required_unless_present = "flow", requires = "to")]
     pub from: Option<String>,
     /// The receiver: a pod (NAMESPACE/NAME or NAME), a service (NAMESPACE/NAME), or an IP;
-    /// optionally `:PORT`.
+    /// optionally `:PORT` (`[IPV6]:PORT` for an IPv6 address).
     #[arg(long, required_unless_present = "flow", requires = "from")]
     pub to: Option<String>,
-    /// tcp or udp (tcp if a port is given), icmp (echo request), or ip.
+    /// Trace IPv6 between the ends' IPv6 addresses (implied by an IPv6 address as either end;
+    /// named pods and services must then have one: a dual-stack cluster).
+    #[arg(long = "ipv6", short = '6', conflicts_with = "flow")]
+    pub ipv6: bool,
+    /// tcp or udp (tcp if a port is given), icmp (echo request; ICMPv6's for IPv6), or ip.
     #[arg(long)]
     pub proto: Option<Proto>,
     /// The VNID a packet from a remote node's pod carries. Without it, --state makes it the
@@ -91,6 +96,9 @@ pub struct PodInfo {
     pub name: String,
     pub host_veth: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address (dual-stack).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
     pub mac: String,
     pub ofport: Option<u32>,
     pub vnid: Option<u32>,
@@ -99,6 +107,46 @@ pub struct PodInfo {
 impl PodInfo {
     fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Its address of `family`.
+    fn addr(&self, family: Family) -> Option<IpAddr> {
+        match family {
+            Family::V4 => Some(IpAddr::V4(self.ip)),
+            Family::V6 => self.ip6.map(IpAddr::V6),
+        }
+    }
+
+    fn has(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(ip) => self.ip == ip,
+            IpAddr::V6(ip) => self.ip6 == Some(ip),
+        }
+    }
+}
+
+/// The traced packet's IP family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(ip: IpAddr) -> Family {
+        if ip.is_ipv6() {
+            Family::V6
+        } else {
+            Family::V4
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
     }
 }
 
@@ -133,6 +181,7 @@ impl Inventory {
                     name: p.name.clone(),
                     host_veth: p.host_veth.clone(),
                     ip: p.ip,
+                    ip6: p.ip6,
                     mac: p.mac.to_string(),
                     ofport: ofports.get(&p.host_veth).copied(),
                     vnid: vnid_of(&p.namespace),
@@ -143,7 +192,8 @@ impl Inventory {
             if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
                 continue;
             }
-            // The model's pods are IPv4 (a record of another family is not one of them).
+            // The model's pods are IPv4 (a record of another family is not one of them); a
+            // dual-stack pod's record carries its IPv6 address beside.
             let std::net::IpAddr::V4(ip) = r.ip else { continue };
             pods.push(PodInfo {
                 vnid: vnid_of(&r.namespace),
@@ -152,6 +202,7 @@ impl Inventory {
                 name: r.name,
                 host_veth: r.host_veth,
                 ip,
+                ip6: r.ip6,
                 mac: r.mac.to_string(),
             });
         }
@@ -232,6 +283,7 @@ impl Inventory {
                 name: p.name,
                 host_veth: p.host_veth,
                 ip: p.ip,
+                ip6: p.ip6,
                 mac: p.mac,
                 vnid: p.vnid,
             });
@@ -246,7 +298,10 @@ impl Inventory {
             ix.add_state(s);
         }
         for p in &self.pods {
-            let detail = format!("{}, {}", p.ip, p.host_veth);
+            let detail = match p.ip6 {
+                Some(ip6) => format!("{}, {ip6}, {}", p.ip, p.host_veth),
+                None => format!("{}, {}", p.ip, p.host_veth),
+            };
             ix.add(crate::store::Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() }, detail);
         }
         ix
@@ -269,8 +324,8 @@ impl Inventory {
         }
     }
 
-    fn pod_with_ip(&self, ip: Ipv4Addr) -> Option<&PodInfo> {
-        self.pods.iter().find(|p| p.ip == ip)
+    fn pod_with_ip(&self, ip: IpAddr) -> Option<&PodInfo> {
+        self.pods.iter().find(|p| p.has(ip))
     }
 
     fn pod_on_port(&self, ofport: u32) -> Option<&PodInfo> {
@@ -281,9 +336,23 @@ impl Inventory {
         self.ofports.iter().find(|(_, &p)| p == ofport).map(|(n, _)| n.clone())
     }
 
-    fn remote_node_of(&self, ip: Ipv4Addr) -> Option<&crate::cluster::HostSubnet> {
+    fn remote_node_of(&self, ip: IpAddr) -> Option<&crate::cluster::HostSubnet> {
         let s = self.state.as_ref()?;
-        s.host_subnets.iter().find(|h| h.host != s.node && h.subnet.contains(&ip))
+        s.host_subnets.iter().find(|h| {
+            h.host != s.node
+                && match ip {
+                    IpAddr::V4(ip) => h.subnet.contains(&ip),
+                    IpAddr::V6(ip) => h.subnet6.is_some_and(|n| n.contains(&ip)),
+                }
+        })
+    }
+
+    /// The service with cluster IP `ip` (either family).
+    fn service_at(&self, ip: IpAddr) -> Option<&crate::cluster::Service> {
+        self.state.as_ref()?.services.iter().find(|x| match ip {
+            IpAddr::V4(ip) => x.cluster_ip == ip,
+            IpAddr::V6(ip) => x.cluster_ip6 == Some(ip),
+        })
     }
 
     fn node_at(&self, host_ip: std::net::IpAddr) -> Option<&crate::cluster::HostSubnet> {
@@ -361,7 +430,7 @@ pub enum Endpoint {
     /// A local pod known only from the switch: table 20's flow for its address gives its port
     /// and VNID; its name is unknown (no model, no pod record on its port).
     PortPod {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         ofport: u32,
         interface: Option<String>,
         mac: Option<String>,
@@ -371,25 +440,26 @@ pub enum Endpoint {
     /// A pod on another node: the packet arrives over VXLAN from that node. `node` is the
     /// node's name, known from the model only.
     RemotePod {
-        ip: Ipv4Addr,
+        ip: IpAddr,
         node: Option<String>,
         node_ip: std::net::IpAddr,
     },
     Service {
         namespace: String,
         name: String,
-        ip: Ipv4Addr,
+        ip: IpAddr,
     },
     /// Any other address (from the host via tun0, or outside the cluster).
     Address {
-        ip: Ipv4Addr,
+        ip: IpAddr,
     },
 }
 
 impl Endpoint {
-    fn ip(&self) -> Ipv4Addr {
+    /// The end's address of `family` (a pod's other address when the packet is IPv6).
+    fn ip(&self, family: Family) -> IpAddr {
         match self {
-            Endpoint::Pod { pod } => pod.ip,
+            Endpoint::Pod { pod } => pod.addr(family).unwrap_or(IpAddr::V4(pod.ip)),
             Endpoint::PortPod { ip, .. }
             | Endpoint::RemotePod { ip, .. }
             | Endpoint::Service { ip, .. }
@@ -402,7 +472,11 @@ impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Endpoint::Pod { pod } => {
-                write!(f, "pod {} ({}, {}", pod.key(), pod.ip, pod.host_veth)?;
+                write!(f, "pod {} ({}", pod.key(), pod.ip)?;
+                if let Some(ip6) = pod.ip6 {
+                    write!(f, " {ip6}")?;
+                }
+                write!(f, ", {}", pod.host_veth)?;
                 if let Some(p) = pod.ofport {
                     write!(f, " port {p}")?;
                 }
@@ -452,17 +526,33 @@ impl Inventory {
     }
 
     /// The local pod table 20 admits with source `ip`.
-    fn port_pod(&self, ip: Ipv4Addr) -> Result<Option<Endpoint>, String> {
+    fn port_pod(&self, ip: IpAddr) -> Result<Option<Endpoint>, String> {
         let Some(v) = self.view() else { return Ok(None) };
         let found = v.pods_with_ip(ip);
         let p = match found.as_slice() {
-            [] => return Ok(None),
+            [] => {
+                let IpAddr::V6(ip6) = ip else { return Ok(None) };
+                let ports = v.ports_with_ip6_only(ip6);
+                if ports.is_empty() {
+                    return Ok(None);
+                }
+                let ports: Vec<String> = ports.iter().map(u32::to_string).collect();
+                return Err(format!(
+                    "{ip} is admitted by br0's table 20 from in_port {} but no IPv4 flow names that port's pod: \
+                     the pipeline is inconsistent; trace it with --flow in_port=N,ipv6,ipv6_src={ip},...",
+                    ports.join(", ")
+                ));
+            }
             [p] => p,
             many => {
                 let ports: Vec<String> = many.iter().map(|p| p.ofport.to_string()).collect();
+                let (ip_kw, src) = match ip {
+                    IpAddr::V4(_) => ("ip", "nw_src"),
+                    IpAddr::V6(_) => ("ipv6", "ipv6_src"),
+                };
                 return Err(format!(
                     "{ip} is claimed by several ports in br0's table 20 (in_port {}): the pipeline is \
-                     inconsistent; trace one with --flow in_port=N,ip,nw_src={ip},...",
+                     inconsistent; trace one with --flow in_port=N,{ip_kw},{src}={ip},...",
                     ports.join(", ")
                 ));
             }
@@ -480,8 +570,9 @@ impl Inventory {
     }
 
     /// Why table 20 was no help for `ip`.
-    fn no_pod_flow(&self, ip: Ipv4Addr) -> String {
+    fn no_pod_flow(&self, ip: IpAddr) -> String {
         match &self.switch {
+            Some(Ok(_)) if ip.is_ipv6() => format!("br0's table 20 has no in_port=N,ipv6,ipv6_src={ip} flow"),
             Some(Ok(_)) => format!("br0's table 20 has no in_port=N,ip,nw_src={ip} flow"),
             Some(Err(e)) => format!("br0's flows could not be read ({e})"),
             None => "br0's flows were not read".into(),
@@ -491,15 +582,18 @@ impl Inventory {
     /// A source address no pod, node or service has: fine if it is outside every pod network
     /// (it comes from the host or beyond, through tun0); an error otherwise, or if the pod
     /// networks are unknown.
-    fn check_outside_pods(&self, ip: Ipv4Addr) -> Result<(), String> {
+    fn check_outside_pods(&self, ip: IpAddr) -> Result<(), String> {
+        use ipnet::IpNet;
         let view = self.view();
-        let local = match &self.state {
-            Some(s) => s.local_subnet().map(|h| h.subnet),
-            None => view.and_then(|v| v.local_subnet),
+        let local: Option<IpNet> = match (&self.state, ip) {
+            (Some(s), IpAddr::V4(_)) => s.local_subnet().map(|h| IpNet::V4(h.subnet)),
+            (Some(s), IpAddr::V6(_)) => s.local_subnet().and_then(|h| h.subnet6).map(IpNet::V6),
+            (None, _) => view.and_then(|v| v.local_subnet_of(ip)),
         };
-        let clusters: Vec<ipnet::Ipv4Net> = match &self.state {
-            Some(s) => vec![s.cluster_network],
-            None => view.map(|v| v.cluster_networks.clone()).unwrap_or_default(),
+        let clusters: Vec<IpNet> = match (&self.state, ip) {
+            (Some(s), IpAddr::V4(_)) => vec![IpNet::V4(s.cluster_network)],
+            (Some(s), IpAddr::V6(_)) => s.cluster_network6.into_iter().map(IpNet::V6).collect(),
+            (None, _) => view.map(|v| v.cluster_networks_of(ip)).unwrap_or_default(),
         };
         let model = if self.state.is_some() { "not a pod of --state, and " } else { "" };
         if let Some(local) = local.filter(|n| n.contains(&ip)) {
@@ -527,8 +621,11 @@ impl Inventory {
     }
 }
 
-fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
-    if let Ok(ip) = s.parse::<Ipv4Addr>() {
+fn resolve(inv: &Inventory, s: &str, end: End, family: Family) -> Result<Endpoint, String> {
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        if Family::of(ip) != family {
+            return Err(format!("{ip} is not an {} address: both ends of a trace are of one family", family.name()));
+        }
         if let Some(p) = inv.pod_with_ip(ip) {
             return Ok(Endpoint::Pod { pod: p.clone() });
         }
@@ -538,12 +635,12 @@ fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
         if let Some(h) = inv.remote_node_of(ip) {
             return Ok(Endpoint::RemotePod { ip, node: Some(h.host.clone()), node_ip: h.host_ip });
         }
-        if let Some(svc) = inv.state.as_ref().and_then(|st| st.services.iter().find(|x| x.cluster_ip == ip)) {
+        if let Some(svc) = inv.service_at(ip) {
             return Ok(Endpoint::Service { namespace: svc.namespace.clone(), name: svc.name.clone(), ip });
         }
         if let Some(r) = inv.view().and_then(|v| v.remote_of(ip)) {
-            let node = inv.node_at(r.host_ip.into()).map(|h| h.host.clone());
-            return Ok(Endpoint::RemotePod { ip, node, node_ip: r.host_ip.into() });
+            let node = inv.node_at(r.host_ip).map(|h| h.host.clone());
+            return Ok(Endpoint::RemotePod { ip, node, node_ip: r.host_ip });
         }
         if end == End::Source {
             inv.check_outside_pods(ip)?;
@@ -551,11 +648,25 @@ fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
         return Ok(Endpoint::Address { ip });
     }
     if let Some(p) = inv.pod_named(s)? {
+        if p.addr(family).is_none() {
+            return Err(format!(
+                "pod {} has no {} address (an IPv4-only pod{}); trace IPv4",
+                p.key(),
+                family.name(),
+                if inv.state.as_ref().is_some_and(|s| s.cluster_network6.is_none()) { " of an IPv4-only cluster" } else { "" }
+            ));
+        }
         return Ok(Endpoint::Pod { pod: p.clone() });
     }
     if let (Some((ns, name)), Some(st)) = (s.split_once('/'), &inv.state) {
         if let Some(svc) = st.services.iter().find(|x| x.namespace == ns && x.name == name) {
-            return Ok(Endpoint::Service { namespace: ns.into(), name: name.into(), ip: svc.cluster_ip });
+            let ip = match family {
+                Family::V4 => IpAddr::V4(svc.cluster_ip),
+                Family::V6 => IpAddr::V6(svc.cluster_ip6.ok_or_else(|| {
+                    format!("service {ns}/{name} has no IPv6 cluster IP (clusterIPs lists none); trace IPv4")
+                })?),
+            };
+            return Ok(Endpoint::Service { namespace: ns.into(), name: name.into(), ip });
         }
     }
     let known = if inv.pods.is_empty() {
@@ -563,17 +674,46 @@ fn resolve(inv: &Inventory, s: &str, end: End) -> Result<Endpoint, String> {
     } else {
         format!("known pods: {}", inv.pods.iter().map(|p| p.key()).collect::<Vec<_>>().join(", "))
     };
-    Err(format!("{s:?} is neither an IPv4 address nor a known pod or service; {known}"))
+    Err(format!("{s:?} is neither an IP address nor a known pod or service; {known}"))
 }
 
 /// True if an address end is not a pod the model knows, so br0's own view is needed.
 fn needs_switch(inv: &Inventory, from: &str, to: &str) -> bool {
     let to = split_port(to).map(|(h, _)| h).unwrap_or(to);
-    [from, to].iter().any(|s| s.parse::<Ipv4Addr>().is_ok_and(|ip| inv.pod_with_ip(ip).is_none()))
+    [from, to].iter().any(|s| s.parse::<IpAddr>().is_ok_and(|ip| inv.pod_with_ip(ip).is_none()))
 }
 
-/// `HOST:PORT` → (host, port); a bare host has no port.
+/// The family of the traced packet: IPv6 if asked, or if an end is an IPv6 address; ends of
+/// two families are an error.
+fn family_of(from: &str, to: &str, ipv6: bool) -> Result<Family, String> {
+    let to = split_port(to)?.0;
+    let literal: Vec<IpAddr> = [from, to].iter().filter_map(|s| s.parse::<IpAddr>().ok()).collect();
+    let v6 = literal.iter().filter(|ip| ip.is_ipv6()).count();
+    if v6 > 0 && v6 < literal.len() {
+        return Err(format!("--from {from} and --to {to} are of two IP families: a packet has one"));
+    }
+    if ipv6 && v6 < literal.len() {
+        return Err("--ipv6 with an IPv4 address: give the ends' IPv6 addresses, or names".into());
+    }
+    Ok(if ipv6 || v6 > 0 { Family::V6 } else { Family::V4 })
+}
+
+/// `HOST:PORT` → (host, port); a bare host has no port. An IPv6 address takes a port as
+/// `[ADDR]:PORT` (a bare one has colons of its own).
 fn split_port(s: &str) -> Result<(&str, Option<u16>), String> {
+    if let Some(rest) = s.strip_prefix('[') {
+        let (h, tail) = rest.split_once(']').ok_or_else(|| format!("{s:?}: no closing ']'"))?;
+        return match tail {
+            "" => Ok((h, None)),
+            t => match t.strip_prefix(':').map(str::parse::<u16>) {
+                Some(Ok(p)) => Ok((h, Some(p))),
+                _ => Err(format!("{s:?}: {t:?} is not :PORT")),
+            },
+        };
+    }
+    if s.parse::<Ipv6Addr>().is_ok() {
+        return Ok((s, None));
+    }
     match s.rsplit_once(':') {
         Some((h, p)) => {
             p.parse::<u16>().map(|p| (h, Some(p))).map_err(|_| format!("{s:?}: {p:?} is not a port number"))
@@ -589,10 +729,12 @@ pub fn build_flow(
     to: &str,
     proto: Option<Proto>,
     vnid: Option<u32>,
+    ipv6: bool,
 ) -> Result<(String, Endpoint, Endpoint), String> {
     let (to_s, port) = split_port(to)?;
-    let src = resolve(inv, from, End::Source)?;
-    let dst = resolve(inv, to_s, End::Destination)?;
+    let family = family_of(from, to, ipv6)?;
+    let src = resolve(inv, from, End::Source, family)?;
+    let dst = resolve(inv, to_s, End::Destination, family)?;
     let proto = proto.unwrap_or(if port.is_some() { Proto::Tcp } else { Proto::Ip });
     let mut f = String::new();
     match &src {
@@ -650,13 +792,21 @@ pub fn build_flow(
         }
         _ => {}
     }
-    f.push_str(match proto {
-        Proto::Tcp => "tcp",
-        Proto::Udp => "udp",
-        Proto::Icmp => "icmp",
-        Proto::Ip => "ip",
+    f.push_str(match (proto, family) {
+        (Proto::Tcp, Family::V4) => "tcp",
+        (Proto::Udp, Family::V4) => "udp",
+        (Proto::Icmp, Family::V4) => "icmp",
+        (Proto::Ip, Family::V4) => "ip",
+        (Proto::Tcp, Family::V6) => "tcp6",
+        (Proto::Udp, Family::V6) => "udp6",
+        (Proto::Icmp, Family::V6) => "icmp6",
+        (Proto::Ip, Family::V6) => "ipv6",
     });
-    let _ = write!(f, ",nw_src={},nw_dst={}", src.ip(), dst.ip());
+    let (s, d) = match family {
+        Family::V4 => ("nw_src", "nw_dst"),
+        Family::V6 => ("ipv6_src", "ipv6_dst"),
+    };
+    let _ = write!(f, ",{s}={},{d}={}", src.ip(family), dst.ip(family));
     match (proto, port) {
         // OVS 3.1 refuses the generic `tp_dst` here ("prerequisites not met"): the
         // protocol's own field name it is.
@@ -666,6 +816,9 @@ pub fn build_flow(
         (Proto::Udp, Some(p)) => {
             let _ = write!(f, ",udp_dst={p}");
         }
+        // Echo request: ICMP 8, ICMPv6 128 (a trace flow must say icmpv6_type: OVS 3.1 refuses
+        // icmp_type there, "prerequisites not met").
+        (Proto::Icmp, _) if family == Family::V6 => f.push_str(",icmpv6_type=128,icmpv6_code=0"),
         (Proto::Icmp, _) => f.push_str(",icmp_type=8,icmp_code=0"),
         (Proto::Ip, Some(_)) => return Err("a port needs --proto tcp or udp".into()),
         _ => {}
@@ -694,7 +847,8 @@ pub struct Output {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Tunnel {
-    pub dst: Option<Ipv4Addr>,
+    /// The underlay address (`tun_dst`, or `tun_ipv6_dst` for a node on an IPv6 underlay).
+    pub dst: Option<IpAddr>,
     pub node: Option<String>,
     pub vnid: Option<u64>,
 }
@@ -896,8 +1050,8 @@ fn output(port: u32, regs: &Regs, inv: &Inventory, steps: &[ReportStep]) -> Outp
             .map(|o| o.trim_start_matches("pod/").to_string())
     });
     let tunnel = (port == OfPort::VXLAN.0 || interface.as_deref() == Some("vxlan0")).then(|| {
-        let dst = regs.0.get("tun_dst").and_then(|v| v.parse::<Ipv4Addr>().ok());
-        let node = dst.and_then(|d| inv.node_at(d.into())).map(|h| h.host.clone()).or_else(|| {
+        let dst = ["tun_dst", "tun_ipv6_dst"].iter().find_map(|k| regs.0.get(*k)?.parse::<IpAddr>().ok());
+        let node = dst.and_then(|d| inv.node_at(d)).map(|h| h.host.clone()).or_else(|| {
             steps
                 .iter()
                 .rev()
@@ -1032,7 +1186,7 @@ pub async fn run(args: &TraceArgs) -> Result<Report, String> {
                 let mgmt = args.ovs_rundir.join(format!("{}.mgmt", args.bridge));
                 inv.switch = Some(discover::read(&mgmt, TIMEOUT).await);
             }
-            let (f, src, dst) = build_flow(&inv, from, to, args.proto, args.vnid)?;
+            let (f, src, dst) = build_flow(&inv, from, to, args.proto, args.vnid, args.ipv6)?;
             (f, Some((src, dst)))
         }
         _ => return Err("give --from and --to, or --flow".into()),
@@ -1075,5 +1229,21 @@ mod tests {
         assert_eq!(split_port("10.1.2.3:80").unwrap(), ("10.1.2.3", Some(80)));
         assert_eq!(split_port("ns/pod").unwrap(), ("ns/pod", None));
         assert!(split_port("ns/pod:http").is_err());
+        assert_eq!(split_port("fd00::5").unwrap(), ("fd00::5", None));
+        assert_eq!(split_port("[fd00::5]:80").unwrap(), ("fd00::5", Some(80)));
+        assert_eq!(split_port("[fd00::5]").unwrap(), ("fd00::5", None));
+        assert!(split_port("[fd00::5]80").is_err());
+        assert!(split_port("[fd00::5:80").is_err());
+    }
+
+    #[test]
+    fn families() {
+        assert_eq!(family_of("a1", "a2", false), Ok(Family::V4));
+        assert_eq!(family_of("a1", "a2", true), Ok(Family::V6));
+        assert_eq!(family_of("fd00::5", "a2:80", false), Ok(Family::V6));
+        assert_eq!(family_of("a1", "[fd00::5]:80", false), Ok(Family::V6));
+        assert_eq!(family_of("10.0.0.1", "a2", false), Ok(Family::V4));
+        assert!(family_of("10.0.0.1", "fd00::5", false).unwrap_err().contains("two IP families"));
+        assert!(family_of("10.0.0.1", "a2", true).unwrap_err().contains("--ipv6"));
     }
 }
