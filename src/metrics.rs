@@ -22,6 +22,12 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// An IP family: `ipv4` or `ipv6`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FamilyLabel {
+    pub family: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TableLabel {
     pub table: String,
@@ -134,6 +140,10 @@ pub struct Metrics {
     pub bundles: Family<ResultLabel, Counter>,
     pub bundle_latency: Histogram,
     pub flows: Family<TableLabel, Gauge>,
+    /// The node's pods with an address of each IP family. The one metric with a `family`
+    /// label: the others count things that are not per family (a pod request, a bundle and a
+    /// table's flows serve both families at once), so a label would split them arbitrarily.
+    pub pod_addresses: Family<FamilyLabel, Gauge>,
     pub reconnects: Family<TargetLabel, Counter>,
     pub resyncs: Family<KindLabel, Counter>,
     pub rejected: Family<KindLabel, Counter>,
@@ -212,6 +222,7 @@ impl Metrics {
             bundles: Family::default(),
             bundle_latency: latency_buckets(),
             flows: Family::default(),
+            pod_addresses: Family::default(),
             reconnects: Family::default(),
             resyncs: Family::default(),
             rejected: Family::default(),
@@ -244,6 +255,11 @@ impl Metrics {
             r.register("bundles", "Bundles committed, by result", m.bundles.clone());
             r.register("bundle_latency_seconds", "Bundle commit latency (send to commit reply)", m.bundle_latency.clone());
             r.register("flows", "Desired flows per table", m.flows.clone());
+            r.register(
+                "pod_addresses",
+                "Pods of the node's current state with an address of each IP family (ipv4: every pod; ipv6: a dual-stack cluster's)",
+                m.pod_addresses.clone(),
+            );
             r.register("reconnects", "Connections established to the switch (openflow) and ovsdb-server (ovsdb)", m.reconnects.clone());
             r.register("resyncs", "Resyncs from a dump, by kind (difference, full_replay)", m.resyncs.clone());
             r.register("objects_rejected", "Objects rejected by validation, by kind", m.rejected.clone());
@@ -388,6 +404,15 @@ impl Metrics {
         self.connected.get_or_create(&TargetLabel { target: target.into() }).set(up as i64);
         if up {
             self.reconnects.get_or_create(&TargetLabel { target: target.into() }).inc();
+        }
+    }
+
+    /// Sets `sdn_node_pod_addresses` from the node's pods: both families always (a zero IPv6
+    /// count says IPv4-only, where a missing series would say nothing).
+    pub fn set_pod_addresses(&self, pods: &[crate::cluster::Pod]) {
+        let v6 = pods.iter().filter(|p| p.ip6.is_some()).count();
+        for (family, n) in [("ipv4", pods.len()), ("ipv6", v6)] {
+            self.pod_addresses.get_or_create(&FamilyLabel { family: family.into() }).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
@@ -676,7 +701,28 @@ mod tests {
         m.bundle(true, 4, 0, 1, Duration::from_micros(90));
         m.reject("pod team-a/a1");
         m.set_flows_per_table(&[(20, 3)]);
+        let (s, _) = crate::cluster::state_file::parse(
+            r#"
+node: node-a
+plugin: multitenant
+clusterNetworks: [10.128.0.0/14, "fd00:10:128::/48"]
+serviceNetworks: [172.30.0.0/16, "fd00:172:30::/112"]
+hostSubnets: [{host: node-a, hostIP: 172.17.0.2, subnets: [10.128.2.0/23, "fd00:10:128:2::/64"]}]
+netNamespaces: [{name: a, netid: 11}]
+pods:
+  - {namespace: a, name: a1, containerID: a100000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-a1, internal: true, ip: 10.128.2.5, ips: [10.128.2.5, "fd00:10:128:2::5"], mac: "0a:58:0a:80:02:05"}
+  - {namespace: a, name: a2, containerID: a200000000000000000000000000000000000000000000000000000000000000,
+     hostVeth: veth-a2, internal: true, ip: 10.128.2.6, mac: "0a:58:0a:80:02:06"}
+"#,
+        )
+        .unwrap();
+        let pods = s.pods.clone();
+        assert_eq!(pods.len(), 2);
+        m.set_pod_addresses(&pods);
         let t = m.encode();
+        assert!(t.contains(&format!("sdn_node_pod_addresses{{family=\"ipv4\"}} {}", pods.len())), "{t}");
+        assert!(t.contains(&format!("sdn_node_pod_addresses{{family=\"ipv6\"}} {}", pods.len() - 1)), "{t}");
         for want in [
             "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"} 4",
             "sdn_node_bundles_total{result=\"ok\"} 1",

@@ -631,6 +631,9 @@ impl Reconciler {
             let Some((desired, problems, warnings)) = m.desired() else {
                 return Err(ConvergeError::NotReady("no cluster state yet"));
             };
+            if let Some(st) = m.effective() {
+                self.telemetry.metrics.set_pod_addresses(&st.pods);
+            }
             pass.problems.extend(problems);
             pass.warnings.extend(warnings);
             pass.flows_version = m.version;

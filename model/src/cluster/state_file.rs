@@ -696,7 +696,18 @@ egressNetworkPolicies:
     /// per pod and service; the plural fields are checked as Kubernetes checks them.
     #[test]
     fn dual_stack() {
-        let text = include_str!("../../../deploy/examples/dual-stack.yaml");
+        // The example lists no pods (the demo makes them through CNI): these are its pods'
+        // dual-stack shape.
+        const PODS: &str = r#"pods:
+  - {namespace: team-a, name: a1, containerID: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef,
+     hostVeth: veth-a1, internal: true, ip: 10.128.2.5, ips: [10.128.2.5, "fd00:10:128:2::5"], mac: "0a:58:0a:80:02:05"}
+  - {namespace: team-a, name: a2, containerID: 1123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef,
+     hostVeth: veth-a2, internal: true, ip: 10.128.2.6, ips: [10.128.2.6, "fd00:10:128:2::6"], mac: "0a:58:0a:80:02:06"}
+  - {namespace: team-b, name: b1, containerID: 2123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef,
+     hostVeth: veth-b1, internal: true, ip: 10.128.2.7, ips: [10.128.2.7, "fd00:10:128:2::7"], mac: "0a:58:0a:80:02:07"}
+"#;
+        let text = &format!("{}{PODS}", include_str!("../../../deploy/examples/dual-stack.yaml"));
+        let text = text.as_str();
         let (s, p) = parse(text).unwrap();
         assert!(p.is_empty(), "{p:?}");
         assert_eq!(s.cluster_network6, Some("fd00:10:128::/48".parse().unwrap()));
