@@ -15,7 +15,10 @@
 #   deploy/local/run.sh [--state FILE] [--keep]
 #     --state FILE  the cluster state the agent runs with, instead of the generated one: it must
 #                   give node-a's HostSubnet and netNamespaces default, team-a and team-b
-#                   (the expectation follows its plugin and netids)
+#                   (the expectation follows its plugin and netids). A dual-stack state
+#                   (deploy/examples/dual-stack.yaml) gives every pod an address of each family:
+#                   the matrix is printed and checked for IPv4 and for IPv6, and the blocked pair
+#                   traced in both
 #     --keep        leave the node, the agent and the pods running and print how to use and
 #                   stop them (no DEL)
 #   SDN_NODE_BIN_DIR=DIR  use sdn-node and sdn-node-cni from DIR instead of building release
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --state) STATE=$(realpath "$2"); shift 2 ;;
     --keep) KEEP=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -62,7 +65,9 @@ CONFLIST=$CONF_DIR/80-sdn-node.conflist
 AGENT_PID=
 # The pods: namespace/name; their network namespaces are $NS-<name>.
 PODS=(team-a/a1 team-a/a2 team-b/b1 default/d1)
-GATEWAY=10.128.0.1
+# The gateways (tun0) of each family, from the CNI results.
+GATEWAY=
+GATEWAY6=
 
 stop() {
   if [ -n "$AGENT_PID" ]; then
@@ -150,13 +155,24 @@ cni() {
     "$D/cni-bin/sdn-node-cni" <"$D/plugin.json"
 }
 
-declare -A IP
+declare -A IP IP6
 for p in "${PODS[@]}"; do
   ip netns add "$NS-${p#*/}"
   out=$(cni ADD "$p") || fail "ADD $p: $out"
-  IP[$p]=$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"])')
-  echo "== CNI ADD $p: eth0 ${IP[$p]} in /var/run/netns/$NS-${p#*/}"
-  IP[$p]=${IP[$p]%/*}
+  # The CNI result's `ips`: one entry per family (a dual-stack node gives both), each with
+  # its gateway. Prints "address gateway address6 gateway6" (the IPv6 pair "- -" if none).
+  read -r a4 g4 a6 g6 < <(printf '%s' "$out" | python3 -c '
+import json, sys
+ips = json.load(sys.stdin)["ips"]
+v4 = [i for i in ips if ":" not in i["address"]]
+v6 = [i for i in ips if ":" in i["address"]]
+pair = lambda l: (l[0]["address"], l[0].get("gateway", "-")) if l else ("-", "-")
+print(*pair(v4), *pair(v6))')
+  [ "$a4" != - ] || fail "ADD $p: no IPv4 address in the result: $out"
+  IP[$p]=${a4%/*}
+  GATEWAY=$g4
+  if [ "$a6" != - ]; then IP6[$p]=${a6%/*}; GATEWAY6=$g6; fi
+  echo "== CNI ADD $p: eth0 $a4${IP6[$p]:+ and $a6} in /var/run/netns/$NS-${p#*/}"
 done
 
 # Namespace -> VNID and the plugin, from the state file (flow or block style lists).
@@ -197,69 +213,86 @@ expected() {
   [ "$a" = "$b" ] || [ "$a" = 0 ] || [ "$b" = 0 ]
 }
 
-# Every ping at once (blocked ones wait out their second); each result in a file.
-T2=$(date +%s%N)
-mkdir "$D/ping"
-COLS=("${PODS[@]}" gateway)
-PINGS=()
-for i in "${!PODS[@]}"; do
-  for j in "${!COLS[@]}"; do
-    [ "$i" = "$j" ] && continue
-    to=${COLS[$j]}
-    addr=$GATEWAY
-    [ "$to" = gateway ] || addr=${IP[$to]}
-    ( if ip netns exec "$NS-${PODS[$i]#*/}" ping -c1 -W1 -q "$addr" >/dev/null 2>&1; then
-        echo 1; else echo 0; fi >"$D/ping/$i-$j" ) &
-    PINGS+=($!)
-  done
-done
-wait "${PINGS[@]}"
-PING_S=$(elapsed "$T2")
-
-echo
-echo "Connectivity: ping -c1 -W1 from the row's pod to the column's address (✓ reply, ✗ none;"
-echo "a cell marked ! differs from the expectation)."
-printf '%-17s' "from \\ to"
-for c in "${COLS[@]}"; do printf '%-13s' "$c"; done
-echo
-printf '%-17s' ""
-for c in "${COLS[@]}"; do
-  if [ "$c" = gateway ]; then printf '%-13s' "$GATEWAY"; else printf '%-13s' "${IP[$c]}"; fi
-done
-echo
-# cell TEXT WIDTH: TEXT padded to 13 columns (printf pads bytes, and ✓ is three).
-cell() { printf '%s%*s' "$1" $((13 - $2)) ''; }
+# matrix FAMILY: every ping of one family (4 or 6) at once (blocked ones wait out their
+# second), each result in a file, then the table checked against the expectation.
 mismatches=0
-cells=0
-for i in "${!PODS[@]}"; do
-  from=${PODS[$i]}
-  printf '%-17s' "$from (${VNID[${from%/*}]})"
-  for j in "${!COLS[@]}"; do
-    if [ "$i" = "$j" ]; then cell "·" 1; continue; fi
-    to=${COLS[$j]}
-    got=$(cat "$D/ping/$i-$j")
-    want=1
-    [ "$to" = gateway ] || expected "${from%/*}" "${to%/*}" || want=0
-    mark=✗; [ "$got" = 1 ] && mark=✓
-    cells=$((cells + 1))
-    if [ "$got" != "$want" ]; then
-      cell "$mark!" 2; mismatches=$((mismatches + 1))
-    else
-      cell "$mark" 1
-    fi
+matrix() {
+  local fam=$1 gw i j to addr got want mark from cells=0 bad=0 arr=IP
+  gw=$GATEWAY W=13
+  if [ "$fam" = 6 ]; then arr=IP6; gw=$GATEWAY6; W=20; fi
+  local -n ADDR=$arr
+  local T2
+  T2=$(date +%s%N)
+  mkdir -p "$D/ping$fam"
+  COLS=("${PODS[@]}" gateway)
+  PINGS=()
+  for i in "${!PODS[@]}"; do
+    for j in "${!COLS[@]}"; do
+      [ "$i" = "$j" ] && continue
+      to=${COLS[$j]}
+      addr=$gw
+      [ "$to" = gateway ] || addr=${ADDR[$to]}
+      ( if ip netns exec "$NS-${PODS[$i]#*/}" ping -"$fam" -c1 -W1 -q "$addr" >/dev/null 2>&1; then
+          echo 1; else echo 0; fi >"$D/ping$fam/$i-$j" ) &
+      PINGS+=($!)
+    done
+  done
+  wait "${PINGS[@]}"
+  PING_S=$(elapsed "$T2")
+
+  echo
+  echo "Connectivity (IPv$fam): ping -$fam -c1 -W1 from the row's pod to the column's address (✓ reply, ✗ none;"
+  echo "a cell marked ! differs from the expectation)."
+  printf '%-17s' "from \\ to"
+  for c in "${COLS[@]}"; do printf '%-*s' "$W" "$c"; done
+  echo
+  printf '%-17s' ""
+  for c in "${COLS[@]}"; do
+    if [ "$c" = gateway ]; then printf '%-*s' "$W" "$gw"; else printf '%-*s' "$W" "${ADDR[$c]}"; fi
   done
   echo
-done
+  for i in "${!PODS[@]}"; do
+    from=${PODS[$i]}
+    printf '%-17s' "$from (${VNID[${from%/*}]})"
+    for j in "${!COLS[@]}"; do
+      if [ "$i" = "$j" ]; then cell "·" 1; continue; fi
+      to=${COLS[$j]}
+      got=$(cat "$D/ping$fam/$i-$j")
+      want=1
+      [ "$to" = gateway ] || expected "${from%/*}" "${to%/*}" || want=0
+      mark=✗; [ "$got" = 1 ] && mark=✓
+      cells=$((cells + 1))
+      if [ "$got" != "$want" ]; then
+        cell "$mark!" 2; bad=$((bad + 1))
+      else
+        cell "$mark" 1
+      fi
+    done
+    echo
+  done
+  if [ "$bad" = 0 ]; then
+    echo "Result (IPv$fam): as expected, $cells of $cells pairs (the pings took ${PING_S}s, all at once)."
+  else
+    echo "Result (IPv$fam): NOT as expected, $bad of $cells pairs differ."
+  fi
+  mismatches=$((mismatches + bad))
+}
+# cell TEXT WIDTH: TEXT padded to $W columns (printf pads bytes, and ✓ is three).
+W=13
+cell() { printf '%s%*s' "$1" $((W - $2)) ''; }
 if [ "$PLUGIN" = multitenant ]; then
+  echo
   echo "Expected (multitenant; VNIDs in parentheses): the same VNID reaches, another VNID is blocked,"
   echo "VNID 0 reaches every pod and is reached by every pod, every pod reaches the gateway (tun0)."
 else
+  echo
   echo "Expected (plugin $PLUGIN): every pod reaches every pod and the gateway (tun0)."
 fi
-if [ "$mismatches" = 0 ]; then
-  echo "Result: as expected, $cells of $cells pairs (the pings took ${PING_S}s, all at once)."
-else
-  echo "Result: NOT as expected, $mismatches of $cells pairs differ."
+matrix 4
+# A dual-stack node (the state gives it an IPv6 subnet): the same matrix over IPv6.
+if [ -n "$GATEWAY6" ]; then
+  for p in "${PODS[@]}"; do [ -n "${IP6[$p]:-}" ] || fail "$p has no IPv6 address on a dual-stack node"; done
+  matrix 6
 fi
 
 # Why a blocked pair is blocked: the switch's own trace, with the owner of the dropping flow.
@@ -270,6 +303,17 @@ trace=$("$BIN" trace --from team-a/a1 --to team-b/b1 --ovs-rundir "$D" --state "
 echo "$trace"
 if [ "$PLUGIN" = multitenant ] && ! expected team-a team-b; then
   grep -q '^verdict: DROPPED' <<<"$trace" || { echo "Result: the trace does not say DROPPED"; mismatches=$((mismatches + 1)); }
+fi
+if [ -n "$GATEWAY6" ]; then
+  # The same pair over IPv6: the verdict must be the same.
+  echo
+  echo "== sdn-node trace --ipv6 --from team-a/a1 --to team-b/b1 (verdict)"
+  trace6=$("$BIN" trace --ipv6 --from team-a/a1 --to team-b/b1 --ovs-rundir "$D" --state "$STATE" --socket "$SOCK") \
+    || fail "sdn-node trace --ipv6 failed: $trace6"
+  grep -E '^(trace br0|verdict):' <<<"$trace6"
+  if [ "$PLUGIN" = multitenant ] && ! expected team-a team-b; then
+    grep -q '^verdict: DROPPED' <<<"$trace6" || { echo "Result: the IPv6 trace does not say DROPPED"; mismatches=$((mismatches + 1)); }
+  fi
 fi
 
 if [ "$KEEP" = 1 ]; then

@@ -21,6 +21,8 @@ cargo bench --workspace --locked --no-run
 # The demo must work too. It needs root; under CI (CI set) it runs regardless, and fails.
 if [ "$(id -u)" = 0 ] || [ -n "${CI:-}" ]; then
   SDN_NODE_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" bash deploy/local/run.sh
+  # And dual-stack: every pod with an address of each family, both matrices checked.
+  SDN_NODE_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" bash deploy/local/run.sh --state deploy/examples/dual-stack.yaml
 else
   echo "SKIPPED deploy/local/run.sh: needs root" >&2
 fi
