@@ -584,7 +584,7 @@ mod tests {
         assert_eq!(v6.service_network, "fd00:172:30::/112".parse::<ipnet::Ipv6Net>().unwrap());
         assert_eq!(v6.local_subnet, Some("fd00:10:128:2::/64".parse().unwrap()));
         assert_eq!(v6.gateway, Some("fd00:10:128:2::1".parse().unwrap()));
-        assert_eq!((n.ipv4.pods, v6.pods), (0, 0), "the example lists no pods");
+        assert_eq!((n.ipv4.pods, v6.pods), (1, 1), "the example has one pod, dual-stack");
         let json = serde_json::to_value(&n).unwrap();
         assert_eq!(json["ipv6"]["gateway"], "fd00:10:128:2::1");
         assert_eq!(json["ipv4"]["cluster_network"], "10.128.0.0/14");

@@ -696,9 +696,9 @@ egressNetworkPolicies:
     /// per pod and service; the plural fields are checked as Kubernetes checks them.
     #[test]
     fn dual_stack() {
-        // The example lists no pods (the demo makes them through CNI): these are its pods'
-        // dual-stack shape.
-        const PODS: &str = r#"pods:
+        // The example has one pod (team-a/web; the demo makes its own through CNI): three more
+        // of the same dual-stack shape, appended to its `pods:`.
+        const PODS: &str = r#"
   - {namespace: team-a, name: a1, containerID: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef,
      hostVeth: veth-a1, internal: true, ip: 10.128.2.5, ips: [10.128.2.5, "fd00:10:128:2::5"], mac: "0a:58:0a:80:02:05"}
   - {namespace: team-a, name: a2, containerID: 1123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef,
@@ -713,7 +713,8 @@ egressNetworkPolicies:
         assert_eq!(s.cluster_network6, Some("fd00:10:128::/48".parse().unwrap()));
         assert_eq!(s.service_network6, Some("fd00:172:30::/112".parse().unwrap()));
         assert_eq!(s.local_subnet().unwrap().subnet6, Some("fd00:10:128:2::/64".parse().unwrap()));
-        assert_eq!(s.pods[0].ip6, Some("fd00:10:128:2::5".parse().unwrap()));
+        assert_eq!(s.pods[0].ip6, Some("fd00:10:128:2::64".parse().unwrap()));
+        assert_eq!(s.pods[1].ip6, Some("fd00:10:128:2::5".parse().unwrap()));
         assert_eq!(s.services[0].cluster_ip6, Some("fd00:172:30::10".parse().unwrap()));
         let problem = |from: &str, to: &str| {
             let bad = text.replace(from, to);
