@@ -16,7 +16,19 @@ use serde_json::{json, Value};
 use support::agent::vsctl;
 use support::cninode::*;
 
-const DUAL_STACK: &str = include_str!("../deploy/examples/dual-stack.yaml");
+/// deploy/examples/dual-stack.yaml with its pods replaced by three internal-port pods at
+/// ::5-::7 (so CNI's IPv6 addresses must skip them).
+fn dual_stack() -> String {
+    let example = include_str!("../deploy/examples/dual-stack.yaml");
+    let mut t = example[..example.find("\npods:\n").expect("the example has pods") + 1].to_string();
+    t.push_str("pods:\n");
+    for (name, ns, i) in [("a1", "team-a", 5), ("a2", "team-a", 6), ("b1", "team-b", 7)] {
+        t.push_str(&format!(
+            "  - {{namespace: {ns}, name: {name}, containerID: {i}123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, hostVeth: veth-{name}, internal: true, ip: 10.128.2.{i}, ips: [10.128.2.{i}, \"fd00:10:128:2::{i}\"], mac: \"0a:58:0a:80:02:0{i}\"}}\n"
+        ));
+    }
+    t
+}
 const SUBNET6: &str = "fd00:10:128:2:";
 const GATEWAY6: &str = "fd00:10:128:2::1";
 
@@ -87,7 +99,7 @@ async fn a_dual_stack_add_gives_both_families_and_del_leaves_nothing() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start(DUAL_STACK).await;
+    let node = CniNode::start(&dual_stack()).await;
     let before = snapshot(&node);
     let p = PodNs::new("d1");
     let r = node.cni("add", "team-a", "d1", &container(1), &p.path());
@@ -155,7 +167,7 @@ async fn ipv6_addresses_are_never_handed_out_twice() {
     if !can_run() {
         return;
     }
-    let mut node = CniNode::start(DUAL_STACK).await;
+    let mut node = CniNode::start(&dual_stack()).await;
     // An API pod holding the first candidate (::2).
     let api_pod = json!({
         "containerID": "ab".repeat(32), "namespace": "team-a", "name": "api1", "hostVeth": "veth-api1",
@@ -252,7 +264,7 @@ async fn a_dad_failure_fails_the_add_and_leaves_nothing() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start_with(DUAL_STACK, &["--warm-ports", "1", "--warm-ports-always"]).await;
+    let node = CniNode::start_with(&dual_stack(), &["--warm-ports", "1", "--warm-ports-always"]).await;
     let mut spares = Vec::new();
     for _ in 0..300 {
         spares = hold_on_spares(&node, "fd00:10:128:2::2");
@@ -298,7 +310,7 @@ async fn ping6_between_dual_stack_pods() {
     if !can_run() {
         return;
     }
-    let node = CniNode::start(DUAL_STACK).await;
+    let node = CniNode::start(&dual_stack()).await;
     let (a, b, c) = (PodNs::new("a"), PodNs::new("b"), PodNs::new("c"));
     let ra = node.cni("add", "team-a", "pa", &container(1), &a.path());
     let rb = node.cni("add", "team-a", "pb", &container(2), &b.path());

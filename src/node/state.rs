@@ -798,8 +798,21 @@ mod tests {
         m.reserve(&a).unwrap();
     }
 
+    /// deploy/examples/dual-stack.yaml with its pods replaced by three at ::5-::7.
+    fn dual_stack_text() -> String {
+        let example = include_str!("../../deploy/examples/dual-stack.yaml");
+        let mut t = example[..example.find("\npods:\n").expect("the example has pods") + 1].to_string();
+        t.push_str("pods:\n");
+        for (name, ns, i) in [("a1", "team-a", 5), ("a2", "team-a", 6), ("b1", "team-b", 7)] {
+            t.push_str(&format!(
+                "  - {{namespace: {ns}, name: {name}, containerID: {i}123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef, hostVeth: veth-{name}, internal: true, ip: 10.128.2.{i}, ips: [10.128.2.{i}, \"fd00:10:128:2::{i}\"], mac: \"0a:58:0a:80:02:0{i}\"}}\n"
+            ));
+        }
+        t
+    }
+
     fn dual_stack() -> NodeState {
-        let (state, problems) = parse(include_str!("../../deploy/examples/dual-stack.yaml")).unwrap();
+        let (state, problems) = parse(&dual_stack_text()).unwrap();
         let mut m = NodeState::new("br0");
         m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
         m
@@ -846,7 +859,7 @@ mod tests {
         assert_eq!(add_dual(&mut m, "wrapped").ip6.unwrap().to_string(), "fd00:10:128:2::2");
         // A /125 (eight addresses: network, gateway and six for pods; three pods of the
         // state file hold ::5-::7): three more fit, then none.
-        let (mut state, problems) = parse(include_str!("../../deploy/examples/dual-stack.yaml")).unwrap();
+        let (mut state, problems) = parse(&dual_stack_text()).unwrap();
         for h in state.host_subnets.iter_mut() {
             h.subnet6 = h.subnet6.map(|n| ipnet::Ipv6Net::new(n.network(), 125).unwrap());
         }

@@ -713,7 +713,7 @@ egressNetworkPolicies:
         assert_eq!(s.cluster_network6, Some("fd00:10:128::/48".parse().unwrap()));
         assert_eq!(s.service_network6, Some("fd00:172:30::/112".parse().unwrap()));
         assert_eq!(s.local_subnet().unwrap().subnet6, Some("fd00:10:128:2::/64".parse().unwrap()));
-        assert_eq!(s.pods[0].ip6, Some("fd00:10:128:2::64".parse().unwrap()));
+        assert_eq!(s.pods[0].ip6, Some("fd00:10:128:2::c8".parse().unwrap()));
         assert_eq!(s.pods[1].ip6, Some("fd00:10:128:2::5".parse().unwrap()));
         assert_eq!(s.services[0].cluster_ip6, Some("fd00:172:30::10".parse().unwrap()));
         let problem = |from: &str, to: &str| {
