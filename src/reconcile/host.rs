@@ -32,10 +32,7 @@ pub struct HostPlan {
 pub fn plan(st: &ClusterState) -> Option<HostPlan> {
     let local = st.local_subnet()?;
     // The IPv6 side exactly when the pipeline has one (a dual-stack cluster and node).
-    let v6 = match (st.cluster_network6, st.service_network6, local.subnet6) {
-        (Some(cluster_network), Some(service_network), Some(node_subnet)) => Some((cluster_network, service_network, node_subnet)),
-        _ => None,
-    };
+    let v6 = st.node_ipv6().map(|n| (n.cluster_network, n.service_network, n.local_subnet));
     let host = hostnet::HostConfig {
         tun: "tun0".into(),
         node_subnet: local.subnet,

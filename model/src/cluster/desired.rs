@@ -107,12 +107,7 @@ fn node_config(state: &ClusterState) -> Option<NodeConfig> {
         cluster_network: state.cluster_network,
         service_network: state.service_network,
         local_subnet: local.subnet,
-        ipv6: match (state.cluster_network6, state.service_network6, local.subnet6) {
-            (Some(cluster_network), Some(service_network), Some(local_subnet)) => {
-                Some(crate::pipeline::NodeIpv6 { cluster_network, service_network, local_subnet })
-            }
-            _ => None,
-        },
+        ipv6: state.node_ipv6(),
     })
 }
 
@@ -280,8 +275,7 @@ fn flows_of_owner(
                 Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
             };
             // A dual-stack node's policies govern IPv6 egress too (fail closed: egress.rs).
-            let ipv6 = node_config(state).is_some_and(|c| c.ipv6.is_some());
-            let out = egress::flows_for(*vnid, policies, &namespaces, dns, ipv6);
+            let out = egress::flows_for(*vnid, policies, &namespaces, dns, state.node_ipv6().is_some());
             let object =
                 policies.iter().map(|p| format!("egressnetworkpolicy {}/{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ");
             let warnings = out.warnings.iter().chain(&out.dns_error).map(|w| Problem::new(object.clone(), "", w.clone())).collect();

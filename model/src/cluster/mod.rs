@@ -302,6 +302,17 @@ impl ClusterState {
         self.pod_meta.get(&pod.key()).map_or(&pod.container_ports, |m| &m.container_ports)
     }
 
+    /// This node's IPv6 side, when it is dual-stack (the cluster's IPv6 cluster and service
+    /// networks and its own IPv6 subnet): the one place the pipeline, the host plan and the
+    /// egress policy learn whether to have IPv6.
+    pub fn node_ipv6(&self) -> Option<crate::pipeline::NodeIpv6> {
+        Some(crate::pipeline::NodeIpv6 {
+            cluster_network: self.cluster_network6?,
+            service_network: self.service_network6?,
+            local_subnet: self.local_subnet()?.subnet6?,
+        })
+    }
+
     /// This node's HostSubnet.
     pub fn local_subnet(&self) -> Option<&HostSubnet> {
         self.host_subnets.iter().find(|h| h.host == self.node)
