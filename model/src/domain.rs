@@ -118,11 +118,77 @@ impl Plugin {
     }
 }
 
-/// openshift-sdn's MAC for a pod's address: `0a:58:` followed by the address's four bytes
-/// (locally administered, unicast, and unique while the address is).
-pub fn pod_mac(ip: std::net::Ipv4Addr) -> openflow::MacAddr {
-    let o = ip.octets();
+/// openshift-sdn's MAC for a pod's address: `0a:58:` followed by the IPv4 address's four
+/// bytes (locally administered, unicast, and unique while the address is). A pod of an
+/// IPv6-only cluster has no IPv4 address: its MAC is `0a:58:` and the last four bytes of its
+/// IPv6 one (ovn-kubernetes' rule). Those are unique on the node (the IPAM numbers a node's
+/// pods from `::2` up, far below 2^32); two nodes may each have a pod with the same MAC, which
+/// is harmless because the pipeline delivers by address, never by MAC (pods only ever see a
+/// remote pod's MAC in its neighbour advertisements, and send to it through br0's routing).
+/// A dual-stack pod keeps the IPv4 rule.
+pub fn pod_mac(ip: impl Into<std::net::IpAddr>) -> openflow::MacAddr {
+    let o = match ip.into() {
+        std::net::IpAddr::V4(a) => a.octets(),
+        std::net::IpAddr::V6(a) => {
+            let b = a.octets();
+            [b[12], b[13], b[14], b[15]]
+        }
+    };
     openflow::MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+}
+
+/// A pod's addresses, one per family it has: IPv4 (IPv4-only and dual-stack clusters), IPv6
+/// (dual-stack and IPv6-only). The model's checks keep at least one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodIps {
+    pub v4: Option<std::net::Ipv4Addr>,
+    pub v6: Option<std::net::Ipv6Addr>,
+}
+
+impl PodIps {
+    /// Its addresses, IPv4 first.
+    pub fn iter(&self) -> impl Iterator<Item = std::net::IpAddr> {
+        self.v4.map(std::net::IpAddr::V4).into_iter().chain(self.v6.map(std::net::IpAddr::V6))
+    }
+
+    /// The address its MAC and names derive from: IPv4 if it has one, else IPv6.
+    pub fn primary(&self) -> Option<std::net::IpAddr> {
+        self.iter().next()
+    }
+}
+
+impl From<std::net::Ipv4Addr> for PodIps {
+    fn from(a: std::net::Ipv4Addr) -> PodIps {
+        PodIps { v4: Some(a), v6: None }
+    }
+}
+
+impl std::str::FromStr for PodIps {
+    type Err = std::net::AddrParseError;
+
+    /// The [`Display`](std::fmt::Display) form: one address, or `v4/v6`.
+    fn from_str(s: &str) -> Result<PodIps, Self::Err> {
+        let mut out = PodIps { v4: None, v6: None };
+        for part in s.split('/') {
+            match part.parse::<std::net::IpAddr>()? {
+                std::net::IpAddr::V4(a) => out.v4 = Some(a),
+                std::net::IpAddr::V6(a) => out.v6 = Some(a),
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl std::fmt::Display for PodIps {
+    /// `10.128.2.5`, `fd00:10:128:2::5`, or `10.128.2.5/fd00:10:128:2::5`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.v4, self.v6) {
+            (Some(a), Some(b)) => write!(f, "{a}/{b}"),
+            (Some(a), None) => write!(f, "{a}"),
+            (None, Some(b)) => write!(f, "{b}"),
+            (None, None) => f.write_str("(no address)"),
+        }
+    }
 }
 
 #[cfg(test)]

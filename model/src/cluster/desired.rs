@@ -101,14 +101,8 @@ fn no_local_subnet(state: &ClusterState) -> Problem {
 }
 
 fn node_config(state: &ClusterState) -> Option<NodeConfig> {
-    let local = state.local_subnet()?;
-    Some(NodeConfig {
-        plugin: state.plugin,
-        cluster_network: state.cluster_network,
-        service_network: state.service_network,
-        local_subnet: local.subnet,
-        ipv6: state.node_ipv6(),
-    })
+    state.local_subnet()?;
+    Some(NodeConfig { plugin: state.plugin, ipv4: state.node_ipv4(), ipv6: state.node_ipv6() })
 }
 
 /// What the per-VNID owners depend on, gathered in one pass over the state: for every VNID (the
@@ -205,7 +199,7 @@ fn flows_of_owner(
     match owner {
         Owner::Base => simple(base::flows(cfg), "node".into()),
         Owner::Version => simple(vec![base::version_flow(state.plugin)], "node".into()),
-        Owner::PolicyPlugin => simple(policy::plugin_flows(state.plugin), "node".into()),
+        Owner::PolicyPlugin => simple(policy::plugin_flows(cfg), "node".into()),
         Owner::HostSubnet { host } => {
             let flows = match state.host_subnets.iter().find(|h| &h.host == host && h.host != state.node) {
                 Some(h) => subnet::flows(&RemoteSubnet { host_ip: h.host_ip, subnet: h.subnet, subnet6: h.subnet6, fixed_vnid: h.fixed_vnid }),
@@ -237,7 +231,7 @@ fn flows_of_owner(
                 // networkpolicy: table 60 sends every service's traffic to tun0 (base flows).
                 _ if state.plugin == Plugin::NetworkPolicy => vec![],
                 (Some(s), Some(vnid)) => {
-                    let mut flows = service::flows(s.cluster_ip, &s.ports, vnid);
+                    let mut flows = s.cluster_ip.map(|ip| service::flows(ip, &s.ports, vnid)).unwrap_or_default();
                     flows.extend(s.cluster_ip6.map(|ip6| service::ipv6_flows(ip6, &s.ports, vnid)).into_iter().flatten());
                     flows
                 }
@@ -341,7 +335,7 @@ fn pod_flows(plugin: Plugin, vnid: Option<Vnid>, ofports: &HashMap<PodKey, OfPor
         (Some(&ofport), Some(vnid)) => {
             let mut flows = pod::flows(&PodPort { ofport, ip: pod.ip, ip6: pod.ip6, mac: pod.mac, container_id: pod.container_id.clone(), vnid });
             if plugin == Plugin::NetworkPolicy {
-                flows.push(crate::pipeline::via_host::pod_flow(pod.ip, vnid));
+                flows.extend(pod.ip.map(|ip| crate::pipeline::via_host::pod_flow(ip, vnid)));
                 flows.extend(pod.ip6.map(|ip6| crate::pipeline::via_host::pod_flow6(ip6, vnid)));
             }
             flows
@@ -453,7 +447,7 @@ mod tests {
         let mut pod = state.pods[0].clone();
         pod.namespace = "default".into();
         pod.name = "in-default".into();
-        pod.ip = "10.128.3.250".parse().unwrap();
+        pod.ip = Some("10.128.3.250".parse().unwrap());
         pod.host_veth = "veth-default".into();
         state.pods.push(pod);
         let ofports: HashMap<_, _> = state.pods.iter().enumerate().map(|(i, p)| (p.key(), OfPort(3 + i as u32))).collect();
@@ -609,7 +603,7 @@ mod tests {
                             cluster_ip6: None,
                             namespace: namespaces[ns as usize % namespaces.len()].clone(),
                             name: format!("s{i}"),
-                            cluster_ip: std::net::Ipv4Addr::new(172, 30, 1, i),
+                            cluster_ip: Some(std::net::Ipv4Addr::new(172, 30, 1, i)),
                             ports: vec![crate::pipeline::service::ServicePort { proto: crate::pipeline::service::ServiceProto::Tcp, port: n }],
                         };
                         state.services.retain(|o| !(o.namespace == s.namespace && o.name == s.name));
@@ -630,7 +624,7 @@ mod tests {
                                 subnet6: None,
                                 host,
                                 host_ip: std::net::Ipv4Addr::new(172, 17, 2, i).into(),
-                                subnet: format!("10.131.{}.0/24", n % 200).parse().unwrap(),
+                                subnet: Some(format!("10.131.{}.0/24", n % 200).parse().unwrap()),
                                 fixed_vnid: (ns == 0).then(|| Vnid::new(7).unwrap()),
                             });
                         }

@@ -122,12 +122,31 @@ pub const EGRESS_ANNOTATION: &str = "kubernetes.io/egress-bandwidth";
 pub struct HostSubnet {
     pub host: String,
     /// The node's underlay address, VXLAN's tunnel endpoint: IPv4, or IPv6 for a node whose
-    /// underlay is IPv6 only (its pods keep their IPv4 and IPv6 overlay addresses).
+    /// underlay is IPv6 only (its pods keep their overlay addresses, of either family).
     pub host_ip: IpAddr,
-    pub subnet: Ipv4Net,
-    /// The node's IPv6 pod subnet (dual-stack; Kubernetes: the second of Node.spec.podCIDRs).
+    /// The node's IPv4 pod subnet (`None` only in an IPv6-only cluster).
+    pub subnet: Option<Ipv4Net>,
+    /// The node's IPv6 pod subnet (dual-stack: Kubernetes' second Node.spec.podCIDRs entry;
+    /// IPv6-only: its only one).
     pub subnet6: Option<Ipv6Net>,
     pub fixed_vnid: Option<Vnid>,
+}
+
+impl HostSubnet {
+    /// The node's tun0 address of the family its pods' MACs derive from (IPv4 if it has an
+    /// IPv4 subnet, else IPv6): what tun0's MAC is made of.
+    pub fn primary_gateway(&self) -> Option<IpAddr> {
+        match (self.subnet, self.subnet6) {
+            (Some(s), _) => Some(IpAddr::V4(crate::pipeline::gateway(s))),
+            (None, Some(s6)) => Some(IpAddr::V6(crate::pipeline::gateway6(s6))),
+            (None, None) => None,
+        }
+    }
+
+    /// tun0's MAC (`0a:58:` and the gateway's address, as a pod's).
+    pub fn tun0_mac(&self) -> Option<MacAddr> {
+        self.primary_gateway().map(crate::domain::pod_mac)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,8 +162,9 @@ pub struct NetNamespace {
 pub struct Service {
     pub namespace: String,
     pub name: String,
-    pub cluster_ip: Ipv4Addr,
-    /// The IPv6 cluster IP of a dual-stack Service (Kubernetes: `clusterIPs`).
+    /// Its IPv4 cluster IP (`None`: an IPv6 single-stack Service).
+    pub cluster_ip: Option<Ipv4Addr>,
+    /// Its IPv6 cluster IP (Kubernetes: `clusterIPs`); a Service has at least one of the two.
     pub cluster_ip6: Option<Ipv6Addr>,
     pub ports: Vec<ServicePort>,
 }
@@ -157,8 +177,9 @@ pub struct Pod {
     /// The host side of the pod's veth (an existing device), or the name of an OVS internal
     /// port to create when `internal` is set.
     pub host_veth: String,
-    pub ip: Ipv4Addr,
-    /// The pod's IPv6 address (dual-stack), from the node's IPv6 subnet.
+    /// The pod's IPv4 address, from the node's IPv4 subnet (`None` only on an IPv6-only node).
+    pub ip: Option<Ipv4Addr>,
+    /// The pod's IPv6 address (dual-stack, IPv6-only), from the node's IPv6 subnet.
     pub ip6: Option<Ipv6Addr>,
     pub mac: MacAddr,
     pub ingress_bps: i64,
@@ -174,6 +195,11 @@ impl Pod {
     pub fn key(&self) -> PodKey {
         (self.namespace.clone(), self.name.clone())
     }
+
+    /// Its addresses, one per family it has.
+    pub fn ips(&self) -> crate::domain::PodIps {
+        crate::domain::PodIps { v4: self.ip, v6: self.ip6 }
+    }
 }
 
 /// (namespace, name).
@@ -184,11 +210,13 @@ pub type PodKey = (String, String);
 pub struct ClusterState {
     pub node: String,
     pub plugin: Plugin,
-    pub cluster_network: Ipv4Net,
-    pub service_network: Ipv4Net,
-    /// The IPv6 cluster network of a dual-stack cluster (`None`: IPv4 only).
+    /// The IPv4 cluster network (`None`: an IPv6-only cluster).
+    pub cluster_network: Option<Ipv4Net>,
+    /// The IPv4 service network, present exactly when the IPv4 cluster network is.
+    pub service_network: Option<Ipv4Net>,
+    /// The IPv6 cluster network of a dual-stack or IPv6-only cluster (`None`: IPv4 only).
     pub cluster_network6: Option<Ipv6Net>,
-    /// The IPv6 service network of a dual-stack cluster.
+    /// The IPv6 service network, present exactly when the IPv6 cluster network is.
     pub service_network6: Option<Ipv6Net>,
     /// The UDP port of VXLAN between nodes (ClusterNetwork.vxlanPort; 4789 by default).
     pub vxlan_port: u16,
@@ -244,6 +272,21 @@ pub(crate) fn no_local_subnet(node: &str, problems: &[Problem]) -> Fatal {
 #[error("{0}")]
 pub struct Fatal(pub String);
 
+/// Why `ip` cannot be a local pod's IPv4 address: not a host address of the node's IPv4
+/// subnet, the gateway's, or taken.
+fn pod_ip4_problem(ip: Ipv4Addr, subnet: Option<Ipv4Net>, taken: &HashMap<IpAddr, String>) -> Option<String> {
+    let Some(subnet) = subnet else {
+        return Some(format!("{ip}: this node has no IPv4 subnet (an IPv6-only node)"));
+    };
+    if !subnet.contains(&ip) || ip == subnet.network() || ip == subnet.broadcast() {
+        return Some(format!("{ip} is not a host address of this node's subnet {subnet}"));
+    }
+    if ip == crate::pipeline::gateway(subnet) {
+        return Some(format!("{ip} is the node's gateway address"));
+    }
+    taken.get(&IpAddr::V4(ip)).map(|other| format!("{ip} is already used by {other}"))
+}
+
 /// Why `ip6` cannot be a local pod's IPv6 address: not a host address of the node's IPv6
 /// subnet (its first address is the network's, the second the gateway's), or taken.
 fn pod_ip6_problem(ip6: Ipv6Addr, subnet6: Option<Ipv6Net>, taken: &HashMap<IpAddr, String>) -> Option<String> {
@@ -259,17 +302,48 @@ fn pod_ip6_problem(ip6: Ipv6Addr, subnet6: Option<Ipv6Net>, taken: &HashMap<IpAd
     taken.get(&IpAddr::V6(ip6)).map(|other| format!("{ip6} is already used by {other}"))
 }
 
+/// A local pod's addresses against its node's subnets: one of each family the node has
+/// (dual-stack: IPv6 may be missing, as a pod made before the cluster became dual-stack),
+/// none of a family it lacks. (field, message) of the first wrong one.
+fn pod_ips_problem(p: &Pod, local: &HostSubnet, taken: &HashMap<IpAddr, String>) -> Option<(&'static str, String)> {
+    match p.ip {
+        Some(ip) => {
+            if let Some(e) = pod_ip4_problem(ip, local.subnet, taken) {
+                return Some(("ip", e));
+            }
+        }
+        None if local.subnet.is_some() => return Some(("ip", format!("missing: this node's pods have an IPv4 address (its subnet is {})", local.subnet.map_or(String::new(), |s| s.to_string())))),
+        None if p.ip6.is_none() => return Some(("ips", "the pod has no address".into())),
+        None => {}
+    }
+    p.ip6.and_then(|ip6| pod_ip6_problem(ip6, local.subnet6, taken)).map(|e| ("ips", e))
+}
+
 impl ClusterState {
+    /// Whether the cluster is IPv6 only: no IPv4 cluster network (validated states have one of
+    /// the two families at least).
+    pub fn ipv6_only(&self) -> bool {
+        self.cluster_network.is_none()
+    }
+
     /// The IPv6 side of the HostSubnets: inside the IPv6 cluster network and pairwise
     /// disjoint. A HostSubnet whose IPv6 subnet is wrong loses its IPv6 subnet, with a
-    /// problem: its node still has IPv4 (the HostSubnet is not dropped whole, which would
-    /// cut the node's IPv4 pods off for an IPv6 mistake).
+    /// problem: on a dual-stack node it still has IPv4 (the HostSubnet is not dropped whole,
+    /// which would cut the node's IPv4 pods off for an IPv6 mistake); in an IPv6-only cluster
+    /// it is its only subnet, and the HostSubnet is dropped.
     fn check_subnets6(&mut self, problems: &mut Vec<Problem>) {
         let cluster6 = self.cluster_network6;
+        let ipv6_only = self.ipv6_only();
         let mut accepted: BTreeMap<u128, (Ipv6Net, String)> = BTreeMap::new();
-        for h in &mut self.host_subnets {
-            let Some(s6) = h.subnet6 else { continue };
+        self.host_subnets.retain_mut(|h| {
             let obj = format!("hostsubnet {}", h.host);
+            let Some(s6) = h.subnet6 else {
+                if ipv6_only {
+                    problems.push(Problem::new(obj, "subnet", "missing: the cluster is IPv6-only, a node's subnet is IPv6"));
+                    return false;
+                }
+                return true;
+            };
             let (start, end) = (u128::from(s6.network()), u128::from(s6.broadcast()));
             let err = match cluster6 {
                 None => Some(format!("{s6}: the cluster has no IPv6 cluster network")),
@@ -281,14 +355,16 @@ impl ClusterState {
             };
             match err {
                 Some(m) => {
-                    problems.push(Problem::new(obj, "subnets", m));
+                    problems.push(Problem::new(obj, if ipv6_only { "subnet" } else { "subnets" }, m));
                     h.subnet6 = None;
+                    !ipv6_only
                 }
                 None => {
                     accepted.insert(start, (s6, h.host.clone()));
+                    true
                 }
             }
-        }
+        });
     }
 
     /// A local pod's labels: the source's ([`ClusterState::pod_meta`]) if it has them, else
@@ -302,9 +378,19 @@ impl ClusterState {
         self.pod_meta.get(&pod.key()).map_or(&pod.container_ports, |m| &m.container_ports)
     }
 
-    /// This node's IPv6 side, when it is dual-stack (the cluster's IPv6 cluster and service
-    /// networks and its own IPv6 subnet): the one place the pipeline, the host plan and the
-    /// egress policy learn whether to have IPv6.
+    /// This node's IPv4 side (the cluster's IPv4 cluster and service networks and its own
+    /// IPv4 subnet), absent on an IPv6-only node: with [`ClusterState::node_ipv6`], the one
+    /// place the pipeline, the host plan and the egress policy learn which families to have.
+    pub fn node_ipv4(&self) -> Option<crate::pipeline::NodeIpv4> {
+        Some(crate::pipeline::NodeIpv4 {
+            cluster_network: self.cluster_network?,
+            service_network: self.service_network?,
+            local_subnet: self.local_subnet()?.subnet?,
+        })
+    }
+
+    /// This node's IPv6 side, when it is dual-stack or IPv6-only (the cluster's IPv6 cluster
+    /// and service networks and its own IPv6 subnet).
     pub fn node_ipv6(&self) -> Option<crate::pipeline::NodeIpv6> {
         Some(crate::pipeline::NodeIpv6 {
             cluster_network: self.cluster_network6?,
@@ -327,15 +413,29 @@ impl ClusterState {
         }
     }
 
+    /// The cluster's networks, family by family: IPv4 or IPv6 or both, each with its service
+    /// network.
+    fn check_networks(&self) -> Result<(), Fatal> {
+        match (self.cluster_network, self.service_network) {
+            (Some(_), None) => return Err(Fatal("clusterNetworks has an IPv4 network but serviceNetworks has none: each family has both".into())),
+            (None, Some(_)) => return Err(Fatal("serviceNetworks has an IPv4 network but clusterNetworks has none: each family has both".into())),
+            _ => {}
+        }
+        match (self.cluster_network6, self.service_network6) {
+            (None, Some(_)) => Err(Fatal("serviceNetworks has an IPv6 network but clusterNetworks has none: a dual-stack cluster has both".into())),
+            (Some(_), None) => Err(Fatal("clusterNetworks has an IPv6 network but serviceNetworks has none: each family has both".into())),
+            (None, None) if self.cluster_network.is_none() => Err(Fatal("clusterNetworks is empty: a cluster has an IPv4 network, an IPv6 one, or both".into())),
+            _ => Ok(()),
+        }
+    }
+
     /// Cross-object checks: drops every object that conflicts with the cluster or with an
     /// earlier object, and says why. Fails only if the node itself cannot be set up.
     pub fn validate(mut self) -> Result<(ClusterState, Vec<Problem>), Fatal> {
         let mut problems = Vec::new();
+        self.check_networks()?;
         let cluster = self.cluster_network;
         let cluster6 = self.cluster_network6;
-        if cluster6.is_none() && self.service_network6.is_some() {
-            return Err(Fatal("serviceNetworks has an IPv6 network but clusterNetworks has none: a dual-stack cluster has both".into()));
-        }
 
         let mut hosts = BTreeSet::new();
         // Accepted subnets (pairwise disjoint) by first address, with their acceptance order:
@@ -345,16 +445,22 @@ impl ClusterState {
             let obj = format!("hostsubnet {}", h.host);
             let err = if !hosts.insert(h.host.clone()) {
                 Some(("host", "duplicate HostSubnet for this host".to_string()))
-            } else if !cluster.contains(&h.subnet) {
-                Some(("subnet", format!("{} is outside the cluster network {cluster}", h.subnet)))
             } else {
-                let (start, end) = (u32::from(h.subnet.network()), u32::from(h.subnet.broadcast()));
-                let before = subnets.range(..start).next_back().filter(|(_, (o, _))| u32::from(o.broadcast()) >= start);
-                before
-                    .into_iter()
-                    .chain(subnets.range(start..=end))
-                    .min_by_key(|(_, (_, i))| *i)
-                    .map(|(_, (o, _))| ("subnet", format!("{} overlaps {o} of another node", h.subnet)))
+                match (cluster, h.subnet) {
+                    (None, None) => None,
+                    (None, Some(s)) => Some(("subnet", format!("{s}: the cluster has no IPv4 cluster network (IPv6-only)"))),
+                    (Some(c), None) => Some(("subnet", format!("missing: the cluster network is {c}, a node's subnet is IPv4"))),
+                    (Some(c), Some(s)) if !c.contains(&s) => Some(("subnet", format!("{s} is outside the cluster network {c}"))),
+                    (Some(_), Some(s)) => {
+                        let (start, end) = (u32::from(s.network()), u32::from(s.broadcast()));
+                        let before = subnets.range(..start).next_back().filter(|(_, (o, _))| u32::from(o.broadcast()) >= start);
+                        before
+                            .into_iter()
+                            .chain(subnets.range(start..=end))
+                            .min_by_key(|(_, (_, i))| *i)
+                            .map(|(_, (o, _))| ("subnet", format!("{s} overlaps {o} of another node")))
+                    }
+                }
             };
             match err {
                 Some((field, m)) => {
@@ -362,8 +468,10 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    let n = subnets.len();
-                    subnets.insert(u32::from(h.subnet.network()), (h.subnet, n));
+                    if let Some(s) = h.subnet {
+                        let n = subnets.len();
+                        subnets.insert(u32::from(s.network()), (s, n));
+                    }
                     true
                 }
             }
@@ -389,18 +497,24 @@ impl ClusterState {
         let service_net6 = self.service_network6;
         self.services.retain(|s| {
             let obj = format!("service {}/{}", s.namespace, s.name);
-            let err = if !known(&s.namespace, &names) {
-                Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", s.namespace)))
-            } else if !service_net.contains(&s.cluster_ip) {
-                Some(("clusterIP", format!("{} is outside the service network {service_net}", s.cluster_ip)))
-            } else if let Some(other) = cluster_ips.get(&IpAddr::V4(s.cluster_ip)) {
-                Some(("clusterIP", format!("{} is already used by {other}", s.cluster_ip)))
-            } else {
+            let v4 = s.cluster_ip.and_then(|ip| match service_net {
+                None => Some(("clusterIP", format!("{ip}: the cluster has no IPv4 service network (IPv6-only)"))),
+                Some(n) if !n.contains(&ip) => Some(("clusterIP", format!("{ip} is outside the service network {n}"))),
+                Some(_) => cluster_ips.get(&IpAddr::V4(ip)).map(|other| ("clusterIP", format!("{ip} is already used by {other}"))),
+            });
+            let v6 = || {
                 s.cluster_ip6.and_then(|ip6| match service_net6 {
                     None => Some(("clusterIPs", format!("{ip6}: the cluster has no IPv6 service network"))),
                     Some(n) if !n.contains(&ip6) => Some(("clusterIPs", format!("{ip6} is outside the service network {n}"))),
                     Some(_) => cluster_ips.get(&IpAddr::V6(ip6)).map(|other| ("clusterIPs", format!("{ip6} is already used by {other}"))),
                 })
+            };
+            let err = if !known(&s.namespace, &names) {
+                Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", s.namespace)))
+            } else if s.cluster_ip.is_none() && s.cluster_ip6.is_none() {
+                Some(("clusterIP", "missing: the Service has no cluster IP".to_string()))
+            } else {
+                v4.or_else(v6)
             };
             match err {
                 Some((f, m)) => {
@@ -408,16 +522,14 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    cluster_ips.insert(IpAddr::V4(s.cluster_ip), obj.clone());
-                    if let Some(ip6) = s.cluster_ip6 {
-                        cluster_ips.insert(IpAddr::V6(ip6), obj);
+                    for ip in s.cluster_ip.map(IpAddr::V4).into_iter().chain(s.cluster_ip6.map(IpAddr::V6)) {
+                        cluster_ips.insert(ip, obj.clone());
                     }
                     true
                 }
             }
         });
 
-        let gateway = Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1));
         let mut ips: HashMap<IpAddr, String> = HashMap::new();
         let mut pod_names = BTreeSet::new();
         let mut veths: HashMap<String, String> = HashMap::new();
@@ -427,14 +539,8 @@ impl ClusterState {
                 Some(("name", "duplicate pod".to_string()))
             } else if !known(&p.namespace, &names) {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
-            } else if !local.subnet.contains(&p.ip) || p.ip == local.subnet.network() || p.ip == local.subnet.broadcast() {
-                Some(("ip", format!("{} is not a host address of this node's subnet {}", p.ip, local.subnet)))
-            } else if p.ip == gateway {
-                Some(("ip", format!("{} is the node's gateway address", p.ip)))
-            } else if let Some(other) = ips.get(&IpAddr::V4(p.ip)) {
-                Some(("ip", format!("{} is already used by {other}", p.ip)))
-            } else if let Some(e) = p.ip6.and_then(|ip6| pod_ip6_problem(ip6, local.subnet6, &ips)) {
-                Some(("ips", e))
+            } else if let Some(e) = pod_ips_problem(p, &local, &ips) {
+                Some(e)
             } else {
                 veths.get(&p.host_veth).map(|other| ("hostVeth", format!("{:?} is already used by {other}", p.host_veth)))
             };
@@ -444,9 +550,8 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    ips.insert(IpAddr::V4(p.ip), obj.clone());
-                    if let Some(ip6) = p.ip6 {
-                        ips.insert(IpAddr::V6(ip6), obj.clone());
+                    for ip in p.ips().iter() {
+                        ips.insert(ip, obj.clone());
                     }
                     veths.insert(p.host_veth.clone(), obj);
                     true
@@ -473,17 +578,24 @@ impl ClusterState {
                 Some(("name", "duplicate pod".to_string()))
             } else if !known(&p.namespace, &names) {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
-            } else if !cluster.contains(&p.ip) || local.subnet.contains(&p.ip) {
-                Some(("ip", format!("{} is not in the cluster network {cluster} outside this node's subnet", p.ip)))
-            } else if let Some(other) = ips.get(&IpAddr::V4(p.ip)) {
-                Some(("ip", format!("{} is already used by {other}", p.ip)))
+            } else if p.ip.is_none() && p.ip6.is_none() {
+                Some(("ip", "the pod has no address".to_string()))
             } else {
-                p.ip6.and_then(|ip6| match cluster6 {
-                    Some(c) if c.contains(&ip6) && !local.subnet6.is_some_and(|l| l.contains(&ip6)) => {
-                        ips.get(&IpAddr::V6(ip6)).map(|other| ("ips", format!("{ip6} is already used by {other}")))
+                let v4 = p.ip.and_then(|ip| match cluster {
+                    Some(c) if c.contains(&ip) && !local.subnet.is_some_and(|l| l.contains(&ip)) => {
+                        ips.get(&IpAddr::V4(ip)).map(|other| ("ip", format!("{ip} is already used by {other}")))
                     }
-                    Some(c) => Some(("ips", format!("{ip6} is not in the cluster network {c} outside this node's subnet"))),
-                    None => Some(("ips", format!("{ip6}: the cluster has no IPv6 cluster network"))),
+                    Some(c) => Some(("ip", format!("{ip} is not in the cluster network {c} outside this node's subnet"))),
+                    None => Some(("ip", format!("{ip}: the cluster has no IPv4 cluster network (IPv6-only)"))),
+                });
+                v4.or_else(|| {
+                    p.ip6.and_then(|ip6| match cluster6 {
+                        Some(c) if c.contains(&ip6) && !local.subnet6.is_some_and(|l| l.contains(&ip6)) => {
+                            ips.get(&IpAddr::V6(ip6)).map(|other| ("ips", format!("{ip6} is already used by {other}")))
+                        }
+                        Some(c) => Some(("ips", format!("{ip6} is not in the cluster network {c} outside this node's subnet"))),
+                        None => Some(("ips", format!("{ip6}: the cluster has no IPv6 cluster network"))),
+                    })
                 })
             };
             match err {
@@ -492,9 +604,8 @@ impl ClusterState {
                     false
                 }
                 None => {
-                    ips.insert(IpAddr::V4(p.ip), obj.clone());
-                    if let Some(ip6) = p.ip6 {
-                        ips.insert(IpAddr::V6(ip6), obj);
+                    for ip in p.ip.map(IpAddr::V4).into_iter().chain(p.ip6.map(IpAddr::V6)) {
+                        ips.insert(ip, obj.clone());
                     }
                     true
                 }
@@ -525,34 +636,22 @@ impl ClusterState {
         let Some(local) = self.local_subnet() else {
             return Err(Problem::new(obj, "", "the node has no local subnet"));
         };
-        let gateway = Ipv4Addr::from(u32::from(local.subnet.network()).wrapping_add(1));
         if !self.net_namespaces.iter().any(|n| n.name == p.namespace) {
             return Err(Problem::new(obj, "namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)));
         }
-        if !local.subnet.contains(&p.ip) || p.ip == local.subnet.network() || p.ip == local.subnet.broadcast() {
-            return Err(Problem::new(obj, "ip", format!("{} is not a host address of this node's subnet {}", p.ip, local.subnet)));
+        let others: HashMap<IpAddr, String> = self
+            .pods
+            .iter()
+            .filter(|o| o.key() != p.key())
+            .flat_map(|o| o.ips().iter().map(move |ip| (ip, format!("pod {}/{}", o.namespace, o.name))))
+            .collect();
+        if let Some((field, e)) = pod_ips_problem(p, local, &others) {
+            return Err(Problem::new(obj, field, e));
         }
-        if p.ip == gateway {
-            return Err(Problem::new(obj, "ip", format!("{} is the node's gateway address", p.ip)));
-        }
-        if p.mac == crate::pipeline::via_host::tun0_mac(gateway) {
+        if Some(p.mac) == local.tun0_mac() {
             return Err(Problem::new(obj, "mac", format!("{} is the node gateway's (tun0) MAC address", p.mac)));
         }
-        if let Some(ip6) = p.ip6 {
-            let others: HashMap<IpAddr, String> = self
-                .pods
-                .iter()
-                .filter(|o| o.key() != p.key())
-                .filter_map(|o| Some((IpAddr::V6(o.ip6?), format!("pod {}/{}", o.namespace, o.name))))
-                .collect();
-            if let Some(e) = pod_ip6_problem(ip6, local.subnet6, &others) {
-                return Err(Problem::new(obj, "ips", e));
-            }
-        }
         for o in self.pods.iter().filter(|o| o.key() != p.key()) {
-            if o.ip == p.ip {
-                return Err(Problem::new(obj, "ip", format!("{} is already used by pod {}/{}", p.ip, o.namespace, o.name)));
-            }
             if o.mac == p.mac {
                 return Err(Problem::new(obj, "mac", format!("{} is already used by pod {}/{}", p.mac, o.namespace, o.name)));
             }

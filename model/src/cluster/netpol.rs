@@ -10,7 +10,7 @@
 //! nothing.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use ipnet::IpNet;
 use k8s_openapi::api::networking::v1 as knet;
@@ -68,8 +68,9 @@ pub struct PodMeta {
 pub struct RemotePod {
     pub namespace: String,
     pub name: String,
-    pub ip: Ipv4Addr,
-    /// Its IPv6 address (dual-stack; Kubernetes: the IPv6 one of status.podIPs).
+    /// Its IPv4 address (`None` in an IPv6-only cluster).
+    pub ip: Option<Ipv4Addr>,
+    /// Its IPv6 address (dual-stack, IPv6-only; Kubernetes: the IPv6 one of status.podIPs).
     pub ip6: Option<std::net::Ipv6Addr>,
     pub labels: Labels,
     pub container_ports: Vec<ContainerPort>,
@@ -430,17 +431,16 @@ pub struct View<'a> {
 /// A pod as policies see it.
 struct ViewPod<'a> {
     namespace: &'a str,
-    ip: Ipv4Addr,
-    /// Its IPv6 address (dual-stack).
-    ip6: Option<Ipv6Addr>,
+    /// Its addresses (one per family it has).
+    ips: crate::domain::PodIps,
     labels: &'a Labels,
     container_ports: &'a [ContainerPort],
 }
 
 impl ViewPod<'_> {
-    /// The pod's addresses as peers: its IPv4 one, and its IPv6 one if it has one.
+    /// The pod's addresses as peers, one per family it has.
     fn addresses(&self) -> impl Iterator<Item = Src> + '_ {
-        std::iter::once(Src::Net(IpNet::from(IpAddr::V4(self.ip)))).chain(self.ip6.map(|a| Src::Net(IpNet::from(IpAddr::V6(a)))))
+        self.ips.iter().map(|a| Src::Net(IpNet::from(a)))
     }
 }
 
@@ -460,11 +460,10 @@ impl<'a> View<'a> {
         let pods = state
             .pods
             .iter()
-            .map(|p| ViewPod { namespace: &p.namespace, ip: p.ip, ip6: p.ip6, labels: state.pod_labels(p), container_ports: state.pod_container_ports(p) })
+            .map(|p| ViewPod { namespace: &p.namespace, ips: p.ips(), labels: state.pod_labels(p), container_ports: state.pod_container_ports(p) })
             .chain(state.remote_pods.iter().map(|p| ViewPod {
                 namespace: &p.namespace,
-                ip: p.ip,
-                ip6: p.ip6,
+                ips: crate::domain::PodIps { v4: p.ip, v6: p.ip6 },
                 labels: &p.labels,
                 container_ports: &p.container_ports,
             }))
@@ -602,7 +601,7 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
             for i in &selected {
                 isolated[usize::from(side == Side::Egress)][*i] = true;
                 if mode.deny {
-                    for ip in std::iter::once(IpAddr::V4(pods[*i].ip)).chain(pods[*i].ip6.map(IpAddr::V6)) {
+                    for ip in pods[*i].ips().iter() {
                         deny.entry((side, ip)).or_default().push(&p.name);
                     }
                 }
@@ -622,12 +621,12 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
                             out.dedup();
                             out
                         });
-                        let pods = selected.iter().map(|i| (pods[*i].ip, destinations(r, state.pod_container_ports(pods[*i])))).collect();
+                        let pods = selected.iter().map(|i| (pods[*i].ips(), destinations(r, state.pod_container_ports(pods[*i])))).collect();
                         rules.push(RuleAllow { policy: p.name.clone(), rule: ri, srcs, pods });
                     }
                     Side::Egress => {
                         let peers = view.destinations(&p.namespace, r);
-                        let pods = selected.iter().map(|i| pods[*i].ip).collect();
+                        let pods = selected.iter().map(|i| pods[*i].ips()).collect();
                         egress_rules.push(EgressRule { policy: p.name.clone(), rule: ri, pods, peers });
                     }
                 }
@@ -639,10 +638,8 @@ pub fn isolation(state: &ClusterState, view: &View<'_>, namespace: &str) -> (Nam
     // for egress): only a VNID no other namespace carries will do.
     let pod_vnid = state.vnid_of(namespace);
     let vnid = pod_vnid.filter(|v| !state.net_namespaces.iter().any(|n| n.vnid == *v && n.name != namespace));
-    let [isolated, egress_isolated] = isolated.map(|flags| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ip).collect());
-    // Dual-stack pods: their rules are compiled for their IPv6 addresses too.
-    let ip6 = pods.iter().filter_map(|p| p.ip6.map(|a| (p.ip, a))).collect();
-    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit, ip6 }, warnings)
+    let [isolated, egress_isolated] = isolated.map(|flags| pods.iter().zip(flags).filter(|(_, i)| *i).map(|(p, _)| p.ips()).collect());
+    (NamespacePolicy { namespace: namespace.to_string(), vnid, isolated, rules, pod_vnid, egress_isolated, egress_rules, audit }, warnings)
 }
 
 /// A rule's ports for one destination pod (named ports resolved against its containerPorts).
@@ -794,7 +791,7 @@ networkPolicies:
         let view = View::new(&state);
         let (ns, warnings) = isolation(&state, &view, "a");
         assert!(warnings.is_empty() && ns.isolated.is_empty(), "{warnings:?} {ns:?}");
-        assert_eq!(ns.egress_isolated, vec!["10.128.0.5".parse::<Ipv4Addr>().unwrap()]);
+        assert_eq!(ns.egress_isolated, vec!["10.128.0.5".parse::<crate::domain::PodIps>().unwrap()]);
         let tcp = |p: u16| Dst::Ports { proto: L4::Tcp, start: p, end: p };
         let net = |a: &str| Src::Net(a.parse().unwrap());
         // Rule 0: every pod of every namespace on 80, and on its own "sql" port where it has one.

@@ -730,8 +730,8 @@ egressNetworkPolicies:
             ("\"fd00:172:30::10\"", "\"fd00:172:31::10\"", "service team-a/web: field clusterIPs: fd00:172:31::10 is outside the service network fd00:172:30::/112"),
             ("\"fd00:10:128:200::/64\"", "\"fd00:10:128:2::/63\"", "hostsubnet node-c: field subnets: fd00:10:128:2::/63 overlaps fd00:10:128:2::/64 of node node-a"),
             ("\"fd00:10:128:200::/64\"", "\"fd00:10:129::/64\"", "hostsubnet node-c: field subnets: fd00:10:129::/64 is outside the cluster network fd00:10:128::/48"),
-            ("serviceNetworks: [172.30.0.0/16, \"fd00:172:30::/112\"]", "serviceNetworks: [172.30.0.0/16]", "a dual-stack cluster has an IPv6 cluster network and an IPv6 service network, or neither"),
-            ("clusterNetworks: [10.128.0.0/14, ", "clusterNetworks: [", "field clusterNetwork: has no IPv4 value: IPv6-only is not supported"),
+            ("serviceNetworks: [172.30.0.0/16, \"fd00:172:30::/112\"]", "serviceNetworks: [172.30.0.0/16]", "the cluster network is IPv4 and IPv6 but the service network IPv4: both have the same families"),
+            ("clusterNetworks: [10.128.0.0/14, ", "clusterNetworks: [", "the cluster network is IPv6 but the service network IPv4 and IPv6: both have the same families"),
         ] {
             let got = problem(from, to);
             assert!(got.contains(want), "{from} -> {to}: {got}");
@@ -739,6 +739,51 @@ egressNetworkPolicies:
         // A HostSubnet whose IPv6 subnet is wrong keeps its IPv4 one.
         let (s, _) = parse(&text.replace("\"fd00:10:128:200::/64\"", "\"fd00:10:129::/64\"")).unwrap();
         let c = s.host_subnets.iter().find(|h| h.host == "node-c").unwrap();
-        assert_eq!((c.subnet.to_string(), c.subnet6), ("10.130.0.0/23".to_string(), None));
+        assert_eq!((c.subnet.map(|s| s.to_string()), c.subnet6), (Some("10.130.0.0/23".to_string()), None));
+    }
+
+    /// A single-stack IPv6 state: the singular fields take IPv6 values, nothing is IPv4, and
+    /// the node's pipeline has no IPv4 side; every IPv4 value is refused naming its object.
+    #[test]
+    fn ipv6_only() {
+        let text = include_str!("../../../deploy/examples/ipv6-only.yaml");
+        let (s, p) = parse(text).unwrap();
+        assert!(p.is_empty(), "{p:?}");
+        assert!(s.ipv6_only());
+        assert_eq!((s.cluster_network, s.service_network), (None, None));
+        assert_eq!(s.cluster_network6, Some("fd00:10:128::/48".parse().unwrap()));
+        let local = s.local_subnet().unwrap();
+        assert_eq!((local.subnet, local.subnet6), (None, Some("fd00:10:128:2::/64".parse().unwrap())));
+        assert_eq!(local.tun0_mac().unwrap().to_string(), "0a:58:00:00:00:01");
+        assert_eq!((s.pods[0].ip, s.pods[0].ip6), (None, Some("fd00:10:128:2::c8".parse().unwrap())));
+        assert_eq!((s.services[0].cluster_ip, s.services[0].cluster_ip6), (None, Some("fd00:172:30::10".parse().unwrap())));
+        assert!(s.node_ipv4().is_none() && s.node_ipv6().is_some());
+        let problem = |from: &str, to: &str| {
+            let bad = text.replace(from, to);
+            assert_ne!(bad, text, "{from}");
+            parse(&bad).map(|(_, p)| p.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")).unwrap_or_else(|e| e.0)
+        };
+        for (from, to, want) in [
+            ("ip: \"fd00:10:128:2::c8\"", "ip: 10.128.2.200", "pod team-a/web: field ip: 10.128.2.200: this node has no IPv4 subnet"),
+            ("ip: \"fd00:10:128:2::c8\"", "ip: \"fd00:10:128:2::1\"", "pod team-a/web: field ips: fd00:10:128:2::1 is the node's IPv6 gateway address"),
+            ("clusterIP: \"fd00:172:30::10\"", "clusterIP: 172.30.0.10", "service team-a/web: field clusterIP: 172.30.0.10: the cluster has no IPv4 service network"),
+            ("subnet: \"fd00:10:128:100::/64\"", "subnet: 10.129.0.0/23", "hostsubnet node-b: field subnet: 10.129.0.0/23: the cluster has no IPv4 cluster network"),
+            ("subnet: \"fd00:10:128:100::/64\"", "subnet: \"fd00:10:128:2::/63\"", "hostsubnet node-b: field subnet: fd00:10:128:2::/63 overlaps fd00:10:128:2::/64 of node node-a"),
+            ("serviceNetwork: \"fd00:172:30::/112\"", "serviceNetwork: 172.30.0.0/16", "the cluster network is IPv6 but the service network IPv4"),
+        ] {
+            let got = problem(from, to);
+            assert!(got.contains(want), "{from} -> {to}: {got}");
+        }
+        // A node subnet dropped whole: no IPv4 one to fall back on.
+        let (s, _) = parse(&text.replace("\"fd00:10:128:100::/64\"", "\"fd00:10:129::/64\"")).unwrap();
+        assert!(!s.host_subnets.iter().any(|h| h.host == "node-b"));
+        // The pipeline: IPv6 flows only.
+        let (d, problems, _) = crate::cluster::desired::desired_state_with_warnings(&s, &Default::default(), &Default::default());
+        assert!(problems.is_empty(), "{problems:?}");
+        let matches: Vec<openflow::Match> = d.iter().map(|(_, f)| f.key.decode_match().unwrap()).collect();
+        assert!(matches.len() > 40, "{}", matches.len());
+        assert!(matches.iter().any(|m| m.to_string() == "ipv6,ipv6_dst=fd00:172:30::10,nw_frag=later"), "{matches:#?}");
+        let v4: Vec<_> = matches.iter().filter(|m| matches!(m.eth, openflow::EthMatch::Ipv4(_) | openflow::EthMatch::Arp(_))).collect();
+        assert!(v4.is_empty(), "{v4:#?}");
     }
 }

@@ -27,9 +27,11 @@ pub struct RawPod {
     pub container_id: String,
     #[serde(rename = "hostVeth")]
     pub host_veth: String,
+    /// The pod's address: its IPv4 one, or its IPv6 one in an IPv6-only cluster (Kubernetes'
+    /// `podIP`).
     pub ip: String,
-    /// Kubernetes' `podIPs` shape: the pod's addresses, one per family (the IPv4 one is `ip`);
-    /// empty for an IPv4-only pod.
+    /// Kubernetes' `podIPs` shape: the pod's addresses, one per family (listing `ip`); empty
+    /// for a single-stack pod.
     #[serde(default)]
     pub ips: Vec<String>,
     pub mac: String,
@@ -46,8 +48,8 @@ pub struct RawPod {
 pub struct Header {
     pub node: String,
     pub plugin: Plugin,
-    pub cluster_network: Ipv4Net,
-    pub service_network: Ipv4Net,
+    pub cluster_network: Option<Ipv4Net>,
+    pub service_network: Option<Ipv4Net>,
     pub cluster_network6: Option<Ipv6Net>,
     pub service_network6: Option<Ipv6Net>,
     pub vxlan_port: u16,
@@ -55,8 +57,8 @@ pub struct Header {
 }
 
 /// Validates the cluster-wide settings (the state cannot be used without them).
-/// `cluster_networks` and `service_networks` are one CIDR per family (dual-stack: an IPv4 and
-/// an IPv6 one, in either order; IPv4 is required).
+/// `cluster_networks` and `service_networks` are one CIDR per family (IPv4, IPv6, or
+/// dual-stack: an IPv4 and an IPv6 one, in either order), the same families in both.
 pub fn header(
     node: String,
     plugin: Plugin,
@@ -70,10 +72,17 @@ pub fn header(
         .map_err(|(f, e)| Fatal(format!("field {f}: {e}")))?;
     let (service_network, service_network6) = dual_nets(&named("serviceNetwork", service_networks), service_networks)
         .map_err(|(f, e)| Fatal(format!("field {f}: {e}")))?;
-    if cluster_network6.is_some() != service_network6.is_some() {
-        return Err(Fatal(
-            "fields clusterNetworks, serviceNetworks: a dual-stack cluster has an IPv6 cluster network and an IPv6 service network, or neither".into(),
-        ));
+    if cluster_network6.is_some() != service_network6.is_some() || cluster_network.is_some() != service_network.is_some() {
+        let fam = |four: bool, six: bool| match (four, six) {
+            (true, true) => "IPv4 and IPv6",
+            (true, false) => "IPv4",
+            _ => "IPv6",
+        };
+        return Err(Fatal(format!(
+            "fields clusterNetworks, serviceNetworks: the cluster network is {} but the service network {}: both have the same families",
+            fam(cluster_network.is_some(), cluster_network6.is_some()),
+            fam(service_network.is_some(), service_network6.is_some()),
+        )));
     }
     if node.is_empty() {
         return Err(Fatal("field node: must not be empty".into()));
@@ -154,14 +163,9 @@ fn net(s: &str) -> Result<Ipv4Net, String> {
     s.parse::<Ipv4Net>().map(|n| n.trunc()).map_err(|_| format!("{s:?} is not an IPv4 CIDR"))
 }
 
-fn addr(s: &str) -> Result<Ipv4Addr, String> {
-    s.parse::<Ipv4Addr>().map_err(|_| format!("{s:?} is not an IPv4 address"))
-}
-
-/// Kubernetes' dual-stack shape (`podCIDRs`, `podIPs`, `clusterIPs`): at most one value of
-/// each family, in either order, the IPv4 one required (IPv6-only nodes are not supported: the
-/// VXLAN underlay and the pod MAC rule are IPv4's). `field` names the list.
-fn dual<T: Copy>(field: &str, values: &[&str], parse: impl Fn(&str) -> Option<T>, v4: impl Fn(T) -> bool, what: &str) -> Result<(T, Option<T>), FieldError> {
+/// Kubernetes' dual-stack shape (`podCIDRs`, `podIPs`, `clusterIPs`): at least one value and
+/// at most one of each family, in either order: (IPv4, IPv6). `field` names the list.
+fn dual<T: Copy>(field: &str, values: &[&str], parse: impl Fn(&str) -> Option<T>, v4: impl Fn(T) -> bool, what: &str) -> Result<(Option<T>, Option<T>), FieldError> {
     let mut four = None;
     let mut six = None;
     for (i, v) in values.iter().enumerate() {
@@ -172,24 +176,23 @@ fn dual<T: Copy>(field: &str, values: &[&str], parse: impl Fn(&str) -> Option<T>
             return Err((at(), format!("{v:?}: a second {} value; one per family", if v4(t) { "IPv4" } else { "IPv6" })));
         }
     }
-    match four {
-        Some(f) => Ok((f, six)),
-        None if six.is_some() => Err((field.to_string(), "has no IPv4 value: IPv6-only is not supported, a dual-stack object lists an IPv4 and an IPv6 value".into())),
-        None => Err((field.to_string(), format!("must have an {what}"))),
+    if four.is_none() && six.is_none() {
+        return Err((field.to_string(), format!("must have an {what}")));
     }
+    Ok((four, six))
 }
 
-/// [`dual`] for CIDRs: (IPv4, IPv6).
-pub fn dual_nets(field: &str, values: &[&str]) -> Result<(Ipv4Net, Option<Ipv6Net>), FieldError> {
+/// [`dual`] for CIDRs: (IPv4, IPv6), at least one.
+pub fn dual_nets(field: &str, values: &[&str]) -> Result<(Option<Ipv4Net>, Option<Ipv6Net>), FieldError> {
     let (a, b) = dual(field, values, |s| s.parse::<IpNet>().ok().map(|n| n.trunc()), |n| matches!(n, IpNet::V4(_)), "IPv4 or IPv6 CIDR")?;
-    let IpNet::V4(a) = a else { unreachable!("dual returns the IPv4 value first") };
+    let a = a.and_then(|a| if let IpNet::V4(a) = a { Some(a) } else { None });
     Ok((a, b.and_then(|b| if let IpNet::V6(b) = b { Some(b) } else { None })))
 }
 
-/// [`dual`] for addresses: (IPv4, IPv6).
-pub fn dual_addrs(field: &str, values: &[&str]) -> Result<(Ipv4Addr, Option<Ipv6Addr>), FieldError> {
+/// [`dual`] for addresses: (IPv4, IPv6), at least one.
+pub fn dual_addrs(field: &str, values: &[&str]) -> Result<(Option<Ipv4Addr>, Option<Ipv6Addr>), FieldError> {
     let (a, b) = dual(field, values, |s| s.parse::<IpAddr>().ok(), |a| a.is_ipv4(), "IPv4 or IPv6 address")?;
-    let IpAddr::V4(a) = a else { unreachable!("dual returns the IPv4 value first") };
+    let a = a.and_then(|a| if let IpAddr::V4(a) = a { Some(a) } else { None });
     Ok((a, b.and_then(|b| if let IpAddr::V6(b) = b { Some(b) } else { None })))
 }
 
@@ -298,7 +301,7 @@ pub struct TypedPod {
     pub name: String,
     pub container_id: String,
     pub host_veth: String,
-    pub ip: Ipv4Addr,
+    pub ip: Option<Ipv4Addr>,
     pub ip6: Option<Ipv6Addr>,
     pub mac: MacAddr,
     pub ingress_bps: i64,
@@ -328,7 +331,11 @@ fn raw_pod_fields(r: RawPod) -> Result<TypedPod, FieldError> {
     // Lenient: the grammar state files have always been read with (1 or 2 hex digits per octet).
     let mac = MacAddr::parse_lenient(&r.mac).map_err(|e| ("mac".to_string(), e.to_string()))?;
     let (ip, ip6) = if r.ips.is_empty() {
-        (addr(&r.ip).map_err(at("ip"))?, None)
+        match r.ip.parse::<IpAddr>() {
+            Ok(IpAddr::V4(a)) => (Some(a), None),
+            Ok(IpAddr::V6(a)) => (None, Some(a)),
+            Err(_) => return Err(("ip".into(), format!("{:?} is not an IPv4 or IPv6 address", r.ip))),
+        }
     } else {
         let ips = singular_and_plural("ips", Some(&r.ip), &r.ips)?;
         dual_addrs("ips", &ips)?
@@ -508,7 +515,7 @@ mod tests {
                 name: "p".into(),
                 container_id: "ab".repeat(32),
                 host_veth: "v".into(),
-                ip: Ipv4Addr::new(10, 128, 2, 5),
+                ip: Some(Ipv4Addr::new(10, 128, 2, 5)),
                 ip6: None,
                 mac: MacAddr([0x0a, 0x58, 0x0a, 0x80, 0x02, 0x05]),
                 ingress_bps: 0,

@@ -3,8 +3,8 @@
 use openflow::{Action, ArpMatch, EthMatch, Ipv4Match, Match, RegMove, Subfield};
 
 use super::{
-    cidr, cidr6, host, ip, ip6, multicast_net, multicast_net6, nd, output, output_reg2, tun_id_low32, Flow, NodeConfig, NodeIpv6,
-    Reg, Table, NA, NS,
+    cidr, cidr6, host, ip, ip6, multicast_net, multicast_net6, nd, output, output_reg2, tun_id_low32, Flow, NodeConfig, NodeIpv4,
+    NodeIpv6, Reg, Table, NA, NS,
 };
 use crate::domain::OfPort;
 
@@ -17,38 +17,21 @@ fn tun_id_to_reg0() -> Action {
     )
 }
 
-/// Every base flow of SetupOVS, in the seed's order. The table-111 flow is not here: it is
-/// owned by the VXLAN multicast state ([`super::multicast::vxlan_flow`]), which writes it.
+/// Every base flow of SetupOVS: the family-neutral ones (each table's default), then the
+/// IPv4 ones ([`ipv4_flows`], in the seed's order) and the IPv6 ones ([`ipv6_flows`]) for the
+/// families the node has. The table-111 flow is not here: it is owned by the VXLAN multicast
+/// state ([`super::multicast::vxlan_flow`]), which writes it.
 pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
     use Table::*;
-    let vxlan = OfPort::VXLAN;
-    let tun = OfPort::TUN;
-    let cluster = cidr(cfg.cluster_network);
-    let local = cidr(cfg.local_subnet);
-    let gw = host(cfg.gateway());
-    let arp = |spa, tpa| EthMatch::Arp(ArpMatch { spa, tpa, ..Default::default() });
-    let ipm = |src, dst| EthMatch::Ipv4(Ipv4Match { src, dst, ..Default::default() });
-    let mcast = cidr(multicast_net());
-    let with = |port: Option<OfPort>, eth: EthMatch| Match { in_port: port.map(Into::into), eth, ..Default::default() };
     let networkpolicy = cfg.plugin == crate::domain::Plugin::NetworkPolicy;
     // Table 60: in networkpolicy mode every pod may reach every service (policies apply at
     // the endpoints, as Kubernetes defines them; openshift-sdn VERSION 4 does the same);
     // otherwise VNID 0 may reach every service and the services' own flows admit the rest.
     let services = if networkpolicy { Match::any() } else { Match::any().reg(Reg::SrcVnid.n(), 0) };
     let mut flows = vec![
-        // Table 0: initial dispatch based on in_port. vxlan0:
-        Flow::new(Classify, 200, with(Some(vxlan), arp(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
-        Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
-        Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(mcast))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
-        Flow::drop(Classify, 150, Match::any().in_port(vxlan)),
-        // tun0:
-        Flow::drop(Classify, 250, with(Some(tun), ipm(None, Some(mcast)))),
-        Flow::new(Classify, 200, with(Some(tun), arp(Some(gw), Some(cluster))), vec![], Some(Routing)),
-        Flow::new(Classify, 200, with(Some(tun), ipm(None, None)), vec![], Some(Routing)),
-        Flow::drop(Classify, 150, Match::any().in_port(tun)),
-        // else, from a container:
-        Flow::new(Classify, 100, with(None, arp(None, None)), vec![], Some(PodIngress)),
-        Flow::new(Classify, 100, with(None, ipm(None, None)), vec![], Some(PodIngress)),
+        // Table 0: whatever the families' flows do not take from vxlan0 and tun0, and the rest.
+        Flow::drop(Classify, 150, Match::any().in_port(OfPort::VXLAN)),
+        Flow::drop(Classify, 150, Match::any().in_port(OfPort::TUN)),
         Flow::drop(Classify, 0, Match::any()),
         // Table 10: VXLAN ingress filtering, filled by host subnets.
         Flow::drop(VxlanIngress, 0, Match::any()),
@@ -56,40 +39,29 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
         Flow::drop(PodIngress, 0, Match::any()),
         // Table 21: conntrack hook for NetworkPolicy.
         Flow::new(PolicyConntrack, 0, Match::any(), vec![], Some(Routing)),
-        // Table 30: general routing.
-        Flow::new(Routing, 300, with(None, arp(None, Some(gw))), vec![output(tun)], None),
-        Flow::new(Routing, 200, with(None, arp(None, Some(local))), vec![], Some(ArpLocal)),
-        Flow::new(Routing, 100, with(None, arp(None, Some(cluster))), vec![], Some(ArpRemote)),
-        Flow::new(Routing, 300, with(None, ipm(None, Some(gw))), vec![output(tun)], None),
-        Flow::new(Routing, 100, with(None, ipm(None, Some(cidr(cfg.service_network)))), vec![], Some(ServiceIp)),
-        Flow::new(Routing, 200, with(None, ipm(None, Some(local))), vec![], Some(PodIp)),
-        Flow::new(Routing, 100, with(None, ipm(None, Some(cluster))), vec![], Some(RemoteIp)),
-        // Multicast coming from the VXLAN, and from local pods.
-        Flow::new(Routing, 50, with(Some(vxlan), ipm(None, Some(mcast))), vec![], Some(MulticastLocal)),
-        Flow::new(Routing, 25, with(None, ipm(None, Some(mcast))), vec![], Some(MulticastOut)),
-        Flow::new(Routing, 0, Match::any().ipv4(ip()), vec![], Some(EgressPolicy)),
-        Flow::drop(Routing, 0, with(None, arp(None, None))),
         // Table 40: ARP to local pods, filled by pods.
         Flow::drop(ArpLocal, 0, Match::any()),
         // Table 50: ARP to remote pods, filled by host subnets.
         Flow::drop(ArpRemote, 0, Match::any()),
         // Table 60: services; VNID 0 may reach every service.
-        Flow::new(ServiceIp, 200, services, vec![output(tun)], None),
+        Flow::new(ServiceIp, 200, services, vec![output(OfPort::TUN)], None),
         Flow::drop(ServiceIp, 0, Match::any()),
         // Table 70: IP to local pods, filled by pods.
         Flow::drop(PodIp, 0, Match::any()),
-        // Table 80: policy; the gateway may always deliver. The rest comes from the plugin.
-        Flow::new(Policy, 300, with(None, ipm(Some(gw), None)), vec![output_reg2()], None),
+        // Table 80: the rest comes from the plugin.
         Flow::drop(Policy, 0, Match::any()),
         // Table 90: IP to remote pods, filled by host subnets.
         Flow::drop(RemoteIp, 0, Match::any()),
         // Table 100: egress policy dispatch; default: out through tun0.
-        Flow::new(EgressPolicy, 0, Match::any(), vec![output(tun)], None),
+        Flow::new(EgressPolicy, 0, Match::any(), vec![output(OfPort::TUN)], None),
         // Table 110: outbound multicast filtering.
         Flow::drop(MulticastOut, 0, Match::any()),
         // Table 120: multicast to local pods.
         Flow::drop(MulticastLocal, 0, Match::any()),
     ];
+    if let Some(v4) = &cfg.ipv4 {
+        flows.extend(ipv4_flows(v4));
+    }
     if let Some(v6) = &cfg.ipv6 {
         flows.extend(ipv6_flows(v6));
     }
@@ -99,7 +71,49 @@ pub fn flows(cfg: &NodeConfig) -> Vec<Flow> {
     flows
 }
 
-/// The IPv6 twins of the base flows (dual-stack), and neighbour discovery where the IPv4
+/// The IPv4 base flows of SetupOVS (the seed's, in its order), and ARP.
+pub fn ipv4_flows(v4: &NodeIpv4) -> Vec<Flow> {
+    use Table::*;
+    let vxlan = OfPort::VXLAN;
+    let tun = OfPort::TUN;
+    let cluster = cidr(v4.cluster_network);
+    let local = cidr(v4.local_subnet);
+    let gw = host(v4.gateway());
+    let arp = |spa, tpa| EthMatch::Arp(ArpMatch { spa, tpa, ..Default::default() });
+    let ipm = |src, dst| EthMatch::Ipv4(Ipv4Match { src, dst, ..Default::default() });
+    let mcast = cidr(multicast_net());
+    let with = |port: Option<OfPort>, eth: EthMatch| Match { in_port: port.map(Into::into), eth, ..Default::default() };
+    vec![
+        // Table 0: initial dispatch based on in_port. vxlan0:
+        Flow::new(Classify, 200, with(Some(vxlan), arp(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(local))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        Flow::new(Classify, 200, with(Some(vxlan), ipm(Some(cluster), Some(mcast))), vec![tun_id_to_reg0()], Some(VxlanIngress)),
+        // tun0:
+        Flow::drop(Classify, 250, with(Some(tun), ipm(None, Some(mcast)))),
+        Flow::new(Classify, 200, with(Some(tun), arp(Some(gw), Some(cluster))), vec![], Some(Routing)),
+        Flow::new(Classify, 200, with(Some(tun), ipm(None, None)), vec![], Some(Routing)),
+        // else, from a container:
+        Flow::new(Classify, 100, with(None, arp(None, None)), vec![], Some(PodIngress)),
+        Flow::new(Classify, 100, with(None, ipm(None, None)), vec![], Some(PodIngress)),
+        // Table 30: general routing.
+        Flow::new(Routing, 300, with(None, arp(None, Some(gw))), vec![output(tun)], None),
+        Flow::new(Routing, 200, with(None, arp(None, Some(local))), vec![], Some(ArpLocal)),
+        Flow::new(Routing, 100, with(None, arp(None, Some(cluster))), vec![], Some(ArpRemote)),
+        Flow::new(Routing, 300, with(None, ipm(None, Some(gw))), vec![output(tun)], None),
+        Flow::new(Routing, 100, with(None, ipm(None, Some(cidr(v4.service_network)))), vec![], Some(ServiceIp)),
+        Flow::new(Routing, 200, with(None, ipm(None, Some(local))), vec![], Some(PodIp)),
+        Flow::new(Routing, 100, with(None, ipm(None, Some(cluster))), vec![], Some(RemoteIp)),
+        // Multicast coming from the VXLAN, and from local pods.
+        Flow::new(Routing, 50, with(Some(vxlan), ipm(None, Some(mcast))), vec![], Some(MulticastLocal)),
+        Flow::new(Routing, 25, with(None, ipm(None, Some(mcast))), vec![], Some(MulticastOut)),
+        Flow::new(Routing, 0, Match::any().ipv4(ip()), vec![], Some(EgressPolicy)),
+        Flow::drop(Routing, 0, with(None, arp(None, None))),
+        // Table 80: the gateway may always deliver.
+        Flow::new(Policy, 300, with(None, ipm(Some(gw), None)), vec![output_reg2()], None),
+    ]
+}
+
+/// The IPv6 twins of the base flows (dual-stack, IPv6-only), and neighbour discovery where the IPv4
 /// flows handle ARP:
 ///
 /// | table | priority | match | actions |
@@ -187,9 +201,11 @@ mod tests {
         NodeConfig {
             ipv6: None,
             plugin: Plugin::Multitenant,
-            cluster_network: "10.128.0.0/14".parse().unwrap(),
-            service_network: "172.30.0.0/16".parse().unwrap(),
-            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv4: Some(NodeIpv4 {
+                cluster_network: "10.128.0.0/14".parse().unwrap(),
+                service_network: "172.30.0.0/16".parse().unwrap(),
+                local_subnet: "10.128.2.0/23".parse().unwrap(),
+            }),
         }
     }
 
@@ -275,5 +291,26 @@ mod tests {
         let f = flows(&cfg());
         let keys: std::collections::HashSet<_> = f.iter().map(Flow::key).collect();
         assert_eq!(keys.len(), f.len());
+    }
+
+    /// An IPv6-only node has the IPv6 flows and every table's default, and no `ip` or `arp`
+    /// flow; a dual-stack node's flows are exactly the IPv4 node's and the IPv6-only node's.
+    #[test]
+    fn ipv6_only_has_no_ipv4_flow() {
+        for plugin in [Plugin::Subnet, Plugin::Multitenant, Plugin::NetworkPolicy] {
+            let v6only = NodeConfig { plugin, ipv4: None, ..cfg6() };
+            let text: Vec<String> = flows(&v6only).iter().map(|f| f.to_string()).collect();
+            let v4ish = |t: &str| t.contains(",ip,") || t.contains(",arp") || t.contains("nw_") || t.contains(",tcp,") || t.contains(",udp,");
+            assert!(!text.iter().any(|t| v4ish(t) || t.contains("priority=0,ip ")), "{plugin:?}:\n{}", text.join("\n"));
+            for want in ["table=30, priority=0,ipv6 actions=goto_table:100", "priority=0 actions=drop", "table=100, priority=0 actions=output:2"] {
+                assert!(text.iter().any(|t| t == want), "{plugin:?}: missing {want}");
+            }
+            let dual: std::collections::BTreeSet<String> = flows(&NodeConfig { plugin, ..cfg6() }).iter().map(|f| f.to_string()).collect();
+            let v4: std::collections::BTreeSet<String> = flows(&NodeConfig { plugin, ..cfg() }).iter().map(|f| f.to_string()).collect();
+            // tun0's MAC is the IPv4 gateway's on a dual-stack node, the IPv6 one's here.
+            let same_mac = |t: &String| t.replace("0a:58:00:00:00:01", "0a:58:0a:80:02:01");
+            let union: std::collections::BTreeSet<String> = v4.iter().cloned().chain(text.iter().map(same_mac)).collect();
+            assert_eq!(dual, union, "{plugin:?}");
+        }
     }
 }

@@ -197,20 +197,36 @@ impl std::fmt::Display for Flow {
     }
 }
 
-/// What every node-local flow depends on.
+/// What every node-local flow depends on: the plugin and the node's networks, family by
+/// family. A node has IPv4, IPv6 or both (dual-stack); every flow that names an address is
+/// made for each family the node has, from the same model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeConfig {
     pub plugin: Plugin,
+    /// The IPv4 side (`None`: an IPv6-only node, no IPv4 flow at all).
+    pub ipv4: Option<NodeIpv4>,
+    /// The IPv6 side (`None`: IPv4 only, no IPv6 flow at all).
+    pub ipv6: Option<NodeIpv6>,
+}
+
+/// The IPv4 networks of a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeIpv4 {
     pub cluster_network: Ipv4Net,
     pub service_network: Ipv4Net,
     /// This node's HostSubnet.
     pub local_subnet: Ipv4Net,
-    /// The IPv6 side of a dual-stack node (`None`: IPv4 only, no IPv6 flow at all).
-    pub ipv6: Option<NodeIpv6>,
 }
 
-/// The IPv6 networks of a dual-stack node: every IPv4 flow that names a network has an IPv6
-/// twin naming these.
+impl NodeIpv4 {
+    /// tun0's IPv4 address ([`gateway`]).
+    pub fn gateway(&self) -> Ipv4Addr {
+        gateway(self.local_subnet)
+    }
+}
+
+/// The IPv6 networks of a dual-stack or IPv6-only node: every IPv4 flow that names a network
+/// has an IPv6 twin naming these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeIpv6 {
     pub cluster_network: ipnet::Ipv6Net,
@@ -227,9 +243,15 @@ impl NodeIpv6 {
 }
 
 impl NodeConfig {
-    /// The gateway (tun0) address: the first host address of the local subnet.
-    pub fn gateway(&self) -> Ipv4Addr {
-        gateway(self.local_subnet)
+    /// tun0's MAC: `0a:58:` and its IPv4 address, or the last four bytes of its IPv6 one on an
+    /// IPv6-only node ([`crate::domain::pod_mac`], the rule pods' MACs follow).
+    pub fn tun0_mac(&self) -> openflow::MacAddr {
+        match (&self.ipv4, &self.ipv6) {
+            (Some(v4), _) => crate::domain::pod_mac(v4.gateway()),
+            (None, Some(v6)) => crate::domain::pod_mac(v6.gateway()),
+            // No family: no flow names tun0's MAC (validated states always have one).
+            (None, None) => crate::domain::pod_mac(Ipv4Addr::UNSPECIFIED),
+        }
     }
 }
 

@@ -11,8 +11,9 @@ use crate::domain::{ContainerId, OfPort, Vnid};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPort {
     pub ofport: OfPort,
-    pub ip: Ipv4Addr,
-    /// The pod's IPv6 address (dual-stack).
+    /// The pod's IPv4 address (`None` on an IPv6-only node).
+    pub ip: Option<Ipv4Addr>,
+    /// The pod's IPv6 address (dual-stack, IPv6-only).
     pub ip6: Option<std::net::Ipv6Addr>,
     pub mac: MacAddr,
     pub container_id: ContainerId,
@@ -20,10 +21,11 @@ pub struct PodPort {
 }
 
 /// The pod's flows: ARP and IP from the pod (table 20, the ARP one carrying the container ID
-/// as its note), ARP to the pod (40), IP to the pod (70); and for a dual-stack pod the IPv6
-/// twins ([`ipv6_flows`]).
+/// as its note), ARP to the pod (40), IP to the pod (70); and for a pod with an IPv6 address
+/// the IPv6 twins ([`ipv6_flows`]). An IPv6-only pod's container ID rides on its plain
+/// `ipv6` table-20 flow (it has no ARP flow).
 pub fn flows(p: &PodPort) -> Vec<Flow> {
-    let mut flows = ipv4_flows(p);
+    let mut flows = p.ip.map(|ip| ipv4_flows(p, ip)).unwrap_or_default();
     if let Some(ip6) = p.ip6 {
         flows.extend(ipv6_flows(p, ip6));
     }
@@ -46,6 +48,10 @@ pub fn ipv6_flows(p: &PodPort, ip6_addr: std::net::Ipv6Addr) -> Vec<Flow> {
     let from_pod = |eth| Match { in_port: Some(p.ofport.into()), eth, ..Default::default() };
     let me = Some(Masked::exact(ip6_addr));
     let vnid = || vec![load(Reg::SrcVnid, p.vnid.get())];
+    let mut noted = vnid();
+    if p.ip.is_none() {
+        noted.push(Action::note(p.container_id.bytes().to_vec()));
+    }
     vec![
         Flow::new(Table::PodIngress, 110, from_pod(nd(NS, me, None, None, Some(p.mac))), vnid(), Some(Table::Routing)),
         Flow::new(
@@ -59,7 +65,7 @@ pub fn ipv6_flows(p: &PodPort, ip6_addr: std::net::Ipv6Addr) -> Vec<Flow> {
         Flow::new(Table::PodIngress, 110, from_pod(nd(NA, me, None, me, Some(openflow::MacAddr([0; 6])))), vnid(), Some(Table::Routing)),
         Flow::drop(Table::PodIngress, 105, from_pod(nd(NS, None, None, None, None))),
         Flow::drop(Table::PodIngress, 105, from_pod(nd(NA, None, None, None, None))),
-        Flow::new(Table::PodIngress, 100, from_pod(ip6(me, None)), vnid(), Some(Table::PolicyConntrack)),
+        Flow::new(Table::PodIngress, 100, from_pod(ip6(me, None)), noted, Some(Table::PolicyConntrack)),
         Flow::new(Table::PodIngress, 100, from_pod(icmp6(Some(super::cidr6(link_local6())))), vnid(), Some(Table::PolicyConntrack)),
         Flow::new(Table::ArpLocal, 100, Match { eth: nd(NS, None, None, me, None), ..Default::default() }, vec![output(p.ofport)], None),
         Flow::new(Table::ArpLocal, 100, Match { eth: nd(NA, None, me, None, None), ..Default::default() }, vec![output(p.ofport)], None),
@@ -73,14 +79,14 @@ pub fn ipv6_flows(p: &PodPort, ip6_addr: std::net::Ipv6Addr) -> Vec<Flow> {
     ]
 }
 
-fn ipv4_flows(p: &PodPort) -> Vec<Flow> {
+fn ipv4_flows(p: &PodPort, ip: Ipv4Addr) -> Vec<Flow> {
     let from_pod = |eth| Match { in_port: Some(p.ofport.into()), eth, ..Default::default() };
     vec![
         Flow::new(
             Table::PodIngress,
             100,
             from_pod(openflow::EthMatch::Arp(ArpMatch {
-                spa: Some(host(p.ip)),
+                spa: Some(host(ip)),
                 sha: Some(Masked::exact(p.mac)),
                 ..Default::default()
             })),
@@ -90,21 +96,21 @@ fn ipv4_flows(p: &PodPort) -> Vec<Flow> {
         Flow::new(
             Table::PodIngress,
             100,
-            from_pod(openflow::EthMatch::Ipv4(Ipv4Match { src: Some(host(p.ip)), ..Default::default() })),
+            from_pod(openflow::EthMatch::Ipv4(Ipv4Match { src: Some(host(ip)), ..Default::default() })),
             vec![load(Reg::SrcVnid, p.vnid.get())],
             Some(Table::PolicyConntrack),
         ),
         Flow::new(
             Table::ArpLocal,
             100,
-            Match::any().arp(ArpMatch { tpa: Some(host(p.ip)), ..Default::default() }),
+            Match::any().arp(ArpMatch { tpa: Some(host(ip)), ..Default::default() }),
             vec![output(p.ofport)],
             None,
         ),
         Flow::new(
             Table::PodIp,
             100,
-            Match::any().ipv4(Ipv4Match { dst: Some(host(p.ip)), ..Default::default() }),
+            Match::any().ipv4(Ipv4Match { dst: Some(host(ip)), ..Default::default() }),
             vec![load(Reg::DstVnid, p.vnid.get()), load(Reg::OutPort, p.ofport.0)],
             Some(Table::Policy),
         ),
@@ -120,7 +126,7 @@ mod tests {
         let p = PodPort {
             ip6: None,
             ofport: OfPort(3),
-            ip: "10.128.2.5".parse().unwrap(),
+            ip: Some("10.128.2.5".parse().unwrap()),
             mac: "0a:58:0a:80:02:05".parse().unwrap(),
             container_id: ContainerId::parse(&"ab".repeat(32)).unwrap(),
             vnid: Vnid::new(11).unwrap(),
@@ -142,7 +148,7 @@ mod tests {
     fn ipv6_text() {
         let p = PodPort {
             ofport: OfPort(3),
-            ip: "10.128.2.5".parse().unwrap(),
+            ip: Some("10.128.2.5".parse().unwrap()),
             ip6: Some("fd00:10:128:2::5".parse().unwrap()),
             mac: "0a:58:0a:80:02:05".parse().unwrap(),
             container_id: ContainerId::parse(&"ab".repeat(32)).unwrap(),
@@ -166,5 +172,26 @@ mod tests {
                 "table=70, priority=100,ipv6,ipv6_dst=fd00:10:128:2::5 actions=load:0xb->NXM_NX_REG1[],load:0x3->NXM_NX_REG2[],goto_table:80".to_string(),
             ]
         );
+    }
+
+    /// An IPv6-only pod: its IPv6 flows and no IPv4 one, its container ID on its plain
+    /// `ipv6` table-20 flow; its MAC from its IPv6 address.
+    #[test]
+    fn ipv6_only_text() {
+        let ip6: std::net::Ipv6Addr = "fd00:10:128:2::5".parse().unwrap();
+        let p = PodPort {
+            ofport: OfPort(3),
+            ip: None,
+            ip6: Some(ip6),
+            mac: crate::domain::pod_mac(ip6),
+            container_id: ContainerId::parse(&"ab".repeat(32)).unwrap(),
+            vnid: Vnid::new(11).unwrap(),
+        };
+        assert_eq!(p.mac.to_string(), "0a:58:00:00:00:05");
+        let t: Vec<String> = flows(&p).iter().map(|f| f.to_string()).collect();
+        assert_eq!(t.len(), 11, "{t:#?}");
+        assert!(t.iter().all(|f| f.contains("ipv6") || f.contains("icmp6")), "{t:#?}");
+        let note = vec!["ab"; 32].join(".") + ".00.00.00.00.00.00";
+        assert!(t.contains(&format!("table=20, priority=100,ipv6,in_port=3,ipv6_src=fd00:10:128:2::5 actions=load:0xb->NXM_NX_REG0[],note:{note},goto_table:21")), "{t:#?}");
     }
 }

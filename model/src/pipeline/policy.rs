@@ -7,9 +7,9 @@ use crate::domain::{Plugin, Vnid};
 
 /// The plugin's fixed rules: subnet delivers everything; multitenant delivers from and to
 /// VNID 0 (the global network); networkpolicy tracks, accepts replies and accepts pods no
-/// policy selects ([`super::netpol::plugin_flows`]).
-pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
-    match plugin {
+/// policy selects ([`super::netpol::plugin_flows`], for each family the node has).
+pub fn plugin_flows(cfg: &super::NodeConfig) -> Vec<Flow> {
+    match cfg.plugin {
         Plugin::Subnet => vec![Flow::new(Table::Policy, 200, Match::any(), vec![output_reg2()], None)],
         Plugin::Multitenant => vec![
             Flow::new(Table::Policy, 200, Match::any().reg(Reg::SrcVnid.n(), 0), vec![output_reg2()], None),
@@ -19,7 +19,7 @@ pub fn plugin_flows(plugin: Plugin) -> Vec<Flow> {
             // so no packet's fate depends on which entry wins.
             Flow::new(Table::Policy, 200, Match::any().reg(Reg::DstVnid.n(), 0), vec![output_reg2()], None),
         ],
-        Plugin::NetworkPolicy => super::netpol::plugin_flows(),
+        Plugin::NetworkPolicy => super::netpol::plugin_flows(cfg),
     }
 }
 
@@ -41,8 +41,9 @@ mod tests {
 
     #[test]
     fn text() {
-        assert_eq!(plugin_flows(Plugin::Subnet)[0].to_string(), "table=80, priority=200 actions=output:NXM_NX_REG2[]");
-        let m = plugin_flows(Plugin::Multitenant);
+        let cfg = |plugin| super::super::NodeConfig { plugin, ipv4: None, ipv6: None };
+        assert_eq!(plugin_flows(&cfg(Plugin::Subnet))[0].to_string(), "table=80, priority=200 actions=output:NXM_NX_REG2[]");
+        let m = plugin_flows(&cfg(Plugin::Multitenant));
         assert_eq!(m[1].to_string(), "table=80, priority=200,reg1=0 actions=output:NXM_NX_REG2[]");
         assert_eq!(vnid_flow(Vnid::new(11).unwrap()).to_string(), "table=80, priority=100,reg0=0xb,reg1=0xb actions=output:NXM_NX_REG2[]");
     }

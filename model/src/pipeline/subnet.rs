@@ -13,8 +13,9 @@ use crate::domain::{OfPort, Vnid};
 pub struct RemoteSubnet {
     /// The node's underlay address (VXLAN endpoint), either family.
     pub host_ip: IpAddr,
-    pub subnet: Ipv4Net,
-    /// Its IPv6 pod subnet (dual-stack).
+    /// Its IPv4 pod subnet (`None` in an IPv6-only cluster).
+    pub subnet: Option<Ipv4Net>,
+    /// Its IPv6 pod subnet (dual-stack, IPv6-only).
     pub subnet6: Option<ipnet::Ipv6Net>,
     /// The `pod.network.openshift.io/fixed-vnid-host` annotation: every packet to this node
     /// carries this VNID instead of the sender's.
@@ -55,8 +56,14 @@ pub(crate) fn move_reg0_to_tun_id() -> Action {
     )
 }
 
+/// The node's flows: table 10 admits what comes through the tunnel from it (either family
+/// inside), then its subnet of each family: ARP or neighbour discovery (50) and IP (90) to
+/// its pods, through the tunnel.
 pub fn flows(r: &RemoteSubnet) -> Vec<Flow> {
-    let mut flows = ipv4_flows(r);
+    let mut flows = vec![Flow::new(Table::VxlanIngress, 100, from_node(r.host_ip), vec![], Some(Table::Routing))];
+    if let Some(s) = r.subnet {
+        flows.extend(ipv4_flows(r, s));
+    }
     if let Some(s6) = r.subnet6 {
         // The IPv6 twins (inside the same IPv4 VXLAN underlay): neighbour discovery for the
         // node's pods (table 50, as ARP) and IPv6 to them (90).
@@ -71,20 +78,19 @@ pub fn flows(r: &RemoteSubnet) -> Vec<Flow> {
     flows
 }
 
-fn ipv4_flows(r: &RemoteSubnet) -> Vec<Flow> {
+fn ipv4_flows(r: &RemoteSubnet, subnet: Ipv4Net) -> Vec<Flow> {
     vec![
-        Flow::new(Table::VxlanIngress, 100, from_node(r.host_ip), vec![], Some(Table::Routing)),
         Flow::new(
             Table::ArpRemote,
             100,
-            Match::any().arp(ArpMatch { tpa: Some(cidr(r.subnet)), ..Default::default() }),
+            Match::any().arp(ArpMatch { tpa: Some(cidr(subnet)), ..Default::default() }),
             to_vxlan(r.host_ip, r.fixed_vnid),
             None,
         ),
         Flow::new(
             Table::RemoteIp,
             100,
-            Match::any().ipv4(Ipv4Match { dst: Some(cidr(r.subnet)), ..Default::default() }),
+            Match::any().ipv4(Ipv4Match { dst: Some(cidr(subnet)), ..Default::default() }),
             to_vxlan(r.host_ip, r.fixed_vnid),
             None,
         ),
@@ -97,7 +103,7 @@ mod tests {
 
     #[test]
     fn both_variants() {
-        let mut r = RemoteSubnet { subnet6: None, host_ip: "172.17.0.3".parse().unwrap(), subnet: "10.129.0.0/23".parse().unwrap(), fixed_vnid: None };
+        let mut r = RemoteSubnet { subnet6: None, host_ip: "172.17.0.3".parse().unwrap(), subnet: Some("10.129.0.0/23".parse().unwrap()), fixed_vnid: None };
         let t: Vec<String> = flows(&r).iter().map(|f| f.to_string()).collect();
         assert_eq!(t[0], "table=10, priority=100,tun_src=172.17.0.3 actions=goto_table:30");
         assert_eq!(

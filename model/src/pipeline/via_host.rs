@@ -78,11 +78,11 @@ pub fn has_mark(mark: u32) -> Masked<u32> {
     Masked::new(mark, mark)
 }
 
-/// tun0's MAC: `0a:58:` + the gateway address (the convention pods' MACs follow too), set on
-/// the interface through OVSDB, so flows can address the node's stack without learning it.
-pub fn tun0_mac(gateway: Ipv4Addr) -> MacAddr {
-    let o = gateway.octets();
-    MacAddr([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+/// tun0's MAC: `0a:58:` + the gateway address (the convention pods' MACs follow too,
+/// [`crate::domain::pod_mac`]), set on the interface through OVSDB, so flows can address the
+/// node's stack without learning it. [`NodeConfig::tun0_mac`] picks the gateway.
+pub fn tun0_mac(gateway: impl Into<std::net::IpAddr>) -> MacAddr {
+    crate::domain::pod_mac(gateway)
 }
 
 fn ip(src: Option<Ipv4Net>, dst: Option<Ipv4Net>) -> Match {
@@ -129,30 +129,32 @@ pub fn track(table: Table) -> Action {
     commit(table)
 }
 
-/// The fixed flows (networkpolicy only), with their IPv6 twins on a dual-stack node.
+/// The fixed flows (networkpolicy only), for each family the node has; table 25's default
+/// drop once (it matches no family).
 pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
-    let tun_mac = tun0_mac(cfg.gateway());
-    let gateway = Ipv4Net::new(cfg.gateway(), 32).expect("/32 is a valid prefix");
-    let mut flows = family_flows(
-        |src| ip(Some(src), Some(cfg.cluster_network)).in_port(OfPort::TUN),
-        gateway,
-        cfg.local_subnet,
-        || ip(None, Some(cfg.local_subnet)),
-        tun_mac,
-    );
+    let tun_mac = cfg.tun0_mac();
+    let mut flows = vec![];
+    if let Some(v4) = &cfg.ipv4 {
+        let gateway = Ipv4Net::new(v4.gateway(), 32).expect("/32 is a valid prefix");
+        flows.extend(family_flows(
+            |src| ip(Some(src), Some(v4.cluster_network)).in_port(OfPort::TUN),
+            gateway,
+            v4.local_subnet,
+            || ip(None, Some(v4.local_subnet)),
+            tun_mac,
+        ));
+    }
     if let Some(v6) = &cfg.ipv6 {
         let gateway6 = Ipv6Net::new(v6.gateway(), 128).expect("/128 is a valid prefix");
-        let mut twins = family_flows(
+        flows.extend(family_flows(
             |src| ip6(Some(src), Some(v6.cluster_network)).in_port(OfPort::TUN),
             gateway6,
             v6.local_subnet,
             || ip6(None, Some(v6.local_subnet)),
             tun_mac,
-        );
-        // Table 25's default drop is the IPv4 side's (no match: both families).
-        twins.retain(|f| f.table != Table::ViaHost);
-        flows.extend(twins);
+        ));
     }
+    flows.insert(flows.len().min(2), Flow::drop(Table::ViaHost, 0, Match::any()));
     flows
 }
 
@@ -164,7 +166,6 @@ fn family_flows<N: Copy>(from_tun: impl Fn(N) -> Match, gateway: N, local_subnet
         Flow::new(Table::Classify, 400, from_tun(gateway), vec![], Some(Table::Routing)),
         // A local pod's address coming back from the node: a DNATed Service connection.
         Flow::new(Table::Classify, 300, from_tun(local_subnet), vec![], Some(Table::ViaHost)),
-        Flow::drop(Table::ViaHost, 0, Match::any()),
         Flow::new(Table::Routing, 250, to_local().ct_state(0, ct_state::TRK), vec![track(Table::Routing)], None),
         Flow::new(
             Table::Routing,
@@ -211,9 +212,11 @@ mod tests {
         let cfg = NodeConfig {
             ipv6: None,
             plugin: Plugin::NetworkPolicy,
-            cluster_network: "10.128.0.0/14".parse().unwrap(),
-            service_network: "172.30.0.0/16".parse().unwrap(),
-            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv4: Some(super::super::NodeIpv4 {
+                cluster_network: "10.128.0.0/14".parse().unwrap(),
+                service_network: "172.30.0.0/16".parse().unwrap(),
+                local_subnet: "10.128.2.0/23".parse().unwrap(),
+            }),
         };
         let got: Vec<String> = base_flows(&cfg).iter().map(|f| f.to_string()).collect();
         assert_eq!(

@@ -24,7 +24,7 @@
 //! nothing.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use super::compile::Role;
 use super::{build, NamespacePolicy, Side};
@@ -38,7 +38,7 @@ pub enum Counted {
     /// Packets dropped for the isolated pod `pod` (its IPv4 address, the pod's key, whichever
     /// family the packets were: a dual-stack pod's `ip` and `ipv6` drops count together): no
     /// rule of `side` allowed them.
-    Dropped { side: Side, pod: Ipv4Addr },
+    Dropped { side: Side, pod: IpAddr },
 }
 
 /// A namespace's counting flows, by their identity on the switch.
@@ -71,18 +71,21 @@ impl Counting {
 /// What each of `ns`'s flows ([`super::namespace_flows`] of the same input) counts.
 pub fn counting(ns: &NamespacePolicy) -> Counting {
     let (flows, roles, _) = build(ns, true);
-    let v4_of: HashMap<Ipv6Addr, Ipv4Addr> = ns.ip6.iter().map(|(v4, v6)| (*v6, *v4)).collect();
+    // A pod's drops of both families count together, under its primary address (IPv4 if it
+    // has one).
+    let primary: HashMap<IpAddr, IpAddr> = ns
+        .isolated
+        .iter()
+        .chain(&ns.egress_isolated)
+        .filter_map(|p| Some((p, p.primary()?)))
+        .flat_map(|(p, first)| p.iter().map(move |a| (a, first)))
+        .collect();
     let mut out = HashMap::with_capacity(roles.len());
     for (f, (side, role)) in flows.iter().zip(roles) {
         let c = match role {
             Role::Uncounted => continue,
             Role::Allowed { policy, rule } => Counted::Allowed { side, policy: policy.to_string(), rule },
-            Role::Dropped(IpAddr::V4(pod)) => Counted::Dropped { side, pod },
-            Role::Dropped(IpAddr::V6(pod6)) => match v4_of.get(&pod6) {
-                Some(pod) => Counted::Dropped { side, pod: *pod },
-                // Every IPv6 address of the flows is one of `ns.ip6`'s.
-                None => continue,
-            },
+            Role::Dropped(ip) => Counted::Dropped { side, pod: primary.get(&ip).copied().unwrap_or(ip) },
         };
         out.insert(f.key(), c);
     }
@@ -97,7 +100,7 @@ mod tests {
     use crate::pipeline::Table;
     use openflow::Action;
 
-    fn ip(a: &str) -> Ipv4Addr {
+    fn ip(a: &str) -> crate::domain::PodIps {
         a.parse().unwrap()
     }
 
@@ -177,7 +180,7 @@ mod tests {
         assert_eq!(find("table=80, priority=150,ip,reg0=0xb,nw_dst=10.128.0.5 "), allowed(Side::Ingress, "one", 0));
         assert_eq!(find("table=80, priority=150,ip,nw_dst=10.128.0.7 actions=ct(commit"), allowed(Side::Ingress, "open", 0));
         for pod in ["10.128.0.5", "10.128.0.6", "10.128.0.7"] {
-            assert_eq!(find(&format!("table=80, priority=100,ip,nw_dst={pod} ")), Counted::Dropped { side: Side::Ingress, pod: ip(pod) });
+            assert_eq!(find(&format!("table=80, priority=100,ip,nw_dst={pod} ")), Counted::Dropped { side: Side::Ingress, pod: pod.parse().unwrap() });
         }
         // The clause flows count nothing, and they are all that is left.
         assert!(!not.is_empty() && not.iter().all(|t| t.contains("actions=conjunction(")), "{not:#?}");
@@ -224,7 +227,7 @@ mod tests {
         assert_eq!(plain.len(), 2, "{counted:#?}");
         assert!(plain.iter().all(|c| **c == allowed(Side::Egress, "db", 1)));
         for pod in &pods {
-            assert!(counted.iter().any(|(t, c)| t.starts_with("table=27, priority=100,") && *c == Counted::Dropped { side: Side::Egress, pod: *pod }));
+            assert!(counted.iter().any(|(t, c)| t.starts_with("table=27, priority=100,") && *c == Counted::Dropped { side: Side::Egress, pod: pod.primary().unwrap() }));
         }
         assert!(not.iter().any(|t| t.starts_with("table=21,")) && not.iter().any(|t| t.starts_with("table=25,")), "{not:#?}");
         assert_complete(&ns);
@@ -244,7 +247,7 @@ mod tests {
         assert_complete(&ns);
         ns.audit.meter_id = 1;
         ns.audit.allow.insert((Side::Ingress, "one".into(), 0));
-        ns.audit.deny.insert((Side::Ingress, IpAddr::V4(ip("10.128.0.6"))), "web".into());
+        ns.audit.deny.insert((Side::Ingress, "10.128.0.6".parse().unwrap()), "web".into());
         assert_complete(&ns);
         let c = counting(&ns);
         assert!(c.iter().any(|(_, x)| *x == allowed(Side::Egress, "out", 1)) && c.iter().any(|(_, x)| *x == allowed(Side::Ingress, "one", 0)));

@@ -54,7 +54,10 @@ fn lookup() -> Action {
 /// The fixed flows of tables 27 and 28 (networkpolicy plugin); on a dual-stack node each
 /// `ip` flow has its `ipv6` twin (the IPv6 gateway and service network).
 pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
-    let mut sides = vec![(Family::V4, IpAddr::V4(cfg.gateway()), IpNet::V4(cfg.service_network))];
+    let mut sides = vec![];
+    if let Some(v4) = &cfg.ipv4 {
+        sides.push((Family::V4, IpAddr::V4(v4.gateway()), IpNet::V4(v4.service_network)));
+    }
     if let Some(v6) = &cfg.ipv6 {
         sides.push((Family::V6, IpAddr::V6(v6.gateway()), IpNet::V6(v6.service_network)));
     }
@@ -116,9 +119,11 @@ mod tests {
     fn cfg(dual: bool) -> NodeConfig {
         NodeConfig {
             plugin: Plugin::NetworkPolicy,
-            cluster_network: "10.128.0.0/14".parse().unwrap(),
-            service_network: "172.30.0.0/16".parse().unwrap(),
-            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv4: Some(crate::pipeline::NodeIpv4 {
+                cluster_network: "10.128.0.0/14".parse().unwrap(),
+                service_network: "172.30.0.0/16".parse().unwrap(),
+                local_subnet: "10.128.2.0/23".parse().unwrap(),
+            }),
             ipv6: dual.then(|| NodeIpv6 {
                 cluster_network: "fd00:10:128::/48".parse().unwrap(),
                 service_network: "fd00:172:30::/112".parse().unwrap(),

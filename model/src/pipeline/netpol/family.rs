@@ -23,6 +23,14 @@ impl Family {
         }
     }
 
+    /// A pod's address of this family, if it has one.
+    pub fn pick(self, ips: &crate::domain::PodIps) -> Option<IpAddr> {
+        match self {
+            Family::V4 => ips.v4.map(IpAddr::V4),
+            Family::V6 => ips.v6.map(IpAddr::V6),
+        }
+    }
+
     pub fn of_net(n: IpNet) -> Family {
         match n {
             IpNet::V4(_) => Family::V4,

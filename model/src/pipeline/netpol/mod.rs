@@ -94,14 +94,14 @@ pub mod egress;
 mod family;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net};
 use openflow::flow_match::{ct_state, Icmpv6Match, Ip6Proto, Ipv6Match};
 use openflow::Match;
 
 use super::{output_reg2, Flow, NodeConfig, Reg, Table};
-use crate::domain::Vnid;
+use crate::domain::{PodIps, Vnid};
 use compile::{compile, Direction, Group, Role};
 pub use cube::port_masks;
 pub use family::Family;
@@ -316,7 +316,7 @@ pub struct RuleAllow {
     pub srcs: Option<Vec<Src>>,
     /// The selected pods, each with the rule's ports for it (empty: nothing, e.g. a named port
     /// the pod does not have).
-    pub pods: Vec<(Ipv4Addr, Vec<Dst>)>,
+    pub pods: Vec<(PodIps, Vec<Dst>)>,
 }
 
 /// One egress rule of one policy, resolved: the local pods the policy selects and the rule's
@@ -327,7 +327,7 @@ pub struct EgressRule {
     pub policy: String,
     pub rule: usize,
     /// The selected local pods (the connections' sources).
-    pub pods: Vec<Ipv4Addr>,
+    pub pods: Vec<PodIps>,
     /// Destinations: [`Src::Any`] (no `to`), pod addresses and ipBlock ranges as [`Src::Net`],
     /// with their ports (empty: nothing). [`Src::Vnid`] is not a destination (the
     /// destination's VNID is not known where egress is judged) and matches nothing.
@@ -343,7 +343,7 @@ pub struct NamespacePolicy {
     /// other namespaces' (without it every rule is expanded into plain flows).
     pub vnid: Option<Vnid>,
     /// The pods some Ingress policy selects, in pod order.
-    pub isolated: Vec<Ipv4Addr>,
+    pub isolated: Vec<PodIps>,
     /// Every rule of every Ingress policy selecting some of them.
     pub rules: Vec<RuleAllow>,
     /// The namespace's VNID, shared with other namespaces or not: what table 25 reloads for
@@ -351,30 +351,20 @@ pub struct NamespacePolicy {
     /// namespace is unknown, its pods have no flows.
     pub pod_vnid: Option<Vnid>,
     /// The pods some Egress policy selects, in pod order.
-    pub egress_isolated: Vec<Ipv4Addr>,
+    pub egress_isolated: Vec<PodIps>,
     /// Every rule of every Egress policy selecting some of them.
     pub egress_rules: Vec<EgressRule>,
     /// What is copied to the audit log.
     pub audit: Audit,
-    /// The IPv6 address of each of the namespace's local pods that has one (dual-stack), by
-    /// its IPv4 address (the pods' key in the fields above): the pod's rules are compiled for
-    /// it too, as `ipv6` flows. A pod without one has no IPv6 flow (and no IPv6 address to
-    /// reach it by).
-    pub ip6: BTreeMap<Ipv4Addr, Ipv6Addr>,
 }
 
 /// The networkpolicy plugin's fixed flows beyond table 80's ([`plugin_flows`]): table 21's
 /// conntrack ([`conntrack_flows`]), tables 27 and 28 ([`egress::base_flows`]), tables 0, 25 and
-/// 30 for connections through the node ([`super::via_host::base_flows`]) — and on a
-/// dual-stack node the IPv6 twins of table 80's plugin flows ([`plugin_flows6`]: fixed flows
-/// like these, which the node's configuration alone decides).
+/// 30 for connections through the node ([`super::via_host::base_flows`]).
 pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
     let mut flows = conntrack_flows(cfg);
     flows.extend(egress::base_flows(cfg));
     flows.extend(super::via_host::base_flows(cfg));
-    if cfg.ipv6.is_some() {
-        flows.extend(plugin_flows6());
-    }
     flows
 }
 
@@ -393,8 +383,12 @@ pub fn base_flows(cfg: &NodeConfig) -> Vec<Flow> {
 /// [`via_host::CT_ZONE`]: super::via_host::CT_ZONE
 pub fn conntrack_flows(cfg: &NodeConfig) -> Vec<Flow> {
     let commit = |priority: u16, m: Match| Flow::new(Table::PolicyConntrack, priority, m, vec![super::via_host::commit(Table::Routing)], None);
-    let mut nets = vec![IpNet::V4(cfg.cluster_network), IpNet::V4(cfg.service_network)];
-    let mut families = vec![Family::V4];
+    let mut nets = vec![];
+    let mut families = vec![];
+    if let Some(v4) = &cfg.ipv4 {
+        nets.extend([IpNet::V4(v4.cluster_network), IpNet::V4(v4.service_network)]);
+        families.push(Family::V4);
+    }
     if let Some(v6) = &cfg.ipv6 {
         nets.extend([IpNet::V6(v6.cluster_network), IpNet::V6(v6.service_network)]);
         families.push(Family::V6);
@@ -406,8 +400,18 @@ pub fn conntrack_flows(cfg: &NodeConfig) -> Vec<Flow> {
 
 /// The plugin's fixed table-80 flows: accept replies, accept pods no policy selects. Every
 /// packet reaches table 80 tracked: from a local pod through table 21, otherwise through table
-/// 30's lookup of traffic to the local subnet (registers survive the recirculation).
-pub fn plugin_flows() -> Vec<Flow> {
+/// 30's lookup of traffic to the local subnet (registers survive the recirculation). For each
+/// family the node has: `ip` flows ([`plugin_flows4`]) and `ipv6` ones ([`plugin_flows6`]).
+pub fn plugin_flows(cfg: &NodeConfig) -> Vec<Flow> {
+    let mut flows = if cfg.ipv4.is_some() { plugin_flows4() } else { vec![] };
+    if cfg.ipv6.is_some() {
+        flows.extend(plugin_flows6());
+    }
+    flows
+}
+
+/// The `ip` table-80 plugin flows.
+pub fn plugin_flows4() -> Vec<Flow> {
     plugin_flows_of(Family::V4)
 }
 
@@ -558,29 +562,32 @@ pub fn namespace_flows(ns: &NamespacePolicy) -> (Vec<Flow>, Vec<String>) {
 /// direction; empty without `roles`): the one computation behind both the flows and the
 /// counters ([`counted`]), so they cannot drift apart.
 fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>, Vec<String>) {
-    // A pod's addresses: its IPv4 one, and its IPv6 one on a dual-stack node. Every group is
-    // made once per family its pods have, with the peers of that family (or of any).
-    let v6 = |ip: &Ipv4Addr| ns.ip6.get(ip).copied();
+    // A pod's addresses: one per family it has (IPv4, IPv6, or both on a dual-stack node).
+    // Every group is made once per family its pods have, with the peers of that family (or of
+    // any); IPv4 first.
     let of_family = |peers: &Option<Vec<Src>>, family: Family| -> Option<Vec<Src>> {
         peers.as_ref().map(|p| p.iter().copied().filter(|s| s.family().is_none_or(|f| f == family)).collect())
     };
-    let both = |ips: &[Ipv4Addr]| -> Vec<IpAddr> {
-        ips.iter().map(|ip| IpAddr::V4(*ip)).chain(ips.iter().filter_map(v6).map(IpAddr::V6)).collect()
+    let in_family = |ips: &[PodIps], family: Family| -> Vec<IpAddr> { ips.iter().filter_map(|p| family.pick(p)).collect() };
+    let both = |ips: &[PodIps]| -> Vec<IpAddr> {
+        let mut all = in_family(ips, Family::V4);
+        all.extend(in_family(ips, Family::V6));
+        all
     };
     let mut ingress = Vec::new();
     for r in &ns.rules {
-        let mut by_ports: BTreeMap<Vec<Dst>, Vec<Ipv4Addr>> = BTreeMap::new();
+        let mut by_ports: BTreeMap<Vec<Dst>, Vec<PodIps>> = BTreeMap::new();
         for (ip, dsts) in &r.pods {
             if let Some(d) = port_key(dsts) {
                 by_ports.entry(d).or_default().push(*ip);
             }
         }
         for (ports, pods) in by_ports {
-            let pods6: Vec<IpAddr> = pods.iter().filter_map(v6).map(IpAddr::V6).collect();
-            let v4 = Group { family: Family::V4, policy: &r.policy, rule: r.rule, peers: of_family(&r.srcs, Family::V4), pods: pods.into_iter().map(IpAddr::V4).collect(), ports: ports.clone() };
-            ingress.push(v4);
-            if !pods6.is_empty() {
-                ingress.push(Group { family: Family::V6, policy: &r.policy, rule: r.rule, peers: of_family(&r.srcs, Family::V6), pods: pods6, ports });
+            for family in [Family::V4, Family::V6] {
+                let pods = in_family(&pods, family);
+                if !pods.is_empty() {
+                    ingress.push(Group { family, policy: &r.policy, rule: r.rule, peers: of_family(&r.srcs, family), pods, ports: ports.clone() });
+                }
             }
         }
     }
@@ -610,15 +617,15 @@ fn build(ns: &NamespacePolicy, roles: bool) -> (Vec<Flow>, Vec<(Side, Role<'_>)>
                 by_ports.entry(d).or_default().push(*peer);
             }
         }
-        let pods6: Vec<IpAddr> = r.pods.iter().filter_map(v6).map(IpAddr::V6).collect();
         for (ports, mut peers) in by_ports {
             peers.sort_unstable();
             peers.dedup();
             let peers = (!peers.contains(&Src::Any)).then_some(peers);
-            let v4 = Group { family: Family::V4, policy: &r.policy, rule: r.rule, peers: of_family(&peers, Family::V4), pods: r.pods.iter().copied().map(IpAddr::V4).collect(), ports: ports.clone() };
-            groups.push(v4);
-            if !pods6.is_empty() {
-                groups.push(Group { family: Family::V6, policy: &r.policy, rule: r.rule, peers: of_family(&peers, Family::V6), pods: pods6.clone(), ports });
+            for family in [Family::V4, Family::V6] {
+                let pods = in_family(&r.pods, family);
+                if !pods.is_empty() {
+                    groups.push(Group { family, policy: &r.policy, rule: r.rule, peers: of_family(&peers, family), pods, ports: ports.clone() });
+                }
             }
         }
     }
@@ -652,9 +659,11 @@ mod tests {
     pub(super) fn cfg(dual: bool) -> NodeConfig {
         NodeConfig {
             plugin: crate::domain::Plugin::NetworkPolicy,
-            cluster_network: "10.128.0.0/14".parse().unwrap(),
-            service_network: "172.30.0.0/16".parse().unwrap(),
-            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv4: Some(crate::pipeline::NodeIpv4 {
+                cluster_network: "10.128.0.0/14".parse().unwrap(),
+                service_network: "172.30.0.0/16".parse().unwrap(),
+                local_subnet: "10.128.2.0/23".parse().unwrap(),
+            }),
             ipv6: dual.then(|| crate::pipeline::NodeIpv6 {
                 cluster_network: "fd00:10:128::/48".parse().unwrap(),
                 service_network: "fd00:172:30::/112".parse().unwrap(),
@@ -676,7 +685,7 @@ mod tests {
                 "table=21, priority=100,ip actions=ct(commit,table=30,zone=64000)",
             ]
         );
-        let f: Vec<String> = plugin_flows().iter().map(|f| f.to_string()).collect();
+        let f: Vec<String> = plugin_flows4().iter().map(|f| f.to_string()).collect();
         assert_eq!(
             f,
             vec![
@@ -708,7 +717,7 @@ mod tests {
         );
     }
 
-    fn pods(ips: &[&str], d: &[Dst]) -> Vec<(Ipv4Addr, Vec<Dst>)> {
+    fn pods(ips: &[&str], d: &[Dst]) -> Vec<(PodIps, Vec<Dst>)> {
         ips.iter().map(|ip| (ip.parse().unwrap(), d.to_vec())).collect()
     }
 
@@ -856,7 +865,7 @@ mod tests {
     fn egress_rules_mirror_ingress_in_table_27() {
         let tcp = |p: u16| Dst::Ports { proto: L4::Tcp, start: p, end: p };
         let net = |a: &str| Src::Net(a.parse().unwrap());
-        let pods: Vec<Ipv4Addr> = ["10.128.0.5", "10.128.0.6"].iter().map(|a| a.parse().unwrap()).collect();
+        let pods: Vec<PodIps> = ["10.128.0.5", "10.128.0.6"].iter().map(|a| a.parse().unwrap()).collect();
         let ns = NamespacePolicy {
             namespace: "team-b".into(),
             vnid: Some(Vnid::new(12).unwrap()),
