@@ -408,10 +408,12 @@ impl Metrics {
     }
 
     /// Sets `sdn_node_pod_addresses` from the node's pods: both families always (a zero IPv6
-    /// count says IPv4-only, where a missing series would say nothing).
+    /// count says IPv4-only, a zero IPv4 count IPv6-only, where a missing series would say
+    /// nothing).
     pub fn set_pod_addresses(&self, pods: &[crate::cluster::Pod]) {
+        let v4 = pods.iter().filter(|p| p.ip.is_some()).count();
         let v6 = pods.iter().filter(|p| p.ip6.is_some()).count();
-        for (family, n) in [("ipv4", pods.len()), ("ipv6", v6)] {
+        for (family, n) in [("ipv4", v4), ("ipv6", v6)] {
             self.pod_addresses.get_or_create(&FamilyLabel { family: family.into() }).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }

@@ -81,7 +81,16 @@ fn eval_pod(i: usize) -> EvalPod {
 }
 
 async fn world(test: &str) -> Option<World> {
-    world_with(test, false).await
+    world_with(test, Stack::V4).await
+}
+
+/// The families of a world's nodes and pods.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stack {
+    V4,
+    Dual,
+    /// No IPv4 at all: the pods' IPv6 addresses alone.
+    V6Only,
 }
 
 /// The dual-stack nodes' IPv6 subnets, beside [`NODE_SUBNETS`]: a pod's IPv6 address has its
@@ -90,11 +99,16 @@ const NODE_SUBNETS: [(&str, &str); 2] = [("10.128.0.0/23", "fd00:10:128:1::/64")
 
 /// The world, with `dual`: dual-stack nodes, every pod with an IPv6 address, servers on both
 /// families.
-async fn world_with(test: &str, dual: bool) -> Option<World> {
+async fn world_with(test: &str, stack: Stack) -> Option<World> {
     let spec = |name: &str, ip: &str, (v4, v6): (&str, &str)| {
         let s = NodeSpec::new(name, ip, v4);
-        if dual { s.ipv6(v6) } else { s }
+        match stack {
+            Stack::V4 => s,
+            Stack::Dual => s.ipv6(v6),
+            Stack::V6Only => s.ipv6_only(v6),
+        }
     };
+    let dual = stack != Stack::V4;
     let mut c = Cluster::start(test, &[spec("a", "172.17.0.2", NODE_SUBNETS[0]), spec("b", "172.17.0.3", NODE_SUBNETS[1])]).await?;
     let mut pods = Vec::new();
     for (i, (node, ns, name, ip, _, _)) in PODS.iter().enumerate() {
@@ -109,7 +123,8 @@ async fn world_with(test: &str, dual: bool) -> Option<World> {
     apply(&w, &[]).await;
     for (p, _) in &w.pods {
         for port in PORTS {
-            // Dual-stack: one socket of each kind takes both families (IPv4-mapped).
+            // Dual-stack: one socket of each kind takes both families (IPv4-mapped); IPv6-only:
+            // the same sockets, IPv6 alone.
             w.servers.push(tcp_echo(if dual { p.tcp_listen6(port).await } else { p.tcp_listen(port).await }));
             let ns = p.netns.clone();
             let any = if dual { "::" } else { "0.0.0.0" };
@@ -609,7 +624,7 @@ async fn truth_table_hand_written_and_random_scenarios_on_two_nodes() {
 /// same evaluator. Same node and across the tunnel, as the IPv4 table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truth_table_in_both_families_on_dual_stack_nodes() {
-    let Some(w) = world_with("truth_table_dual_stack", true).await else { return };
+    let Some(w) = world_with("truth_table_dual_stack", Stack::Dual).await else { return };
     let (mut probes, mut n) = (0, 0);
     let mut named: Vec<(String, Vec<Value>)> = scenarios().into_iter().map(|(n, p)| (n.to_string(), p)).collect();
     named.extend((0..RANDOM_SCENARIOS / 2).map(|s| (format!("random seed {s}"), random_scenario(s))));
@@ -620,6 +635,32 @@ async fn truth_table_in_both_families_on_dual_stack_nodes() {
         n += 1;
     }
     eprintln!("dual-stack truth table: {n} scenarios in both families, {probes} probes, 6 pods on 2 nodes");
+}
+
+/// The truth table on IPv6-only nodes (no IPv4 anywhere: state, pipeline, pods): every
+/// scenario's matrix over IPv6 (ipBlocks translated to the IPv6 plan, see
+/// [`check_matrix_in`]) against the same evaluator, same node and across the tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truth_table_on_ipv6_only_nodes() {
+    let Some(w) = world_with("truth_table_ipv6_only", Stack::V6Only).await else { return };
+    let flows = w.c.node("a").ofctl("dump-flows", "br0", &[]).await;
+    let ipv4 = |l: &&str| {
+        let m = l.split(" actions=").next().unwrap_or_default();
+        m.split([',', ' ']).any(|t| matches!(t, "ip" | "arp" | "tcp" | "udp" | "sctp" | "icmp") || t.starts_with("nw_src=") || t.starts_with("nw_dst="))
+    };
+    let v4: Vec<&str> = flows.lines().filter(ipv4).collect();
+    assert!(v4.is_empty(), "IPv4 flows on an IPv6-only node:\n{}", v4.join("\n"));
+    assert!(flows.lines().any(|l| l.contains("ipv6")), "no IPv6 flow:\n{flows}");
+    let (mut probes, mut n) = (0, 0);
+    let mut named: Vec<(String, Vec<Value>)> = scenarios().into_iter().map(|(n, p)| (n.to_string(), p)).collect();
+    named.extend((0..RANDOM_SCENARIOS / 2).map(|s| (format!("random seed {s}"), random_scenario(s))));
+    let only = std::env::var("NETPOL_ONLY").unwrap_or_default();
+    for (name, policies) in named.iter().filter(|(n, _)| n.contains(&only)) {
+        probes += check_matrix_in(&w, &format!("{name} (IPv6-only)"), policies, true).await.0;
+        n += 1;
+    }
+    assert!(n > 0, "no scenario matched NETPOL_ONLY={only:?}");
+    eprintln!("IPv6-only truth table: {n} scenarios, {probes} probes, 6 pods on 2 nodes");
 }
 
 

@@ -18,7 +18,9 @@
 #                   (the expectation follows its plugin and netids). A dual-stack state
 #                   (deploy/examples/dual-stack.yaml) gives every pod an address of each family:
 #                   the matrix is printed and checked for IPv4 and for IPv6, and the blocked pair
-#                   traced in both
+#                   traced in both. An IPv6-only state (deploy/examples/ipv6-only.yaml) gives
+#                   every pod one IPv6 address and nothing IPv4: the IPv6 matrix, checked, and
+#                   the trace (of an IPv6 packet)
 #     --keep        leave the node, the agent and the pods running and print how to use and
 #                   stop them (no DEL)
 #   SDN_NODE_BIN_DIR=DIR  use sdn-node and sdn-node-cni from DIR instead of building release
@@ -168,11 +170,11 @@ v4 = [i for i in ips if ":" not in i["address"]]
 v6 = [i for i in ips if ":" in i["address"]]
 pair = lambda l: (l[0]["address"], l[0].get("gateway", "-")) if l else ("-", "-")
 print(*pair(v4), *pair(v6))')
-  [ "$a4" != - ] || fail "ADD $p: no IPv4 address in the result: $out"
-  IP[$p]=${a4%/*}
-  GATEWAY=$g4
+  [ "$a4" != - ] || [ "$a6" != - ] || fail "ADD $p: no address in the result: $out"
+  if [ "$a4" != - ]; then IP[$p]=${a4%/*}; GATEWAY=$g4; fi
   if [ "$a6" != - ]; then IP6[$p]=${a6%/*}; GATEWAY6=$g6; fi
-  echo "== CNI ADD $p: eth0 $a4${IP6[$p]:+ and $a6} in /var/run/netns/$NS-${p#*/}"
+  shown=("${IP[$p]:+$a4}" "${IP6[$p]:+$a6}")
+  echo "== CNI ADD $p: eth0 ${shown[*]} in /var/run/netns/$NS-${p#*/}"
 done
 
 # Namespace -> VNID and the plugin, from the state file (flow or block style lists).
@@ -288,14 +290,27 @@ else
   echo
   echo "Expected (plugin $PLUGIN): every pod reaches every pod and the gateway (tun0)."
 fi
-matrix 4
-# A dual-stack node (the state gives it an IPv6 subnet): the same matrix over IPv6.
+# An IPv4 or dual-stack node: the IPv4 matrix; an IPv6-only node has no IPv4 at all.
+if [ -n "$GATEWAY" ]; then
+  for p in "${PODS[@]}"; do [ -n "${IP[$p]:-}" ] || fail "$p has no IPv4 address on a node with IPv4"; done
+  matrix 4
+fi
+# A dual-stack or IPv6-only node (the state gives it an IPv6 subnet): the matrix over IPv6.
 if [ -n "$GATEWAY6" ]; then
-  for p in "${PODS[@]}"; do [ -n "${IP6[$p]:-}" ] || fail "$p has no IPv6 address on a dual-stack node"; done
+  for p in "${PODS[@]}"; do [ -n "${IP6[$p]:-}" ] || fail "$p has no IPv6 address on a node with IPv6"; done
   matrix 6
 fi
+if [ -z "$GATEWAY" ]; then
+  # IPv6-only: no pod may have an IPv4 address or route in its sandbox.
+  for p in "${PODS[@]}"; do
+    v4=$(ip netns exec "$NS-${p#*/}" ip -4 -o addr show dev eth0)
+    [ -z "$v4" ] || fail "$p has an IPv4 address on an IPv6-only node: $v4"
+  done
+  echo "IPv6-only: no pod has an IPv4 address."
+fi
 
-# Why a blocked pair is blocked: the switch's own trace, with the owner of the dropping flow.
+# Why a blocked pair is blocked: the switch's own trace, with the owner of the dropping flow
+# (on an IPv6-only node the trace between names is an IPv6 packet).
 echo
 echo "== sdn-node trace --from team-a/a1 --to team-b/b1"
 trace=$("$BIN" trace --from team-a/a1 --to team-b/b1 --ovs-rundir "$D" --state "$STATE" --socket "$SOCK") \
@@ -304,7 +319,7 @@ echo "$trace"
 if [ "$PLUGIN" = multitenant ] && ! expected team-a team-b; then
   grep -q '^verdict: DROPPED' <<<"$trace" || { echo "Result: the trace does not say DROPPED"; mismatches=$((mismatches + 1)); }
 fi
-if [ -n "$GATEWAY6" ]; then
+if [ -n "$GATEWAY6" ] && [ -n "$GATEWAY" ]; then
   # The same pair over IPv6: the verdict must be the same.
   echo
   echo "== sdn-node trace --ipv6 --from team-a/a1 --to team-b/b1 (verdict)"
@@ -321,7 +336,7 @@ if [ "$KEEP" = 1 ]; then
 
 Everything keeps running in $D: the node is network namespace $NS (agent pid $AGENT_PID,
 log $D/agent.log), the pods are network namespaces $NS-<name>.
-  ip netns exec $NS-a1 ping -c1 ${IP[team-b/b1]}
+  ip netns exec $NS-a1 ping -c1 ${IP[team-b/b1]:-${IP6[team-b/b1]:-}}
   $BIN trace --from team-a/a1 --to team-b/b1 --ovs-rundir $D --state $STATE --socket $SOCK
   $BIN status --socket $SOCK
   $BIN dump-flows --ovs-rundir $D [--table N] [--owner pod/team-a/a1]

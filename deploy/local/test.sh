@@ -23,6 +23,8 @@ if [ "$(id -u)" = 0 ] || [ -n "${CI:-}" ]; then
   SDN_NODE_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" bash deploy/local/run.sh
   # And dual-stack: every pod with an address of each family, both matrices checked.
   SDN_NODE_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" bash deploy/local/run.sh --state deploy/examples/dual-stack.yaml
+  # And IPv6-only: one IPv6 address per pod, nothing IPv4, the IPv6 matrix checked.
+  SDN_NODE_BIN_DIR="${CARGO_TARGET_DIR:-target}/debug" bash deploy/local/run.sh --state deploy/examples/ipv6-only.yaml
 else
   echo "SKIPPED deploy/local/run.sh: needs root" >&2
 fi

@@ -95,8 +95,10 @@ impl PodRequest {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             host_veth: self.host_veth.clone(),
-            ip: pod.ip.into(),
-            ip6: pod.ip6,
+            // The first address (IPv4, or IPv6 on an IPv6-only node); `ip6` a dual-stack pod's
+            // second.
+            ip: pod.ips().primary().ok_or_else(|| ApiError::Invalid(Problem::new(format!("pod {}/{}", self.namespace, self.name), "ip", "no address")))?,
+            ip6: pod.ip.and(pod.ip6),
             mac: pod.mac,
             annotations: self.annotations.clone(),
             internal: self.internal,
@@ -291,7 +293,8 @@ pub struct ModelPod {
     pub namespace: String,
     pub name: String,
     pub host_veth: String,
-    pub ip: std::net::Ipv4Addr,
+    /// Its first address: IPv4, or IPv6 on an IPv6-only node.
+    pub ip: std::net::IpAddr,
     /// A dual-stack pod's IPv6 address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip6: Option<std::net::Ipv6Addr>,
@@ -311,15 +314,15 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
         .map(|s| {
             s.pods
                 .iter()
-                .map(|p| ModelPod {
+                .filter_map(|p| Some(ModelPod {
                     namespace: p.namespace.clone(),
                     name: p.name.clone(),
                     host_veth: p.host_veth.clone(),
-                    ip: p.ip,
-                    ip6: p.ip6,
+                    ip: p.ips().primary()?,
+                    ip6: p.ip.and(p.ip6),
                     mac: p.mac.to_string(),
                     vnid: vnid_of(&p.namespace),
-                })
+                }))
                 .collect()
         })
         .unwrap_or_default();
@@ -327,9 +330,7 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
         if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
             continue;
         }
-        // The model's pods are IPv4 (a record of another family is not one of them).
-        let std::net::IpAddr::V4(ip) = r.ip else { continue };
-        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip, ip6: r.ip6, mac: r.mac.to_string() });
+        pods.push(ModelPod { vnid: vnid_of(&r.namespace), namespace: r.namespace, name: r.name, host_veth: r.host_veth, ip: r.ip, ip6: r.ip6, mac: r.mac.to_string() });
     }
     pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     Json(pods)

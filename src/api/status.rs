@@ -99,10 +99,11 @@ pub struct FamilyNetworks<Net, Addr> {
     pub pods: usize,
 }
 
-/// The node's networks: IPv4's always, IPv6's on a dual-stack cluster.
+/// The node's networks, per family the cluster has: IPv4, IPv6 or both.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Networks {
-    pub ipv4: FamilyNetworks<ipnet::Ipv4Net, std::net::Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<FamilyNetworks<ipnet::Ipv4Net, std::net::Ipv4Addr>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<FamilyNetworks<ipnet::Ipv6Net, std::net::Ipv6Addr>>,
 }
@@ -111,12 +112,18 @@ impl Networks {
     /// The networks of `s` (IPv6's when it has an IPv6 cluster and service network).
     pub fn of(s: &crate::cluster::ClusterState) -> Networks {
         let local = s.local_subnet();
-        let ipv4 = FamilyNetworks {
-            cluster_network: s.cluster_network,
-            service_network: s.service_network,
-            local_subnet: local.map(|h| h.subnet),
-            gateway: local.map(|h| crate::pipeline::gateway(h.subnet)),
-            pods: s.pods.len(),
+        let ipv4 = match (s.cluster_network, s.service_network) {
+            (Some(cluster_network), Some(service_network)) => {
+                let subnet = local.and_then(|h| h.subnet);
+                Some(FamilyNetworks {
+                    cluster_network,
+                    service_network,
+                    local_subnet: subnet,
+                    gateway: subnet.map(crate::pipeline::gateway),
+                    pods: s.pods.iter().filter(|p| p.ip.is_some()).count(),
+                })
+            }
+            _ => None,
         };
         let ipv6 = match (s.cluster_network6, s.service_network6) {
             (Some(cluster_network), Some(service_network)) => {
@@ -147,8 +154,15 @@ impl Networks {
                 f.pods
             );
         }
-        let _ = writeln!(s, "networks:   {}", if self.ipv6.is_some() { "dual-stack" } else { "IPv4" });
-        family(s, "IPv4", &self.ipv4);
+        let kind = match (&self.ipv4, &self.ipv6) {
+            (Some(_), Some(_)) => "dual-stack",
+            (Some(_), None) => "IPv4",
+            _ => "IPv6-only",
+        };
+        let _ = writeln!(s, "networks:   {kind}");
+        if let Some(v4) = &self.ipv4 {
+            family(s, "IPv4", v4);
+        }
         if let Some(v6) = &self.ipv6 {
             family(s, "IPv6", v6);
         }
@@ -517,7 +531,7 @@ impl std::fmt::Display for Status {
             self.pods.total, self.pods.api, self.pods.with_port
         );
         if let Some(v6) = self.networks.as_ref().and_then(|n| n.ipv6.as_ref()) {
-            let _ = writeln!(s, "  by family: {} IPv4, {} IPv6", self.networks.as_ref().map_or(0, |n| n.ipv4.pods), v6.pods);
+            let _ = writeln!(s, "  by family: {} IPv4, {} IPv6", self.networks.as_ref().and_then(|n| n.ipv4.as_ref()).map_or(0, |n| n.pods), v6.pods);
         }
         for p in &self.pods.names {
             let _ = writeln!(s, "  {p}");
@@ -577,14 +591,15 @@ mod tests {
     fn networks_of_each_family() {
         let s = state(include_str!("../../deploy/examples/dual-stack.yaml"));
         let n = Networks::of(&s);
-        assert_eq!(n.ipv4.local_subnet, Some("10.128.2.0/23".parse().unwrap()));
-        assert_eq!(n.ipv4.gateway, Some("10.128.2.1".parse().unwrap()));
+        let v4 = n.ipv4.as_ref().unwrap();
+        assert_eq!(v4.local_subnet, Some("10.128.2.0/23".parse().unwrap()));
+        assert_eq!(v4.gateway, Some("10.128.2.1".parse().unwrap()));
         let v6 = n.ipv6.as_ref().expect("dual-stack");
         assert_eq!(v6.cluster_network, "fd00:10:128::/48".parse::<ipnet::Ipv6Net>().unwrap());
         assert_eq!(v6.service_network, "fd00:172:30::/112".parse::<ipnet::Ipv6Net>().unwrap());
         assert_eq!(v6.local_subnet, Some("fd00:10:128:2::/64".parse().unwrap()));
         assert_eq!(v6.gateway, Some("fd00:10:128:2::1".parse().unwrap()));
-        assert_eq!((n.ipv4.pods, v6.pods), (1, 1), "the example has one pod, dual-stack");
+        assert_eq!((v4.pods, v6.pods), (1, 1), "the example has one pod, dual-stack");
         let json = serde_json::to_value(&n).unwrap();
         assert_eq!(json["ipv6"]["gateway"], "fd00:10:128:2::1");
         assert_eq!(json["ipv4"]["cluster_network"], "10.128.0.0/14");

@@ -374,12 +374,12 @@ fn closure<'a, K: Ord + ?Sized, T: ?Sized, S>(
 
 /// A service's cluster IPs, of both families.
 fn service_ips(s: &Service) -> impl Iterator<Item = IpAddr> {
-    std::iter::once(IpAddr::V4(s.cluster_ip)).chain(s.cluster_ip6.map(IpAddr::V6))
+    s.cluster_ip.map(IpAddr::V4).into_iter().chain(s.cluster_ip6.map(IpAddr::V6))
 }
 
 /// A remote pod's IPs, of both families.
 fn remote_ips(r: &RemotePod) -> impl Iterator<Item = IpAddr> {
-    std::iter::once(IpAddr::V4(r.ip)).chain(r.ip6.map(IpAddr::V6))
+    r.ip.map(IpAddr::V4).into_iter().chain(r.ip6.map(IpAddr::V6))
 }
 
 /// Files a pod: one of this node's (live, with its labels) or another node's with an IP (a
@@ -391,11 +391,11 @@ fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
             m.pods.insert(id);
         }
         Some(_) => {
-            if let Some(ip) = info.ip {
+            if info.ip.is_some() || info.ip6.is_some() {
                 let remote = RemotePod {
                     namespace: id.0.clone(),
                     name: id.1.clone(),
-                    ip,
+                    ip: info.ip,
                     ip6: info.ip6,
                     labels: info.meta.labels.clone(),
                     container_ports: info.meta.container_ports.clone(),
@@ -681,7 +681,7 @@ impl Objects {
                     ch.any = true;
                     for h in old.iter().chain(&new) {
                         ch.hosts.insert(h.host.clone());
-                        ch.subnets.push(h.subnet);
+                        ch.subnets.extend(h.subnet);
                         ch.subnets6.extend(h.subnet6);
                     }
                 }
@@ -807,12 +807,12 @@ impl Objects {
                 &mut state,
                 |(hosts, subnets, subnets6), h| {
                     hosts.contains(&h.host)
-                        || subnets.iter().any(|s| s.contains(&h.subnet.network()) || h.subnet.contains(&s.network()))
+                        || h.subnet.is_some_and(|h4| subnets.iter().any(|s| s.contains(&h4.network()) || h4.contains(&s.network())))
                         || h.subnet6.is_some_and(|h6| subnets6.iter().any(|s| s.contains(&h6.network()) || h6.contains(&s.network())))
                 },
                 |(hosts, subnets, subnets6), h| {
                     hosts.insert(h.host.clone());
-                    subnets.push(h.subnet);
+                    subnets.extend(h.subnet);
                     subnets6.extend(h.subnet6);
                 },
                 &mut reached,
@@ -913,9 +913,10 @@ impl Objects {
             cfg.mtu,
         )
         .map_err(|e| Unusable::ClusterNetwork(format!("ClusterNetwork \"default\": {e}")))?;
-        // The IPv6 networks were parsed (typed) from their annotations, both or neither.
-        header.cluster_network6 = cfg.cluster_network6;
-        header.service_network6 = cfg.service_network6;
+        // The IPv6 networks: ClusterNetwork's own fields in an IPv6-only cluster, else parsed
+        // (typed) from their annotations (dual-stack), both or neither.
+        header.cluster_network6 = header.cluster_network6.or(cfg.cluster_network6);
+        header.service_network6 = header.service_network6.or(cfg.service_network6);
         // This node's own HostSubnet, as converted: none at all is a wait for whoever creates
         // HostSubnets; one rejected on its own names its fields.
         let own = format!("hostsubnet {}", self.node);
@@ -955,14 +956,20 @@ impl Objects {
         // addresses cannot be served: left out, so that a dual-stack Kubernetes cluster whose
         // ClusterNetwork is IPv4-only (openshift-sdn's master, a controller without IPv6)
         // keeps its IPv4 side (the model would reject such a pod or service whole).
+        // Likewise an IPv6-only cluster leaves out IPv4 addresses.
         let remote_pods = if netpol {
-            let v6 = cfg.cluster_network6.is_some();
-            m.remote_pods.values().map(|r| RemotePod { ip6: r.ip6.filter(|_| v6), ..r.clone() }).collect()
+            let (v4, v6) = (header.cluster_network.is_some(), header.cluster_network6.is_some());
+            m.remote_pods.values().map(|r| RemotePod { ip: r.ip.filter(|_| v4), ip6: r.ip6.filter(|_| v6), ..r.clone() }).collect()
         } else {
             Vec::new()
         };
-        let v6 = cfg.service_network6.is_some();
-        let services = m.services.values().map(|s| Service { cluster_ip6: s.cluster_ip6.filter(|_| v6), ..s.clone() }).collect();
+        let (v4, v6) = (header.service_network.is_some(), header.service_network6.is_some());
+        let services = m
+            .services
+            .values()
+            .map(|s| Service { cluster_ip: s.cluster_ip.filter(|_| v4), cluster_ip6: s.cluster_ip6.filter(|_| v6), ..s.clone() })
+            .filter(|s| s.cluster_ip.is_some() || s.cluster_ip6.is_some())
+            .collect();
         let (mut state, problems) = validate::assemble_with_policies(
             header,
             m.host_subnets.values().cloned().collect(),

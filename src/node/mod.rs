@@ -107,7 +107,7 @@ impl State {
     }
 
     /// The pod at `ip` (`namespace/name`), for the audit log.
-    pub fn pod_at(&self, ip: std::net::Ipv4Addr) -> Option<String> {
+    pub fn pod_at(&self, ip: std::net::IpAddr) -> Option<String> {
         self.lock().pod_at(ip)
     }
 

@@ -40,10 +40,9 @@ pub struct PodRecord {
     pub namespace: String,
     pub name: String,
     pub host_veth: String,
-    /// Either family in the record (the pods the model takes are IPv4 for now: see
-    /// [`PodRecord::to_pod`]).
+    /// The pod's first address: its IPv4 one, or its only (IPv6) one on an IPv6-only node.
     pub ip: IpAddr,
-    /// A dual-stack pod's IPv6 address. Absent for an IPv4-only pod, whose record is then
+    /// A dual-stack pod's IPv6 address. Absent for a single-stack pod, whose record is then
     /// written byte for byte as before the field existed (and an older agent, which ignores
     /// the field, reads a dual-stack record as the IPv4 pod it is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -128,11 +127,12 @@ impl PodRecord {
     /// typed already.
     pub fn to_pod(&self) -> Result<Pod, Problem> {
         let (ingress_bps, egress_bps) = bandwidth(&self.namespace, &self.name, &self.annotations)?;
-        let ip = match self.ip {
-            IpAddr::V4(ip) => ip,
-            IpAddr::V6(ip) => {
+        let (ip, ip6) = match (self.ip, self.ip6) {
+            (IpAddr::V4(ip), ip6) => (Some(ip), ip6),
+            (IpAddr::V6(ip), None) => (None, Some(ip)),
+            (IpAddr::V6(ip), Some(_)) => {
                 let obj = format!("pod {}/{}", self.namespace, self.name);
-                return Err(Problem::new(obj, "ip", format!("{ip} is an IPv6 address: pods are IPv4 only for now")));
+                return Err(Problem::new(obj, "ip6", format!("a second IPv6 address beside ip {ip}: ip6 is a dual-stack pod's, whose ip is IPv4")));
             }
         };
         crate::cluster::validate::typed_pod(crate::cluster::validate::TypedPod {
@@ -141,7 +141,7 @@ impl PodRecord {
             container_id: self.container_id.clone(),
             host_veth: self.host_veth.clone(),
             ip,
-            ip6: self.ip6,
+            ip6,
             mac: self.mac,
             ingress_bps,
             egress_bps,

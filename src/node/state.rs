@@ -121,13 +121,18 @@ impl NodeState {
 
     /// The pod (`namespace/name`) at `ip`, local or on another node, as the model knows it:
     /// what the audit log names.
-    pub fn pod_at(&self, ip: std::net::Ipv4Addr) -> Option<String> {
+    pub fn pod_at(&self, ip: std::net::IpAddr) -> Option<String> {
         let st = self.effective.as_ref()?;
         st.pods
             .iter()
-            .find(|p| p.ip == ip)
+            .find(|p| p.ips().iter().any(|a| a == ip))
             .map(|p| format!("{}/{}", p.namespace, p.name))
-            .or_else(|| st.remote_pods.iter().find(|p| p.ip == ip).map(|p| format!("{}/{}", p.namespace, p.name)))
+            .or_else(|| {
+                st.remote_pods
+                    .iter()
+                    .find(|p| p.ip.map(std::net::IpAddr::V4) == Some(ip) || p.ip6.map(std::net::IpAddr::V6) == Some(ip))
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+            })
     }
 
     pub fn effective(&self) -> Option<&ClusterState> {
@@ -275,8 +280,8 @@ impl NodeState {
         }
         state.check_pod(pod).map_err(|p| if p.message.contains("already used") { Refusal::Conflict(p) } else { Refusal::Invalid(p) })?;
         for other in self.reserved.values().chain(self.doomed.values().map(|(p, _)| p)) {
-            let conflict = if other.ip == pod.ip {
-                Some(("ip", format!("{} is already used by pod {}/{}", pod.ip, other.namespace, other.name)))
+            let conflict = if let Some(ip) = pod.ip.filter(|a| other.ip == Some(*a)) {
+                Some(("ip", format!("{ip} is already used by pod {}/{}", other.namespace, other.name)))
             } else if let Some(ip6) = pod.ip6.filter(|a| other.ip6 == Some(*a)) {
                 Some(("ips", format!("{ip6} is already used by pod {}/{}", other.namespace, other.name)))
             } else if other.mac == pod.mac {
@@ -389,14 +394,15 @@ impl NodeState {
         self.api_pods.get(key)
     }
 
-    /// IPAM: the next free host address of this node's subnet (not the gateway, not used by
-    /// any pod, reservation or unfinished teardown), searching after the last one handed out.
-    /// The caller reserves it (with [`NodeState::reserve`]) before the lock is released.
-    pub fn allocate_ip(&mut self) -> Result<std::net::Ipv4Addr, Refusal> {
+    /// IPAM: the next free host address of this node's IPv4 subnet (not the gateway, not used
+    /// by any pod, reservation or unfinished teardown), searching after the last one handed
+    /// out; `None` when this node has no IPv4 subnet (an IPv6-only node). The caller reserves
+    /// it (with [`NodeState::reserve`]) before the lock is released.
+    pub fn allocate_ip(&mut self) -> Result<Option<std::net::Ipv4Addr>, Refusal> {
         use std::net::Ipv4Addr;
         let Some(st) = &self.effective else { return Err(Refusal::NoState) };
         let Some(local) = st.local_subnet() else { return Err(Refusal::NoState) };
-        let net = local.subnet;
+        let Some(net) = local.subnet else { return Ok(None) };
         let first = u32::from(net.network()) + 2; // after the gateway
         let last = u32::from(net.broadcast()).saturating_sub(1);
         if first > last {
@@ -407,10 +413,10 @@ impl NodeState {
         let used: HashSet<Ipv4Addr> = st
             .pods
             .iter()
-            .map(|p| p.ip)
-            .chain(self.api_pods.values().map(|(p, _)| p.ip))
-            .chain(self.reserved.values().map(|p| p.ip))
-            .chain(self.doomed.values().map(|(p, _)| p.ip))
+            .filter_map(|p| p.ip)
+            .chain(self.api_pods.values().filter_map(|(p, _)| p.ip))
+            .chain(self.reserved.values().filter_map(|p| p.ip))
+            .chain(self.doomed.values().filter_map(|(p, _)| p.ip))
             .collect();
         let size = last - first + 1;
         let start = self.last_ip.map(u32::from).filter(|a| (first..=last).contains(a)).map(|a| a - first + 1).unwrap_or(0);
@@ -418,7 +424,7 @@ impl NodeState {
             let a = Ipv4Addr::from(first + (start + i) % size);
             if !used.contains(&a) {
                 self.last_ip = Some(a);
-                return Ok(a);
+                return Ok(Some(a));
             }
         }
         Err(Refusal::Conflict(Problem::new(format!("hostsubnet {}", local.host), "subnet", format!("no free address left in {net}"))))

@@ -18,6 +18,9 @@
 //!   The interface is ready only once duplicate address detection is over: an address another
 //!   station on the link holds fails the ADD (409, field `ips`), undone like any other failure;
 //!   IPAM's cursor has moved past that address, so a retry gets another one.
+//! - IPv6-only: a node whose HostSubnet has only an IPv6 subnet gives each pod one IPv6
+//!   address (and no IPv4 one); its MAC is `0a:58:` + the address's last four bytes
+//!   ([`crate::domain::pod_mac`]), and its record's `ip` is that IPv6 address.
 //! - DEL: idempotent. A known pod is torn down (flows, port, veth); an unknown one still gets its
 //!   veth removed by the name its container ID gives (a setup that died halfway).
 //! - Both are durable before they are answered: an ADD's pod is in the agent's checkpoint
@@ -100,41 +103,35 @@ pub async fn handle(pods: &Pods, req: CniRequest, deadline: Instant) -> Result<O
 
 /// The pod's interface as hostnet makes and checks it, from the pod's CNI record: `cluster`
 /// and `cluster6` are the cluster networks (`None`: not known, the pod's own subnet stands for
-/// it). A record with an IPv6 part gives a dual-stack interface.
+/// it). The record's first address is IPv4 (with an IPv6 part: a dual-stack interface) or, on
+/// an IPv6-only node, IPv6 alone.
 fn pod_config(
     rec: &CniRecord,
     mac: Option<netif::MacAddr>,
     (cluster, cluster6): (Option<Ipv4Net>, Option<Ipv6Net>),
     host_ifname: Option<String>,
 ) -> Result<hostnet::PodConfig, PodError> {
-    let (IpNet::V4(address), IpAddr::V4(gateway)) = (rec.address, rec.gateway) else {
-        return Err(PodError::Failed(format!("address {} (gateway {}): the agent sets up IPv4 pods only", rec.address, rec.gateway)));
+    let v6 = |address: Ipv6Net, gateway| hostnet::PodIpv6 { address, gateway, cluster_network: cluster6.unwrap_or(address.trunc()) };
+    let (ipv4, ipv6) = match (rec.address, rec.gateway, rec.ipv6) {
+        (IpNet::V4(address), IpAddr::V4(gateway), second) => (
+            Some(hostnet::PodIpv4 { address, gateway, cluster_network: cluster.unwrap_or(address), extra_routes: vec![] }),
+            second.map(|s| v6(s.address, s.gateway)),
+        ),
+        (IpNet::V6(address), IpAddr::V6(gateway), None) => (None, Some(v6(address, gateway))),
+        _ => return Err(PodError::Failed(format!("address {} (gateway {}): not one family, or a second IPv6 part", rec.address, rec.gateway))),
     };
-    let ipv6 = rec.ipv6.map(|v6| hostnet::PodIpv6 {
-        address: v6.address,
-        gateway: v6.gateway,
-        cluster_network: cluster6.unwrap_or(v6.address.trunc()),
-    });
-    Ok(hostnet::PodConfig {
-        ifname: rec.if_name.clone(),
-        mac,
-        mtu: rec.mtu,
-        address,
-        gateway,
-        cluster_network: cluster.unwrap_or(address),
-        extra_routes: vec![],
-        host_ifname,
-        ipv6,
-    })
+    Ok(hostnet::PodConfig { ifname: rec.if_name.clone(), mac, mtu: rec.mtu, ipv4, host_ifname, ipv6 })
 }
 
 /// ADD's answer: the interface `cfg` describes (its addresses, gateways and routes, of both
 /// families for a dual-stack pod: IPv4 first, as `ip`/`gateway` for plugins before `ips`
-/// need), with host end `host_veth` and MAC `mac`, in sandbox `sandbox`.
+/// need; an IPv6-only pod's one IPv6 address), with host end `host_veth` and MAC `mac`, in
+/// sandbox `sandbox`.
 fn reply_of(cfg: &hostnet::PodConfig, host_veth: &str, mac: netif::MacAddr, sandbox: &str) -> CniReply {
     let routes4 = cfg.routes().into_iter().map(|r| Route { dst: Some(r.dst.into()), gw: r.via.map(IpAddr::from) });
     let routes6 = cfg.routes6().into_iter().map(|r| Route { dst: Some(r.dst.into()), gw: r.via.map(IpAddr::from) });
-    let mut ips = vec![IpConfig { address: Some(cfg.address.into()), gateway: Some(cfg.gateway.into()) }];
+    let mut ips: Vec<IpConfig> =
+        cfg.ipv4.iter().map(|v4| IpConfig { address: Some(v4.address.into()), gateway: Some(v4.gateway.into()) }).collect();
     ips.extend(cfg.ipv6.as_ref().map(|v6| IpConfig { address: Some(v6.address.into()), gateway: Some(v6.gateway.into()) }));
     CniReply {
         host_veth: Some(host_veth.to_string()),
@@ -181,7 +178,7 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
     let (pod, mut record, cluster) = {
         let mut m = pods.state.lock();
         let Some(st) = m.effective() else { return Err(PodError::NotReady("no cluster state yet".into())) };
-        let cluster = (Some(st.cluster_network), st.cluster_network6);
+        let cluster = (st.cluster_network, st.cluster_network6);
         let mtu = st.mtu;
         let Some(local) = st.local_subnet().cloned() else { return Err(PodError::NotReady("no HostSubnet for this node".into())) };
         // A repeated ADD of the same container answers what the first one did.
@@ -203,23 +200,35 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
             None if derived_free && !m.host_veth_taken(&derived) => derived.clone(),
             None => hostnet::pod::random_veth_name().map_err(|e| PodError::Failed(format!("a name for the pod's interface: {e}")))?,
         };
+        // An address of each family the node has, reserved with the pod below (under this lock).
         let ip = m.allocate_ip().map_err(PodError::from)?;
-        let gateway = Ipv4Addr::from(u32::from(local.subnet.network()) + 1);
-        let address = Ipv4Net::new(ip, local.subnet.prefix_len()).map_err(|e| PodError::Failed(format!("address {ip}: {e}")))?;
-        // Dual-stack: an IPv6 address too, reserved with the pod below (under this lock).
         let ip6 = m.allocate_ip6().map_err(PodError::from)?;
-        let ipv6 = match (ip6, local.subnet6) {
+        let v4 = match (ip, local.subnet) {
+            (Some(ip), Some(subnet)) => Some((
+                IpNet::from(Ipv4Net::new(ip, subnet.prefix_len()).map_err(|e| PodError::Failed(format!("address {ip}: {e}")))?),
+                IpAddr::from(crate::pipeline::gateway(subnet)),
+            )),
+            _ => None,
+        };
+        let v6 = match (ip6, local.subnet6) {
             (Some(ip6), Some(subnet6)) => Some(CniIpv6 {
                 address: Ipv6Net::new(ip6, subnet6.prefix_len()).map_err(|e| PodError::Failed(format!("address {ip6}: {e}")))?,
                 gateway: crate::pipeline::gateway6(subnet6),
             }),
             _ => None,
         };
+        // The record's first address: IPv4 (and IPv6 as its second part on a dual-stack
+        // node), or IPv6 alone on an IPv6-only node.
+        let ((address, gateway), ipv6) = match (v4, v6) {
+            (Some(first), second) => (first, second),
+            (None, Some(only)) => ((IpNet::from(only.address), IpAddr::from(only.gateway)), None),
+            (None, None) => return Err(PodError::NotReady("this node's HostSubnet has no subnet".into())),
+        };
         let rec = CniRecord {
             netns: req.netns.clone(),
             if_name: req.if_name.clone(),
-            address: address.into(),
-            gateway: gateway.into(),
+            address,
+            gateway,
             ipv6,
             mtu,
             sandbox: Some(sandbox),
@@ -232,10 +241,11 @@ async fn add_steps<'a>(pods: &'a Pods, req: &CniRequest, key: crate::cluster::Po
             namespace: req.namespace.clone(),
             name: req.name.clone(),
             host_veth,
-            ip: ip.into(),
-            ip6,
-            // The IPv4 address's bytes, dual-stack or not (see the module documentation).
-            mac: crate::domain::pod_mac(ip),
+            ip: address.addr(),
+            ip6: ipv6.map(|v| v.address.addr()),
+            // The IPv4 address's bytes, dual-stack or not; an IPv6-only pod's from its IPv6
+            // address (see the module documentation and `domain::pod_mac`).
+            mac: crate::domain::pod_mac(address.addr()),
             // Bandwidth from the Pod's annotations (Kubernetes mode), as SetPodBandwidth.
             annotations: m.source().and_then(|l| l.pod_annotations.get(&key)).cloned().unwrap_or_default(),
             internal: false,
@@ -490,7 +500,7 @@ async fn check(pods: &Pods, req: CniRequest) -> Result<(), PodError> {
         return Err(PodError::Failed(format!("{}: its flows are not on the switch ({want} desired)", obj(&req))));
     }
     let ns = open_sandbox(pods, &obj(&req), &rec.netns).await?;
-    let cluster = pods.state.lock().effective().map(|s| (Some(s.cluster_network), s.cluster_network6)).unwrap_or_default();
+    let cluster = pods.state.lock().effective().map(|s| (s.cluster_network, s.cluster_network6)).unwrap_or_default();
     let mut cfg = pod_config(&rec, None, cluster, None)?;
     cfg.ifname = req.if_name.clone();
     hostnet::check_pod_config(&ns, &cfg, Some(pod.mac))

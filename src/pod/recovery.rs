@@ -213,7 +213,14 @@ pub async fn recover(pods: &Pods, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(
                 std::net::IpAddr::V4(ip) => Some(ip),
                 std::net::IpAddr::V6(_) => None,
             }).max(),
-            v6: held.iter().filter_map(|r| r.ip6).max(),
+            // A dual-stack record's second address, or an IPv6-only record's first.
+            v6: held
+                .iter()
+                .filter_map(|r| match r.ip {
+                    std::net::IpAddr::V6(ip) => Some(ip),
+                    std::net::IpAddr::V4(_) => r.ip6,
+                })
+                .max(),
         });
         for p in std::mem::take(&mut m.rebuild_problems) {
             warn!("rejected: {p}");

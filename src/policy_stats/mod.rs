@@ -172,7 +172,7 @@ fn report(state: &State, t: &Totals, into: &mut PolicyCounters) {
             bytes: d.bytes,
             pods: t
                 .dropped_pods
-                .range((namespace.clone(), *side, std::net::Ipv4Addr::UNSPECIFIED)..=(namespace.clone(), *side, std::net::Ipv4Addr::BROADCAST))
+                .range((namespace.clone(), *side, std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))..=(namespace.clone(), *side, std::net::IpAddr::from(std::net::Ipv6Addr::from(u128::MAX))))
                 .map(|((_, _, ip), c)| PodDrops {
                     pod: m.pod_at(*ip).unwrap_or_else(|| ip.to_string()),
                     ip: ip.to_string(),

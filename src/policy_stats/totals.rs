@@ -3,7 +3,7 @@
 //! namespace, direction and pod (dropped). Pure: the task feeds it reads.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use super::accumulate::Delta;
@@ -82,7 +82,8 @@ pub struct Allowed {
 pub struct Totals {
     pub allowed: BTreeMap<(String, String, Side), Allowed>,
     pub dropped: BTreeMap<(String, Side), Count>,
-    pub dropped_pods: BTreeMap<(String, Side, Ipv4Addr), Count>,
+    /// By the pod's first address (IPv4, or IPv6 on an IPv6-only node).
+    pub dropped_pods: BTreeMap<(String, Side, IpAddr), Count>,
     /// Counted by NetworkPolicy flows the model does not name (a change the switch has and
     /// the model no longer, or not yet).
     pub unattributed: Count,

@@ -30,19 +30,24 @@ pub struct HostPlan {
 
 /// The plan for `st`: `None` until the state names this node's subnet.
 pub fn plan(st: &ClusterState) -> Option<HostPlan> {
-    let local = st.local_subnet()?;
-    // The IPv6 side exactly when the pipeline has one (a dual-stack cluster and node).
-    let v6 = st.node_ipv6().map(|n| (n.cluster_network, n.service_network, n.local_subnet));
+    st.local_subnet()?;
+    // Each family exactly when the pipeline has it (IPv4, IPv6, or both on a dual-stack node).
+    let (v4, v6) = (st.node_ipv4(), st.node_ipv6());
+    if v4.is_none() && v6.is_none() {
+        return None;
+    }
     let host = hostnet::HostConfig {
         tun: "tun0".into(),
-        node_subnet: local.subnet,
         mtu: st.mtu,
-        cluster_network: st.cluster_network,
-        service_network: st.service_network,
-        ipv6: v6.map(|(cluster_network, service_network, node_subnet)| hostnet::HostIpv6 { node_subnet, cluster_network, service_network }),
+        ipv4: v4.map(|n| hostnet::HostIpv4 { node_subnet: n.local_subnet, cluster_network: n.cluster_network, service_network: n.service_network }),
+        ipv6: v6.map(|n| hostnet::HostIpv6 { node_subnet: n.local_subnet, cluster_network: n.cluster_network, service_network: n.service_network }),
     };
-    let mut firewall = hostnet::FirewallConfig::new(st.cluster_network, st.service_network);
-    firewall.ipv6 = v6.map(|(cluster_network, service_network, _)| hostnet::FirewallIpv6 { cluster_network, service_network });
+    let fw6 = v6.map(|n| hostnet::FirewallIpv6 { cluster_network: n.cluster_network, service_network: n.service_network });
+    let mut firewall = match (v4, fw6) {
+        (Some(n), fw6) => hostnet::FirewallConfig { ipv6: fw6, ..hostnet::FirewallConfig::new(n.cluster_network, n.service_network) },
+        (None, Some(fw6)) => hostnet::FirewallConfig::ipv6_only(fw6),
+        (None, None) => return None,
+    };
     firewall.vxlan_port = st.vxlan_port;
     // networkpolicy keeps pod addresses inside the cluster network (Service traffic included)
     // so that policies can judge them; see src/pipeline/via_host.rs.

@@ -81,9 +81,7 @@ pub struct Pass {
 /// The base ports' settings that come from the cluster's state.
 pub fn base_spec(st: &crate::cluster::ClusterState) -> ports::BaseSpec {
     let tun_mac = match (st.plugin, st.local_subnet()) {
-        (crate::domain::Plugin::NetworkPolicy, Some(local)) => {
-            Some(crate::pipeline::via_host::tun0_mac(crate::pipeline::gateway(local.subnet)))
-        }
+        (crate::domain::Plugin::NetworkPolicy, Some(local)) => local.tun0_mac(),
         _ => None,
     };
     ports::BaseSpec { vxlan_port: st.vxlan_port, tun_mac }

@@ -98,7 +98,7 @@ struct NodeLookup(crate::node::State);
 
 impl crate::audit::PodLookup for NodeLookup {
     fn pod(&self, ip: std::net::Ipv4Addr) -> Option<String> {
-        self.0.pod_at(ip)
+        self.0.pod_at(ip.into())
     }
     fn node_name(&self) -> Option<String> {
         self.0.node_name()

@@ -28,10 +28,10 @@ use crate::pipeline::{Reg, Table};
 use crate::switch::{Switch, SwitchOptions};
 
 /// A local pod as table 20 shows it: one port, its IPv4 address and, on a dual-stack node,
-/// its IPv6 one (both flows load the same VNID).
+/// its IPv6 one (both flows load the same VNID); on an IPv6-only node its IPv6 address alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortPod {
-    pub ip: Ipv4Addr,
+    pub ip: Option<Ipv4Addr>,
     /// From the port's `ipv6,ipv6_src=` flow.
     pub ip6: Option<Ipv6Addr>,
     pub ofport: u32,
@@ -69,6 +69,8 @@ pub struct SwitchView {
     /// IPv6 addresses table 20 admits from a port whose IPv4 flow was not seen (yet): joined
     /// to the port's pod when it is, else left here (an inconsistent pipeline).
     pending6: Vec<(u32, Ipv6Addr, u32)>,
+    /// The container IDs of table 20's `ipv6` flows' notes (IPv6-only pods), by port.
+    notes6: Vec<(u32, String)>,
 }
 
 /// The tables the view is built from.
@@ -180,10 +182,10 @@ impl SwitchView {
         match &m.eth {
             EthMatch::Ipv4(ip) => {
                 let (Some(ip), Some(vnid)) = (host(&ip.src), loaded(ins, Reg::SrcVnid)) else { return };
-                match self.pods.iter_mut().find(|p| p.ip == ip && p.ofport == ofport) {
+                match self.pods.iter_mut().find(|p| p.ip == Some(ip) && p.ofport == ofport) {
                     Some(p) => p.vnid = vnid,
                     None => {
-                        self.pods.push(PortPod { ip, ip6: None, ofport, vnid, mac: None, container_id: None });
+                        self.pods.push(PortPod { ip: Some(ip), ip6: None, ofport, vnid, mac: None, container_id: None });
                         self.join_pending6();
                     }
                 }
@@ -194,6 +196,10 @@ impl SwitchView {
                 if ip6.is_unspecified() {
                     return;
                 }
+                // An IPv6-only pod's container ID rides on this flow (it has no ARP flow).
+                if let Some(id) = container_id(ins) {
+                    self.notes6.push((ofport, id));
+                }
                 self.pending6.push((ofport, ip6, vnid));
                 self.join_pending6();
             }
@@ -201,12 +207,12 @@ impl SwitchView {
                 let Some(ip) = host(&arp.spa) else { return };
                 let mac = arp.sha.filter(|m| m.is_exact()).map(|m| m.value().to_string());
                 let container_id = container_id(ins);
-                match self.pods.iter_mut().find(|p| p.ip == ip && p.ofport == ofport) {
+                match self.pods.iter_mut().find(|p| p.ip == Some(ip) && p.ofport == ofport) {
                     Some(p) => (p.mac, p.container_id) = (mac, container_id),
                     // The VNID comes with the IP flow; an ARP flow alone says nothing of it.
                     None => {
                         if let Some(vnid) = loaded(ins, Reg::SrcVnid) {
-                            self.pods.push(PortPod { ip, ip6: None, ofport, vnid, mac, container_id });
+                            self.pods.push(PortPod { ip: Some(ip), ip6: None, ofport, vnid, mac, container_id });
                             self.join_pending6();
                         }
                     }
@@ -234,14 +240,27 @@ impl SwitchView {
         self.pods
             .iter()
             .filter(|p| match ip {
-                IpAddr::V4(ip) => p.ip == ip,
+                IpAddr::V4(ip) => p.ip == Some(ip),
                 IpAddr::V6(ip) => p.ip6 == Some(ip),
             })
             .collect()
     }
 
+    /// Once every flow is read: on an IPv6-only node (table 30 routes no IPv4 pod subnet) the
+    /// ports whose IPv6 flow no IPv4 flow joined are its pods, with the container ID of their
+    /// `ipv6` flow's note. On a node with IPv4 they stay pending: an inconsistent pipeline.
+    pub fn settle(&mut self) {
+        if self.local_subnet.is_some() {
+            return;
+        }
+        for (ofport, ip6, vnid) in std::mem::take(&mut self.pending6) {
+            let container_id = self.notes6.iter().find(|(p, _)| *p == ofport).map(|(_, id)| id.clone());
+            self.pods.push(PortPod { ip: None, ip6: Some(ip6), ofport, vnid, mac: None, container_id });
+        }
+    }
+
     /// Ports whose IPv6 flow names an address while no IPv4 flow names their pod: the
-    /// pipeline is inconsistent there (every pod has an IPv4 address).
+    /// pipeline is inconsistent there (on a node with IPv4, every pod has an IPv4 address).
     pub fn ports_with_ip6_only(&self, ip6: Ipv6Addr) -> Vec<u32> {
         self.pending6.iter().filter(|(_, a, _)| *a == ip6).map(|(p, _, _)| *p).collect()
     }
@@ -291,6 +310,7 @@ pub async fn read(mgmt: &Path, timeout: Duration) -> Result<SwitchView, String> 
                 view.add(f.table_id, &f.match_, &f.instructions);
             }
         }
+        view.settle();
         Ok::<_, String>(view)
     };
     tokio::time::timeout(timeout, dump)
@@ -317,7 +337,7 @@ mod tests {
         pod::PodPort {
             ip6: None,
             ofport: OfPort(ofport),
-            ip: ip.parse().unwrap(),
+            ip: Some(ip.parse().unwrap()),
             mac: format!("0a:58:0a:80:02:{ofport:02x}").parse().unwrap(),
             container_id: ContainerId::parse(&format!("{ofport:02x}").repeat(32)).unwrap(),
             vnid: Vnid::new(vnid).unwrap(),
@@ -329,9 +349,11 @@ mod tests {
         let cfg = NodeConfig {
             ipv6: None,
             plugin: Plugin::Multitenant,
-            cluster_network: "10.128.0.0/14".parse().unwrap(),
-            service_network: "172.30.0.0/16".parse().unwrap(),
-            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv4: Some(crate::pipeline::NodeIpv4 {
+                cluster_network: "10.128.0.0/14".parse().unwrap(),
+                service_network: "172.30.0.0/16".parse().unwrap(),
+                local_subnet: "10.128.2.0/23".parse().unwrap(),
+            }),
         };
         let mut flows = base::flows(&cfg);
         flows.extend(pod::flows(&pod_port(3, "10.128.2.5", 11)));
@@ -339,7 +361,7 @@ mod tests {
         let remote = subnet::RemoteSubnet {
             subnet6: None,
             host_ip: "172.17.0.3".parse().unwrap(),
-            subnet: "10.129.0.0/23".parse().unwrap(),
+            subnet: Some("10.129.0.0/23".parse().unwrap()),
             fixed_vnid: Some(Vnid::new(7).unwrap()),
         };
         flows.extend(subnet::flows(&remote));
@@ -348,7 +370,7 @@ mod tests {
             v.pods,
             vec![
                 PortPod {
-                    ip: "10.128.2.5".parse().unwrap(),
+                    ip: Some("10.128.2.5".parse().unwrap()),
                     ip6: None,
                     ofport: 3,
                     vnid: 11,
@@ -356,7 +378,7 @@ mod tests {
                     container_id: Some("03".repeat(32)),
                 },
                 PortPod {
-                    ip: "10.128.3.200".parse().unwrap(),
+                    ip: Some("10.128.3.200".parse().unwrap()),
                     ip6: None,
                     ofport: 4,
                     vnid: 4097,
@@ -389,9 +411,11 @@ mod tests {
                 local_subnet: "fd00:10:128:2::/64".parse().unwrap(),
             }),
             plugin: Plugin::Multitenant,
-            cluster_network: "10.128.0.0/14".parse().unwrap(),
-            service_network: "172.30.0.0/16".parse().unwrap(),
-            local_subnet: "10.128.2.0/23".parse().unwrap(),
+            ipv4: Some(crate::pipeline::NodeIpv4 {
+                cluster_network: "10.128.0.0/14".parse().unwrap(),
+                service_network: "172.30.0.0/16".parse().unwrap(),
+                local_subnet: "10.128.2.0/23".parse().unwrap(),
+            }),
         };
         let mut a1 = pod_port(3, "10.128.2.5", 11);
         a1.ip6 = Some("fd00:10:128:2::5".parse().unwrap());
@@ -405,20 +429,20 @@ mod tests {
         flows.extend(subnet::flows(&subnet::RemoteSubnet {
             subnet6: Some("fd00:10:128:100::/64".parse().unwrap()),
             host_ip: "172.17.0.3".parse().unwrap(),
-            subnet: "10.129.0.0/23".parse().unwrap(),
+            subnet: Some("10.129.0.0/23".parse().unwrap()),
             fixed_vnid: None,
         }));
         flows.extend(subnet::flows(&subnet::RemoteSubnet {
             subnet6: Some("fd00:10:128:200::/64".parse().unwrap()),
             host_ip: "fd00:172:17::4".parse().unwrap(),
-            subnet: "10.130.0.0/23".parse().unwrap(),
+            subnet: Some("10.130.0.0/23".parse().unwrap()),
             fixed_vnid: None,
         }));
         let v = view_of(&flows);
         assert_eq!(v.pods.len(), 2, "{:?}", v.pods);
         let p = v.pods_with_ip("fd00:10:128:2::5".parse().unwrap());
         assert_eq!(p.len(), 1);
-        assert_eq!((p[0].ofport, p[0].vnid, p[0].ip.to_string()), (3, 11, "10.128.2.5".to_string()));
+        assert_eq!((p[0].ofport, p[0].vnid, p[0].ip.unwrap().to_string()), (3, 11, "10.128.2.5".to_string()));
         assert_eq!(p[0].mac.as_deref(), Some("0a:58:0a:80:02:03"));
         assert_eq!(v.pods_with_ip("10.128.2.7".parse().unwrap())[0].ip6, None);
         assert!(v.pods_with_ip("::".parse().unwrap()).is_empty(), "the DAD probe's flow is not a pod's");
@@ -463,5 +487,31 @@ mod tests {
         v.add(20, &m, &[Instruction::GotoTable(21)]);
         assert!(v.pods.is_empty());
         assert!(!v.has_pipeline());
+    }
+
+    /// An IPv6-only node: its pods are known by their IPv6 flows alone, with the container ID
+    /// of their note, once the dump is read; on a node with IPv4 such a port stays pending.
+    #[test]
+    fn an_ipv6_only_node_names_its_pods() {
+        let cfg = NodeConfig {
+            ipv4: None,
+            ipv6: Some(crate::pipeline::NodeIpv6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+                local_subnet: "fd00:10:128:2::/64".parse().unwrap(),
+            }),
+            plugin: Plugin::Multitenant,
+        };
+        let mut a1 = pod_port(3, "10.128.2.5", 11);
+        (a1.ip, a1.ip6) = (None, Some("fd00:10:128:2::5".parse().unwrap()));
+        let mut flows = base::flows(&cfg);
+        flows.extend(pod::flows(&a1));
+        let mut v = view_of(&flows);
+        assert!(v.pods.is_empty());
+        v.settle();
+        assert_eq!(v.local_subnet6, Some("fd00:10:128:2::/64".parse().unwrap()));
+        let p = v.pods_with_ip("fd00:10:128:2::5".parse().unwrap());
+        assert_eq!(p.len(), 1, "{:?}", v.pods);
+        assert_eq!((p[0].ip, p[0].ofport, p[0].vnid, p[0].container_id.clone()), (None, 3, 11, Some("03".repeat(32))));
     }
 }

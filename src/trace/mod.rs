@@ -95,8 +95,10 @@ pub struct PodInfo {
     pub namespace: String,
     pub name: String,
     pub host_veth: String,
-    pub ip: Ipv4Addr,
-    /// Its IPv6 address (dual-stack).
+    /// Its IPv4 address (`None` on an IPv6-only node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<Ipv4Addr>,
+    /// Its IPv6 address (dual-stack, IPv6-only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ip6: Option<Ipv6Addr>,
     pub mac: String,
@@ -104,22 +106,35 @@ pub struct PodInfo {
     pub vnid: Option<u32>,
 }
 
+/// A pod record's (or the pod API's) first address and second: (IPv4, IPv6) of a dual-stack
+/// or IPv4 pod, or an IPv6-only pod's one address as its IPv6.
+fn first_and_second(ip: IpAddr, ip6: Option<Ipv6Addr>) -> (Option<Ipv4Addr>, Option<Ipv6Addr>) {
+    match ip {
+        IpAddr::V4(a) => (Some(a), ip6),
+        IpAddr::V6(a) => (None, Some(a)),
+    }
+}
+
 impl PodInfo {
     fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    fn ips(&self) -> crate::domain::PodIps {
+        crate::domain::PodIps { v4: self.ip, v6: self.ip6 }
+    }
+
     /// Its address of `family`.
     fn addr(&self, family: Family) -> Option<IpAddr> {
         match family {
-            Family::V4 => Some(IpAddr::V4(self.ip)),
+            Family::V4 => self.ip.map(IpAddr::V4),
             Family::V6 => self.ip6.map(IpAddr::V6),
         }
     }
 
     fn has(&self, ip: IpAddr) -> bool {
         match ip {
-            IpAddr::V4(ip) => self.ip == ip,
+            IpAddr::V4(ip) => self.ip == Some(ip),
             IpAddr::V6(ip) => self.ip6 == Some(ip),
         }
     }
@@ -192,9 +207,8 @@ impl Inventory {
             if pods.iter().any(|p| p.namespace == r.namespace && p.name == r.name) {
                 continue;
             }
-            // The model's pods are IPv4 (a record of another family is not one of them); a
-            // dual-stack pod's record carries its IPv6 address beside.
-            let std::net::IpAddr::V4(ip) = r.ip else { continue };
+            // A record's first address, and a dual-stack pod's IPv6 one beside.
+            let (ip, ip6) = first_and_second(r.ip, r.ip6);
             pods.push(PodInfo {
                 vnid: vnid_of(&r.namespace),
                 ofport: ofports.get(&r.host_veth).copied(),
@@ -202,7 +216,7 @@ impl Inventory {
                 name: r.name,
                 host_veth: r.host_veth,
                 ip,
-                ip6: r.ip6,
+                ip6,
                 mac: r.mac.to_string(),
             });
         }
@@ -277,13 +291,14 @@ impl Inventory {
             if inv.pods.iter().any(|q| q.namespace == p.namespace && q.name == p.name) {
                 continue;
             }
+            let (ip, ip6) = first_and_second(p.ip, p.ip6);
             inv.pods.push(PodInfo {
                 ofport: inv.ofports.get(&p.host_veth).copied(),
                 namespace: p.namespace,
                 name: p.name,
                 host_veth: p.host_veth,
-                ip: p.ip,
-                ip6: p.ip6,
+                ip,
+                ip6,
                 mac: p.mac,
                 vnid: p.vnid,
             });
@@ -298,10 +313,7 @@ impl Inventory {
             ix.add_state(s);
         }
         for p in &self.pods {
-            let detail = match p.ip6 {
-                Some(ip6) => format!("{}, {ip6}, {}", p.ip, p.host_veth),
-                None => format!("{}, {}", p.ip, p.host_veth),
-            };
+            let detail = format!("{}, {}", p.ips().iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "), p.host_veth);
             ix.add(crate::store::Owner::Pod { namespace: p.namespace.clone(), name: p.name.clone() }, detail);
         }
         ix
@@ -341,7 +353,7 @@ impl Inventory {
         s.host_subnets.iter().find(|h| {
             h.host != s.node
                 && match ip {
-                    IpAddr::V4(ip) => h.subnet.contains(&ip),
+                    IpAddr::V4(ip) => h.subnet.is_some_and(|n| n.contains(&ip)),
                     IpAddr::V6(ip) => h.subnet6.is_some_and(|n| n.contains(&ip)),
                 }
         })
@@ -350,7 +362,7 @@ impl Inventory {
     /// The service with cluster IP `ip` (either family).
     fn service_at(&self, ip: IpAddr) -> Option<&crate::cluster::Service> {
         self.state.as_ref()?.services.iter().find(|x| match ip {
-            IpAddr::V4(ip) => x.cluster_ip == ip,
+            IpAddr::V4(ip) => x.cluster_ip == Some(ip),
             IpAddr::V6(ip) => x.cluster_ip6 == Some(ip),
         })
     }
@@ -459,7 +471,7 @@ impl Endpoint {
     /// The end's address of `family` (a pod's other address when the packet is IPv6).
     fn ip(&self, family: Family) -> IpAddr {
         match self {
-            Endpoint::Pod { pod } => pod.addr(family).unwrap_or(IpAddr::V4(pod.ip)),
+            Endpoint::Pod { pod } => pod.addr(family).or(pod.ips().primary()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
             Endpoint::PortPod { ip, .. }
             | Endpoint::RemotePod { ip, .. }
             | Endpoint::Service { ip, .. }
@@ -472,10 +484,7 @@ impl std::fmt::Display for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Endpoint::Pod { pod } => {
-                write!(f, "pod {} ({}", pod.key(), pod.ip)?;
-                if let Some(ip6) = pod.ip6 {
-                    write!(f, " {ip6}")?;
-                }
+                write!(f, "pod {} ({}", pod.key(), pod.ips().iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" "))?;
                 write!(f, ", {}", pod.host_veth)?;
                 if let Some(p) = pod.ofport {
                     write!(f, " port {p}")?;
@@ -523,6 +532,17 @@ const SUPPLY: &str = "give --state FILE (the node's cluster state) or --socket P
 impl Inventory {
     fn view(&self) -> Option<&discover::SwitchView> {
         self.switch.as_ref().and_then(|r| r.as_ref().ok())
+    }
+
+    /// Whether the node is IPv6-only (the state says so; without one, br0's flows route an
+    /// IPv6 pod subnet and no IPv4 one, or the pods have IPv6 addresses only): a trace between
+    /// names is then an IPv6 packet.
+    fn ipv6_only(&self) -> bool {
+        match (&self.state, self.view()) {
+            (Some(s), _) => s.ipv6_only(),
+            (None, Some(v)) => v.local_subnet.is_none() && v.local_subnet6.is_some(),
+            (None, None) => !self.pods.is_empty() && self.pods.iter().all(|p| p.ip.is_none()),
+        }
     }
 
     /// The local pod table 20 admits with source `ip`.
@@ -586,12 +606,12 @@ impl Inventory {
         use ipnet::IpNet;
         let view = self.view();
         let local: Option<IpNet> = match (&self.state, ip) {
-            (Some(s), IpAddr::V4(_)) => s.local_subnet().map(|h| IpNet::V4(h.subnet)),
+            (Some(s), IpAddr::V4(_)) => s.local_subnet().and_then(|h| h.subnet).map(IpNet::V4),
             (Some(s), IpAddr::V6(_)) => s.local_subnet().and_then(|h| h.subnet6).map(IpNet::V6),
             (None, _) => view.and_then(|v| v.local_subnet_of(ip)),
         };
         let clusters: Vec<IpNet> = match (&self.state, ip) {
-            (Some(s), IpAddr::V4(_)) => vec![IpNet::V4(s.cluster_network)],
+            (Some(s), IpAddr::V4(_)) => s.cluster_network.into_iter().map(IpNet::V4).collect(),
             (Some(s), IpAddr::V6(_)) => s.cluster_network6.into_iter().map(IpNet::V6).collect(),
             (None, _) => view.map(|v| v.cluster_networks_of(ip)).unwrap_or_default(),
         };
@@ -661,7 +681,9 @@ fn resolve(inv: &Inventory, s: &str, end: End, family: Family) -> Result<Endpoin
     if let (Some((ns, name)), Some(st)) = (s.split_once('/'), &inv.state) {
         if let Some(svc) = st.services.iter().find(|x| x.namespace == ns && x.name == name) {
             let ip = match family {
-                Family::V4 => IpAddr::V4(svc.cluster_ip),
+                Family::V4 => IpAddr::V4(svc.cluster_ip.ok_or_else(|| {
+                    format!("service {ns}/{name} has no IPv4 cluster IP (an IPv6 single-stack service); trace IPv6 (-6)")
+                })?),
                 Family::V6 => IpAddr::V6(svc.cluster_ip6.ok_or_else(|| {
                     format!("service {ns}/{name} has no IPv6 cluster IP (clusterIPs lists none); trace IPv4")
                 })?),
@@ -732,7 +754,10 @@ pub fn build_flow(
     ipv6: bool,
 ) -> Result<(String, Endpoint, Endpoint), String> {
     let (to_s, port) = split_port(to)?;
-    let family = family_of(from, to, ipv6)?;
+    let family = match family_of(from, to, ipv6)? {
+        Family::V4 if inv.ipv6_only() => Family::V6,
+        f => f,
+    };
     let src = resolve(inv, from, End::Source, family)?;
     let dst = resolve(inv, to_s, End::Destination, family)?;
     let proto = proto.unwrap_or(if port.is_some() { Proto::Tcp } else { Proto::Ip });

@@ -85,7 +85,7 @@ impl OwnerIndex {
         for h in &state.host_subnets {
             self.add(
                 Owner::HostSubnet { host: h.host.clone() },
-                format!("node {} at {}, subnet {}", h.host, h.host_ip, h.subnet),
+                format!("node {} at {}, subnet {}", h.host, h.host_ip, h.subnet.map(ipnet::IpNet::V4).or(h.subnet6.map(ipnet::IpNet::V6)).map_or("none".into(), |n| n.to_string())),
             );
         }
         let mut vnids: HashMap<Vnid, Vec<String>> = HashMap::new();

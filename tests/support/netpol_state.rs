@@ -14,17 +14,21 @@ pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(
         .nodes()
         .iter()
         .map(|n| match n.spec.subnet6 {
+            Some(s6) if n.spec.ipv6_only => json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnet": s6.to_string()}),
             Some(s6) => json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnets": [n.spec.subnet.to_string(), s6.to_string()]}),
             None => json!({"host": n.spec.host(), "hostIP": n.spec.host_ip.to_string(), "subnet": n.spec.subnet.to_string()}),
         })
         .collect();
     // A dual-stack harness (nodes with IPv6 subnets): every address of both families.
+    // An IPv6-only harness: the pods' IPv6 addresses alone.
     let dual = c.nodes().iter().any(|n| n.spec.subnet6.is_some());
+    let v6only = c.nodes().iter().all(|n| n.spec.ipv6_only);
     let ips = |p: &Pod| -> Value {
-        let mut v = vec![p.ip.to_string()];
+        let mut v = if p.ipv6_only { vec![] } else { vec![p.ip.to_string()] };
         v.extend(p.ip6.map(|a| a.to_string()));
         json!(v)
     };
+    let first = |p: &Pod| if p.ipv6_only { p.ip6.map(|a| a.to_string()).unwrap_or_default() } else { p.ip.to_string() };
     let mut local = Vec::new();
     let mut remote = Vec::new();
     for (p, e) in pods {
@@ -33,13 +37,15 @@ pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(
         if p.node == node {
             local.push(json!({
                 "namespace": p.namespace, "name": p.name, "containerID": p.container_id, "hostVeth": p.host_veth,
-                "ip": p.ip.to_string(), "ips": ips(p), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
+                "ip": first(p), "ips": ips(p), "mac": p.mac, "labels": e.labels, "containerPorts": ports,
             }));
         } else {
             remote.push(json!({"namespace": p.namespace, "name": p.name, "ips": ips(p), "labels": e.labels, "containerPorts": ports}));
         }
     }
-    let (clusters, services) = if dual {
+    let (clusters, services) = if v6only {
+        (json!([CLUSTER_NETWORK6]), json!([SERVICE_NETWORK6]))
+    } else if dual {
         (json!([CLUSTER_NETWORK, CLUSTER_NETWORK6]), json!([SERVICE_NETWORK, SERVICE_NETWORK6]))
     } else {
         (json!([CLUSTER_NETWORK]), json!([SERVICE_NETWORK]))

@@ -230,6 +230,10 @@ pub struct NodeSpec {
     /// The node's IPv6 subnet (dual-stack): its pods get an IPv6 address too, tun0 its
     /// first address.
     pub subnet6: Option<Ipv6Net>,
+    /// An IPv6-only node ([`NodeSpec::ipv6_only`]): `subnet` only numbers its pods (a pod
+    /// given 10.128.0.5 gets the IPv6 address with host part 5, and no IPv4 address); the
+    /// state, tun0 and the pods have IPv6 alone.
+    pub ipv6_only: bool,
 }
 
 impl NodeSpec {
@@ -239,7 +243,15 @@ impl NodeSpec {
             host_ip: host_ip.parse().expect("host IP"),
             subnet: subnet.parse().expect("subnet CIDR"),
             subnet6: None,
+            ipv6_only: false,
         }
+    }
+    /// IPv6-only: the node's only subnet is `subnet6` (inside [`CLUSTER_NETWORK6`]); see
+    /// [`NodeSpec::ipv6_only`](field@NodeSpec::ipv6_only). Every node of a cluster is, or none.
+    pub fn ipv6_only(mut self, subnet6: &str) -> NodeSpec {
+        self.subnet6 = Some(subnet6.parse().expect("IPv6 subnet CIDR"));
+        self.ipv6_only = true;
+        self
     }
     /// Dual-stack: the node's IPv6 subnet (inside [`CLUSTER_NETWORK6`]).
     pub fn ipv6(mut self, subnet6: &str) -> NodeSpec {
@@ -274,6 +286,12 @@ pub fn pod_mac(ip: Ipv4Addr) -> String {
     format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", o[0], o[1], o[2], o[3])
 }
 
+/// An IPv6-only pod's MAC: 0a:58: and the address's last four bytes.
+pub fn pod_mac6(ip: Ipv6Addr) -> String {
+    let o = ip.octets();
+    format!("0a:58:{:02x}:{:02x}:{:02x}:{:02x}", o[12], o[13], o[14], o[15])
+}
+
 /// A pod: its namespace and interface. Plain data (cheap to clone); the namespace itself is
 /// owned by its [`Node`] and deleted with it.
 #[derive(Clone, Debug)]
@@ -287,10 +305,14 @@ pub struct Pod {
     pub netns: String,
     /// The host end of the veth, in the node's namespace: the OVS port name (`hostVeth`).
     pub host_veth: String,
+    /// The pod's IPv4 address; on an IPv6-only node only the harness's number for it (the pod
+    /// has no IPv4 address: see `ipv6_only`).
     pub ip: Ipv4Addr,
-    /// The pod's IPv6 address on a dual-stack node: the IPv6 subnet's address with the same
-    /// host part as `ip` (10.128.0.5 -> fd00:10:128:1::5).
+    /// The pod's IPv6 address on a dual-stack or IPv6-only node: the IPv6 subnet's address
+    /// with the same host part as `ip` (10.128.0.5 -> fd00:10:128:1::5).
     pub ip6: Option<Ipv6Addr>,
+    /// The pod is on an IPv6-only node: `ip6` is its only address.
+    pub ipv6_only: bool,
     pub mac: String,
     pub container_id: String,
 }
@@ -341,6 +363,12 @@ impl Pod {
 
     /// The pod's entry in a state file's `pods:`.
     pub fn state_entry(&self) -> String {
+        if let (true, Some(ip6)) = (self.ipv6_only, self.ip6) {
+            return format!(
+                "  - {{namespace: {}, name: {}, containerID: \"{}\", hostVeth: {}, ip: \"{ip6}\", mac: \"{}\"}}\n",
+                self.namespace, self.name, self.container_id, self.host_veth, self.mac
+            );
+        }
         let ips = self.ip6.map(|ip6| format!(", ips: [{}, \"{ip6}\"]", self.ip)).unwrap_or_default();
         format!(
             "  - {{namespace: {}, name: {}, containerID: \"{}\", hostVeth: {}, ip: {}{ips}, mac: \"{}\"}}\n",
@@ -419,7 +447,12 @@ impl Node {
         let netns = format!("{}-p{k}", self.netns);
         self.pod_ns.push(Netns::add(netns.clone()).await);
         let host_veth = format!("veth{k}");
-        let mac = pod_mac(ip);
+        let ip6 = self.spec.subnet6.map(|s6| Ipv6Addr::from(u128::from(s6.network()) + u128::from(u32::from(ip) - u32::from(self.spec.subnet.network()))));
+        let v6only = self.spec.ipv6_only;
+        let mac = match ip6 {
+            Some(ip6) if v6only => pod_mac6(ip6),
+            _ => pod_mac(ip),
+        };
         let node_ns = self.netns.clone();
         // The pod end is created straight in the pod's namespace: no clash on eth0.
         ip_in(&node_ns, &format!("link add {host_veth} type veth peer name eth0 netns {netns}")).await;
@@ -433,12 +466,15 @@ impl Node {
         ip_in(&node_ns, &format!("link set {host_veth} up")).await;
         ip_in(&netns, "link set lo up").await;
         ip_in(&netns, &format!("link set eth0 address {mac} mtu {POD_MTU}")).await;
-        ip_in(&netns, &format!("addr add {ip}/{} dev eth0", self.spec.subnet.prefix_len())).await;
+        if !v6only {
+            ip_in(&netns, &format!("addr add {ip}/{} dev eth0", self.spec.subnet.prefix_len())).await;
+        }
         ip_in(&netns, "link set eth0 up").await;
         run(&["ip", "netns", "exec", &netns, "ethtool", "-K", "eth0", "tx", "off"]).await;
-        ip_in(&netns, &format!("route add {CLUSTER_NETWORK} dev eth0")).await;
-        ip_in(&netns, &format!("route add default via {}", self.spec.gateway())).await;
-        let ip6 = self.spec.subnet6.map(|s6| Ipv6Addr::from(u128::from(s6.network()) + u128::from(u32::from(ip) - u32::from(self.spec.subnet.network()))));
+        if !v6only {
+            ip_in(&netns, &format!("route add {CLUSTER_NETWORK} dev eth0")).await;
+            ip_in(&netns, &format!("route add default via {}", self.spec.gateway())).await;
+        }
         if let (Some(ip6), Some(s6), Some(gw6)) = (ip6, self.spec.subnet6, self.spec.gateway6()) {
             // No duplicate address detection here (hostnet's pod setup does it; these test
             // pods are the harness's own): the address is usable at once.
@@ -455,6 +491,7 @@ impl Node {
             host_veth,
             ip,
             ip6,
+            ipv6_only: v6only,
             mac,
             container_id: format!("{:08x}", (self.index << 16) | k as u32).repeat(8),
         };
@@ -480,9 +517,13 @@ impl Node {
             .unwrap_or_else(|e| panic!("converge on node {}: {e}", self.name()));
         // converge has waited for tun0's ofport: the tap exists.
         let ns = &self.netns;
-        ip_in(ns, &format!("addr replace {}/{} dev tun0", self.spec.gateway(), self.spec.subnet.prefix_len())).await;
+        if !self.spec.ipv6_only {
+            ip_in(ns, &format!("addr replace {}/{} dev tun0", self.spec.gateway(), self.spec.subnet.prefix_len())).await;
+        }
         ip_in(ns, &format!("link set tun0 mtu {POD_MTU} up")).await;
-        ip_in(ns, &format!("route replace {CLUSTER_NETWORK} dev tun0")).await;
+        if !self.spec.ipv6_only {
+            ip_in(ns, &format!("route replace {CLUSTER_NETWORK} dev tun0")).await;
+        }
         if let (Some(s6), Some(gw6)) = (self.spec.subnet6, self.spec.gateway6()) {
             ip_in(ns, &format!("addr replace {gw6}/{} dev tun0 nodad", s6.prefix_len())).await;
             ip_in(ns, &format!("-6 route replace {CLUSTER_NETWORK6} dev tun0")).await;
@@ -635,7 +676,13 @@ impl Cluster {
     pub fn state_yaml(&self, name: &str, plugin: &str, net_namespaces: &[(&str, u32)]) -> String {
         let node = self.node(name);
         let dual = self.nodes.iter().any(|n| n.spec.subnet6.is_some());
-        let mut s = if dual {
+        let v6only = self.nodes.iter().all(|n| n.spec.ipv6_only);
+        let mut s = if v6only {
+            format!(
+                "node: {}\nplugin: {plugin}\nclusterNetwork: \"{CLUSTER_NETWORK6}\"\nserviceNetwork: \"{SERVICE_NETWORK6}\"\nhostSubnets:\n",
+                node.spec.host()
+            )
+        } else if dual {
             format!(
                 "node: {}\nplugin: {plugin}\nclusterNetworks: [{CLUSTER_NETWORK}, \"{CLUSTER_NETWORK6}\"]\nserviceNetworks: [{SERVICE_NETWORK}, \"{SERVICE_NETWORK6}\"]\nhostSubnets:\n",
                 node.spec.host()
@@ -648,6 +695,9 @@ impl Cluster {
         };
         for n in &self.nodes {
             match n.spec.subnet6 {
+                Some(s6) if v6only => {
+                    let _ = writeln!(s, "  - {{host: {}, hostIP: {}, subnet: \"{s6}\"}}", n.spec.host(), n.spec.host_ip);
+                }
                 Some(s6) => {
                     let _ = writeln!(s, "  - {{host: {}, hostIP: {}, subnets: [{}, \"{s6}\"]}}", n.spec.host(), n.spec.host_ip, n.spec.subnet);
                 }

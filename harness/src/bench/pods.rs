@@ -227,7 +227,7 @@ fn bpod(tag: char, i: u32) -> (String, PodPort) {
     let p = PodPort {
         ip6: None,
         ofport: OfPort(10 + i),
-        ip,
+        ip: Some(ip),
         mac: sdn_node::domain::pod_mac(ip),
         container_id: cid,
         vnid: Vnid::new(100 + i % NAMESPACES).unwrap_or(Vnid::GLOBAL),
@@ -236,15 +236,18 @@ fn bpod(tag: char, i: u32) -> (String, PodPort) {
 }
 
 fn pod_config(veth: &str, p: &PodPort) -> hostnet::PodConfig {
-    let local = workload::node().local_subnet;
+    let node = workload::node4();
+    let ip = p.ip.unwrap_or(Ipv4Addr::UNSPECIFIED);
     hostnet::PodConfig {
         ifname: "eth0".into(),
         mac: Some(p.mac),
         mtu: MTU,
-        address: ipnet::Ipv4Net::new(p.ip, local.prefix_len()).unwrap_or_default(),
-        gateway: Ipv4Addr::from(u32::from(local.network()) + 1),
-        cluster_network: workload::node().cluster_network,
-        extra_routes: vec![],
+        ipv4: Some(hostnet::PodIpv4 {
+            address: ipnet::Ipv4Net::new(ip, node.local_subnet.prefix_len()).unwrap_or_default(),
+            gateway: node.gateway(),
+            cluster_network: node.cluster_network,
+            extra_routes: vec![],
+        }),
         host_ifname: Some(veth.to_string()),
         ipv6: None,
     }
@@ -330,7 +333,7 @@ impl Baseline {
         let mut d = DesiredState::default();
         let _ = d.set(Owner::Base, base::flows(&cfg));
         let _ = d.set(Owner::Version, vec![base::version_flow(cfg.plugin)]);
-        let _ = d.set(Owner::PolicyPlugin, policy::plugin_flows(cfg.plugin));
+        let _ = d.set(Owner::PolicyPlugin, policy::plugin_flows(&cfg));
         for v in 0..NAMESPACES {
             let vnid = Vnid::new(100 + v).unwrap_or(Vnid::GLOBAL);
             let _ = d.set(Owner::VnidRule { vnid }, vec![policy::vnid_flow(vnid)]);
@@ -378,7 +381,7 @@ async fn seed_del(b: &Baseline, i: u32) -> Result<Duration, BenchError> {
     let t = Instant::now();
     let (env, bridge, v) = (b.site.env.clone(), b.site.bridge.clone(), veth.clone());
     tokio::task::spawn_blocking(move || {
-        seed::flows(&env, &bridge, &workload::seed_teardown_text_for(p.ip))?;
+        seed::flows(&env, &bridge, &workload::seed_teardown_text_for(p.ip.unwrap_or(Ipv4Addr::UNSPECIFIED)))?;
         seed::del_port(&env, &bridge, &v)
     })
     .await
@@ -449,7 +452,7 @@ fn agent_state() -> String {
     let mut s = String::from(
         "node: bench-node\nplugin: multitenant\nclusterNetwork: 10.128.0.0/14\nserviceNetwork: 172.30.0.0/16\n",
     );
-    s.push_str(&format!("mtu: {MTU}\nhostSubnets:\n  - {{host: bench-node, hostIP: 172.17.0.2, subnet: {}}}\n", workload::node().local_subnet));
+    s.push_str(&format!("mtu: {MTU}\nhostSubnets:\n  - {{host: bench-node, hostIP: 172.17.0.2, subnet: {}}}\n", workload::node4().local_subnet));
     s.push_str("netNamespaces:\n");
     for v in 0..NAMESPACES {
         s.push_str(&format!("  - {{name: ns-{v}, netid: {}}}\n", 100 + v));

@@ -36,7 +36,7 @@ pub struct AgentRecovery {
 /// The state file: the benchmark's synthetic node (multitenant, /18), `pods` pods with
 /// internal ports (the dummy datapath has no veths).
 fn state(pods: u32) -> String {
-    let cfg = workload::node();
+    let cfg = workload::node4();
     let mut s = format!(
         "node: bench-node\nplugin: multitenant\nclusterNetwork: {}\nserviceNetwork: {}\nhostSubnets:\n  - {{host: bench-node, hostIP: 172.17.0.2, subnet: {}}}\nnetNamespaces:\n",
         cfg.cluster_network, cfg.service_network, cfg.local_subnet
@@ -50,7 +50,7 @@ fn state(pods: u32) -> String {
         let sdn_node::store::Owner::Pod { namespace, name } = owner else { continue };
         s.push_str(&format!(
             "  - {{namespace: {namespace}, name: {name}, containerID: \"{}\", hostVeth: rp{i}, internal: true, ip: {}, mac: \"{}\"}}\n",
-            p.container_id, p.ip, p.mac
+            p.container_id, p.ip.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED), p.mac
         ));
     }
     s

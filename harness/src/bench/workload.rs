@@ -15,9 +15,12 @@ use sdn_node::store::{DesiredState, Owner};
 pub const VNIDS: u32 = 50;
 
 pub fn node() -> NodeConfig {
-    NodeConfig {
-        ipv6: None,
-        plugin: Plugin::Multitenant,
+    NodeConfig { ipv6: None, plugin: Plugin::Multitenant, ipv4: Some(node4()) }
+}
+
+/// The node's (IPv4) networks.
+pub fn node4() -> sdn_node::pipeline::NodeIpv4 {
+    sdn_node::pipeline::NodeIpv4 {
         cluster_network: "10.128.0.0/14".parse().unwrap_or_default(),
         service_network: "172.30.0.0/16".parse().unwrap_or_default(),
         local_subnet: "10.128.0.0/18".parse().unwrap_or_default(),
@@ -33,7 +36,7 @@ pub fn pod(i: u32) -> (Owner, PodPort) {
     let p = PodPort {
         ip6: None,
         ofport: OfPort(10 + i),
-        ip,
+        ip: Some(ip),
         mac: sdn_node::domain::pod_mac(ip),
         container_id: ContainerId::parse(&hex).unwrap_or_else(|_| unreachable_id()),
         vnid: Vnid::new(100 + i % VNIDS).unwrap_or(Vnid::GLOBAL),
@@ -57,7 +60,7 @@ pub fn desired(m: u32) -> DesiredState {
     let mut d = DesiredState::default();
     let _ = d.set(Owner::Base, base::flows(&cfg));
     let _ = d.set(Owner::Version, vec![base::version_flow(cfg.plugin)]);
-    let _ = d.set(Owner::PolicyPlugin, policy::plugin_flows(cfg.plugin));
+    let _ = d.set(Owner::PolicyPlugin, policy::plugin_flows(&cfg));
     for v in 0..VNIDS.min(m) {
         let vnid = Vnid::new(100 + v).unwrap_or(Vnid::GLOBAL);
         let _ = d.set(Owner::VnidRule { vnid }, vec![policy::vnid_flow(vnid)]);
@@ -94,7 +97,7 @@ pub fn seed_setup_text(i: u32) -> String {
 pub fn seed_setup_text_for(p: &PodPort) -> String {
     let note: Vec<String> = p.container_id.bytes().iter().map(|b| format!("{b:02x}")).collect();
     let note = note.join(".");
-    let (port, ip, mac, vnid) = (p.ofport.0, p.ip, p.mac, p.vnid.get());
+    let (port, ip, mac, vnid) = (p.ofport.0, p.ip.unwrap_or(Ipv4Addr::UNSPECIFIED), p.mac, p.vnid.get());
     format!(
         "add table=20, priority=100, in_port={port}, arp, nw_src={ip}, arp_sha={mac}, actions=load:{vnid}->NXM_NX_REG0[], note:{note}, goto_table:21\n\
          add table=20, priority=100, in_port={port}, ip, nw_src={ip}, actions=load:{vnid}->NXM_NX_REG0[], goto_table:21\n\
@@ -105,7 +108,7 @@ pub fn seed_setup_text_for(p: &PodPort) -> String {
 
 /// The seed's cleanupPodFlows text: four loose deletes over every table.
 pub fn seed_teardown_text(i: u32) -> String {
-    seed_teardown_text_for(pod(i).1.ip)
+    seed_teardown_text_for(pod(i).1.ip.unwrap_or(Ipv4Addr::UNSPECIFIED))
 }
 
 /// The seed's cleanupPodFlows text for a pod's address.

@@ -268,8 +268,9 @@ fn flows_of_owner(
                 }
                 Plugin::Subnet => policies.iter().map(|p| p.namespace.clone()).collect::<BTreeSet<_>>().into_iter().collect(),
             };
-            // A dual-stack node's policies govern IPv6 egress too (fail closed: egress.rs).
-            let out = egress::flows_for(*vnid, policies, &namespaces, dns, state.node_ipv6().is_some());
+            // A node's policies govern each family it has (IPv6 fail closed: egress.rs).
+            let families = egress::Families { ipv4: state.node_ipv4().is_some(), ipv6: state.node_ipv6().is_some() };
+            let out = egress::flows_for(*vnid, policies, &namespaces, dns, families);
             let object =
                 policies.iter().map(|p| format!("egressnetworkpolicy {}/{}", p.namespace, p.name)).collect::<Vec<_>>().join(", ");
             let warnings = out.warnings.iter().chain(&out.dns_error).map(|w| Problem::new(object.clone(), "", w.clone())).collect();

@@ -89,13 +89,23 @@ fn drop_all(vnid: Vnid) -> Flow {
 /// several policies (drop all, error); one policy (its rules in order, first rule highest).
 /// IPv4 only (a node without IPv6): [`flows_for`] without `ipv6`.
 pub fn flows(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAnswers) -> Outcome {
-    flows_for(vnid, policies, namespaces, dns, false)
+    flows_for(vnid, policies, namespaces, dns, Families { ipv4: true, ipv6: false })
 }
 
-/// [`flows`], and with `ipv6` (a dual-stack node) the policy's IPv6 flows: its IPv6 rules,
-/// the catch-all `0.0.0.0/0`'s IPv6 twin, and the IPv6 default deny (see the module
-/// documentation). Without `ipv6`, IPv6 rules make no flow (no IPv6 packet reaches table 100).
-pub fn flows_for(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAnswers, ipv6: bool) -> Outcome {
+/// The node's IP families: which of a policy's flows exist (an IPv6-only node has no `ip`
+/// flow, an IPv4 node no `ipv6` one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Families {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+/// [`flows`] for the node's `families`: with `ipv6` (a dual-stack or IPv6-only node) the
+/// policy's IPv6 flows: its IPv6 rules, the catch-all `0.0.0.0/0`'s IPv6 twin, and the IPv6
+/// default deny (see the module documentation). Without `ipv6`, IPv6 rules make no flow (no
+/// IPv6 packet reaches table 100); without `ipv4` (an IPv6-only node), IPv4 rules make none.
+pub fn flows_for(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &DnsAnswers, families: Families) -> Outcome {
+    let Families { ipv4, ipv6 } = families;
     let mut out = Outcome::default();
     if policies.is_empty() {
         return out;
@@ -164,7 +174,7 @@ pub fn flows_for(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &D
                 None => dns_failure = Some(format!("{name}: not resolved")),
             },
         }
-        for dst in dsts {
+        for dst in dsts.into_iter().filter(|_| ipv4) {
             out.flows.push(Flow::new(
                 Table::EgressPolicy,
                 priority,
@@ -281,7 +291,7 @@ mod tests {
             allow(Target::DnsName("www.example.com".into())),
             deny(Target::Cidr("0.0.0.0/0".parse().unwrap())),
         ]);
-        let o = flows_for(v, std::slice::from_ref(&p), &["team-a".into()], &dns, true);
+        let o = flows_for(v, std::slice::from_ref(&p), &["team-a".into()], &dns, Families { ipv4: true, ipv6: true });
         assert_eq!(o.error, None);
         assert_eq!(
             text(&o),
@@ -296,17 +306,17 @@ mod tests {
             ]
         );
         // Without IPv6 on the node: exactly the IPv4 flows of `flows`, the IPv6 rule makes none.
-        assert_eq!(text(&flows_for(v, std::slice::from_ref(&p), &["team-a".into()], &dns, false)), text(&flows(v, &[p], &["team-a".into()], &dns)));
+        assert_eq!(text(&flows_for(v, std::slice::from_ref(&p), &["team-a".into()], &dns, Families { ipv4: true, ipv6: false })), text(&flows(v, &[p], &["team-a".into()], &dns)));
         // IPv4 rules only (a deny list): IPv4 goes out past them, IPv6 is denied by default.
         let deny_list = policy(vec![deny(Target::Cidr("10.0.0.0/8".parse().unwrap()))]);
         assert_eq!(
-            text(&flows_for(v, &[deny_list], &["team-a".into()], &dns, true)),
+            text(&flows_for(v, &[deny_list], &["team-a".into()], &dns, Families { ipv4: true, ipv6: true })),
             vec!["table=100, priority=1,ip,reg0=0xb,nw_dst=10.0.0.0/8 actions=drop", "table=100, priority=1,ipv6,reg0=0xb actions=drop"]
         );
         // Allow everything: both families (`::/0` too).
         let open = policy(vec![allow(Target::Cidr6("::/0".parse().unwrap())), allow(Target::Cidr("0.0.0.0/0".parse().unwrap()))]);
         assert_eq!(
-            text(&flows_for(v, &[open], &["team-a".into()], &dns, true)),
+            text(&flows_for(v, &[open], &["team-a".into()], &dns, Families { ipv4: true, ipv6: true })),
             vec![
                 "table=100, priority=3,ipv6,reg0=0xb actions=output:2",
                 "table=100, priority=1,ip,reg0=0xb actions=output:2",
@@ -315,7 +325,32 @@ mod tests {
             ]
         );
         // A shared NetNamespace: every packet of the VNID, both families.
-        let shared = flows_for(v, &[policy(vec![])], &["a".into(), "b".into()], &dns, true);
+        let shared = flows_for(v, &[policy(vec![])], &["a".into(), "b".into()], &dns, Families { ipv4: true, ipv6: true });
         assert_eq!(text(&shared), vec!["table=100, priority=1,reg0=0xb actions=drop"]);
+    }
+
+    /// An IPv6-only node: the policy's IPv6 flows and its IPv6 default deny, no `ip` flow.
+    #[test]
+    fn ipv6_only_has_no_ipv4_flow() {
+        let v = Vnid::new(11).unwrap();
+        let p = Policy {
+            namespace: "team-a".into(),
+            name: "default".into(),
+            rules: vec![
+                Rule { kind: RuleType::Allow, to: Target::Cidr("10.0.0.0/8".parse().unwrap()) },
+                Rule { kind: RuleType::Allow, to: Target::Cidr6("fd00:aa::/32".parse().unwrap()) },
+                Rule { kind: RuleType::Deny, to: Target::Cidr("0.0.0.0/0".parse().unwrap()) },
+            ],
+        };
+        let o = flows_for(v, &[p], &["team-a".into()], &Default::default(), Families { ipv4: false, ipv6: true });
+        let t: Vec<String> = o.flows.iter().map(|f| f.to_string()).collect();
+        assert_eq!(
+            t,
+            vec![
+                "table=100, priority=3,ipv6,reg0=0xb,ipv6_dst=fd00:aa::/32 actions=output:2",
+                "table=100, priority=2,ipv6,reg0=0xb actions=drop",
+                "table=100, priority=1,ipv6,reg0=0xb actions=drop",
+            ]
+        );
     }
 }

@@ -204,13 +204,10 @@ fn check_each(pods: &[(String, &PodRecord)]) -> Result<(), String> {
     for (label, r) in pods {
         let pod = r.to_pod().map_err(|p| format!("{label} ({}): {}: {}", p.object, p.field, p.message))?;
         if let Some(c) = &r.cni {
-            if c.address.addr() != std::net::IpAddr::V4(pod.ip) {
-                return Err(format!(
-                    "{label} (pod {}/{}): cni.address {} is not its ip {}",
-                    r.namespace, r.name, c.address, pod.ip
-                ));
+            if c.address.addr() != r.ip {
+                return Err(format!("{label} (pod {}/{}): cni.address {} is not its ip {}", r.namespace, r.name, c.address, r.ip));
             }
-            if c.ipv6.map(|v6| v6.address.addr()) != pod.ip6 {
+            if c.ipv6.map(|v6| v6.address.addr()) != r.ip6 {
                 let have = c.ipv6.map_or("none".to_string(), |v6| v6.address.to_string());
                 let want = pod.ip6.map_or("none".to_string(), |a| a.to_string());
                 return Err(format!("{label} (pod {}/{}): cni.ipv6.address {have} is not its ip6 {want}", r.namespace, r.name));
