@@ -2,8 +2,8 @@
 //! create, replace with 409 on a stale resourceVersion, delete with preconditions, Leases):
 //! what it writes from a kubeadm-shaped cluster and from one without podCIDRs, Node and
 //! Namespace deletion, a podCIDR outside the cluster network, a conflicting ClusterNetwork, a
-//! restart that allocates nothing twice, the multitenant operations, and two replicas with the
-//! leader SIGKILLed. The API server's objects are the oracle; every test ends with the
+//! restart that allocates nothing twice, the multitenant operations, two replicas with the
+//! leader SIGKILLed, dual-stack (and an IPv4 cluster turned dual-stack) and IPv6-only. The API server's objects are the oracle; every test ends with the
 //! controller ready.
 
 mod support;
@@ -521,8 +521,9 @@ async fn dual_stack_pod_cidrs_become_ipv6_host_subnets() {
 /// Dual-stack without podCIDRs: the controller's second allocator cuts the IPv6 cluster
 /// network into /64s; a restart reads the IPv6 subnets back from the HostSubnets' annotations
 /// and writes nothing; a new Node gets the next free pair. An IPv4 cluster turned dual-stack
-/// (its ClusterNetwork deleted to be recreated) gives the existing HostSubnets IPv6 subnets
-/// and keeps their IPv4 ones.
+/// by restarting the controller with the IPv6 flags: its ClusterNetwork gains the IPv6
+/// annotations (one conditional replace, the same object) and the existing HostSubnets IPv6
+/// subnets (one replace each), keeping their IPv4 ones. Changing a network is still refused.
 #[tokio::test]
 async fn dual_stack_allocation_is_stable_across_restarts() {
     let fake = FakeKube::start().await;
@@ -535,14 +536,40 @@ async fn dual_stack_allocation_is_stable_across_restarts() {
     let mut c = Controller::spawn(&fake, dir.path(), "c1", &[]);
     c.settled("IPv4 allocation").await;
     assert_eq!(subnets_dual(&fake), pairs(&[("node-a", "10.128.0.0/23", ""), ("node-b", "10.128.2.0/23", "")]));
+    let ipv4_cn = fake.object("clusternetworks", "", "default").unwrap();
+    assert_eq!(ipv4_cn["metadata"]["annotations"], Value::Null);
     c.kill9();
     c.wait_exit().await;
-    // Turned dual-stack: the ClusterNetwork is recreated with the IPv6 networks.
-    fake.delete("clusternetworks", "", "default");
+    // Turned dual-stack: the same ClusterNetwork gains the IPv6 networks. Its first two
+    // replaces are refused (a ClusterRole without `update`): /status says so, and the
+    // controller retries.
+    let before = writes(&fake);
+    fake.fail_next("PUT", "clusternetworks", 2, 403);
     let mut c = Controller::spawn(&fake, dir.path(), "c2", &DUAL);
+    let s = c.wait("the refused update is reported", |s| s["cluster_network"].as_str().is_some_and(|m| m.starts_with("writing ClusterNetwork \"default\" failed"))).await;
+    assert!(s["cluster_network"].as_str().unwrap().contains("403"), "{s}");
+    assert_eq!(c.get("/readyz").await.0, 503);
     c.settled("dual-stack").await;
+    let cn = fake.object("clusternetworks", "", "default").unwrap();
+    assert_eq!(
+        cn["metadata"]["annotations"],
+        json!({"sdn-node.openshift.io/cluster-network-ipv6": "fd00:10:128::/48",
+               "sdn-node.openshift.io/host-subnet-length-ipv6": "64",
+               "sdn-node.openshift.io/service-network-ipv6": "fd00:172:30::/112"})
+    );
+    assert_eq!(cn["metadata"]["uid"], ipv4_cn["metadata"]["uid"], "updated, not recreated");
+    assert_ne!(cn["metadata"]["resourceVersion"], ipv4_cn["metadata"]["resourceVersion"]);
+    for field in ["network", "hostsubnetlength", "serviceNetwork", "clusterNetworks", "pluginName", "vxlanPort", "mtu"] {
+        assert_eq!(cn[field], ipv4_cn[field], "{field} unchanged");
+    }
     let want = pairs(&[("node-a", "10.128.0.0/23", "fd00:10:128::/64"), ("node-b", "10.128.2.0/23", "fd00:10:128:1::/64")]);
     assert_eq!(subnets_dual(&fake), want);
+    // One replace of the ClusterNetwork and one per HostSubnet: nothing created or deleted.
+    assert_eq!((fake.count("POST", "clusternetworks"), fake.count("PUT", "clusternetworks")), (1, 3));
+    assert_eq!(fake.count("DELETE", "clusternetworks"), 0);
+    assert_eq!(writes(&fake) - before, 5, "three tries of the ClusterNetwork, one replace per HostSubnet");
+    assert!(events(&fake, "ClusterNetworkConflict").is_empty());
+    c.ready_again("turned dual-stack").await;
     fake.put("nodes", node("node-c", None, "10.0.0.3"));
     poll("node-c allocated", || subnets_dual(&fake).get("node-c").cloned()).await;
     c.settled("node-c").await;
@@ -569,7 +596,7 @@ async fn dual_stack_allocation_is_stable_across_restarts() {
     c.wait_exit().await;
 
     // An IPv4-only controller now meets a dual-stack ClusterNetwork: a conflict, named.
-    let c = Controller::spawn(&fake, dir.path(), "c4", &[]);
+    let mut c = Controller::spawn(&fake, dir.path(), "c4", &[]);
     c.wait("the conflict is seen", |s| s["cluster_network"].as_str().is_some_and(|m| m.contains("cluster-network-ipv6"))).await;
     let conflict = poll("the Event", || Some(events(&fake, "ClusterNetworkConflict")).filter(|e| !e.is_empty())).await;
     assert!(
@@ -578,6 +605,102 @@ async fn dual_stack_allocation_is_stable_across_restarts() {
         )),
         "{conflict:?}"
     );
+    c.kill9();
+    c.wait_exit().await;
+
+    // Nor is the IPv6 network changed once it is there.
+    let cn = fake.object("clusternetworks", "", "default").unwrap();
+    let other = ["--cluster-network-ipv6", "fd00:99::/48", "--service-network-ipv6", "fd00:172:30::/112"];
+    let c = Controller::spawn(&fake, dir.path(), "c5", &other);
+    c.wait("the IPv6 conflict is seen", |s| s["leading"] == true && s["cluster_network"].as_str().is_some_and(|m| m.contains("fd00:99::/48"))).await;
+    let s = c.status().await.unwrap();
+    assert!(
+        s["cluster_network"].as_str().unwrap().contains("metadata.annotations[sdn-node.openshift.io/cluster-network-ipv6] is fd00:10:128::/48 in the cluster, fd00:99::/48 in this controller's configuration"),
+        "{s}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(fake.object("clusternetworks", "", "default").unwrap(), cn, "never changed");
+    assert_eq!(fake.count("PUT", "clusternetworks"), 3);
+}
+
+/// An IPv6-only cluster (an IPv6 --cluster-network and --service-network, the host subnet
+/// length left to its default, 64): ClusterNetwork "default" and each HostSubnet hold the IPv6
+/// networks in their own fields, with no IPv6 annotation; a Node's subnet is its IPv6
+/// podCIDR (an IPv4 one beside it is ignored); hostIP is the Node's IPv4 address when it has
+/// one, else its IPv6 address.
+#[tokio::test]
+async fn an_ipv6_only_cluster_has_its_networks_in_the_fields() {
+    let fake = FakeKube::start().await;
+    fake.put("nodes", node_dual("v6-a", &["fd00:10:128:5::/64"], "fd00:1::1"));
+    fake.put("nodes", node_dual("v6-b", &["10.244.1.0/24", "fd00:10:128:6::/64"], "fd00:1::2"));
+    let mut both = node_dual("both", &["fd00:10:128:7::/64"], "fd00:1::3");
+    both["status"]["addresses"] = json!([{"type": "InternalIP", "address": "fd00:1::3"}, {"type": "InternalIP", "address": "192.168.10.3"}]);
+    fake.put("nodes", both);
+    fake.put("nodes", node_dual("outside", &["fd00:99::/64"], "fd00:1::4"));
+    fake.put("namespaces", namespace("default"));
+    let dir = tempfile::tempdir().unwrap();
+    let c = Controller::spawn(&fake, dir.path(), "c1", &V6_ONLY);
+    c.settled("IPv6-only decisions").await;
+    let cn = fake.object("clusternetworks", "", "default").expect("ClusterNetwork default");
+    assert_eq!(cn["network"], "fd00:10:128::/48");
+    assert_eq!(cn["hostsubnetlength"], 64);
+    assert_eq!(cn["serviceNetwork"], "fd00:172:30::/112");
+    assert_eq!(cn["clusterNetworks"], json!([{"CIDR": "fd00:10:128::/48", "hostSubnetLength": 64}]));
+    assert_eq!(cn["pluginName"], "redhat/openshift-ovs-networkpolicy");
+    assert_eq!(cn["metadata"]["annotations"], Value::Null, "no IPv6 annotations");
+    let hs: BTreeMap<String, Value> =
+        fake.objects("hostsubnets").into_iter().map(|h| (h["metadata"]["name"].as_str().unwrap().to_string(), h)).collect();
+    assert_eq!(hs.keys().cloned().collect::<Vec<_>>(), ["both", "v6-a", "v6-b"]);
+    let want = [("v6-a", "fd00:1::1", "fd00:10:128:5::/64"), ("v6-b", "fd00:1::2", "fd00:10:128:6::/64"), ("both", "192.168.10.3", "fd00:10:128:7::/64")];
+    for (name, ip, subnet) in want {
+        let h = &hs[name];
+        assert_eq!((h["host"].as_str(), h["hostIP"].as_str(), h["subnet"].as_str()), (Some(name), Some(ip), Some(subnet)), "{h}");
+        assert!(h["metadata"]["annotations"].get("sdn-node.openshift.io/subnet-ipv6").is_none(), "{h}");
+    }
+    let outside = poll("the Event", || Some(events(&fake, "PodCIDROutsideClusterNetwork")).filter(|e| !e.is_empty())).await;
+    assert!(outside[0].contains("podCIDR fd00:99::/64 is not inside the cluster network fd00:10:128::/48"), "{outside:?}");
+    // One write per object: the ClusterNetwork, three HostSubnets, one NetNamespace.
+    assert_eq!(writes(&fake), 5);
+    c.ready_again("IPv6-only").await;
+}
+
+const V6_ONLY: [&str; 6] =
+    ["--cluster-network", "fd00:10:128::/48", "--service-network", "fd00:172:30::/112", "--host-subnet-length", ""];
+
+/// IPv6-only without podCIDRs: the allocator cuts the IPv6 cluster network into /64s, a
+/// restart reads them back from the HostSubnets' `subnet` and writes nothing, and a freed
+/// subnet is reused only after its HostSubnet is gone.
+#[tokio::test]
+async fn ipv6_only_allocation_is_stable_across_restarts() {
+    let fake = FakeKube::start().await;
+    for (i, n) in ["node-a", "node-b"].iter().enumerate() {
+        fake.put("nodes", node(n, None, &format!("fd00:1::{}", i + 1)));
+    }
+    fake.put("namespaces", namespace("default"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Controller::spawn(&fake, dir.path(), "c1", &V6_ONLY);
+    c.settled("IPv6-only allocation").await;
+    let subnets = |f: &FakeKube| host_subnets(f).into_iter().map(|(n, (_, ip, s))| (n, (ip, s))).collect::<BTreeMap<_, _>>();
+    let want = |p: &[(&str, &str, &str)]| p.iter().map(|(n, ip, s)| (n.to_string(), (ip.to_string(), s.to_string()))).collect::<BTreeMap<_, _>>();
+    assert_eq!(subnets(&fake), want(&[("node-a", "fd00:1::1", "fd00:10:128::/64"), ("node-b", "fd00:1::2", "fd00:10:128:1::/64")]));
+    c.kill9();
+    c.wait_exit().await;
+    let before = writes(&fake);
+    let c = Controller::spawn(&fake, dir.path(), "c2", &V6_ONLY);
+    c.settled("restarted").await;
+    assert_eq!(writes(&fake), before, "a restart changes nothing");
+    fake.put("nodes", node("node-c", None, "fd00:1::3"));
+    poll("node-c allocated", || subnets(&fake).get("node-c").cloned()).await;
+    assert_eq!(subnets(&fake)["node-c"].1, "fd00:10:128:2::/64");
+    fake.delete("nodes", "", "node-a");
+    poll("node-a's HostSubnet deleted", || (!subnets(&fake).contains_key("node-a")).then_some(())).await;
+    fake.put("nodes", node("node-d", None, "fd00:1::4"));
+    poll("node-d allocated", || subnets(&fake).get("node-d").cloned()).await;
+    assert_eq!(subnets(&fake)["node-d"].1, "fd00:10:128::/64");
+    c.settled("node-d").await;
+    let s = c.status().await.unwrap();
+    assert_eq!((s["subnets_used"].as_u64(), s["subnets_total"].as_u64()), (Some(3), Some(1 << 16)));
+    c.ready_again("IPv6-only allocator").await;
 }
 
 /// `sdn-node controller ARGS`: its exit code and stderr.
@@ -600,6 +723,18 @@ async fn bad_flags_exit_with_one_line() {
     let (code, err) = controller_exit(&[&base[..], &v6].concat());
     assert_eq!(code, Some(1));
     assert_eq!(err, "sdn-node controller: --service-network-ipv6 \"nope\" is not an IPv6 CIDR (e.g. fd00:10:128::/48)");
+    // IPv6-only: the families must agree, and the dual-stack flags do not go with it.
+    let (code, err) = controller_exit(&["--kubeconfig", "/nonexistent", "--cluster-network", "fd00:10:128::/48", "--service-network", "172.30.0.0/16"]);
+    assert_eq!(code, Some(1));
+    assert!(err.starts_with("sdn-node controller: --cluster-network fd00:10:128::/48 and --service-network 172.30.0.0/16 must be of the same family") && err.lines().count() == 1, "{err}");
+    let v6 = ["--kubeconfig", "/nonexistent", "--cluster-network", "fd00:10:128::/48", "--service-network", "fd00:172:30::/112"];
+    let (code, err) = controller_exit(&[&v6[..], &["--cluster-network-ipv6", "fd00:20::/48", "--service-network-ipv6", "fd00:30::/112"]].concat());
+    assert_eq!(code, Some(1));
+    assert!(err.starts_with("sdn-node controller: --cluster-network-ipv6, --service-network-ipv6 given with an IPv6 --cluster-network") && err.lines().count() == 1, "{err}");
+    // Valid (the host subnet length defaulted): it goes on to the kubeconfig.
+    let (code, err) = controller_exit(&v6);
+    assert_eq!(code, Some(1));
+    assert!(err.starts_with("sdn-node controller: --kubeconfig /nonexistent:"), "{err}");
 }
 
 #[tokio::test]

@@ -3,7 +3,8 @@
 //! A dashboard drifts silently: a renamed family leaves an empty panel, not an error. So the
 //! test reads every PromQL expression of the dashboard (panels, rows, template variables),
 //! extracts the `sdn_node_*` names and the `by (...)` labels, starts the agent in-process on a
-//! private switch, and checks them against its real `/metrics` output.
+//! private switch, and checks them against its real `/metrics` output. The same check run on
+//! the dashboard with a metric misspelt, or grouped by a label it lacks, must find it.
 
 mod support;
 
@@ -117,57 +118,90 @@ async fn networkpolicy_metrics() -> String {
     panic!("the policy counters were never read");
 }
 
-#[tokio::test]
-async fn every_dashboard_metric_is_exported() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/sdn-node.json")).unwrap();
-    let dash: Value = serde_json::from_str(&text).expect("dashboard is JSON");
-    assert_eq!(dash["uid"], "sdn-node");
+/// The panels the dashboard must have: a metric each uses.
+const WANTED: &[&str] = &[
+    "sdn_node_bundle_latency_seconds_bucket",
+    "sdn_node_flow_mods_total",
+    "sdn_node_flows",
+    "sdn_node_reconnects_total",
+    "sdn_node_resyncs_total",
+    "sdn_node_pod_setup_seconds_bucket",
+    "sdn_node_pod_requests_total",
+    "sdn_node_objects_rejected_total",
+    "sdn_node_policy_connections_total",
+    "sdn_node_policy_dropped_packets_total",
+    "sdn_node_policy_stats_reads_total",
+    "sdn_node_pod_addresses",
+];
+
+/// What is wrong with `dash` against the agent's `/metrics` text: a metric it does not export,
+/// a grouping label on none of the expression's series, a wanted metric no panel uses. Empty:
+/// nothing.
+fn problems(dash: &Value, metrics: &str) -> Vec<String> {
     let mut exprs = Vec::new();
-    expressions(&dash, &mut exprs);
-    assert!(exprs.len() >= 10, "{exprs:?}");
-
-    let agent = support::inproc::start(&state()).await;
-    let (code, mut metrics) = support::inproc::http_get(&agent.metrics, "/metrics").await;
-    assert_eq!(code, 200);
-    // The NetworkPolicy counters' series exist under the networkpolicy plugin, once read.
-    metrics.push_str(&networkpolicy_metrics().await);
-    let exported = exported(&metrics);
-
+    expressions(dash, &mut exprs);
+    let exported = exported(metrics);
+    let mut out = Vec::new();
+    if exprs.len() < 10 {
+        out.push(format!("only {} expressions: {exprs:?}", exprs.len()));
+    }
     let mut used = BTreeSet::new();
     for e in &exprs {
         let names = metric_names(e);
-        assert!(!names.is_empty(), "expression uses no sdn_node_ metric: {e}");
+        if names.is_empty() {
+            out.push(format!("expression uses no sdn_node_ metric: {e}"));
+        }
         for n in &names {
-            assert!(exported.contains_key(n), "{n} (in `{e}`) is not exported by the agent; it exports:\n{}", metrics);
+            if !exported.contains_key(n) {
+                out.push(format!("{n} (in `{e}`) is not exported by the agent"));
+            }
         }
         // Grouping labels exist on the series (instance and job are the scraper's).
         for l in by_labels(e) {
             if ["instance", "job"].contains(&l.as_str()) {
                 continue;
             }
-            assert!(
-                names.iter().any(|n| exported[n].contains(&l)),
-                "label {l} (in `{e}`) is on none of {names:?}\n{metrics}"
-            );
+            if !names.iter().any(|n| exported.get(n).is_some_and(|labels| labels.contains(&l))) {
+                out.push(format!("label {l} (in `{e}`) is on none of {names:?}"));
+            }
         }
         used.extend(names);
     }
-    // The panels the issue asks for.
-    for want in [
-        "sdn_node_bundle_latency_seconds_bucket",
-        "sdn_node_flow_mods_total",
-        "sdn_node_flows",
-        "sdn_node_reconnects_total",
-        "sdn_node_resyncs_total",
-        "sdn_node_pod_setup_seconds_bucket",
-        "sdn_node_pod_requests_total",
-        "sdn_node_objects_rejected_total",
-        "sdn_node_policy_connections_total",
-        "sdn_node_policy_dropped_packets_total",
-        "sdn_node_policy_stats_reads_total",
-    ] {
-        assert!(used.contains(want), "no panel uses {want}; used: {used:?}");
+    for want in WANTED {
+        if !used.contains(*want) {
+            out.push(format!("no panel uses {want}; used: {used:?}"));
+        }
     }
+    out
+}
+
+#[tokio::test]
+async fn every_dashboard_metric_is_exported() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/grafana/sdn-node.json")).unwrap();
+    let dash: Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    assert_eq!(dash["uid"], "sdn-node");
+
+    let agent = support::inproc::start(&state()).await;
+    let (code, mut metrics) = support::inproc::http_get(&agent.metrics, "/metrics").await;
+    assert_eq!(code, 200);
+    // The NetworkPolicy counters' series exist under the networkpolicy plugin, once read.
+    metrics.push_str(&networkpolicy_metrics().await);
+    let found = problems(&dash, &metrics);
+    assert!(found.is_empty(), "{}\nthe agent exports:\n{metrics}", found.join("\n"));
+    // Pods' addresses by family: both series, whatever the cluster (0 IPv6 on this IPv4 one).
+    for family in ["ipv4", "ipv6"] {
+        let series = format!("sdn_node_pod_addresses{{family=\"{family}\"}} ");
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    }
+
+    // The check sees a misspelt metric and a wrong grouping label of the pod-addresses panel.
+    let misspelt: Value = serde_json::from_str(&text.replace("sdn_node_pod_addresses{", "sdn_node_pod_address{")).unwrap();
+    let found = problems(&misspelt, &metrics);
+    assert!(found.iter().any(|p| p.starts_with("sdn_node_pod_address (in `")), "{found:?}");
+    assert!(found.iter().any(|p| p.starts_with("no panel uses sdn_node_pod_addresses;")), "{found:?}");
+    let by_ip: Value = serde_json::from_str(&text.replace("sum by (family) (sdn_node_pod_addresses", "sum by (ip_family) (sdn_node_pod_addresses")).unwrap();
+    let found = problems(&by_ip, &metrics);
+    assert_eq!(found, [r#"label ip_family (in `sum by (ip_family) (sdn_node_pod_addresses{instance=~"$instance"})`) is on none of {"sdn_node_pod_addresses"}"#], "{found:?}");
 }
 
 #[test]

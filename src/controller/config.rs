@@ -43,13 +43,15 @@ pub struct ControllerArgs {
     /// nodeSubnets); a flag given on the command line wins.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// The cluster network the pods' subnets are carved from (CIDR).
+    /// The cluster network the pods' subnets are carved from (CIDR). IPv4, or IPv6 for an
+    /// IPv6-only cluster (then --service-network is IPv6 too, and no *-ipv6 flag is given).
     #[arg(long)]
     pub cluster_network: Option<String>,
-    /// Host bits of each node's subnet (9: a /23 per node out of an IPv4 cluster network).
+    /// Host bits of each node's subnet (9: a /23 per node out of an IPv4 cluster network)
+    /// [required for IPv4; default for an IPv6 --cluster-network: 64, a /64 per node].
     #[arg(long)]
     pub host_subnet_length: Option<u8>,
-    /// The service network (CIDR).
+    /// The service network (CIDR), of --cluster-network's family.
     #[arg(long)]
     pub service_network: Option<String>,
     /// Dual-stack: the IPv6 cluster network (CIDR) each Node also gets an IPv6 subnet of; with
@@ -146,9 +148,16 @@ struct File {
     node_subnets: Option<NodeSubnets>,
 }
 
+/// Host bits of a node's subnet in an IPv6-only cluster when none is given: a /64 per node,
+/// as `--host-subnet-length-ipv6` defaults to.
+pub const IPV6_HOST_SUBNET_LENGTH: u8 = 64;
+
 /// The network the controller writes into ClusterNetwork "default" and allocates from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Network {
+    /// IPv4, or IPv6 in an IPv6-only cluster (`service_network` is of the same family, and
+    /// `ipv6` is `None`): ClusterNetwork `network`/`clusterNetworks[0].CIDR` and HostSubnet
+    /// `subnet` then hold IPv6 networks.
     pub cluster_network: IpNet,
     pub host_subnet_length: u8,
     pub service_network: IpNet,
@@ -170,6 +179,11 @@ pub struct Network6 {
 }
 
 impl Network {
+    /// Whether the cluster is IPv6-only (its one network IPv6).
+    pub fn ipv6_only(&self) -> bool {
+        matches!(self.cluster_network, IpNet::V6(_))
+    }
+
     /// The prefix length of a node's subnet.
     pub fn subnet_prefix(&self) -> u8 {
         self.cluster_network.max_prefix_len() - self.host_subnet_length
@@ -219,7 +233,7 @@ impl ControllerArgs {
         let cidr = |flag: &str, v: Option<String>| -> Result<IpNet, String> {
             let v = v.ok_or_else(|| format!("--{flag} (or {} in --config) is required", camel(flag)))?;
             let net: IpNet =
-                v.trim().parse().map_err(|_| format!("--{flag} {v:?} is not a CIDR (e.g. 10.128.0.0/14)"))?;
+                v.trim().parse().map_err(|_| format!("--{flag} {v:?} is not a CIDR (e.g. 10.128.0.0/14, or fd00:10:128::/48 for an IPv6-only cluster)"))?;
             if net.network() != net.addr() {
                 return Err(format!("--{flag} {v}: host bits are set (the network is {})", net.trunc()));
             }
@@ -227,35 +241,61 @@ impl ControllerArgs {
         };
         let cluster_network = cidr("cluster-network", self.cluster_network.or(file.cluster_network))?;
         let service_network = cidr("service-network", self.service_network.or(file.service_network))?;
-        if let IpNet::V6(_) = cluster_network {
-            return Err(format!(
-                "--cluster-network {cluster_network}: must be IPv4 (HostSubnet's subnet is IPv4; IPv6-only is not supported): give the IPv6 network with --cluster-network-ipv6 for dual-stack"
-            ));
-        }
-        if let IpNet::V6(_) = service_network {
-            return Err(format!(
-                "--service-network {service_network}: must be IPv4 (IPv6-only is not supported): give the IPv6 network with --service-network-ipv6 for dual-stack"
-            ));
+        // The family of --cluster-network decides the cluster's: IPv4 (and dual-stack with the
+        // *-ipv6 keys) or IPv6-only, where ClusterNetwork and HostSubnets carry the IPv6
+        // networks in their own fields.
+        let ipv6_only = match (cluster_network, service_network) {
+            (IpNet::V4(_), IpNet::V4(_)) => false,
+            (IpNet::V6(_), IpNet::V6(_)) => true,
+            _ => {
+                return Err(format!(
+                    "--cluster-network {cluster_network} and --service-network {service_network} must be of the same family: both IPv4 (dual-stack adds --cluster-network-ipv6 and --service-network-ipv6) or both IPv6 (an IPv6-only cluster)"
+                ));
+            }
+        };
+        if ipv6_only {
+            // Named as the operator wrote them: the flag, or the file's key.
+            let given: Vec<String> = [
+                (self.cluster_network_ipv6.is_some(), file.cluster_network_ipv6.is_some(), "cluster-network-ipv6"),
+                (self.host_subnet_length_ipv6.is_some(), file.host_subnet_length_ipv6.is_some(), "host-subnet-length-ipv6"),
+                (self.service_network_ipv6.is_some(), file.service_network_ipv6.is_some(), "service-network-ipv6"),
+            ]
+            .into_iter()
+            .filter_map(|(flag, key, name)| match (flag, key) {
+                (true, _) => Some(format!("--{name}")),
+                (false, true) => Some(format!("{} in --config", camel(name))),
+                (false, false) => None,
+            })
+            .collect();
+            if !given.is_empty() {
+                return Err(format!(
+                    "{} given with an IPv6 --cluster-network {cluster_network}: the IPv6 keys add IPv6 to an IPv4 cluster (dual-stack); an IPv6-only cluster has its networks in --cluster-network, --host-subnet-length and --service-network alone",
+                    given.join(", ")
+                ));
+            }
         }
         if cluster_network.contains(&service_network.network()) || service_network.contains(&cluster_network.network())
         {
             return Err(format!("--service-network {service_network} overlaps --cluster-network {cluster_network}"));
         }
-        let host_subnet_length = self
-            .host_subnet_length
-            .or(file.host_subnet_length)
-            .ok_or("--host-subnet-length (or hostSubnetLength in --config) is required")?;
+        let (host_subnet_length, default) = match self.host_subnet_length.or(file.host_subnet_length) {
+            Some(h) => (h, ""),
+            None if ipv6_only => (IPV6_HOST_SUBNET_LENGTH, " (the default for an IPv6 --cluster-network)"),
+            None => return Err("--host-subnet-length (or hostSubnetLength in --config) is required".into()),
+        };
+        // Per family: the bits the cluster network leaves, and at least a gateway and a pod.
         let free = cluster_network.max_prefix_len() - cluster_network.prefix_len();
         if !(2..=free).contains(&host_subnet_length) {
             return Err(format!(
-                "--host-subnet-length {host_subnet_length}: must be 2 to {free} for --cluster-network {cluster_network} (a node's subnet is at most the whole network and holds a gateway and a pod)"
+                "--host-subnet-length {host_subnet_length}{default}: must be 2 to {free} for --cluster-network {cluster_network} (a node's subnet is at most the whole network and holds a gateway and a pod)"
             ));
         }
-        let ipv6 = network6(
+        let (cluster6, host_bits6, service6) = (
             self.cluster_network_ipv6.or(file.cluster_network_ipv6),
             self.host_subnet_length_ipv6.or(file.host_subnet_length_ipv6),
             self.service_network_ipv6.or(file.service_network_ipv6),
-        )?;
+        );
+        let ipv6 = network6(cluster6, host_bits6, service6)?;
         let vxlan_port = self.vxlan_port.or(file.vxlan_port).unwrap_or(4789);
         if vxlan_port == 0 {
             return Err("--vxlan-port 0 is not a UDP port".into());
@@ -344,7 +384,7 @@ fn network6(cluster: Option<String>, host_bits: Option<u8>, service: Option<Stri
     if cluster.contains(&service.network()) || service.contains(&cluster.network()) {
         return Err(format!("--service-network-ipv6 {service} overlaps --cluster-network-ipv6 {cluster}"));
     }
-    let host_subnet_length = host_bits.unwrap_or(64);
+    let host_subnet_length = host_bits.unwrap_or(IPV6_HOST_SUBNET_LENGTH);
     let free = 128 - cluster.prefix_len();
     if !(2..=free).contains(&host_subnet_length) {
         return Err(format!(
@@ -503,7 +543,7 @@ mod tests {
         let e = with(&["--host-subnet-length-ipv6", "64"]).unwrap_err();
         assert!(e.contains("without --cluster-network-ipv6"), "{e}");
         let e = check(&["--cluster-network", "fd00::/48", "--host-subnet-length", "9", "--service-network", "172.30.0.0/16"]).unwrap_err();
-        assert!(e.contains("--cluster-network-ipv6"), "{e}");
+        assert!(e.contains("must be of the same family") && e.contains("--cluster-network-ipv6"), "{e}");
         assert!(!e.contains('\n'));
         // The file's keys.
         let dir = tempfile::tempdir().unwrap();
@@ -511,5 +551,62 @@ mod tests {
         std::fs::write(&f, "clusterNetwork: 10.128.0.0/14\nhostSubnetLength: 9\nserviceNetwork: 172.30.0.0/16\nclusterNetworkIpv6: fd00:10:128::/56\nhostSubnetLengthIpv6: 64\nserviceNetworkIpv6: fd00:172:30::/112\n").unwrap();
         let c = check(&["--config", f.to_str().unwrap()]).unwrap();
         assert_eq!(c.network.ipv6.unwrap().cluster_network.to_string(), "fd00:10:128::/56");
+    }
+
+    const V6: [&str; 4] = ["--cluster-network", "fd00:10:128::/48", "--service-network", "fd00:172:30::/112"];
+
+    /// An IPv6 --cluster-network makes the cluster IPv6-only: the one network is IPv6, the
+    /// host subnet length defaults to 64 (a /64 per node), and no IPv6 side is configured.
+    #[test]
+    fn an_ipv6_cluster_network_is_an_ipv6_only_cluster() {
+        let c = check(&V6).unwrap();
+        let n = &c.network;
+        assert!(n.ipv6_only());
+        assert_eq!(n.cluster_network, "fd00:10:128::/48".parse::<IpNet>().unwrap());
+        assert_eq!(n.service_network, "fd00:172:30::/112".parse::<IpNet>().unwrap());
+        assert_eq!((n.host_subnet_length, n.subnet_prefix()), (64, 64));
+        assert_eq!(n.ipv6, None);
+        assert!(!check(&OK).unwrap().network.ipv6_only());
+        // Given: per family's limits (128 bits).
+        let c = check(&[&V6[..], &["--host-subnet-length", "72"]].concat()).unwrap();
+        assert_eq!(c.network.subnet_prefix(), 56);
+        let e = check(&[&V6[..], &["--host-subnet-length", "81"]].concat()).unwrap_err();
+        assert_eq!(e, "--host-subnet-length 81: must be 2 to 80 for --cluster-network fd00:10:128::/48 (a node's subnet is at most the whole network and holds a gateway and a pod)");
+        let e = check(&["--cluster-network", "fd00:10:128::/96", "--service-network", "fd00:172:30::/112"]).unwrap_err();
+        assert_eq!(e, "--host-subnet-length 64 (the default for an IPv6 --cluster-network): must be 2 to 32 for --cluster-network fd00:10:128::/96 (a node's subnet is at most the whole network and holds a gateway and a pod)");
+        // IPv4 keeps no default.
+        let e = check(&["--cluster-network", "10.128.0.0/14", "--service-network", "172.30.0.0/16"]).unwrap_err();
+        assert_eq!(e, "--host-subnet-length (or hostSubnetLength in --config) is required");
+        let e = check(&["--cluster-network", "fd00:10:128::/48", "--service-network", "fd00:10:128::/112"]).unwrap_err();
+        assert_eq!(e, "--service-network fd00:10:128::/112 overlaps --cluster-network fd00:10:128::/48");
+    }
+
+    #[test]
+    fn ipv6_only_refusals_are_one_line_naming_the_flags() {
+        // Mixed families, either way round.
+        for args in [
+            ["--cluster-network", "fd00:10:128::/48", "--service-network", "172.30.0.0/16"],
+            ["--cluster-network", "10.128.0.0/14", "--service-network", "fd00:172:30::/112"],
+        ] {
+            let e = check(&[&args[..], &["--host-subnet-length", "9"]].concat()).unwrap_err();
+            assert!(e.starts_with(&format!("--cluster-network {} and --service-network {} must be of the same family", args[1], args[3])), "{e}");
+            assert!(!e.contains('\n'));
+        }
+        // The IPv6 (dual-stack) keys with an IPv6 cluster network, named as given.
+        let e = check(&[&V6[..], &["--cluster-network-ipv6", "fd00:20::/48", "--service-network-ipv6", "fd00:30::/112"]].concat()).unwrap_err();
+        assert!(e.starts_with("--cluster-network-ipv6, --service-network-ipv6 given with an IPv6 --cluster-network fd00:10:128::/48: "), "{e}");
+        assert!(!e.contains('\n'));
+        let e = check(&[&V6[..], &["--host-subnet-length-ipv6", "64"]].concat()).unwrap_err();
+        assert!(e.starts_with("--host-subnet-length-ipv6 given with an IPv6 --cluster-network"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.yaml");
+        std::fs::write(&f, "clusterNetwork: fd00:10:128::/48\nserviceNetwork: fd00:172:30::/112\nclusterNetworkIpv6: fd00:20::/48\n").unwrap();
+        let e = check(&["--config", f.to_str().unwrap()]).unwrap_err();
+        assert!(e.starts_with("clusterNetworkIpv6 in --config given with an IPv6 --cluster-network"), "{e}");
+        // The file's keys make an IPv6-only cluster as the flags do.
+        std::fs::write(&f, "clusterNetwork: fd00:10:128::/48\nhostSubnetLength: 64\nserviceNetwork: fd00:172:30::/112\n").unwrap();
+        let c = check(&["--config", f.to_str().unwrap()]).unwrap();
+        assert!(c.network.ipv6_only());
+        assert_eq!(c.network.host_subnet_length, 64);
     }
 }

@@ -16,7 +16,15 @@
 //! [`subnets::Subnets`] over the IPv6 cluster network — and the IPv6 networks as annotations
 //! of ClusterNetwork "default" (`sdn-node.openshift.io/cluster-network-ipv6`,
 //! `.../host-subnet-length-ipv6`, `.../service-network-ipv6`): openshift-sdn's agents refuse a
-//! ClusterNetwork with an IPv6 `clusterNetworks` entry ([`crate::kube::types`]).
+//! ClusterNetwork with an IPv6 `clusterNetworks` entry ([`crate::kube::types`]). An existing
+//! IPv4 ClusterNetwork gains those annotations when the controller is restarted dual-stack
+//! (the one change it makes to one: [`objects::ClusterNetworkChange`]), and the HostSubnets it
+//! manages gain their IPv6 subnets.
+//!
+//! IPv6-only (an IPv6 `--cluster-network` and `--service-network`): the IPv6 networks are in
+//! ClusterNetwork's own fields and each HostSubnet's `subnet` is the node's IPv6 subnet, with
+//! no annotation; the one allocator cuts the IPv6 cluster network (`--host-subnet-length`
+//! default 64).
 
 pub mod config;
 pub mod lease;
@@ -43,7 +51,8 @@ pub type Rule = (&'static str, &'static str, &'static [&'static str]);
 pub const CLUSTER_RULES: &[Rule] = &[
     ("", "nodes", &["get", "list", "watch"]),
     ("", "namespaces", &["get", "list", "watch"]),
-    ("network.openshift.io", "clusternetworks", &["get", "list", "watch", "create"]),
+    // update: only to add the IPv6 networks to an IPv4 one (IPv4 → dual-stack).
+    ("network.openshift.io", "clusternetworks", &["get", "list", "watch", "create", "update"]),
     ("network.openshift.io", "hostsubnets", &["get", "list", "watch", "create", "update", "delete"]),
     ("network.openshift.io", "netnamespaces", &["get", "list", "watch", "create", "update", "delete"]),
     ("events.k8s.io", "events", &["create", "patch"]),

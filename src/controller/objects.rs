@@ -133,7 +133,10 @@ fn meta(name: &str) -> ObjectMeta {
 }
 
 /// ClusterNetwork "default" as the configuration says; the IPv6 networks (dual-stack) as
-/// annotations (see [`crate::kube::types`] for why not `clusterNetworks`).
+/// annotations (see [`crate::kube::types`] for why not `clusterNetworks`). An IPv6-only
+/// cluster has its IPv6 networks in the fields themselves (`network`, `clusterNetworks[0]`,
+/// `serviceNetwork`, `hostsubnetlength` the host bits of a node's IPv6 subnet) and no
+/// annotation: openshift-sdn's agents cannot run it either way.
 pub fn cluster_network(n: &Network) -> ClusterNetwork {
     let mut metadata = meta("default");
     if let Some(six) = &n.ipv6 {
@@ -238,8 +241,46 @@ pub fn cluster_network_differs(existing: &ClusterNetwork, n: &Network) -> Option
     None
 }
 
+/// What to do about an existing ClusterNetwork "default" that is not what the configuration
+/// would create.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ClusterNetworkChange {
+    /// It is the configuration's network.
+    Same,
+    /// An IPv4 cluster turned dual-stack: the same IPv4 network without any IPv6 annotation;
+    /// this is it with them added (read's resourceVersion kept: the replace is conditional).
+    /// Nothing that exists loses its meaning: every HostSubnet keeps its IPv4 subnet and gains
+    /// an IPv6 one.
+    AddIpv6(Box<ClusterNetwork>),
+    /// Anything else changes a network subnets were handed out of (openshift-sdn's master
+    /// refuses those too): the sentence of [`cluster_network_differs`].
+    Refused(String),
+}
+
+/// Compares an existing ClusterNetwork with the configuration: the same, the IPv6 networks
+/// to add (IPv4 → dual-stack), or refused, naming the field.
+pub fn cluster_network_change(existing: &ClusterNetwork, n: &Network) -> ClusterNetworkChange {
+    let Some(differs) = cluster_network_differs(existing, n) else { return ClusterNetworkChange::Same };
+    let ann = annotations(&existing.metadata);
+    let no_ipv6 = [CLUSTER_NETWORK_IPV6_ANNOTATION, HOST_SUBNET_LENGTH_IPV6_ANNOTATION, SERVICE_NETWORK_IPV6_ANNOTATION]
+        .iter()
+        .all(|k| ann.get(*k).is_none_or(|v| v.trim().is_empty()));
+    if n.ipv6.is_none() || !no_ipv6 {
+        return ClusterNetworkChange::Refused(differs);
+    }
+    let mut with = existing.clone();
+    let add = cluster_network(n).metadata.annotations.unwrap_or_default();
+    with.metadata.annotations.get_or_insert_with(Default::default).extend(add);
+    // Anything else that differs is named, the annotations being what would follow.
+    match cluster_network_differs(&with, n) {
+        None => ClusterNetworkChange::AddIpv6(Box::new(with)),
+        Some(other) => ClusterNetworkChange::Refused(other),
+    }
+}
+
 /// A HostSubnet this controller creates for `node`; its IPv6 subnet (dual-stack) as the
-/// annotation [`SUBNET_IPV6_ANNOTATION`].
+/// annotation [`SUBNET_IPV6_ANNOTATION`]. In an IPv6-only cluster `subnet` is the node's IPv6
+/// subnet and `subnet6` is `None`.
 pub fn host_subnet(node: &str, host_ip: IpAddr, subnet: IpNet, subnet6: Option<Ipv6Net>) -> HostSubnet {
     let mut m = meta(node);
     m.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string())]));
@@ -398,5 +439,114 @@ mod tests {
         assert_eq!(annotations(&h.metadata)[SUBNET_IPV6_ANNOTATION], "fd00:10:128:5::/64");
         assert_eq!(subnet6_of(&h), Some("fd00:10:128:5::/64".parse().unwrap()));
         assert_eq!(crate::kube::mapping::host_subnet(&h).value.unwrap().subnet6, subnet6_of(&h));
+    }
+
+    fn network4() -> Network {
+        Network {
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            host_subnet_length: 9,
+            service_network: "172.30.0.0/16".parse().unwrap(),
+            ipv6: None,
+            plugin: Plugin::NetworkPolicy,
+            vxlan_port: 4789,
+            mtu: 1450,
+        }
+    }
+
+    fn dual() -> Network {
+        Network {
+            ipv6: Some(crate::controller::config::Network6 {
+                cluster_network: "fd00:10:128::/48".parse().unwrap(),
+                host_subnet_length: 64,
+                service_network: "fd00:172:30::/112".parse().unwrap(),
+            }),
+            ..network4()
+        }
+    }
+
+    /// The IPv6-only encoding the agents read: the IPv6 networks in ClusterNetwork's own fields
+    /// and HostSubnet `subnet`, no annotation.
+    #[test]
+    fn ipv6_only_objects() {
+        let n = Network {
+            cluster_network: "fd00:10:128::/48".parse().unwrap(),
+            host_subnet_length: 64,
+            service_network: "fd00:172:30::/112".parse().unwrap(),
+            ..network4()
+        };
+        let cn = cluster_network(&n);
+        assert_eq!(cn.network.as_deref(), Some("fd00:10:128::/48"));
+        assert_eq!(cn.service_network.as_deref(), Some("fd00:172:30::/112"));
+        assert_eq!(cn.host_subnet_length, Some(64));
+        assert_eq!(
+            cn.cluster_networks,
+            vec![ClusterNetworkEntry { cidr: "fd00:10:128::/48".into(), host_subnet_length: Some(64) }]
+        );
+        assert_eq!(cn.metadata.annotations, None);
+        let json = serde_json::to_value(&cn).unwrap();
+        assert_eq!(json["network"], "fd00:10:128::/48");
+        assert_eq!(json["hostsubnetlength"], 64);
+        assert_eq!(json["serviceNetwork"], "fd00:172:30::/112");
+        assert_eq!(json["clusterNetworks"], serde_json::json!([{"CIDR": "fd00:10:128::/48", "hostSubnetLength": 64}]));
+        assert_eq!(cluster_network_change(&cn, &n), ClusterNetworkChange::Same);
+        // Neither an IPv4 nor a dual-stack ClusterNetwork is changed into it, nor the reverse.
+        for other in [network4(), dual()] {
+            let ClusterNetworkChange::Refused(why) = cluster_network_change(&cluster_network(&other), &n) else { panic!() };
+            assert_eq!(why, "clusterNetworks[0].CIDR is 10.128.0.0/14 in the cluster, fd00:10:128::/48 in this controller's configuration");
+            assert!(matches!(cluster_network_change(&cn, &other), ClusterNetworkChange::Refused(_)));
+        }
+        let h = host_subnet("n1", "fd00:1::5".parse().unwrap(), "fd00:10:128:3::/64".parse().unwrap(), None);
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!((json["host"].as_str(), json["hostIP"].as_str(), json["subnet"].as_str()), (Some("n1"), Some("fd00:1::5"), Some("fd00:10:128:3::/64")));
+        assert_eq!(annotations(&h.metadata).get(SUBNET_IPV6_ANNOTATION), None);
+    }
+
+    /// IPv4 → dual-stack is the one change made to an existing ClusterNetwork: the annotations
+    /// added, everything read kept (resourceVersion included); any other difference refused.
+    #[test]
+    fn ipv4_to_dual_stack_adds_the_annotations_and_nothing_else() {
+        let mut existing = cluster_network(&network4());
+        existing.metadata.resource_version = Some("42".into());
+        existing.metadata.uid = Some("cn-uid".into());
+        existing.metadata.annotations = Some(BTreeMap::from([("note".to_string(), "kept".to_string())]));
+        let ClusterNetworkChange::AddIpv6(new) = cluster_network_change(&existing, &dual()) else { panic!() };
+        assert_eq!(new.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(new.metadata.uid.as_deref(), Some("cn-uid"));
+        let a = annotations(&new.metadata);
+        assert_eq!(a["note"], "kept");
+        assert_eq!(a[CLUSTER_NETWORK_IPV6_ANNOTATION], "fd00:10:128::/48");
+        assert_eq!(a[HOST_SUBNET_LENGTH_IPV6_ANNOTATION], "64");
+        assert_eq!(a[SERVICE_NETWORK_IPV6_ANNOTATION], "fd00:172:30::/112");
+        assert_eq!((new.network.clone(), new.cluster_networks.clone()), (existing.network.clone(), existing.cluster_networks.clone()));
+        assert_eq!(cluster_network_change(&new, &dual()), ClusterNetworkChange::Same);
+        // openshift-sdn's own object (legacy fields only) gains them the same way.
+        let legacy = ClusterNetwork {
+            network: Some("10.128.0.0/14".into()),
+            host_subnet_length: Some(9),
+            service_network: Some("172.30.0.0/16".into()),
+            plugin_name: Some("redhat/openshift-ovs-networkpolicy".into()),
+            ..Default::default()
+        };
+        assert!(matches!(cluster_network_change(&legacy, &dual()), ClusterNetworkChange::AddIpv6(_)));
+        // An IPv4 difference as well: refused, naming it (not the annotations).
+        let mut other = existing.clone();
+        other.mtu = Some(1400);
+        assert_eq!(
+            cluster_network_change(&other, &dual()),
+            ClusterNetworkChange::Refused("mtu is 1400 in the cluster, 1450 in this controller's configuration".into())
+        );
+        let mut other = existing.clone();
+        other.service_network = Some("10.96.0.0/12".into());
+        assert!(matches!(cluster_network_change(&other, &dual()), ClusterNetworkChange::Refused(w) if w.starts_with("serviceNetwork")));
+        // A changed IPv6 network, a partial IPv6 side, or dual-stack → IPv4: refused.
+        let mut other6 = dual();
+        other6.ipv6.as_mut().unwrap().cluster_network = "fd00:99::/48".parse().unwrap();
+        let ClusterNetworkChange::Refused(why) = cluster_network_change(&new, &other6) else { panic!() };
+        assert!(why.contains("is fd00:10:128::/48 in the cluster, fd00:99::/48 in this"), "{why}");
+        let mut partial = existing.clone();
+        partial.metadata.annotations = Some(BTreeMap::from([(SERVICE_NETWORK_IPV6_ANNOTATION.to_string(), "fd00:172:30::/112".to_string())]));
+        assert!(matches!(cluster_network_change(&partial, &dual()), ClusterNetworkChange::Refused(_)));
+        let ClusterNetworkChange::Refused(why) = cluster_network_change(&new, &network4()) else { panic!() };
+        assert!(why.contains("is fd00:10:128::/48 in the cluster, (unset) in this"), "{why}");
     }
 }

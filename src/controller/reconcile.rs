@@ -83,6 +83,9 @@ impl std::fmt::Display for Key {
 #[derive(Debug)]
 enum Action {
     CreateClusterNetwork(ClusterNetwork),
+    /// IPv4 → dual-stack: the read ClusterNetwork with the IPv6 annotations added, replaced
+    /// conditionally on its resourceVersion.
+    ReplaceClusterNetwork(ClusterNetwork),
     CreateHostSubnet(HostSubnet),
     ReplaceHostSubnet(HostSubnet),
     DeleteHostSubnet { name: String, uid: Option<String>, rv: Option<String> },
@@ -609,8 +612,18 @@ impl Controller {
             self.network_ok = None;
             return Some(Action::CreateClusterNetwork(objects::cluster_network(&self.cfg.network)));
         };
-        match objects::cluster_network_differs(existing, &self.cfg.network) {
-            None => {
+        match objects::cluster_network_change(existing, &self.cfg.network) {
+            objects::ClusterNetworkChange::AddIpv6(new) => {
+                // Nothing else is decided until the replace is answered and the result matches.
+                self.network_ok = None;
+                info!(
+                    network = %self.cfg.network.cluster_network,
+                    cluster_network_ipv6 = %self.cfg.network.ipv6.as_ref().map(|s| s.cluster_network.to_string()).unwrap_or_default(),
+                    "ClusterNetwork \"default\" is this IPv4 network without IPv6: adding the IPv6 networks (dual-stack)"
+                );
+                return Some(Action::ReplaceClusterNetwork(*new));
+            }
+            objects::ClusterNetworkChange::Same => {
                 if !matches!(self.network_ok, Some(Ok(()))) {
                     info!(network = %self.cfg.network.cluster_network, plugin = objects::plugin_name(self.plugin()), "ClusterNetwork \"default\" matches the configuration");
                     // Everything waited for it.
@@ -620,7 +633,7 @@ impl Controller {
                 self.network_ok = Some(Ok(()));
                 self.problem(&key, None, None);
             }
-            Some(field) => {
+            objects::ClusterNetworkChange::Refused(field) => {
                 let msg = format!(
                     "ClusterNetwork \"default\" differs from this controller's configuration and is not changed: {field}. Fix the configuration (or, on a new cluster, delete the ClusterNetwork to have it recreated); no HostSubnet or NetNamespace is written until then"
                 );
@@ -930,6 +943,9 @@ impl Controller {
                 Action::CreateClusterNetwork(cn) => {
                     w.send(apis.cluster_networks.create(&pp, &cn)).await.map(Written::ClusterNetwork)
                 }
+                Action::ReplaceClusterNetwork(cn) => {
+                    w.send(apis.cluster_networks.replace("default", &pp, &cn)).await.map(Written::ClusterNetwork)
+                }
                 Action::CreateHostSubnet(h) => w.send(apis.host_subnets.create(&pp, &h)).await.map(Written::HostSubnet),
                 Action::ReplaceHostSubnet(h) => {
                     let name = h.metadata.name.clone().unwrap_or_default();
@@ -963,7 +979,7 @@ impl Controller {
                 self.attempts.remove(&key);
                 match w {
                     Written::ClusterNetwork(cn) => {
-                        info!("created ClusterNetwork \"default\"");
+                        info!(resource_version = %cn.metadata.resource_version.clone().unwrap_or_default(), "ClusterNetwork \"default\" written");
                         self.cluster_network = Some(cn);
                         self.dirty.insert(Key::ClusterNetwork);
                     }
@@ -1005,6 +1021,11 @@ impl Controller {
                 // is kept for this name.
                 let unknown = code.is_none_or(|c| c >= 500 || c == 429);
                 self.resync(&key, unknown);
+                if key == Key::ClusterNetwork && code != Some(409) {
+                    // In /status and /readyz: e.g. a 403 when the ClusterRole lacks `update`
+                    // (manifests older than the binary) while IPv6 is being added.
+                    self.network_ok = Some(Err(format!("writing ClusterNetwork \"default\" failed ({e}); retrying")));
+                }
                 let n = self.attempts.entry(key.clone()).or_default();
                 *n = n.saturating_add(1);
                 let delay = match code {

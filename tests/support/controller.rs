@@ -19,7 +19,8 @@ pub struct Controller {
 
 /// The flags every test controller gets: the network of the examples (10.128.0.0/14, /23 per
 /// node), short leader-election periods, and `extra` (flag and value pairs; a flag in `extra`
-/// replaces its default here).
+/// replaces its default here, and with an empty value leaves the flag out: the controller's
+/// own default then holds).
 pub fn args(identity: &str, health: &str, extra: &[&str]) -> Vec<String> {
     let defaults: [(&str, &str); 10] = [
         ("--cluster-network", "10.128.0.0/14"),
@@ -40,7 +41,14 @@ pub fn args(identity: &str, health: &str, extra: &[&str]) -> Vec<String> {
             a.push(value.into());
         }
     }
-    a.extend(extra.iter().map(|s| s.to_string()));
+    let mut rest = extra.iter().peekable();
+    while let Some(x) = rest.next() {
+        if x.starts_with("--") && rest.peek().is_some_and(|v| v.is_empty()) {
+            rest.next();
+            continue;
+        }
+        a.push(x.to_string());
+    }
     a
 }
 
