@@ -804,8 +804,9 @@ async fn status_lists_both_families() {
     let n = dual_stack_node().await;
     let s = sdn_node::api::status::fetch(&n.agent.socket).await.unwrap();
     let nets = s.networks.as_ref().expect("a state");
-    assert_eq!(nets.ipv4.gateway, Some("10.128.2.1".parse().unwrap()));
-    assert_eq!(nets.ipv4.pods, 4);
+    let v4 = nets.ipv4.as_ref().expect("an IPv4 cluster");
+    assert_eq!(v4.gateway, Some("10.128.2.1".parse().unwrap()));
+    assert_eq!(v4.pods, 4);
     let v6 = nets.ipv6.as_ref().expect("dual-stack");
     assert_eq!(
         (v6.cluster_network.to_string(), v6.service_network.to_string()),

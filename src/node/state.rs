@@ -654,8 +654,9 @@ mod tests {
         let st = m.effective().unwrap();
         let mut p = st.pods[0].clone();
         p.name = name.into();
-        p.ip = ip.parse().unwrap();
-        p.mac = crate::domain::pod_mac(p.ip);
+        let v4: std::net::Ipv4Addr = ip.parse().unwrap();
+        p.ip = Some(v4);
+        p.mac = crate::domain::pod_mac(v4);
         p.host_veth = veth.into();
         p
     }
@@ -668,8 +669,8 @@ mod tests {
             namespace: p.namespace.clone(),
             name: p.name.clone(),
             host_veth: p.host_veth.clone(),
-            ip: p.ip.into(),
-            ip6: p.ip6,
+            ip: p.ips().primary().unwrap(),
+            ip6: p.ip.and(p.ip6),
             mac: p.mac,
             annotations: Default::default(),
             internal: p.internal,
@@ -826,7 +827,7 @@ mod tests {
 
     /// Allocates and reserves one dual-stack pod, as a CNI ADD does.
     fn add_dual(m: &mut NodeState, name: &str) -> Pod {
-        let ip = m.allocate_ip().unwrap();
+        let ip = m.allocate_ip().unwrap().unwrap();
         let ip6 = m.allocate_ip6().unwrap();
         let mut p = pod(m, name, &ip.to_string(), &format!("v{name}"));
         p.ip6 = ip6;

@@ -28,7 +28,7 @@
 //! - CHECK: the pod is known with this container, its flows are desired and the switch is in
 //!   sync, and the interface in the sandbox is as ADD made it.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::os::unix::fs::MetadataExt;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -540,7 +540,7 @@ mod tests {
             host_ifindex: None,
         };
         let cfg = pod_config(&rec, None, (Some("10.128.0.0/14".parse().unwrap()), None), None).unwrap();
-        let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac([10, 128, 0, 5].into()), &rec.netns);
+        let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac(std::net::Ipv4Addr::from([10, 128, 0, 5])), &rec.netns);
         let json = serde_json::to_string(&reply).unwrap();
         assert_eq!(
             json,
@@ -565,7 +565,7 @@ mod tests {
             host_ifindex: None,
         };
         let cfg = pod_config(&rec, None, (Some("10.128.0.0/14".parse().unwrap()), Some("fd00:10:128::/48".parse().unwrap())), None).unwrap();
-        let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac([10, 128, 2, 5].into()), &rec.netns);
+        let reply = reply_of(&cfg, "veth1", crate::domain::pod_mac(std::net::Ipv4Addr::from([10, 128, 2, 5])), &rec.netns);
         let json = serde_json::to_string(&reply).unwrap();
         assert_eq!(
             json,

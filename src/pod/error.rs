@@ -110,7 +110,7 @@ mod tests {
             name: "a1".into(),
             container_id: crate::domain::ContainerId::parse(&"ab".repeat(32)).unwrap(),
             host_veth: "veth-a1".into(),
-            ip: "10.128.0.2".parse().unwrap(),
+            ip: Some("10.128.0.2".parse().unwrap()),
             mac: "0a:58:0a:80:00:02".parse().unwrap(),
             ingress_bps: 0,
             egress_bps: 0,

@@ -99,7 +99,14 @@ pub async fn run(telemetry: crate::metrics::Telemetry, kick: crate::node::Kick, 
             Ok(changes) => {
                 failures = 0;
                 if applied.as_ref() != Some(&plan) {
-                    info!(gateway = %plan.host.gateway(), subnet = %plan.host.node_subnet, mtu = plan.host.mtu, ?changes, "host network configured (tun0, routes, sysctls, nftables)");
+                    let subnets: Vec<String> = plan
+                        .host
+                        .ipv4
+                        .iter()
+                        .map(|v4| v4.node_subnet.to_string())
+                        .chain(plan.host.ipv6.iter().map(|v6| v6.node_subnet.to_string()))
+                        .collect();
+                    info!(subnets = %subnets.join(", "), mtu = plan.host.mtu, ?changes, "host network configured (tun0, routes, sysctls, nftables)");
                     applied = Some(plan);
                 } else if *changes != hostnet::HostChanges::default() {
                     telemetry.metrics.repaired("host");
