@@ -8,10 +8,20 @@
 //! the old rule set or the new one — never an empty or half-built table — and running it
 //! again replaces rather than duplicates.
 //!
-//! Dual-stack: the same rule set for IPv6, in an `ip6` table of the same name beside the `ip`
-//! one (so the IPv4 table is exactly what it was), installed by the same batch: one
-//! transaction replaces both families or neither. Without IPv6 the batch removes any `ip6`
-//! table of ours left from a dual-stack configuration.
+//! Families: one table per overlay family, `ip` for an IPv4 cluster network, `ip6` (same name,
+//! same rule set) for an IPv6 one, each optional, at least one there; installed by one batch:
+//! one transaction replaces both families or neither. The batch removes the table of a family
+//! the configuration does not have (left from an earlier configuration that had it), so an
+//! IPv4 cluster becoming IPv6-only (or the reverse) never runs with a stale table.
+//!
+//! Overlay and underlay: the masquerade and forward rules are the overlay's (they match the
+//! cluster network, so they exist per cluster family). The input rules (VXLAN from other
+//! nodes, anything from tun) match no address; they sit in each family's table. An IPv6-only
+//! cluster over an IPv4 underlay has no `ip` table, so no rule of ours names its IPv4 VXLAN
+//! packets; this changes no packet's fate: our chains' policy is accept, and an accept in one
+//! base chain decides nothing for the host's other tables (nf_tables runs every base chain on
+//! a hook; only a drop is final), so those rules never were what let VXLAN in. They say what
+//! the node expects; the packets get through the same with or without them.
 
 use std::ffi::CString;
 
@@ -30,10 +40,9 @@ pub const DEFAULT_TABLE: &str = "sdn-node";
 pub struct FirewallConfig {
     /// Our table's name; one table per agent, so tests can use their own.
     pub table: String,
-    pub cluster_network: Ipv4Net,
-    /// Accepted for completeness with the agent's configuration; openshift-sdn's node rules
-    /// do not match on it (kube-proxy owns service traffic), so neither do ours.
-    pub service_network: Ipv4Net,
+    /// The IPv4 overlay side; None: an IPv6-only cluster (no `ip` table; one left from before
+    /// is removed).
+    pub ipv4: Option<FirewallIpv4>,
     /// UDP port of VXLAN traffic from other nodes (4789).
     pub vxlan_port: u16,
     /// The gateway interface (tun0).
@@ -45,25 +54,44 @@ pub struct FirewallConfig {
     /// the client's address is kept so that NetworkPolicy can judge it; the flows send the
     /// endpoint's replies back through tun0 for the un-NAT instead.
     pub masquerade_within_cluster: bool,
-    /// The IPv6 side of a dual-stack node: the same rules for IPv6; None: IPv4 only.
+    /// The IPv6 overlay side: the same rules for IPv6 in an `ip6` table; None: IPv4 only (no
+    /// `ip6` table; one left from before is removed). At least one of `ipv4` and `ipv6` is
+    /// there.
     pub ipv6: Option<FirewallIpv6>,
 }
 
-/// The IPv6 networks of a dual-stack node's rules.
+/// The IPv4 networks of the rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FirewallIpv4 {
+    pub cluster_network: Ipv4Net,
+    /// Accepted for completeness with the agent's configuration; openshift-sdn's node rules
+    /// do not match on it (kube-proxy owns service traffic), so neither do ours.
+    pub service_network: Ipv4Net,
+}
+
+/// The IPv6 networks of the rules (a dual-stack or IPv6-only cluster).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FirewallIpv6 {
     pub cluster_network: Ipv6Net,
-    /// Not matched on, as [`FirewallConfig::service_network`].
+    /// Not matched on, as [`FirewallIpv4::service_network`].
     pub service_network: Ipv6Net,
 }
 
 impl FirewallConfig {
-    /// The usual configuration: table `sdn-node`, VXLAN port 4789, `tun0`.
+    /// The usual IPv4 configuration: table `sdn-node`, VXLAN port 4789, `tun0`, no IPv6 side.
     pub fn new(cluster_network: Ipv4Net, service_network: Ipv4Net) -> Self {
+        FirewallConfig { ipv4: Some(FirewallIpv4 { cluster_network, service_network }), ..Self::defaults() }
+    }
+
+    /// An IPv6-only cluster's configuration, with the same defaults as [`FirewallConfig::new`].
+    pub fn ipv6_only(v6: FirewallIpv6) -> Self {
+        FirewallConfig { ipv6: Some(v6), ..Self::defaults() }
+    }
+
+    fn defaults() -> Self {
         FirewallConfig {
             table: DEFAULT_TABLE.into(),
-            cluster_network,
-            service_network,
+            ipv4: None,
             vxlan_port: 4789,
             tun: "tun0".into(),
             masquerade_within_cluster: true,
@@ -76,6 +104,14 @@ impl FirewallConfig {
         check_ifname(&self.tun)?;
         if self.vxlan_port == 0 {
             return Err(Error::invalid("VXLAN port 0", "must be 1..=65535"));
+        }
+        if self.ipv4.is_none() && self.ipv6.is_none() {
+            // Installing nothing is remove_firewall's job; a configuration without a cluster
+            // family is a caller's bug.
+            return Err(Error::invalid(
+                format!("nftables table {}", self.table),
+                "firewall configuration has neither an IPv4 nor an IPv6 side",
+            ));
         }
         Ok(())
     }
@@ -133,9 +169,13 @@ pub struct RuleSpec {
     pub comment: &'static str,
 }
 
-/// The IPv4 rule set, as data (so its order and content are unit-testable without a kernel).
+/// The IPv4 rule set (empty without [`FirewallConfig::ipv4`]), as data (so its order and
+/// content are unit-testable without a kernel).
 pub fn rules(cfg: &FirewallConfig) -> Vec<RuleSpec> {
-    family_rules(cfg, IpNet::V4(cfg.cluster_network.trunc()))
+    match &cfg.ipv4 {
+        Some(v4) => family_rules(cfg, IpNet::V4(v4.cluster_network.trunc())),
+        None => Vec::new(),
+    }
 }
 
 /// The IPv6 rule set (empty without [`FirewallConfig::ipv6`]): [`rules`] for the IPv6 cluster
@@ -259,7 +299,24 @@ mod tests {
             assert_eq!(v6, expected);
             // The IPv4 rules do not depend on the IPv6 side.
             assert_eq!(v4, rules(&FirewallConfig { ipv6: None, ..c.clone() }));
+            // Nor the IPv6 rules on the IPv4 side: an IPv6-only cluster has the same ones.
+            assert_eq!(v6, rules6(&FirewallConfig { ipv4: None, ..c.clone() }));
         }
+    }
+
+    #[test]
+    fn ipv6_only_has_no_ipv4_rules_and_the_usual_defaults() {
+        let v6 = FirewallIpv6 {
+            cluster_network: "fd00:10:128::/48".parse().unwrap(),
+            service_network: "fd00:172:30::/112".parse().unwrap(),
+        };
+        let c = FirewallConfig::ipv6_only(v6.clone());
+        c.validate().unwrap();
+        assert!(rules(&c).is_empty());
+        assert_eq!(rules6(&c).len(), 6);
+        assert_eq!(c, FirewallConfig { ipv4: None, ipv6: Some(v6), ..cfg() });
+        let e = FirewallConfig { ipv6: None, ..c }.validate().unwrap_err().to_string();
+        assert!(e.contains("neither an IPv4 nor an IPv6"), "{e}");
     }
 
     #[test]

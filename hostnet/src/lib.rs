@@ -14,10 +14,12 @@
 //! - [`veth_state`] / [`delete_owned`]: a pod's veth as recorded (name and ifindex), never by a
 //!   name alone.
 //!
-//! Dual-stack: IPv4 is always there; IPv6 is an optional second family in each configuration
-//! ([`PodConfig::ipv6`], [`HostConfig::ipv6`], [`FirewallConfig::ipv6`]), `None` leaving
-//! everything as it is for IPv4 only. A pod's IPv6 address has passed duplicate address
-//! detection when [`configure_pod`] answers ([`Error::DadFailed`] when it did not).
+//! Families: each configuration has an optional IPv4 side and an optional IPv6 side
+//! ([`PodConfig::ipv4`]/[`PodConfig::ipv6`], [`HostConfig::ipv4`]/[`HostConfig::ipv6`],
+//! [`FirewallConfig::ipv4`]/[`FirewallConfig::ipv6`]), at least one of them: IPv4 only,
+//! dual-stack, or IPv6 only (a cluster without an IPv4 overlay). A configuration with neither
+//! is refused. A pod's IPv6 address has passed duplicate address detection when
+//! [`configure_pod`] answers ([`Error::DadFailed`] when it did not).
 
 pub mod error;
 pub mod ethtool;
@@ -36,9 +38,9 @@ pub mod spare;
 pub mod sysctl;
 
 pub use error::{Error, Result};
-pub use firewall::{FirewallConfig, FirewallIpv6, DEFAULT_TABLE};
+pub use firewall::{FirewallConfig, FirewallIpv4, FirewallIpv6, DEFAULT_TABLE};
 pub use nfbatch::{install_firewall, remove_firewall};
-pub use host::{gateway6_of, setup_host, HostChanges, HostConfig, HostIpv6};
+pub use host::{gateway6_of, setup_host, HostChanges, HostConfig, HostIpv4, HostIpv6};
 pub use hostif::{host_interface, HostInterface};
 pub use mac::MacAddr;
 pub use netns::{Netns, NsId, SandboxError};
@@ -46,5 +48,5 @@ pub use owned::{delete_owned, veth_state, Deleted, VethState};
 pub use spare::{claim_spare, create_spare, move_spare};
 pub use pod::{
     add_veth_pairs, check_pod, check_pod_config, configure_pod, make_pod_veth, setup_pod, teardown_pod, PodConfig, PodInterface,
-    PodIpv6, PodRoute, PodRoute6,
+    PodIpv4, PodIpv6, PodRoute, PodRoute6,
 };

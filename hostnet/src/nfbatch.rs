@@ -22,19 +22,21 @@ use crate::{
     nfnl,
 };
 
-/// Installs (or atomically replaces) the rule set in namespace `ns`: the `ip` table and, for
-/// a dual-stack configuration, the `ip6` one, in one batch (without IPv6, the same batch
-/// removes an `ip6` table of ours left from before).
+/// Installs (or atomically replaces) the rule set in namespace `ns`: the `ip` table for an IPv4
+/// cluster network, the `ip6` one for an IPv6 one, in one batch; the same batch removes our
+/// table of a family the configuration does not have (left from an earlier one).
 pub async fn install_firewall(ns: &Netns, cfg: &FirewallConfig) -> Result<()> {
     cfg.validate()?;
     let cfg = cfg.clone();
-    let what = match cfg.ipv6 {
-        Some(_) => format!("install nftables tables ip and ip6 {}", cfg.table),
-        None => format!("install nftables table ip {}", cfg.table),
+    let what = match (&cfg.ipv4, &cfg.ipv6) {
+        (Some(_), Some(_)) => format!("install nftables tables ip and ip6 {}", cfg.table),
+        (Some(_), None) => format!("install nftables table ip {} (remove ip6)", cfg.table),
+        (None, _) => format!("install nftables table ip6 {} (remove ip)", cfg.table),
     };
     ns.run(&what, move || {
+        let rules = cfg.ipv4.as_ref().map(|_| firewall::rules(&cfg));
         let rules6 = cfg.ipv6.as_ref().map(|_| firewall::rules6(&cfg));
-        let (batch, names) = install_batch(&cfg.table, &firewall::rules(&cfg), rules6.as_deref())?;
+        let (batch, names) = install_batch(&cfg.table, rules.as_deref(), rules6.as_deref())?;
         nfnl::send_batch(&batch, &names)
     })
     .await
@@ -58,14 +60,18 @@ fn cstring(what: &str, s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| Error::invalid(format!("{what} {s:?}"), "contains NUL"))
 }
 
-/// "Create if missing, delete, create" for the `ip` table with `rules`, then the same for the
-/// `ip6` table with `rules6` or, without them, "create if missing, delete": the first add makes
-/// the delete valid whether or not the table existed (NEWTABLE on an existing table without
-/// NLM_F_EXCL is a no-op).
-pub(crate) fn install_batch(table_name: &str, rules: &[RuleSpec], rules6: Option<&[RuleSpec]>) -> Result<Described> {
+/// "Create if missing, delete, create" for the `ip` table with `rules` or, without them,
+/// "create if missing, delete"; then the same for the `ip6` table with `rules6`: the first add
+/// makes the delete valid whether or not the table existed (NEWTABLE on an existing table
+/// without NLM_F_EXCL is a no-op).
+pub(crate) fn install_batch(
+    table_name: &str,
+    rules: Option<&[RuleSpec]>,
+    rules6: Option<&[RuleSpec]>,
+) -> Result<Described> {
     let mut batch = Batch::new();
     let mut names = Vec::new();
-    add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv4, Some(rules))?;
+    add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv4, rules)?;
     add_table(&mut batch, &mut names, table_name, ProtoFamily::Ipv6, rules6)?;
     Ok((batch.finalize(), names))
 }

@@ -66,7 +66,7 @@ pub struct PodRoute6 {
     pub via: Option<Ipv6Addr>,
 }
 
-/// The pod's IPv6 side (dual-stack).
+/// The pod's IPv6 side (dual-stack, or the only one of an IPv6-only pod).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodIpv6 {
     /// The pod's address with the node's IPv6 subnet prefix, e.g. fd00:10:128:1::5/64.
@@ -125,15 +125,9 @@ fn is_global_unicast(a: Ipv6Addr) -> bool {
     !a.is_multicast() && !a.is_unspecified() && !a.is_loopback() && (a.segments()[0] & 0xffc0) != 0xfe80
 }
 
-/// What a pod's interface must look like.
-#[derive(Clone, Debug)]
-pub struct PodConfig {
-    /// Name inside the pod, usually `eth0`.
-    pub ifname: String,
-    /// The pod side's MAC; None keeps the kernel's random one.
-    pub mac: Option<MacAddr>,
-    /// MTU of both ends (the overlay MTU: physical MTU minus VXLAN overhead).
-    pub mtu: u32,
+/// The pod's IPv4 side. Optional like the IPv6 one: a pod of an IPv6-only cluster has none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodIpv4 {
     /// The pod's address with the node subnet's prefix length, e.g. 10.128.0.5/23.
     pub address: Ipv4Net,
     /// The node subnet's gateway (tun0's address); the pod's default route goes there.
@@ -143,14 +137,9 @@ pub struct PodConfig {
     /// Routes beyond the standard three (e.g. from the agent's configuration); empty for
     /// openshift-sdn's behaviour.
     pub extra_routes: Vec<PodRoute>,
-    /// The host end's name; `None`: a fresh random one. A name derived from the container ID
-    /// lets a later DEL find (and remove) the veth of a setup that never completed.
-    pub host_ifname: Option<String>,
-    /// The IPv6 side of a dual-stack pod; None: IPv4 only.
-    pub ipv6: Option<PodIpv6>,
 }
 
-impl PodConfig {
+impl PodIpv4 {
     /// The routes setup installs: default via the gateway, cluster network and multicast
     /// on-link, then `extra_routes`.
     pub fn routes(&self) -> Vec<PodRoute> {
@@ -161,6 +150,50 @@ impl PodConfig {
         ];
         routes.extend(self.extra_routes.iter().map(|r| PodRoute { dst: r.dst.trunc(), via: r.via }));
         routes
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        let subnet = self.address.trunc();
+        let host_addr = |a: Ipv4Addr| subnet.contains(&a) && a != subnet.network() && a != subnet.broadcast();
+        if !host_addr(self.address.addr()) {
+            return Err(Error::invalid(
+                format!("pod address {}", self.address),
+                "is the network or broadcast address of its subnet",
+            ));
+        }
+        if !host_addr(self.gateway) || self.gateway == self.address.addr() {
+            return Err(Error::invalid(
+                format!("gateway {}", self.gateway),
+                format!("not another host address of the pod subnet {subnet}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a pod's interface must look like.
+#[derive(Clone, Debug)]
+pub struct PodConfig {
+    /// Name inside the pod, usually `eth0`.
+    pub ifname: String,
+    /// The pod side's MAC; None keeps the kernel's random one.
+    pub mac: Option<MacAddr>,
+    /// MTU of both ends (the overlay MTU: physical MTU minus VXLAN overhead).
+    pub mtu: u32,
+    /// The IPv4 side; None: an IPv6-only pod (no IPv4 address, no IPv4 route: the pod's IPv4
+    /// stack sees only its loopback).
+    pub ipv4: Option<PodIpv4>,
+    /// The host end's name; `None`: a fresh random one. A name derived from the container ID
+    /// lets a later DEL find (and remove) the veth of a setup that never completed.
+    pub host_ifname: Option<String>,
+    /// The IPv6 side; None: IPv4 only. At least one of `ipv4` and `ipv6` is there.
+    pub ipv6: Option<PodIpv6>,
+}
+
+impl PodConfig {
+    /// The IPv4 routes setup installs (none for an IPv6-only pod): see [`PodIpv4::routes`].
+    pub fn routes(&self) -> Vec<PodRoute> {
+        self.ipv4.as_ref().map(PodIpv4::routes).unwrap_or_default()
     }
 
     /// The IPv6 routes setup installs (none for an IPv4-only pod): see [`PodIpv6::routes`].
@@ -181,19 +214,16 @@ impl PodConfig {
                 return Err(Error::invalid(format!("MAC {mac}"), "not a unicast address"));
             }
         }
-        let subnet = self.address.trunc();
-        let host_addr = |a: Ipv4Addr| subnet.contains(&a) && a != subnet.network() && a != subnet.broadcast();
-        if !host_addr(self.address.addr()) {
+        if self.ipv4.is_none() && self.ipv6.is_none() {
+            // An interface without an address would be a pod that cannot talk at all: a
+            // caller's bug, not a configuration.
             return Err(Error::invalid(
-                format!("pod address {}", self.address),
-                "is the network or broadcast address of its subnet",
+                format!("pod interface {}", self.ifname),
+                "has neither an IPv4 nor an IPv6 side",
             ));
         }
-        if !host_addr(self.gateway) || self.gateway == self.address.addr() {
-            return Err(Error::invalid(
-                format!("gateway {}", self.gateway),
-                format!("not another host address of the pod subnet {subnet}"),
-            ));
+        if let Some(v4) = &self.ipv4 {
+            v4.validate()?;
         }
         if let Some(v6) = &self.ipv6 {
             v6.validate()?;
@@ -305,7 +335,9 @@ async fn configure(host_nl: &Nl, pod_nl: &Nl, pod: &Netns, cfg: &PodConfig, host
     let link = pod_nl.require_link("pod interface", &cfg.ifname).await?;
     let lo = pod_nl.require_link("loopback", "lo").await?;
     pod_nl.link_up(&lo, None).await?;
-    pod_nl.addr_add(&link, cfg.address, false).await?;
+    if let Some(v4) = &cfg.ipv4 {
+        pod_nl.addr_add(&link, v4.address, false).await?;
+    }
     let dad = match &cfg.ipv6 {
         Some(v6) => {
             let dad = prepare_ipv6(pod, &cfg.ifname).await?;
@@ -461,20 +493,25 @@ pub async fn check_pod(
     mac: Option<MacAddr>,
     routes: &[PodRoute],
 ) -> Result<()> {
-    check_interface(pod, ifname, address, mac, routes, None).await
+    check_interface(pod, ifname, Some(address), mac, routes, None).await
 }
 
 /// [`check_pod`] for everything `cfg` asks for: its IPv4 address and routes (`cfg.routes()`)
-/// and, for a dual-stack pod, its IPv6 address (present and not dadfailed) and routes
-/// (`cfg.routes6()`). All differences are reported together.
+/// when it has an IPv4 side, its IPv6 address (present and not dadfailed) and routes
+/// (`cfg.routes6()`) when it has an IPv6 side. All differences are reported together. A side
+/// the configuration does not have is not looked at (an IPv6-only pod's IPv4 stack is not
+/// checked for emptiness: nothing of ours would be there to find).
 pub async fn check_pod_config(pod: &Netns, cfg: &PodConfig, mac: Option<MacAddr>) -> Result<()> {
-    check_interface(pod, &cfg.ifname, cfg.address, mac, &cfg.routes(), cfg.ipv6.as_ref()).await
+    cfg.validate()?;
+    let address = cfg.ipv4.as_ref().map(|v4| v4.address);
+    check_interface(pod, &cfg.ifname, address, mac, &cfg.routes(), cfg.ipv6.as_ref()).await
 }
 
+/// `address`: the IPv4 address to find (None: an IPv6-only pod, no IPv4 address expected).
 async fn check_interface(
     pod: &Netns,
     ifname: &str,
-    address: Ipv4Net,
+    address: Option<Ipv4Net>,
     mac: Option<MacAddr>,
     routes: &[PodRoute],
     ipv6: Option<&PodIpv6>,
@@ -492,11 +529,13 @@ async fn check_interface(
             have => problems.push(format!("MAC is {:?}, expected {want}", have.map(MacAddr))),
         }
     }
-    let addrs = nl.addrs_v4(&link).await?;
-    if !addrs.contains(&address) {
-        problems.push(format!("address {address} missing (has {addrs:?})"));
+    if let Some(address) = address {
+        let addrs = nl.addrs_v4(&link).await?;
+        if !addrs.contains(&address) {
+            problems.push(format!("address {address} missing (has {addrs:?})"));
+        }
     }
-    let table = nl.routes_v4().await?;
+    let table = if routes.is_empty() { Vec::new() } else { nl.routes_v4().await? };
     for r in routes {
         let found = table.iter().any(|t| {
             t.dst == r.dst
@@ -581,13 +620,26 @@ mod tests {
             ifname: "eth0".into(),
             mac: None,
             mtu: 1450,
+            ipv4: Some(v4()),
+            host_ifname: None,
+            ipv6: None,
+        }
+    }
+
+    fn v4() -> PodIpv4 {
+        PodIpv4 {
             address: "10.128.0.5/23".parse().unwrap(),
             gateway: "10.128.0.1".parse().unwrap(),
             cluster_network: "10.128.0.0/14".parse().unwrap(),
             extra_routes: vec![],
-            host_ifname: None,
-            ipv6: None,
         }
+    }
+
+    /// The pod config with its IPv4 side changed by `f`.
+    fn with_v4(f: impl FnOnce(&mut PodIpv4)) -> PodConfig {
+        let mut v = v4();
+        f(&mut v);
+        PodConfig { ipv4: Some(v), ..cfg() }
     }
 
     fn v6() -> PodIpv6 {
@@ -642,15 +694,9 @@ mod tests {
     #[test]
     fn validation() {
         cfg().validate().unwrap();
-        let mut c = cfg();
-        c.gateway = "10.130.0.1".parse().unwrap();
-        assert!(c.validate().is_err());
-        let mut c = cfg();
-        c.gateway = "10.128.1.255".parse().unwrap();
-        assert!(c.validate().is_err());
-        let mut c = cfg();
-        c.address = "10.128.0.0/23".parse().unwrap();
-        assert!(c.validate().is_err());
+        assert!(with_v4(|v| v.gateway = "10.130.0.1".parse().unwrap()).validate().is_err());
+        assert!(with_v4(|v| v.gateway = "10.128.1.255".parse().unwrap()).validate().is_err());
+        assert!(with_v4(|v| v.address = "10.128.0.0/23".parse().unwrap()).validate().is_err());
         let mut c = cfg();
         c.mtu = 10;
         assert!(c.validate().is_err());
@@ -660,6 +706,18 @@ mod tests {
         let mut c = cfg();
         c.ifname = "this-name-is-too-long".into();
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn ipv6_only_pods_have_no_ipv4_routes_and_need_some_family() {
+        let c = PodConfig { ipv4: None, ipv6: Some(v6()), ..cfg() };
+        c.validate().unwrap();
+        assert!(c.routes().is_empty());
+        assert_eq!(c.routes6(), v6().routes());
+        let e = PodConfig { ipv4: None, ipv6: None, ..cfg() }.validate().unwrap_err().to_string();
+        assert!(e.contains("neither an IPv4 nor an IPv6"), "{e}");
+        // The IPv4 side's routes are the config's.
+        assert_eq!(cfg().routes(), v4().routes());
     }
 
     #[test]

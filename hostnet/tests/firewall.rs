@@ -3,7 +3,7 @@
 mod common;
 
 use common::{root_or_skip, TestNs};
-use hostnet::{install_firewall, remove_firewall, Error, FirewallConfig, FirewallIpv6};
+use hostnet::{install_firewall, remove_firewall, Error, FirewallConfig, FirewallIpv4, FirewallIpv6};
 use serde_json::{json, Value};
 
 const TABLE: &str = "sdn-node";
@@ -277,7 +277,10 @@ async fn a_refused_ipv6_part_leaves_the_previous_rules() {
     assert!(owned, "nft -i did not make its table");
 
     let mut changed = dual();
-    changed.cluster_network = "10.0.0.0/16".parse().unwrap();
+    changed.ipv4 = Some(FirewallIpv4 {
+        cluster_network: "10.0.0.0/16".parse().unwrap(),
+        service_network: "172.30.0.0/16".parse().unwrap(),
+    });
     let e = install_firewall(&t.ns, &changed).await.unwrap_err();
     eprintln!("refused batch as reported: {e}");
     assert!(matches!(e, Error::Io { .. }), "{e}");
@@ -288,4 +291,157 @@ async fn a_refused_ipv6_part_leaves_the_previous_rules() {
     owner.wait().unwrap();
     install_firewall(&t.ns, &changed).await.unwrap();
     assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.0.0.0", 16, 4789, "tun0", true));
+}
+
+fn v6() -> FirewallIpv6 {
+    FirewallIpv6 {
+        cluster_network: "fd00:10:128::/48".parse().unwrap(),
+        service_network: "fd00:172:30::/112".parse().unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn ipv6_only_installs_the_ip6_table_and_no_ip_one() {
+    if !root_or_skip("ipv6_only_installs_the_ip6_table_and_no_ip_one") {
+        return;
+    }
+    let t = TestNs::new("fw");
+    install_firewall(&t.ns, &FirewallConfig::ipv6_only(v6())).await.unwrap();
+    assert!(list(&t, TABLE).is_none(), "an ip table for an IPv6-only cluster");
+    let objs = list_family(&t, "ip6", TABLE).expect("ip6 table");
+    assert_eq!(
+        chains(&objs),
+        vec![
+            (json!("forward"), json!("forward"), json!("filter"), json!(0), json!("accept")),
+            (json!("input"), json!("input"), json!("filter"), json!(0), json!("accept")),
+            (json!("postrouting"), json!("postrouting"), json!("nat"), json!(100), json!("accept")),
+        ]
+    );
+    assert_eq!(rules(&objs), expected_rules_of("ip6", "fd00:10:128::", 48, 4789, "tun0", true));
+    // Idempotent, and the parameters are the usual ones.
+    let keep = FirewallConfig { masquerade_within_cluster: false, vxlan_port: 8472, ..FirewallConfig::ipv6_only(v6()) };
+    install_firewall(&t.ns, &keep).await.unwrap();
+    install_firewall(&t.ns, &keep).await.unwrap();
+    assert_eq!(rules(&list_family(&t, "ip6", TABLE).unwrap()), expected_rules_of("ip6", "fd00:10:128::", 48, 8472, "tun0", false));
+    assert!(list(&t, TABLE).is_none());
+    // Neither family is refused (removal is remove_firewall's), touching nothing.
+    let e = install_firewall(&t.ns, &FirewallConfig { ipv6: None, ..keep }).await.unwrap_err();
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    assert!(list_family(&t, "ip6", TABLE).is_some());
+    remove_firewall(&t.ns, TABLE).await.unwrap();
+    assert!(list_family(&t, "ip6", TABLE).is_none());
+}
+
+#[tokio::test]
+async fn ipv4_to_ipv6_only_and_back_swaps_the_tables() {
+    if !root_or_skip("ipv4_to_ipv6_only_and_back_swaps_the_tables") {
+        return;
+    }
+    let t = TestNs::new("fw");
+    t.exec(&["nft", "add", "table", "ip", "other"]);
+    install_firewall(&t.ns, &cfg()).await.unwrap();
+    install_firewall(&t.ns, &FirewallConfig::ipv6_only(v6())).await.unwrap();
+    assert!(list(&t, TABLE).is_none(), "the ip table of the IPv4 configuration is left behind");
+    assert_eq!(rules(&list_family(&t, "ip6", TABLE).unwrap()), expected_rules_of("ip6", "fd00:10:128::", 48, 4789, "tun0", true));
+    assert!(list(&t, "other").is_some(), "foreign table removed");
+    // Dual-stack to IPv6-only the same.
+    install_firewall(&t.ns, &dual()).await.unwrap();
+    assert!(list(&t, TABLE).is_some());
+    install_firewall(&t.ns, &FirewallConfig::ipv6_only(v6())).await.unwrap();
+    assert!(list(&t, TABLE).is_none(), "the ip table of the dual-stack configuration is left behind");
+    // And back to IPv4 only: the ip6 table goes.
+    install_firewall(&t.ns, &cfg()).await.unwrap();
+    assert!(list_family(&t, "ip6", TABLE).is_none(), "ip6 table left behind");
+    assert_eq!(rules(&list(&t, TABLE).unwrap()), expected_rules("10.128.0.0", 14, 4789, "tun0", true));
+}
+
+/// The ip and ip6 tables of ours `nft list tables` shows (one dump: one generation).
+fn our_tables(name: &str) -> Vec<String> {
+    let out = std::process::Command::new("ip").args(["netns", "exec", name, "nft", "-j", "list", "tables"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut t: Vec<String> = of_kind(v["nftables"].as_array().unwrap(), "table")
+        .into_iter()
+        .filter(|t| t["name"] == TABLE)
+        .map(|t| t["family"].as_str().unwrap().to_string())
+        .collect();
+    t.sort();
+    t
+}
+
+/// Switching between IPv4 only and IPv6 only is one transaction: a reader sees exactly one of
+/// the two tables, never both nor none.
+#[tokio::test]
+async fn readers_see_one_family_table_while_switching() {
+    if !root_or_skip("readers_see_one_family_table_while_switching") {
+        return;
+    }
+    let t = TestNs::new("fw");
+    install_firewall(&t.ns, &cfg()).await.unwrap();
+    let ns = t.ns.clone();
+    let writer = tokio::spawn(async move {
+        for i in 0..40 {
+            let c = if i % 2 == 0 { FirewallConfig::ipv6_only(v6()) } else { cfg() };
+            install_firewall(&ns, &c).await.unwrap();
+        }
+    });
+    let name = t.name.clone();
+    let reader = tokio::task::spawn_blocking(move || {
+        let mut seen = [0usize; 2];
+        for _ in 0..60 {
+            let tables = our_tables(&name);
+            match tables.as_slice() {
+                [f] if f == "ip" => seen[0] += 1,
+                [f] if f == "ip6" => seen[1] += 1,
+                other => panic!("tables mid-switch: {other:?}"),
+            }
+        }
+        seen
+    });
+    writer.await.unwrap();
+    let seen = reader.await.unwrap();
+    eprintln!("reader saw ip {} times, ip6 {} times", seen[0], seen[1]);
+    assert_eq!(our_tables(&t.name), ["ip"]);
+}
+
+/// When the kernel refuses the removal of the ip table (another process owns an `ip` table of
+/// that name, NFT_TABLE_F_OWNER), the IPv6-only install fails whole: no ip6 table appears.
+#[tokio::test]
+async fn a_refused_ip_removal_leaves_no_ip6_table() {
+    if !root_or_skip("a_refused_ip_removal_leaves_no_ip6_table") {
+        return;
+    }
+    let t = TestNs::new("fw");
+    let mut owner = std::process::Command::new("ip")
+        .args(["netns", "exec", &t.name, "nft", "-i"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let stdin = owner.stdin.as_mut().unwrap();
+        writeln!(stdin, "add table ip {TABLE} {{ flags owner; }}").unwrap();
+        stdin.flush().unwrap();
+    }
+    let mut owned = false;
+    for _ in 0..100 {
+        if t.exec_ok(&["nft", "list", "table", "ip", TABLE]) {
+            owned = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(owned, "nft -i did not make its table");
+
+    let e = install_firewall(&t.ns, &FirewallConfig::ipv6_only(v6())).await.unwrap_err();
+    eprintln!("refused batch as reported: {e}");
+    assert!(matches!(e, Error::Io { .. }), "{e}");
+    assert!(e.to_string().contains("table ip "), "the error names the ip table: {e}");
+    assert!(list_family(&t, "ip6", TABLE).is_none(), "the ip6 table was made although the batch failed");
+
+    drop(owner.stdin.take());
+    owner.wait().unwrap();
+    install_firewall(&t.ns, &FirewallConfig::ipv6_only(v6())).await.unwrap();
+    assert_eq!(our_tables(&t.name), ["ip6"]);
 }

@@ -5,16 +5,18 @@
 mod common;
 
 use common::{root_or_skip, route, TestNs};
-use hostnet::{setup_host, Error, HostConfig, HostIpv6};
+use hostnet::{setup_host, Error, HostConfig, HostIpv4, HostIpv6};
 use ipnet::IpNet;
 
 fn cfg() -> HostConfig {
     HostConfig {
         tun: "tun0".into(),
-        node_subnet: "10.128.2.0/23".parse().unwrap(),
         mtu: 1450,
-        cluster_network: "10.128.0.0/14".parse().unwrap(),
-        service_network: "172.30.0.0/16".parse().unwrap(),
+        ipv4: Some(HostIpv4 {
+            node_subnet: "10.128.2.0/23".parse().unwrap(),
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            service_network: "172.30.0.0/16".parse().unwrap(),
+        }),
         ipv6: None,
     }
 }
@@ -203,4 +205,84 @@ async fn dual_stack_fresh_tun_with_ipv6_off_by_default() {
     assert_eq!(added, ["10.128.0.0/14", "172.30.0.0/16", "fd00:10:128::/48", "fd00:172:30::/112"]);
     assert_configured(&t);
     assert_configured6(&t);
+}
+
+fn v6_only() -> HostConfig {
+    HostConfig { ipv4: None, ..dual() }
+}
+
+/// tun0 as an IPv6-only node wants it: no IPv4 address, no IPv4 route through it (the IPv6
+/// side as [`assert_configured6`]).
+fn assert_no_ipv4(t: &TestNs) {
+    assert!(t.addrs("tun0").is_empty(), "IPv4 addresses on tun0: {:?}", t.addrs("tun0"));
+    let through: Vec<_> = t.routes().into_iter().filter(|r| r["dev"] == "tun0").collect();
+    assert!(through.is_empty(), "IPv4 routes through tun0: {through:?}");
+}
+
+#[tokio::test]
+async fn ipv6_only_tun_gets_the_ipv6_side_alone_idempotently() {
+    if !root_or_skip("ipv6_only_tun_gets_the_ipv6_side_alone_idempotently") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=0", "net.ipv6.conf.all.forwarding=0"]);
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    let changes = setup_host(&t.ns, &v6_only()).await.unwrap();
+    assert!(!changes.added_address && changes.added_address6, "{changes:?}");
+    let added: Vec<String> = changes.added_routes.iter().map(ToString::to_string).collect();
+    assert_eq!(added, ["fd00:10:128::/48", "fd00:172:30::/112"]);
+    assert!(changes.removed_addresses.is_empty(), "{changes:?}");
+    assert_configured6(&t);
+    assert_no_ipv4(&t);
+    let tun = t.link("tun0").unwrap();
+    assert_eq!(tun["mtu"], 1450);
+    assert!(tun["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "{tun}");
+    assert_eq!(sysctl(&t, "/proc/sys/net/ipv4/ip_forward"), "0", "IPv4 forwarding is not ours to turn on here");
+
+    let again = setup_host(&t.ns, &v6_only()).await.unwrap();
+    assert_eq!(again, Default::default(), "second run changed something");
+    assert_configured6(&t);
+    assert_no_ipv4(&t);
+}
+
+#[tokio::test]
+async fn dual_stack_to_ipv6_only_removes_the_ipv4_side() {
+    if !root_or_skip("dual_stack_to_ipv6_only_removes_the_ipv4_side") {
+        return;
+    }
+    let t = TestNs::new("host");
+    t.ip(&["link", "add", "tun0", "type", "bridge"]);
+    setup_host(&t.ns, &dual()).await.unwrap();
+    assert_configured(&t);
+    assert_configured6(&t);
+    // A second stale IPv4 address too (an earlier gateway), and a route of the host's own
+    // elsewhere that must stay.
+    t.ip(&["addr", "add", "10.99.0.1/24", "dev", "tun0"]);
+    t.ip(&["link", "add", "up0", "type", "bridge"]);
+    t.ip(&["addr", "add", "192.0.2.10/24", "dev", "up0"]);
+    t.ip(&["link", "set", "up0", "up"]);
+
+    let changes = setup_host(&t.ns, &v6_only()).await.unwrap();
+    let mut removed: Vec<String> = changes.removed_addresses.iter().map(ToString::to_string).collect();
+    removed.sort();
+    assert_eq!(removed, ["10.128.2.1/23", "10.99.0.1/24"]);
+    assert!(changes.added_routes.is_empty() && !changes.added_address6, "{changes:?}");
+    assert_no_ipv4(&t);
+    assert_configured6(&t);
+    assert!(route(&t.routes(), "192.0.2.0/24").is_some(), "a route of another interface went: {:?}", t.routes());
+
+    // And back: the IPv4 side returns.
+    let changes = setup_host(&t.ns, &dual()).await.unwrap();
+    assert!(changes.added_address, "{changes:?}");
+    assert_configured(&t);
+    assert_configured6(&t);
+}
+
+#[tokio::test]
+async fn no_family_is_refused_before_touching_anything() {
+    let e = setup_host(&hostnet::Netns::current().unwrap(), &HostConfig { ipv4: None, ipv6: None, ..cfg() })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    assert!(e.to_string().contains("neither an IPv4 nor an IPv6"), "{e}");
 }

@@ -48,7 +48,7 @@ async fn setup_configures_both_ends() {
     }
     assert_eq!(pod.tx_checksumming("eth0"), "off");
 
-    check_pod(&pod.ns, "eth0", c.address, c.mac, &c.routes()).await.unwrap();
+    check_pod(&pod.ns, "eth0", c.ipv4.as_ref().unwrap().address, c.mac, &c.routes()).await.unwrap();
 
     teardown_pod(&host.ns, &made.host_veth).await.unwrap();
     assert!(host.link(&made.host_veth).is_none());
@@ -92,7 +92,7 @@ async fn check_reports_every_difference() {
     for needle in ["MAC", "10.128.0.6/23", "224.0.0.0/4", "checksum"] {
         assert!(text.contains(needle), "{needle} not in {text}");
     }
-    let e = check_pod(&pod.ns, "eth9", c.address, None, &[]).await.unwrap_err();
+    let e = check_pod(&pod.ns, "eth9", c.ipv4.as_ref().unwrap().address, None, &[]).await.unwrap_err();
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
 }
 
@@ -120,13 +120,9 @@ async fn failure_after_creation_removes_the_veth() {
     let pod = TestNs::new("pod");
     // A gateway outside every connected subnet: the kernel refuses this route only after
     // the veth, address and first routes are in place.
-    let c = PodConfig {
-        extra_routes: vec![PodRoute {
-            dst: "192.0.2.0/24".parse().unwrap(),
-            via: Some("198.51.100.1".parse().unwrap()),
-        }],
-        ..cfg()
-    };
+    let mut c = cfg();
+    c.ipv4.as_mut().unwrap().extra_routes =
+        vec![PodRoute { dst: "192.0.2.0/24".parse().unwrap(), via: Some("198.51.100.1".parse().unwrap()) }];
     let e = setup_pod(&host.ns, &pod.ns, &c).await.unwrap_err();
     let msg = e.to_string();
     eprintln!("setup error as reported: {msg}");
@@ -143,7 +139,8 @@ async fn invalid_config_touches_nothing() {
     }
     let host = TestNs::new("host");
     let pod = TestNs::new("pod");
-    let c = PodConfig { gateway: "10.200.0.1".parse().unwrap(), ..cfg() };
+    let mut c = cfg();
+    c.ipv4.as_mut().unwrap().gateway = "10.200.0.1".parse().unwrap();
     let e = setup_pod(&host.ns, &pod.ns, &c).await.unwrap_err();
     assert!(matches!(e, Error::Invalid { .. }), "{e}");
     assert!(e.to_string().contains("10.200.0.1"), "{e}");

@@ -242,3 +242,105 @@ async fn dual_stack_cost_as_a_ratio() {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
 }
+
+/// An IPv6-only pod: the IPv6 side of [`dual`] alone.
+fn v6_only(host: u8) -> PodConfig {
+    PodConfig { ipv4: None, ..dual(host) }
+}
+
+/// All of `dev`'s IPv6 addresses, link-local included, as (address, scope).
+fn all_addrs6(t: &TestNs, dev: &str) -> Vec<(String, String)> {
+    let v = t.ip_json(&["-6", "addr", "show", "dev", dev]);
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| Some((a["local"].as_str()?.to_string(), a["scope"].as_str()?.to_string())))
+        .collect()
+}
+
+#[tokio::test]
+async fn ipv6_only_pod_has_no_ipv4_and_reaches_its_gateway() {
+    if !root_or_skip("ipv6_only_pod_has_no_ipv4_and_reaches_its_gateway") {
+        return;
+    }
+    let host = TestNs::new("host");
+    // The gateway: tun0's IPv6 address, on a bridge standing in for OVS.
+    host.ip(&["link", "add", "br0", "type", "bridge"]);
+    host.ip(&["addr", "add", "fd00:10:128:1::1/64", "dev", "br0", "nodad"]);
+    host.ip(&["link", "set", "br0", "up"]);
+    let pod = pod_ns("pod");
+    let c = v6_only(5);
+    let veth = make_pod_veth(&host.ns, &pod.ns, &c).await.unwrap();
+    host.ip(&["link", "set", &veth, "master", "br0"]);
+    let made = configure_pod(&host.ns, &pod.ns, &c, &veth).await.unwrap();
+    assert_eq!(Some(made.mac), c.mac);
+
+    // IPv6: the address (DAD over) and the kernel's link-local, nothing else.
+    let a = addrs6(&pod, "eth0");
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(a[0]["local"], "fd00:10:128:1::5");
+    assert!(a[0].get("tentative").is_none() && a[0].get("dadfailed").is_none(), "{:?}", a[0]);
+    let all = all_addrs6(&pod, "eth0");
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all.iter().any(|(a, s)| s == "link" && a.starts_with("fe80:")), "{all:?}");
+    let r6 = routes6(&pod);
+    assert_eq!(route(&r6, "default").unwrap_or_else(|| panic!("IPv6 default: {r6:?}"))["gateway"], "fd00:10:128:1::1");
+    for dst in ["fd00:10:128::/48", "ff00::/8"] {
+        let r = route(&r6, dst).unwrap_or_else(|| panic!("route {dst}: {r6:?}"));
+        assert_eq!(r["dev"], "eth0");
+        assert!(r.get("gateway").is_none(), "{r}");
+    }
+    // No IPv4 at all on the pod's side.
+    assert!(pod.addrs("eth0").is_empty(), "IPv4 addresses: {:?}", pod.addrs("eth0"));
+    assert!(pod.routes().is_empty(), "IPv4 routes: {:?}", pod.routes());
+    assert_eq!(pod.tx_checksumming("eth0"), "off");
+
+    assert!(pod.exec_ok(&["ping", "-6", "-c", "1", "-W", "3", "fd00:10:128:1::1"]), "pod -> gateway over IPv6");
+
+    check_pod_config(&pod.ns, &c, c.mac).await.unwrap();
+    pod.ip(&["-6", "route", "del", "default"]);
+    let e = check_pod_config(&pod.ns, &c, c.mac).await.unwrap_err();
+    let Error::Check { problems, .. } = &e else { panic!("expected a check error, got {e}") };
+    assert_eq!(problems.len(), 1, "only the IPv6 route, nothing about IPv4: {problems:?}");
+    assert!(problems[0].contains("::/0 via fd00:10:128:1::1"), "{problems:?}");
+    hostnet::teardown_pod(&host.ns, &veth).await.unwrap();
+}
+
+#[tokio::test]
+async fn ipv6_only_pods_ping6_each_other_and_spares_serve_them() {
+    if !root_or_skip("ipv6_only_pods_ping6_each_other_and_spares_serve_them") {
+        return;
+    }
+    let host = TestNs::new("host");
+    host.ip(&["link", "add", "br0", "type", "bridge"]);
+    host.ip(&["link", "set", "br0", "up"]);
+    let a = pod_ns("pa");
+    let b = pod_ns("pb");
+    let made = setup_pod(&host.ns, &a.ns, &v6_only(5)).await.unwrap();
+    host.ip(&["link", "set", &made.host_veth, "master", "br0"]);
+    // The other through a spare, as the agent's pool gives them.
+    let hold = Netns::create_anonymous("test spares").unwrap();
+    create_spare(&host.ns, &hold, "vethspare9", 1400).await.unwrap();
+    host.ip(&["link", "set", "vethspare9", "master", "br0"]);
+    let c = v6_only(6);
+    claim_spare(&host.ns, &hold, &b.ns, "vethspare9", &c).await.unwrap();
+    check_pod_config(&b.ns, &c, c.mac).await.unwrap();
+    assert!(b.addrs("eth0").is_empty() && b.routes().is_empty());
+    assert!(a.exec_ok(&["ping", "-6", "-c", "1", "-W", "3", "fd00:10:128:1::6"]), "pod a -> pod b over IPv6");
+    assert!(b.exec_ok(&["ping", "-6", "-c", "1", "-W", "3", "fd00:10:128:1::5"]), "pod b -> pod a over IPv6");
+}
+
+#[tokio::test]
+async fn a_pod_without_any_family_is_refused_touching_nothing() {
+    if !root_or_skip("a_pod_without_any_family_is_refused_touching_nothing") {
+        return;
+    }
+    let host = TestNs::new("host");
+    let pod = pod_ns("pod");
+    let e = setup_pod(&host.ns, &pod.ns, &PodConfig { ipv6: None, ..v6_only(5) }).await.unwrap_err();
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    assert!(e.to_string().contains("neither an IPv4 nor an IPv6"), "{e}");
+    assert!(pod.link("eth0").is_none());
+    assert_eq!(host.ip_json(&["link", "show"]).as_array().unwrap().len(), 1, "only lo in host");
+}

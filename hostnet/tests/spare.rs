@@ -41,7 +41,7 @@ async fn a_spare_becomes_the_pod_interface_setup_would_make() {
         assert_eq!(route(&routes, dst).unwrap_or_else(|| panic!("route {dst}: {routes:?}"))["scope"], "link");
     }
     assert_eq!(pod.tx_checksumming("eth0"), "off");
-    check_pod(&pod.ns, "eth0", c.address, c.mac, &c.routes()).await.unwrap();
+    check_pod(&pod.ns, "eth0", c.ipv4.as_ref().unwrap().address, c.mac, &c.routes()).await.unwrap();
     // The same spare cannot be given twice.
     let other = TestNs::new("pod2");
     let e = claim_spare(&host.ns, &hold, &other.ns, "vethspare1", &c).await.unwrap_err();

@@ -136,10 +136,12 @@ pub fn pod_cfg(host: u8) -> hostnet::PodConfig {
         ifname: "eth0".into(),
         mac: Some(format!("0a:58:0a:80:00:{host:02x}").parse().unwrap()),
         mtu: 1400,
-        address: format!("10.128.0.{host}/23").parse().unwrap(),
-        gateway: "10.128.0.1".parse().unwrap(),
-        cluster_network: "10.128.0.0/14".parse().unwrap(),
-        extra_routes: vec![],
+        ipv4: Some(hostnet::PodIpv4 {
+            address: format!("10.128.0.{host}/23").parse().unwrap(),
+            gateway: "10.128.0.1".parse().unwrap(),
+            cluster_network: "10.128.0.0/14".parse().unwrap(),
+            extra_routes: vec![],
+        }),
         host_ifname: None,
         ipv6: None,
     }
