@@ -126,9 +126,9 @@ fn rx_packets(sb: &OvsSandbox, port: &str) -> u64 {
 }
 
 fn pods() -> Arc<dyn audit::PodLookup> {
-    Arc::new(|ip: Ipv4Addr| match ip {
-        A1 => Some("team-a/a1".to_string()),
-        B1 => Some("team-b/b1".to_string()),
+    Arc::new(|ip: std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(A1) => Some("team-a/a1".to_string()),
+        std::net::IpAddr::V4(B1) => Some("team-b/b1".to_string()),
         _ => None,
     })
 }

@@ -74,7 +74,7 @@ impl AuditConfig {
 pub struct AuditCounters {
     /// Lines written.
     events: AtomicU64,
-    /// Packet-ins that were not audit events (no or bad userdata, not IPv4).
+    /// Packet-ins that were not audit events (no or bad userdata, neither IPv4 nor IPv6).
     invalid: AtomicU64,
     /// Lines that could not be written.
     write_errors: AtomicU64,

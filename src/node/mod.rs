@@ -106,7 +106,7 @@ impl State {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The pod at `ip` (`namespace/name`), for the audit log.
+    /// The pod at `ip` (`namespace/name`, either family), for the audit log.
     pub fn pod_at(&self, ip: std::net::IpAddr) -> Option<String> {
         self.lock().pod_at(ip)
     }

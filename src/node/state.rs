@@ -120,19 +120,19 @@ impl NodeState {
     }
 
     /// The pod (`namespace/name`) at `ip`, local or on another node, as the model knows it:
-    /// what the audit log names.
+    /// what the audit log names. A pod answers to each of its addresses (IPv4, IPv6, or both).
     pub fn pod_at(&self, ip: std::net::IpAddr) -> Option<String> {
+        use std::net::IpAddr;
         let st = self.effective.as_ref()?;
+        let at = |v4: Option<std::net::Ipv4Addr>, v6: Option<std::net::Ipv6Addr>| match ip {
+            IpAddr::V4(a) => v4 == Some(a),
+            IpAddr::V6(a) => v6 == Some(a),
+        };
         st.pods
             .iter()
-            .find(|p| p.ips().iter().any(|a| a == ip))
+            .find(|p| at(p.ip, p.ip6))
             .map(|p| format!("{}/{}", p.namespace, p.name))
-            .or_else(|| {
-                st.remote_pods
-                    .iter()
-                    .find(|p| p.ip.map(std::net::IpAddr::V4) == Some(ip) || p.ip6.map(std::net::IpAddr::V6) == Some(ip))
-                    .map(|p| format!("{}/{}", p.namespace, p.name))
-            })
+            .or_else(|| st.remote_pods.iter().find(|p| at(p.ip, p.ip6)).map(|p| format!("{}/{}", p.namespace, p.name)))
     }
 
     pub fn effective(&self) -> Option<&ClusterState> {
@@ -659,6 +659,28 @@ mod tests {
         p.mac = crate::domain::pod_mac(v4);
         p.host_veth = veth.into();
         p
+    }
+
+    /// The audit log's lookup: a local and a remote dual-stack pod are found by either of
+    /// their addresses; an address of no pod, or of the other family's form, by none.
+    #[test]
+    fn pod_at_finds_pods_by_either_family() {
+        use std::net::IpAddr;
+        let mut yaml = include_str!("../../deploy/examples/dual-stack.yaml").to_string();
+        yaml.push_str("remotePods:\n  - {namespace: team-b, name: api-2, ip: 10.129.0.8, ips: [10.129.0.8, \"fd00:10:128:100::8\"]}\n");
+        let (state, problems) = parse(&yaml).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        let mut m = NodeState::new("br0");
+        assert_eq!(m.pod_at("10.128.2.200".parse().unwrap()), None, "no state, no pods");
+        m.set_source(Arc::new(Loaded { state, problems, live_pods: None, touched: None, seq: 0, pod_annotations: Default::default(), policies_seen: Default::default() }));
+        let at = |a: &str| m.pod_at(a.parse::<IpAddr>().unwrap());
+        assert_eq!(at("10.128.2.200").as_deref(), Some("team-a/web"));
+        assert_eq!(at("fd00:10:128:2::c8").as_deref(), Some("team-a/web"));
+        assert_eq!(at("10.129.0.8").as_deref(), Some("team-b/api-2"));
+        assert_eq!(at("fd00:10:128:100::8").as_deref(), Some("team-b/api-2"));
+        assert_eq!(at("fd00:10:128:2::c9"), None);
+        // The IPv4-mapped form is another address (a packet never carries it for a pod).
+        assert_eq!(at("::ffff:10.128.2.200"), None);
     }
 
     /// The record of an API pod `p` (not a CNI one).

@@ -155,7 +155,7 @@ mod tests {
     use crate::pipeline::netpol::{counted::counting, Dst, NamespacePolicy, RuleAllow, Src, L4};
 
     fn ns(name: &str, policy: &str) -> NamespacePolicy {
-        let pod: IpAddr = "10.128.0.5".parse().unwrap();
+        let pod: crate::domain::PodIps = "10.128.0.5".parse().unwrap();
         NamespacePolicy {
             namespace: name.into(),
             isolated: vec![pod],

@@ -97,8 +97,8 @@ pub use crate::node::record::POD_KEY;
 struct NodeLookup(crate::node::State);
 
 impl crate::audit::PodLookup for NodeLookup {
-    fn pod(&self, ip: std::net::Ipv4Addr) -> Option<String> {
-        self.0.pod_at(ip.into())
+    fn pod(&self, ip: std::net::IpAddr) -> Option<String> {
+        self.0.pod_at(ip)
     }
     fn node_name(&self) -> Option<String> {
         self.0.node_name()
