@@ -390,20 +390,18 @@ fn place_pod(node: &str, m: &mut Maps, id: Id, info: &PodInfo) {
             m.pod_meta.insert(id.clone(), info.meta.clone());
             m.pods.insert(id);
         }
-        Some(_) => {
-            if info.ip.is_some() || info.ip6.is_some() {
-                let remote = RemotePod {
-                    namespace: id.0.clone(),
-                    name: id.1.clone(),
-                    ip: info.ip,
-                    ip6: info.ip6,
-                    labels: info.meta.labels.clone(),
-                    container_ports: info.meta.container_ports.clone(),
-                };
-                m.remote_pods.insert(id, remote);
-            }
+        Some(_) if info.ip.is_some() || info.ip6.is_some() => {
+            let remote = RemotePod {
+                namespace: id.0.clone(),
+                name: id.1.clone(),
+                ip: info.ip,
+                ip6: info.ip6,
+                labels: info.meta.labels.clone(),
+                container_ports: info.meta.container_ports.clone(),
+            };
+            m.remote_pods.insert(id, remote);
         }
-        None => {}
+        Some(_) | None => {}
     }
 }
 

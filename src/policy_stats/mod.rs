@@ -174,7 +174,7 @@ fn report(state: &State, t: &Totals, into: &mut PolicyCounters) {
                 .dropped_pods
                 .range((namespace.clone(), *side, std::net::IpAddr::from(std::net::Ipv4Addr::UNSPECIFIED))..=(namespace.clone(), *side, std::net::IpAddr::from(std::net::Ipv6Addr::from(u128::MAX))))
                 .map(|((_, _, ip), c)| PodDrops {
-                    pod: m.pod_at((*ip).into()).unwrap_or_else(|| ip.to_string()),
+                    pod: m.pod_at(*ip).unwrap_or_else(|| ip.to_string()),
                     ip: ip.to_string(),
                     packets: c.packets,
                     bytes: c.bytes,
