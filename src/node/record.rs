@@ -238,14 +238,18 @@ mod tests {
         assert_eq!(r.to_json(), OLDER);
     }
 
-    /// The record takes either family; the model's pods are IPv4 only, and say so by field.
+    /// An IPv6-only pod's record: its one address in `ip`, no `ip6`; the pod has that IPv6
+    /// address and no IPv4 one. A second IPv6 address beside an IPv6 `ip` is refused by field.
     #[test]
-    fn an_ipv6_record_loads_and_the_pod_is_refused_by_field() {
+    fn an_ipv6_only_record_gives_an_ipv6_only_pod() {
         let v6 = OLDER.replace(r#""ip":"10.128.0.5""#, r#""ip":"fd00::5""#).replace("10.128.0.5/23", "fd00::5/64").replace("10.128.0.1", "fd00::1");
         let r = PodRecord::from_json(&v6).unwrap();
         assert_eq!(r.to_json(), v6);
-        let p = r.to_pod().unwrap_err();
-        assert_eq!(p.field, "ip", "{p}");
+        let p = r.to_pod().unwrap();
+        assert_eq!((p.ip, p.ip6), (None, Some("fd00::5".parse().unwrap())));
+        let both6 = v6.replace(r#""ip":"fd00::5","#, r#""ip":"fd00::5","ip6":"fd00::6","#);
+        let e = PodRecord::from_json(&both6).unwrap().to_pod().unwrap_err();
+        assert_eq!(e.field, "ip6", "{e}");
     }
 
     /// A dual-stack record: its IPv6 parts are typed, go to the pod, and are written back the
