@@ -115,6 +115,8 @@ async fn ipv6_only_pods_reach_each_other_by_vnid_and_keep_their_addresses() {
     // A DEL, then a restart: the released address and the held ones are not handed out again.
     let d = node.cni("del", "team-a", "pb", &container(2), &b.path());
     assert!(d.ok(), "DEL: {:?}", d.out);
+    // The kernel may finish deleting the pair just after DEL answers.
+    eventually("pb's interface gone after DEL", || in_ns(&b.name, &["ip", "link", "show", "eth0"]).1.is_empty()).await;
     node.kill_agent().await;
     node.spawn_agent().await;
     node.ready_again("after the restart").await;

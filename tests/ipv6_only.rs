@@ -15,11 +15,9 @@
 mod support;
 
 use std::net::IpAddr;
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use support::nodes::{ip_in, in_netns, Cluster, NodeSpec, Pod};
+use support::nodes::{ip_in, Cluster, NodeSpec, Pod};
+use support::traffic;
 
 const NAMESPACES: [(&str, u32); 3] = [("default", 0), ("team-a", 11), ("team-b", 12)];
 
@@ -129,56 +127,9 @@ async fn tcp_and_udp_on_one_node_and_across() {
     let Some((_c, p)) = two_nodes("tcp_and_udp_on_one_node_and_across", "multitenant", IPV4_UNDERLAY).await else {
         return;
     };
-    const BOUND: Duration = Duration::from_secs(30);
-    for (server_pod, port) in [(&p.a3, 8080u16), (&p.a2, 8081)] {
-        const LEN: usize = 256 * 1024;
-        let listener = tokio::net::TcpListener::from_std(server_pod.tcp_listen6(port).await).expect("tokio listener");
-        let server = tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.expect("accept");
-            let mut buf = vec![0u8; LEN];
-            s.read_exact(&mut buf).await.expect("server reads");
-            s.write_all(&buf).await.expect("server echoes");
-            s.shutdown().await.expect("server shuts down");
-        });
-        let dst = v6(server_pod);
-        let client = async {
-            let s = p.a1.tcp_connect(dst, port, Duration::from_secs(10)).await.expect("connect");
-            let mut s = tokio::net::TcpStream::from_std(s).expect("tokio stream");
-            let data: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
-            let (mut r, mut w) = s.split();
-            let mut back = Vec::with_capacity(LEN);
-            let (wr, rd) = tokio::join!(w.write_all(&data), r.read_to_end(&mut back));
-            wr.expect("client writes");
-            rd.expect("client reads");
-            assert!(back == data, "echo to {dst} differs: {} bytes back of {LEN}", back.len());
-        };
-        tokio::time::timeout(BOUND, client).await.expect("TCP echo within the bound");
-        tokio::time::timeout(BOUND, server).await.expect("server done").expect("server task");
-
-        let server = in_netns(&server_pod.netns, move || std::net::UdpSocket::bind(("::", port))).await.expect("bind udp6");
-        server.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        let echo = std::thread::spawn(move || {
-            let mut buf = [0u8; 1500];
-            let (n, from) = server.recv_from(&mut buf).expect("server receives the datagram");
-            server.send_to(&buf[..n], from).expect("server echoes");
-        });
-        let client = in_netns(&p.a1.netns, || std::net::UdpSocket::bind(("::", 0))).await.expect("bind client");
-        client.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-        let got = tokio::task::spawn_blocking(move || {
-            let mut buf = [0u8; 1500];
-            // A few sends: the first may wait for neighbour discovery.
-            for _ in 0..3 {
-                client.send_to(b"ipv6-only", (dst, port)).expect("send");
-                if let Ok((n, _)) = client.recv_from(&mut buf) {
-                    return Some(buf[..n].to_vec());
-                }
-            }
-            None
-        })
-        .await
-        .expect("join");
-        assert_eq!(got.as_deref(), Some(&b"ipv6-only"[..]), "UDP echo from {dst}");
-        echo.join().expect("echo thread");
+    for (server, port) in [(&p.a3, 8080u16), (&p.a2, 8081)] {
+        traffic::tcp_bulk_echo(&p.a1, server, v6(server), port).await;
+        traffic::udp_echo(&p.a1, server, v6(server), port, b"ipv6-only").await;
     }
 }
 
@@ -205,13 +156,8 @@ async fn a_foreign_source_is_dropped() {
     };
     c.assert_reaches(&p.a1, v6(&p.a3), "a1 -> a3 from a1's own address").await;
     let foreign = "fd00:10:128:1::99";
-    ip_in(&p.a1.netns, &format!("addr add {foreign}/64 dev eth0 nodad")).await;
-    let out = tokio::process::Command::new("ip")
-        .args(["netns", "exec", &p.a1.netns, "ping", "-n", "-c1", "-W2", "-I", foreign, &v6(&p.a3).to_string()])
-        .output()
-        .await
-        .expect("run ping");
-    assert_eq!(out.status.code(), Some(1), "from {foreign}: expected no reply:\n{}", String::from_utf8_lossy(&out.stdout));
+    let r = p.a1.ping_from(foreign, 64, v6(&p.a3)).await;
+    assert!(r.unanswered(), "from {foreign}: expected no reply: {r:?}");
 }
 
 /// Multicast stays in its VNID, on the node and across the tunnel: a group datagram from
@@ -222,40 +168,9 @@ async fn multicast_stays_in_its_vnid() {
     let Some((c, p)) = two_nodes("multicast_stays_in_its_vnid", "multitenant", IPV4_UNDERLAY).await else {
         return;
     };
-    for n in c.nodes() {
-        let yaml = c
-            .state_yaml(n.name(), "multitenant", &NAMESPACES)
-            .replace("{name: team-a, netid: 11}", "{name: team-a, netid: 11, multicast: true}")
-            .replace("{name: team-b, netid: 12}", "{name: team-b, netid: 12, multicast: true}");
-        assert!(yaml.contains("multicast: true"), "{yaml}");
-        n.apply(&yaml).await;
-    }
-    let (group, port): (std::net::Ipv6Addr, u16) = ("ff15::102".parse().unwrap(), 5003);
-    let mut receivers = Vec::new();
-    for (member, expect) in [(&p.a3, true), (&p.a2, true), (&p.b1, false), (&p.d1, false)] {
-        let sock = in_netns(&member.netns, move || -> std::io::Result<std::net::UdpSocket> {
-            let s = std::net::UdpSocket::bind(("::", port))?;
-            s.join_multicast_v6(&group, 0)?;
-            Ok(s)
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{} joins {group}: {e}", member.name));
-        sock.set_read_timeout(Some(Duration::from_secs(3))).expect("timeout");
-        let name = member.name.clone();
-        receivers.push((name, expect, tokio::task::spawn_blocking(move || {
-            let mut buf = [0u8; 64];
-            sock.recv_from(&mut buf).ok().map(|(n, _)| buf[..n].to_vec())
-        })));
-    }
-    let sender = in_netns(&p.a1.netns, || std::net::UdpSocket::bind("[::]:0")).await.expect("sender socket");
-    for _ in 0..3 {
-        sender.send_to(b"group", (group, port)).expect("send to the group");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for (name, expect, r) in receivers {
-        let got = r.await.expect("receiver");
-        assert_eq!(got.is_some(), expect, "{name} on {group}: received {got:?}, expected {}", if expect { "the datagram" } else { "nothing" });
-    }
+    c.apply_with_multicast("multitenant", &NAMESPACES, &["team-a", "team-b"]).await;
+    let group: IpAddr = "ff15::102".parse().unwrap();
+    traffic::multicast_reaches(&p.a1, group, 5003, &[(&p.a3, true), (&p.a2, true), (&p.b1, false), (&p.d1, false)]).await;
 }
 
 /// NetworkPolicy on IPv6-only nodes (networkpolicy plugin): a namespace-and-port rule admits
@@ -264,33 +179,11 @@ async fn multicast_stays_in_its_vnid() {
 #[tokio::test]
 async fn network_policy_holds() {
     use serde_json::json;
-    use support::netpol_eval::EvalPod;
     let Some((c, p)) = two_nodes("network_policy_holds_ipv6_only", "networkpolicy", IPV4_UNDERLAY).await else {
         return;
     };
-    let all = [&p.a1, &p.a3, &p.d1, &p.a2, &p.b1];
-    let pods: Vec<(Pod, EvalPod)> = all
-        .iter()
-        .map(|x| {
-            let e = EvalPod { namespace: x.namespace.clone(), name: x.name.clone(), ip: x.ip, labels: [("app".to_string(), x.name.clone())].into(), container_ports: vec![] };
-            ((*x).clone(), e)
-        })
-        .collect();
-    let namespaces = vec![
-        json!({"name": "default", "netid": 0, "labels": {"kubernetes.io/metadata.name": "default"}}),
-        json!({"name": "team-a", "netid": 11, "labels": {"kubernetes.io/metadata.name": "team-a"}}),
-        json!({"name": "team-b", "netid": 12, "labels": {"kubernetes.io/metadata.name": "team-b"}}),
-    ];
-    let apply = |policies: Vec<serde_json::Value>| {
-        let (c, pods, namespaces) = (&c, &pods, &namespaces);
-        async move {
-            for n in c.nodes() {
-                let r = n.apply(&support::netpol_state::state_json(c, n.name(), namespaces.clone(), pods, &policies)).await;
-                assert!(r.problems.is_empty(), "node {}: {:?}", n.name(), r.problems);
-                n.appctl(&["revalidator/purge"]).await;
-            }
-        }
-    };
+    let policies = support::netpol_state::TeamPolicies::new(&c, &[&p.a1, &p.a3, &p.d1, &p.a2, &p.b1]);
+    let apply = |list| policies.apply(list);
     let mut servers = Vec::new();
     for port in [8080u16, 9090] {
         servers.push(support::nodes::tcp_echo(p.b1.tcp_listen6(port).await));
@@ -328,23 +221,10 @@ async fn network_policy_holds() {
     }
 }
 
-/// A new TCP connection from `from` to `dst:port` that echoes: true if it did.
-async fn connects(from: &Pod, dst: IpAddr, port: u16) -> bool {
-    let Ok(s) = from.tcp_connect(dst, port, Duration::from_millis(1500)).await else { return false };
-    let Ok(mut s) = tokio::net::TcpStream::from_std(s) else { return false };
-    let ok = async {
-        s.write_all(b"np").await.ok()?;
-        let mut b = [0u8; 2];
-        s.read_exact(&mut b).await.ok()?;
-        (&b == b"np").then_some(())
-    };
-    tokio::time::timeout(Duration::from_secs(3), ok).await.ok().flatten().is_some()
-}
-
 /// Each (source, destination, port, verdict).
 async fn check(what: &str, want: &[(&Pod, &Pod, u16, bool)]) {
     for &(from, to, port, want) in want {
-        let got = connects(from, v6(to), port).await;
+        let got = traffic::connects(from, v6(to), port).await;
         assert_eq!(got, want, "{what}: {} -> {}:{port}", from.name, to.name);
     }
 }

@@ -11,6 +11,7 @@ pub mod netpol_state;
 pub mod nodes;
 pub mod probe;
 pub mod sctp;
+pub mod traffic;
 
 use std::net::Ipv4Addr;
 use std::process::Command;

@@ -58,3 +58,39 @@ pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(
     })
     .to_string()
 }
+
+/// The networkpolicy plugin on a harness cluster whose pods are labelled `app=<name>` and
+/// whose namespaces default (VNID 0), team-a (11) and team-b (12) carry their name label: the
+/// policies of a test are applied to every node at once.
+pub struct TeamPolicies<'a> {
+    c: &'a Cluster,
+    pods: Vec<(Pod, EvalPod)>,
+    namespaces: Vec<Value>,
+}
+
+impl<'a> TeamPolicies<'a> {
+    pub fn new(c: &'a Cluster, pods: &[&Pod]) -> TeamPolicies<'a> {
+        let pods = pods
+            .iter()
+            .map(|x| {
+                let labels = [("app".to_string(), x.name.clone())].into();
+                ((*x).clone(), EvalPod { namespace: x.namespace.clone(), name: x.name.clone(), ip: x.ip, labels, container_ports: vec![] })
+            })
+            .collect();
+        let namespaces = [("default", 0), ("team-a", 11), ("team-b", 12)]
+            .iter()
+            .map(|(n, id)| json!({"name": n, "netid": id, "labels": {"kubernetes.io/metadata.name": n}}))
+            .collect();
+        TeamPolicies { c, pods, namespaces }
+    }
+
+    /// Every node's state with `policies`, applied (no problem allowed), and its datapath
+    /// cache purged so that the next packets meet the new flows.
+    pub async fn apply(&self, policies: Vec<Value>) {
+        for n in self.c.nodes() {
+            let r = n.apply(&state_json(self.c, n.name(), self.namespaces.clone(), &self.pods, &policies)).await;
+            assert!(r.problems.is_empty(), "node {}: {:?}", n.name(), r.problems);
+            n.appctl(&["revalidator/purge"]).await;
+        }
+    }
+}

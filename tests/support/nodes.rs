@@ -328,6 +328,23 @@ impl Pod {
         ping_in(&self.netns, &dst.to_string()).await
     }
 
+    /// Spoofguard's question: `ip` is put on the pod's eth0 beside its own address (`prefix`
+    /// long, no DAD for IPv6), and one ping to `dst` is sent from it.
+    pub async fn ping_from(&self, ip: &str, prefix: u8, dst: impl std::fmt::Display) -> PingResult {
+        let nodad = if ip.contains(':') { " nodad" } else { "" };
+        ip_in(&self.netns, &format!("addr add {ip}/{prefix} dev eth0{nodad}")).await;
+        let out = tokio::process::Command::new("ip")
+            .args(["netns", "exec", &self.netns, "ping", "-n", "-c1", "-W2", "-I", ip, &dst.to_string()])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(PING_BOUND, out).await.expect("ping ends").expect("run ping");
+        PingResult {
+            code: out.status.code(),
+            output: format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        }
+    }
+
     /// A TCP listener on `0.0.0.0:port` inside the pod (non-blocking, ready for
     /// `tokio::net::TcpListener::from_std`).
     pub async fn tcp_listen(&self, port: u16) -> std::net::TcpListener {
@@ -719,6 +736,20 @@ impl Cluster {
             }
         }
         s
+    }
+
+    /// Applies every node's state with multicast on (NetNamespace `multicast: true`) for the
+    /// namespaces `multicast` names.
+    pub async fn apply_with_multicast(&self, plugin: &str, net_namespaces: &[(&str, u32)], multicast: &[&str]) {
+        for n in &self.nodes {
+            let mut yaml = self.state_yaml(n.name(), plugin, net_namespaces);
+            for (ns, id) in net_namespaces.iter().filter(|(ns, _)| multicast.contains(ns)) {
+                let plain = format!("{{name: {ns}, netid: {id}}}");
+                assert!(yaml.contains(&plain), "{plain} in {yaml}");
+                yaml = yaml.replace(&plain, &format!("{{name: {ns}, netid: {id}, multicast: true}}"));
+            }
+            n.apply(&yaml).await;
+        }
     }
 
     /// Applies [`state_yaml`](Self::state_yaml) on every node; panics unless each report is
