@@ -6,7 +6,7 @@
 //! failed lookup (all egress dropped), as openshift-sdn does on failure.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
@@ -31,7 +31,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const FALLBACK_TTL: Duration = Duration::from_secs(60);
 
 struct Entry {
-    answer: Result<Vec<Ipv4Addr>, String>,
+    answer: Result<Vec<IpAddr>, String>,
     expires: Instant,
 }
 
@@ -75,27 +75,43 @@ impl Dns {
             let answer = match tokio::time::timeout(self.timeout, tokio::net::lookup_host((name, 0))).await {
                 Err(_) => Err(format!("no answer within {:?}", self.timeout)),
                 Ok(Err(e)) => Err(e.to_string()),
-                Ok(Ok(addrs)) => non_empty(
-                    addrs
-                        .filter_map(|a| match a.ip() {
-                            std::net::IpAddr::V4(v4) => Some(v4),
-                            std::net::IpAddr::V6(_) => None,
-                        })
-                        .collect(),
-                ),
+                Ok(Ok(addrs)) => non_empty(addrs.map(|a| a.ip()).collect()),
             };
             let ttl = if answer.is_ok() { FALLBACK_TTL } else { NEGATIVE_TTL };
             return Entry { answer, expires: now + ttl };
         };
-        // A trailing dot: the name is absolute (no search domains).
+        // A trailing dot: the name is absolute (no search domains). A and AAAA, asked at once
+        // under one deadline: the answer is every address either gave (which family a node
+        // uses is the egress policy's business); the name failed only if neither answered.
         let fqdn = format!("{}.", name.trim_end_matches('.'));
-        match tokio::time::timeout(self.timeout, r.ipv4_lookup(fqdn.as_str())).await {
-            Err(_) => Entry { answer: Err(format!("no answer within {:?}", self.timeout)), expires: now + NEGATIVE_TTL },
-            Ok(Err(e)) => Entry { answer: Err(e.to_string()), expires: now + NEGATIVE_TTL },
-            Ok(Ok(lookup)) => {
-                let ttl = lookup.valid_until().saturating_duration_since(std::time::Instant::now()).clamp(MIN_TTL, MAX_TTL);
-                let answer = non_empty(lookup.iter().map(|a| a.0).collect());
-                Entry { answer, expires: now + ttl }
+        let both = async { tokio::join!(r.ipv4_lookup(fqdn.as_str()), r.ipv6_lookup(fqdn.as_str())) };
+        let (a, aaaa) = match tokio::time::timeout(self.timeout, both).await {
+            Err(_) => return Entry { answer: Err(format!("no answer within {:?}", self.timeout)), expires: now + NEGATIVE_TTL },
+            Ok(both) => both,
+        };
+        let mut addrs = Vec::new();
+        let mut until: Option<std::time::Instant> = None;
+        let mut errors = Vec::new();
+        match a {
+            Ok(l) => {
+                until = Some(l.valid_until());
+                addrs.extend(l.iter().map(|r| IpAddr::V4(r.0)));
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+        match aaaa {
+            Ok(l) => {
+                until = Some(until.map_or(l.valid_until(), |u| u.min(l.valid_until())));
+                addrs.extend(l.iter().map(|r| IpAddr::V6(r.0)));
+            }
+            Err(e) => errors.push(e.to_string()),
+        }
+        match until {
+            // Both failed: the A lookup's error says why (the AAAA one says the same or less).
+            None => Entry { answer: Err(errors.into_iter().next().unwrap_or_default()), expires: now + NEGATIVE_TTL },
+            Some(u) => {
+                let ttl = u.saturating_duration_since(std::time::Instant::now()).clamp(MIN_TTL, MAX_TTL);
+                Entry { answer: non_empty(addrs), expires: now + ttl }
             }
         }
     }
@@ -171,11 +187,11 @@ impl Dns {
     }
 }
 
-fn non_empty(mut v: Vec<Ipv4Addr>) -> Result<Vec<Ipv4Addr>, String> {
+fn non_empty(mut v: Vec<IpAddr>) -> Result<Vec<IpAddr>, String> {
     v.sort();
     v.dedup();
     if v.is_empty() {
-        Err("no IPv4 address".to_string())
+        Err("no address".to_string())
     } else {
         Ok(v)
     }
@@ -190,7 +206,8 @@ mod tests {
         let mut d = Dns::new(Duration::from_secs(5));
         let names: BTreeSet<String> = ["localhost".to_string(), "no-such-host.invalid".to_string()].into();
         let a = d.answers(&names).await;
-        assert_eq!(a["localhost"], Ok(vec![Ipv4Addr::LOCALHOST]), "{a:?}");
+        let local = a["localhost"].as_ref().expect("localhost resolves");
+        assert!(local.contains(&IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)), "{a:?}");
         assert!(a["no-such-host.invalid"].is_err());
         // Nothing expired yet: no change.
         assert!(!d.refresh().await);

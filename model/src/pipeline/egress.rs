@@ -13,8 +13,11 @@
 //!   catch-all, "every destination", as openshift-sdn documents it: it matches IPv6 too, so the
 //!   usual last rule `Deny 0.0.0.0/0` denies IPv6 egress and an `Allow 0.0.0.0/0` allows it;
 //!   `::/0` is every IPv6 destination only;
-//! - a `dnsName` matches the IPv4 addresses its name resolves to ([`DnsAnswers`]: no AAAA
-//!   lookup), so no IPv6 destination;
+//! - a `dnsName` matches the addresses its name resolves to ([`DnsAnswers`]: A and AAAA
+//!   records), each in its family's flows. A name with no address of any family the node has
+//!   is a failed lookup (every packet of the VNID dropped, as openshift-sdn drops them when a
+//!   name does not resolve): on an IPv4 node a name with AAAA records alone, as before AAAA
+//!   was asked; on an IPv6-only node one with A records alone;
 //! - IPv6 traffic no rule matches is **denied** (`ipv6,reg0=<VNID>` drop at priority 1, the
 //!   IPv6 rules one priority above their IPv4 twins' to make room; the two families' flows
 //!   never overlap). IPv4 traffic no rule matches goes out, as openshift-sdn has it; for IPv6
@@ -63,8 +66,9 @@ pub struct Policy {
     pub rules: Vec<Rule>,
 }
 
-/// The answers for the DNS names the policies use, resolved before the flows are built.
-pub type DnsAnswers = BTreeMap<String, Result<Vec<Ipv4Addr>, String>>;
+/// The answers for the DNS names the policies use (A and AAAA records), resolved before the
+/// flows are built.
+pub type DnsAnswers = BTreeMap<String, Result<Vec<std::net::IpAddr>, String>>;
 
 /// The table-100 flows of one VNID, plus what the seed reports as errors and warnings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,10 +168,32 @@ pub fn flows_for(vnid: Vnid, policies: &[Policy], namespaces: &[String], dns: &D
             }
             Target::DnsName(name) => match dns.get(name) {
                 Some(Ok(ips)) => {
+                    let mut usable = false;
                     for ip in ips {
-                        if !dsts.contains(&Some(host(*ip))) {
-                            dsts.push(Some(host(*ip)));
+                        match ip {
+                            std::net::IpAddr::V4(a) if ipv4 => {
+                                usable = true;
+                                if !dsts.contains(&Some(host(*a))) {
+                                    dsts.push(Some(host(*a)));
+                                }
+                            }
+                            std::net::IpAddr::V6(a) if ipv6 => {
+                                usable = true;
+                                let m = Some(Masked::exact(*a));
+                                if !dsts6.contains(&m) {
+                                    dsts6.push(m);
+                                }
+                            }
+                            _ => {}
                         }
+                    }
+                    if !usable {
+                        let want = match (ipv4, ipv6) {
+                            (true, false) => "IPv4 address",
+                            (false, true) => "IPv6 address",
+                            _ => "address",
+                        };
+                        dns_failure = Some(format!("{name}: no {want}"));
                     }
                 }
                 Some(Err(e)) => dns_failure = Some(format!("{name}: {e}")),
@@ -352,5 +378,30 @@ mod tests {
                 "table=100, priority=1,ipv6,reg0=0xb actions=drop",
             ]
         );
+    }
+
+    /// A dnsName's A and AAAA records, each in its family's flows; a name with no address of
+    /// the node's families is a failed lookup (drop all), in IPv4 as before AAAA was asked.
+    #[test]
+    fn dns_names_match_both_families() {
+        let v = Vnid::new(11).unwrap();
+        let mut dns = DnsAnswers::new();
+        dns.insert("both.example".into(), Ok(vec!["192.0.2.7".parse().unwrap(), "2001:db8::7".parse().unwrap()]));
+        dns.insert("six.example".into(), Ok(vec!["2001:db8::6".parse().unwrap()]));
+        let p = |name: &str| policy(vec![allow(Target::DnsName(name.into())), deny(Target::Cidr("0.0.0.0/0".parse().unwrap()))]);
+        let dual = Families { ipv4: true, ipv6: true };
+        let o = flows_for(v, &[p("both.example")], &["team-a".into()], &dns, dual);
+        assert_eq!(o.dns_error, None);
+        let t = text(&o);
+        assert!(t.contains(&"table=100, priority=2,ip,reg0=0xb,nw_dst=192.0.2.7 actions=output:2".to_string()), "{t:#?}");
+        assert!(t.contains(&"table=100, priority=3,ipv6,reg0=0xb,ipv6_dst=2001:db8::7 actions=output:2".to_string()), "{t:#?}");
+        // IPv6 alone: fine on a dual-stack or IPv6-only node, a failure on an IPv4 one.
+        assert_eq!(flows_for(v, &[p("six.example")], &["team-a".into()], &dns, dual).dns_error, None);
+        let v6only = flows_for(v, &[p("six.example")], &["team-a".into()], &dns, Families { ipv4: false, ipv6: true });
+        assert_eq!(v6only.dns_error, None);
+        assert!(text(&v6only).contains(&"table=100, priority=3,ipv6,reg0=0xb,ipv6_dst=2001:db8::6 actions=output:2".to_string()));
+        let v4 = flows(v, &[p("six.example")], &["team-a".into()], &dns);
+        assert!(v4.dns_error.as_deref().is_some_and(|e| e.contains("six.example: no IPv4 address")), "{v4:?}");
+        assert_eq!(text(&v4), vec!["table=100, priority=1,reg0=0xb actions=drop"]);
     }
 }
