@@ -499,6 +499,19 @@ mod tests {
         let json = serde_json::to_value(&h).unwrap();
         assert_eq!((json["host"].as_str(), json["hostIP"].as_str(), json["subnet"].as_str()), (Some("n1"), Some("fd00:1::5"), Some("fd00:10:128:3::/64")));
         assert_eq!(annotations(&h.metadata).get(SUBNET_IPV6_ANNOTATION), None);
+
+        // What the agents read back: an IPv6-only state (no IPv4 network, subnet or flow).
+        use crate::kube::mapping;
+        let cfg = mapping::cluster_network(&cn).unwrap();
+        assert_eq!(cfg.cluster_network, "fd00:10:128::/48");
+        let local = mapping::host_subnet(&h);
+        let hs = local.value.clone().expect("the HostSubnet converts");
+        assert_eq!((hs.subnet, hs.subnet6), (None, Some("fd00:10:128:3::/64".parse().unwrap())));
+        let header = crate::cluster::validate::header("n1".into(), cfg.plugin, &[&cfg.cluster_network], &[&cfg.service_network], 4789, 1450).unwrap();
+        let (st, problems) = crate::cluster::validate::assemble(header, vec![hs], vec![], vec![], vec![], vec![], vec![]).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(st.ipv6_only() && st.node_ipv4().is_none());
+        assert_eq!(st.node_ipv6().map(|n| n.local_subnet), Some("fd00:10:128:3::/64".parse().unwrap()));
     }
 
     /// IPv4 → dual-stack is the one change made to an existing ClusterNetwork: the annotations
