@@ -621,5 +621,18 @@ mod tests {
         let text = Status { networks: Some(n4), ..Status::default() }.to_string();
         assert!(text.contains("networks:   IPv4\n  IPv4  cluster 10.128.0.0/14"), "{text}");
         assert!(!text.contains("IPv6") && !text.contains("by family"), "{text}");
+
+        // IPv6-only: no IPv4 section (in either form), the IPv6 one whole.
+        let s6 = state(include_str!("../../deploy/examples/ipv6-only.yaml"));
+        let n6 = Networks::of(&s6);
+        assert_eq!(n6.ipv4, None);
+        assert_eq!(n6.ipv6.as_ref().and_then(|v6| v6.gateway), Some("fd00:10:128:2::1".parse().unwrap()));
+        assert!(!serde_json::to_string(&n6).unwrap().contains("ipv4"));
+        let text = Status { networks: Some(n6), ..Status::default() }.to_string();
+        assert!(
+            text.contains("networks:   IPv6-only\n  IPv6  cluster fd00:10:128::/48, service fd00:172:30::/112, subnet fd00:10:128:2::/64, gateway fd00:10:128:2::1, 1 pods"),
+            "{text}"
+        );
+        assert!(!text.contains("  IPv4  ") && text.contains("by family: 0 IPv4, 1 IPv6"), "{text}");
     }
 }
