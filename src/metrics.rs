@@ -725,6 +725,11 @@ pods:
         let t = m.encode();
         assert!(t.contains(&format!("sdn_node_pod_addresses{{family=\"ipv4\"}} {}", pods.len())), "{t}");
         assert!(t.contains(&format!("sdn_node_pod_addresses{{family=\"ipv6\"}} {}", pods.len() - 1)), "{t}");
+        // An IPv6-only node's pods: no IPv4 address.
+        let (s6, _) = crate::cluster::state_file::parse(include_str!("../deploy/examples/ipv6-only.yaml")).unwrap();
+        m.set_pod_addresses(&s6.pods);
+        let t6 = m.encode();
+        assert!(t6.contains("sdn_node_pod_addresses{family=\"ipv4\"} 0") && t6.contains("sdn_node_pod_addresses{family=\"ipv6\"} 1"), "{t6}");
         for want in [
             "sdn_node_flow_mods_total{op=\"add\",result=\"ok\"} 4",
             "sdn_node_bundles_total{result=\"ok\"} 1",
