@@ -11,42 +11,19 @@ mod support;
 
 use std::net::IpAddr;
 
-use support::nodes::{ip_in, Cluster, NodeSpec, Pod};
+use support::nodes::{ip_in, Cluster, NodeSpec, Pod, TeamPods, TEAM_NAMESPACES as NAMESPACES};
 use support::traffic;
 
-const NAMESPACES: [(&str, u32); 3] = [("default", 0), ("team-a", 11), ("team-b", 12)];
-
-struct Pods {
-    /// team-a on node-a.
-    a1: Pod,
-    /// team-a on node-a, a second one.
-    a3: Pod,
-    /// default on node-a.
-    d1: Pod,
-    /// team-a on node-b.
-    a2: Pod,
-    /// team-b on node-b.
-    b1: Pod,
-}
-
-async fn two_dual_stack_nodes(test: &str, plugin: &str) -> Option<(Cluster, Pods)> {
-    let mut c = Cluster::start(
+async fn two_dual_stack_nodes(test: &str, plugin: &str) -> Option<(Cluster, TeamPods)> {
+    TeamPods::start(
         test,
-        &[
+        plugin,
+        [
             NodeSpec::new("a", "172.17.0.2", "10.128.0.0/23").ipv6("fd00:10:128:1::/64"),
             NodeSpec::new("b", "172.17.0.3", "10.128.2.0/23").ipv6("fd00:10:128:2::/64"),
         ],
     )
-    .await?;
-    let a = c.node_mut("a");
-    let a1 = a.add_pod("team-a", "a1", "10.128.0.5").await;
-    let a3 = a.add_pod("team-a", "a3", "10.128.0.6").await;
-    let d1 = a.add_pod("default", "d1", "10.128.0.7").await;
-    let b = c.node_mut("b");
-    let a2 = b.add_pod("team-a", "a2", "10.128.2.5").await;
-    let b1 = b.add_pod("team-b", "b1", "10.128.2.6").await;
-    c.apply_all(plugin, &NAMESPACES).await;
-    Some((c, Pods { a1, a3, d1, a2, b1 }))
+    .await
 }
 
 fn v6(p: &Pod) -> IpAddr {

@@ -10,10 +10,6 @@
 
 mod support;
 
-use std::time::Duration;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use support::nodes::{Cluster, Node, NodeSpec, Pod};
 
 const NAMESPACES: [(&str, u32); 3] = [("default", 0), ("team-a", 11), ("team-b", 12)];
@@ -119,30 +115,7 @@ async fn tcp_across_two_nodes() {
     let Some((_c, p)) = two_nodes("tcp_across_two_nodes", "multitenant").await else {
         return;
     };
-    const PORT: u16 = 8080;
-    const LEN: usize = 256 * 1024;
-    const BOUND: Duration = Duration::from_secs(30);
-    let listener = tokio::net::TcpListener::from_std(p.b_ta.tcp_listen(PORT).await).expect("tokio listener");
-    let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.expect("accept");
-        let mut buf = vec![0u8; LEN];
-        s.read_exact(&mut buf).await.expect("server reads");
-        s.write_all(&buf).await.expect("server echoes");
-        s.shutdown().await.expect("server shuts down");
-    });
-    let client = async {
-        let s = p.a_ta.tcp_connect(p.b_ta.ip, PORT, Duration::from_secs(10)).await.expect("connect across nodes");
-        let mut s = tokio::net::TcpStream::from_std(s).expect("tokio stream");
-        let data: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
-        let (mut r, mut w) = s.split();
-        let mut back = Vec::with_capacity(LEN);
-        let (wr, rd) = tokio::join!(w.write_all(&data), r.read_to_end(&mut back));
-        wr.expect("client writes");
-        rd.expect("client reads");
-        assert!(back == data, "echo differs: {} bytes back of {LEN}", back.len());
-    };
-    tokio::time::timeout(BOUND, client).await.expect("TCP echo within the bound");
-    tokio::time::timeout(BOUND, server).await.expect("server done").expect("server task");
+    support::traffic::tcp_bulk_echo(&p.a_ta, &p.b_ta, std::net::IpAddr::V4(p.b_ta.ip), 8080).await;
 }
 
 /// Subnet plugin: every pod has VNID 0, so every pod reaches every other across nodes.

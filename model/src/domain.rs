@@ -155,6 +155,22 @@ impl PodIps {
     pub fn primary(&self) -> Option<std::net::IpAddr> {
         self.iter().next()
     }
+
+    /// The shape pod records and the pod API write: the first address (IPv4, or the IPv6 one
+    /// of an IPv6-only pod) and a dual-stack pod's IPv6 address beside it.
+    pub fn first_and_second(&self) -> Option<(std::net::IpAddr, Option<std::net::Ipv6Addr>)> {
+        Some((self.primary()?, self.v4.and(self.v6)))
+    }
+
+    /// [`PodIps::first_and_second`] read back. A second address beside an IPv6 first one (no
+    /// pod has two IPv6 addresses) is `None`.
+    pub fn from_first_and_second(first: std::net::IpAddr, second: Option<std::net::Ipv6Addr>) -> Option<PodIps> {
+        match (first, second) {
+            (std::net::IpAddr::V4(a), v6) => Some(PodIps { v4: Some(a), v6 }),
+            (std::net::IpAddr::V6(a), None) => Some(PodIps { v4: None, v6: Some(a) }),
+            (std::net::IpAddr::V6(_), Some(_)) => None,
+        }
+    }
 }
 
 impl From<std::net::Ipv4Addr> for PodIps {

@@ -89,16 +89,20 @@ impl PodRequest {
             internal: self.internal,
         })
         .map_err(ApiError::Invalid)?;
+        // The first address (IPv4, or IPv6 on an IPv6-only node); `ip6` a dual-stack pod's
+        // second.
+        let (ip, ip6) = pod
+            .ips()
+            .first_and_second()
+            .ok_or_else(|| ApiError::Invalid(Problem::new(format!("pod {}/{}", self.namespace, self.name), "ip", "no address")))?;
         Ok(PodRecord {
             version: crate::node::record::VERSION,
             container_id: self.container_id.clone(),
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             host_veth: self.host_veth.clone(),
-            // The first address (IPv4, or IPv6 on an IPv6-only node); `ip6` a dual-stack pod's
-            // second.
-            ip: pod.ips().primary().ok_or_else(|| ApiError::Invalid(Problem::new(format!("pod {}/{}", self.namespace, self.name), "ip", "no address")))?,
-            ip6: pod.ip.and(pod.ip6),
+            ip,
+            ip6,
             mac: pod.mac,
             annotations: self.annotations.clone(),
             internal: self.internal,
@@ -314,15 +318,18 @@ async fn model_pods(State(pods): State<Arc<Pods>>) -> Json<Vec<ModelPod>> {
         .map(|s| {
             s.pods
                 .iter()
-                .filter_map(|p| Some(ModelPod {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                    host_veth: p.host_veth.clone(),
-                    ip: p.ips().primary()?,
-                    ip6: p.ip.and(p.ip6),
-                    mac: p.mac.to_string(),
-                    vnid: vnid_of(&p.namespace),
-                }))
+                .filter_map(|p| {
+                    let (ip, ip6) = p.ips().first_and_second()?;
+                    Some(ModelPod {
+                        namespace: p.namespace.clone(),
+                        name: p.name.clone(),
+                        host_veth: p.host_veth.clone(),
+                        ip,
+                        ip6,
+                        mac: p.mac.to_string(),
+                        vnid: vnid_of(&p.namespace),
+                    })
+                })
                 .collect()
         })
         .unwrap_or_default();

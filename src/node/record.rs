@@ -127,13 +127,9 @@ impl PodRecord {
     /// typed already.
     pub fn to_pod(&self) -> Result<Pod, Problem> {
         let (ingress_bps, egress_bps) = bandwidth(&self.namespace, &self.name, &self.annotations)?;
-        let (ip, ip6) = match (self.ip, self.ip6) {
-            (IpAddr::V4(ip), ip6) => (Some(ip), ip6),
-            (IpAddr::V6(ip), None) => (None, Some(ip)),
-            (IpAddr::V6(ip), Some(_)) => {
-                let obj = format!("pod {}/{}", self.namespace, self.name);
-                return Err(Problem::new(obj, "ip6", format!("a second IPv6 address beside ip {ip}: ip6 is a dual-stack pod's, whose ip is IPv4")));
-            }
+        let Some(crate::domain::PodIps { v4: ip, v6: ip6 }) = crate::domain::PodIps::from_first_and_second(self.ip, self.ip6) else {
+            let obj = format!("pod {}/{}", self.namespace, self.name);
+            return Err(Problem::new(obj, "ip6", format!("a second IPv6 address beside ip {}: ip6 is a dual-stack pod's, whose ip is IPv4", self.ip)));
         };
         crate::cluster::validate::typed_pod(crate::cluster::validate::TypedPod {
             namespace: self.namespace.clone(),

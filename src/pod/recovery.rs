@@ -208,19 +208,11 @@ pub async fn recover(pods: &Pods, from_ovsdb: Vec<(Pod, PodRecord)>) -> Result<(
         // where it would hand out a recently released address first.
         let held: Vec<&PodRecord> =
             decisions.iter().flat_map(|(_, d)| d.keep.iter().map(|(_, r)| r).chain(d.tear_down.iter().map(|(r, _)| r))).collect();
+        let ips: Vec<crate::domain::PodIps> =
+            held.iter().filter_map(|r| crate::domain::PodIps::from_first_and_second(r.ip, r.ip6)).collect();
         m.restore_ipam_cursor(crate::node::state::IpamCursor {
-            v4: held.iter().filter_map(|r| match r.ip {
-                std::net::IpAddr::V4(ip) => Some(ip),
-                std::net::IpAddr::V6(_) => None,
-            }).max(),
-            // A dual-stack record's second address, or an IPv6-only record's first.
-            v6: held
-                .iter()
-                .filter_map(|r| match r.ip {
-                    std::net::IpAddr::V6(ip) => Some(ip),
-                    std::net::IpAddr::V4(_) => r.ip6,
-                })
-                .max(),
+            v4: ips.iter().filter_map(|p| p.v4).max(),
+            v6: ips.iter().filter_map(|p| p.v6).max(),
         });
         for p in std::mem::take(&mut m.rebuild_problems) {
             warn!("rejected: {p}");

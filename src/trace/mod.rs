@@ -106,13 +106,10 @@ pub struct PodInfo {
     pub vnid: Option<u32>,
 }
 
-/// A pod record's (or the pod API's) first address and second: (IPv4, IPv6) of a dual-stack
-/// or IPv4 pod, or an IPv6-only pod's one address as its IPv6.
-fn first_and_second(ip: IpAddr, ip6: Option<Ipv6Addr>) -> (Option<Ipv4Addr>, Option<Ipv6Addr>) {
-    match ip {
-        IpAddr::V4(a) => (Some(a), ip6),
-        IpAddr::V6(a) => (None, Some(a)),
-    }
+/// A record's (or the pod API's) first and second address as a pod's addresses; a second
+/// IPv6 address beside an IPv6 first one (a record the agent refuses) is left out.
+fn ips_of(first: IpAddr, second: Option<Ipv6Addr>) -> crate::domain::PodIps {
+    crate::domain::PodIps::from_first_and_second(first, second).unwrap_or(crate::domain::PodIps::from_first_and_second(first, None).unwrap_or(crate::domain::PodIps { v4: None, v6: None }))
 }
 
 impl PodInfo {
@@ -208,7 +205,7 @@ impl Inventory {
                 continue;
             }
             // A record's first address, and a dual-stack pod's IPv6 one beside.
-            let (ip, ip6) = first_and_second(r.ip, r.ip6);
+            let crate::domain::PodIps { v4: ip, v6: ip6 } = ips_of(r.ip, r.ip6);
             pods.push(PodInfo {
                 vnid: vnid_of(&r.namespace),
                 ofport: ofports.get(&r.host_veth).copied(),
@@ -291,7 +288,7 @@ impl Inventory {
             if inv.pods.iter().any(|q| q.namespace == p.namespace && q.name == p.name) {
                 continue;
             }
-            let (ip, ip6) = first_and_second(p.ip, p.ip6);
+            let crate::domain::PodIps { v4: ip, v6: ip6 } = ips_of(p.ip, p.ip6);
             inv.pods.push(PodInfo {
                 ofport: inv.ofports.get(&p.host_veth).copied(),
                 namespace: p.namespace,

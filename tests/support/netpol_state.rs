@@ -60,7 +60,7 @@ pub fn state_json(c: &Cluster, node: &str, net_namespaces: Vec<Value>, pods: &[(
 }
 
 /// The networkpolicy plugin on a harness cluster whose pods are labelled `app=<name>` and
-/// whose namespaces default (VNID 0), team-a (11) and team-b (12) carry their name label: the
+/// whose namespaces ([`super::nodes::TEAM_NAMESPACES`]) carry their name label: the
 /// policies of a test are applied to every node at once.
 pub struct TeamPolicies<'a> {
     c: &'a Cluster,
@@ -77,7 +77,7 @@ impl<'a> TeamPolicies<'a> {
                 ((*x).clone(), EvalPod { namespace: x.namespace.clone(), name: x.name.clone(), ip: x.ip, labels, container_ports: vec![] })
             })
             .collect();
-        let namespaces = [("default", 0), ("team-a", 11), ("team-b", 12)]
+        let namespaces = super::nodes::TEAM_NAMESPACES
             .iter()
             .map(|(n, id)| json!({"name": n, "netid": id, "labels": {"kubernetes.io/metadata.name": n}}))
             .collect();

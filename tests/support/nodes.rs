@@ -818,3 +818,38 @@ pub fn tcp_echo(l: std::net::TcpListener) -> tokio::task::JoinHandle<()> {
         }
     })
 }
+
+/// The namespaces of [`TeamPods`]: default (VNID 0), team-a (11), team-b (12).
+pub const TEAM_NAMESPACES: [(&str, u32); 3] = [("default", 0), ("team-a", 11), ("team-b", 12)];
+
+/// Five pods on two nodes, as the per-family tests (dual-stack, IPv6-only) place them.
+pub struct TeamPods {
+    /// team-a on node-a.
+    pub a1: Pod,
+    /// team-a on node-a, a second one.
+    pub a3: Pod,
+    /// default on node-a.
+    pub d1: Pod,
+    /// team-a on node-b.
+    pub a2: Pod,
+    /// team-b on node-b.
+    pub b1: Pod,
+}
+
+impl TeamPods {
+    /// Starts nodes `a` and `b` of `specs` (node a's pods at 10.128.0.5-7, node b's at
+    /// 10.128.2.5-6, so their subnets are 10.128.0.0/23 and 10.128.2.0/23 as numbering plans),
+    /// adds the five pods and applies every node's state with [`TEAM_NAMESPACES`].
+    pub async fn start(test: &str, plugin: &str, specs: [NodeSpec; 2]) -> Option<(Cluster, TeamPods)> {
+        let mut c = Cluster::start(test, &specs).await?;
+        let a = c.node_mut("a");
+        let a1 = a.add_pod("team-a", "a1", "10.128.0.5").await;
+        let a3 = a.add_pod("team-a", "a3", "10.128.0.6").await;
+        let d1 = a.add_pod("default", "d1", "10.128.0.7").await;
+        let b = c.node_mut("b");
+        let a2 = b.add_pod("team-a", "a2", "10.128.2.5").await;
+        let b1 = b.add_pod("team-b", "b1", "10.128.2.6").await;
+        c.apply_all(plugin, &TEAM_NAMESPACES).await;
+        Some((c, TeamPods { a1, a3, d1, a2, b1 }))
+    }
+}

@@ -136,11 +136,7 @@ impl HostSubnet {
     /// The node's tun0 address of the family its pods' MACs derive from (IPv4 if it has an
     /// IPv4 subnet, else IPv6): what tun0's MAC is made of.
     pub fn primary_gateway(&self) -> Option<IpAddr> {
-        match (self.subnet, self.subnet6) {
-            (Some(s), _) => Some(IpAddr::V4(crate::pipeline::gateway(s))),
-            (None, Some(s6)) => Some(IpAddr::V6(crate::pipeline::gateway6(s6))),
-            (None, None) => None,
-        }
+        crate::pipeline::primary_gateway(self.subnet, self.subnet6)
     }
 
     /// tun0's MAC (`0a:58:` and the gateway's address, as a pod's).
@@ -274,7 +270,7 @@ pub struct Fatal(pub String);
 
 /// Why `ip` cannot be a local pod's IPv4 address: not a host address of the node's IPv4
 /// subnet, the gateway's, or taken.
-fn pod_ip4_problem(ip: Ipv4Addr, subnet: Option<Ipv4Net>, taken: &HashMap<IpAddr, String>) -> Option<String> {
+fn pod_ip4_problem(ip: Ipv4Addr, subnet: Option<Ipv4Net>, taken: &dyn Fn(IpAddr) -> Option<String>) -> Option<String> {
     let Some(subnet) = subnet else {
         return Some(format!("{ip}: this node has no IPv4 subnet (an IPv6-only node)"));
     };
@@ -284,12 +280,12 @@ fn pod_ip4_problem(ip: Ipv4Addr, subnet: Option<Ipv4Net>, taken: &HashMap<IpAddr
     if ip == crate::pipeline::gateway(subnet) {
         return Some(format!("{ip} is the node's gateway address"));
     }
-    taken.get(&IpAddr::V4(ip)).map(|other| format!("{ip} is already used by {other}"))
+    taken(IpAddr::V4(ip)).map(|other| format!("{ip} is already used by {other}"))
 }
 
 /// Why `ip6` cannot be a local pod's IPv6 address: not a host address of the node's IPv6
 /// subnet (its first address is the network's, the second the gateway's), or taken.
-fn pod_ip6_problem(ip6: Ipv6Addr, subnet6: Option<Ipv6Net>, taken: &HashMap<IpAddr, String>) -> Option<String> {
+fn pod_ip6_problem(ip6: Ipv6Addr, subnet6: Option<Ipv6Net>, taken: &dyn Fn(IpAddr) -> Option<String>) -> Option<String> {
     let Some(subnet6) = subnet6 else {
         return Some(format!("{ip6}: this node has no IPv6 subnet"));
     };
@@ -299,22 +295,23 @@ fn pod_ip6_problem(ip6: Ipv6Addr, subnet6: Option<Ipv6Net>, taken: &HashMap<IpAd
     if ip6 == crate::pipeline::gateway6(subnet6) {
         return Some(format!("{ip6} is the node's IPv6 gateway address"));
     }
-    taken.get(&IpAddr::V6(ip6)).map(|other| format!("{ip6} is already used by {other}"))
+    taken(IpAddr::V6(ip6)).map(|other| format!("{ip6} is already used by {other}"))
 }
 
 /// A local pod's addresses against its node's subnets: one of each family the node has
 /// (dual-stack: IPv6 may be missing, as a pod made before the cluster became dual-stack),
-/// none of a family it lacks. (field, message) of the first wrong one.
-fn pod_ips_problem(p: &Pod, local: &HostSubnet, taken: &HashMap<IpAddr, String>) -> Option<(&'static str, String)> {
-    match p.ip {
-        Some(ip) => {
-            if let Some(e) = pod_ip4_problem(ip, local.subnet, taken) {
+/// none of a family it lacks. `taken`: who else holds an address, if anyone. (field, message)
+/// of the first wrong one.
+fn pod_ips_problem(p: &Pod, local: &HostSubnet, taken: &dyn Fn(IpAddr) -> Option<String>) -> Option<(&'static str, String)> {
+    match (p.ip, local.subnet) {
+        (Some(ip), subnet) => {
+            if let Some(e) = pod_ip4_problem(ip, subnet, taken) {
                 return Some(("ip", e));
             }
         }
-        None if local.subnet.is_some() => return Some(("ip", format!("missing: this node's pods have an IPv4 address (its subnet is {})", local.subnet.map_or(String::new(), |s| s.to_string())))),
-        None if p.ip6.is_none() => return Some(("ips", "the pod has no address".into())),
-        None => {}
+        (None, Some(subnet)) => return Some(("ip", format!("missing: this node's pods have an IPv4 address (its subnet is {subnet})"))),
+        (None, None) if p.ip6.is_none() => return Some(("ips", "the pod has no address".into())),
+        (None, None) => {}
     }
     p.ip6.and_then(|ip6| pod_ip6_problem(ip6, local.subnet6, taken)).map(|e| ("ips", e))
 }
@@ -539,7 +536,7 @@ impl ClusterState {
                 Some(("name", "duplicate pod".to_string()))
             } else if !known(&p.namespace, &names) {
                 Some(("namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)))
-            } else if let Some(e) = pod_ips_problem(p, &local, &ips) {
+            } else if let Some(e) = pod_ips_problem(p, &local, &|ip| ips.get(&ip).cloned()) {
                 Some(e)
             } else {
                 veths.get(&p.host_veth).map(|other| ("hostVeth", format!("{:?} is already used by {other}", p.host_veth)))
@@ -639,12 +636,14 @@ impl ClusterState {
         if !self.net_namespaces.iter().any(|n| n.name == p.namespace) {
             return Err(Problem::new(obj, "namespace", format!("unknown namespace {:?} (no NetNamespace)", p.namespace)));
         }
-        let others: HashMap<IpAddr, String> = self
-            .pods
-            .iter()
-            .filter(|o| o.key() != p.key())
-            .flat_map(|o| o.ips().iter().map(move |ip| (ip, format!("pod {}/{}", o.namespace, o.name))))
-            .collect();
+        // Who else holds an address: a scan, named only on a conflict (this runs on every pod
+        // setup: no per-call map of every pod).
+        let others = |ip: IpAddr| {
+            self.pods
+                .iter()
+                .find(|o| o.key() != p.key() && o.ips().iter().any(|a| a == ip))
+                .map(|o| format!("pod {}/{}", o.namespace, o.name))
+        };
         if let Some((field, e)) = pod_ips_problem(p, local, &others) {
             return Err(Problem::new(obj, field, e));
         }

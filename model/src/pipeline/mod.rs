@@ -246,12 +246,19 @@ impl NodeConfig {
     /// tun0's MAC: `0a:58:` and its IPv4 address, or the last four bytes of its IPv6 one on an
     /// IPv6-only node ([`crate::domain::pod_mac`], the rule pods' MACs follow).
     pub fn tun0_mac(&self) -> openflow::MacAddr {
-        match (&self.ipv4, &self.ipv6) {
-            (Some(v4), _) => crate::domain::pod_mac(v4.gateway()),
-            (None, Some(v6)) => crate::domain::pod_mac(v6.gateway()),
-            // No family: no flow names tun0's MAC (validated states always have one).
-            (None, None) => crate::domain::pod_mac(Ipv4Addr::UNSPECIFIED),
-        }
+        // No family: no flow names tun0's MAC (validated states always have one).
+        let gw = primary_gateway(self.ipv4.map(|v4| v4.local_subnet), self.ipv6.map(|v6| v6.local_subnet));
+        crate::domain::pod_mac(gw.unwrap_or(std::net::IpAddr::V4(Ipv4Addr::UNSPECIFIED)))
+    }
+}
+
+/// The tun0 address of the family a node's MACs derive from: IPv4's if the node has an IPv4
+/// subnet, else IPv6's.
+pub fn primary_gateway(subnet: Option<Ipv4Net>, subnet6: Option<ipnet::Ipv6Net>) -> Option<std::net::IpAddr> {
+    match (subnet, subnet6) {
+        (Some(s), _) => Some(std::net::IpAddr::V4(gateway(s))),
+        (None, Some(s6)) => Some(std::net::IpAddr::V6(gateway6(s6))),
+        (None, None) => None,
     }
 }
 
