@@ -78,6 +78,30 @@ fn expected_rules_of(proto: &str, cn: &str, len: u32, port: u16, tun: &str, with
     ]
 }
 
+/// Another process (`nft -i`, which keeps its netlink socket while it runs) owning table
+/// `family TABLE` in `t`: our batch may not touch it. Close its stdin and wait to release it.
+fn owned_table(t: &TestNs, family: &str) -> std::process::Child {
+    let mut owner = std::process::Command::new("ip")
+        .args(["netns", "exec", &t.name, "nft", "-i"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let stdin = owner.stdin.as_mut().unwrap();
+        writeln!(stdin, "add table {family} {TABLE} {{ flags owner; }}").unwrap();
+        stdin.flush().unwrap();
+    }
+    for _ in 0..100 {
+        if t.exec_ok(&["nft", "list", "table", family, TABLE]) {
+            return owner;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("nft -i did not make its table {family} {TABLE}");
+}
+
 #[tokio::test]
 async fn installs_the_openshift_sdn_rules() {
     if !root_or_skip("installs_the_openshift_sdn_rules") {
@@ -254,27 +278,7 @@ async fn a_refused_ipv6_part_leaves_the_previous_rules() {
     let before = list(&t, TABLE).unwrap();
 
     // `nft -i` keeps its netlink socket, and so its owned table, while it runs.
-    let mut owner = std::process::Command::new("ip")
-        .args(["netns", "exec", &t.name, "nft", "-i"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let stdin = owner.stdin.as_mut().unwrap();
-        writeln!(stdin, "add table ip6 {TABLE} {{ flags owner; }}").unwrap();
-        stdin.flush().unwrap();
-    }
-    let mut owned = false;
-    for _ in 0..100 {
-        if t.exec_ok(&["nft", "list", "table", "ip6", TABLE]) {
-            owned = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(owned, "nft -i did not make its table");
+    let mut owner = owned_table(&t, "ip6");
 
     let mut changed = dual();
     changed.ipv4 = Some(FirewallIpv4 {
@@ -412,27 +416,7 @@ async fn a_refused_ip_removal_leaves_no_ip6_table() {
         return;
     }
     let t = TestNs::new("fw");
-    let mut owner = std::process::Command::new("ip")
-        .args(["netns", "exec", &t.name, "nft", "-i"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let stdin = owner.stdin.as_mut().unwrap();
-        writeln!(stdin, "add table ip {TABLE} {{ flags owner; }}").unwrap();
-        stdin.flush().unwrap();
-    }
-    let mut owned = false;
-    for _ in 0..100 {
-        if t.exec_ok(&["nft", "list", "table", "ip", TABLE]) {
-            owned = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(owned, "nft -i did not make its table");
+    let mut owner = owned_table(&t, "ip");
 
     let e = install_firewall(&t.ns, &FirewallConfig::ipv6_only(v6())).await.unwrap_err();
     eprintln!("refused batch as reported: {e}");
