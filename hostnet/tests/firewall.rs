@@ -99,6 +99,8 @@ fn owned_table(t: &TestNs, family: &str) -> std::process::Child {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let _ = owner.kill();
+    let _ = owner.wait();
     panic!("nft -i did not make its table {family} {TABLE}");
 }
 
